@@ -1,0 +1,213 @@
+// Package dbtest gives tests a real Postgres and an outbox of their own.
+//
+// The database is found, in order, through OUTBOX_TEST_DATABASE_URL, the local
+// default (postgres@127.0.0.1:5432, as on the development machines and in CI), or
+// a Postgres container started with testcontainers-go when a Docker engine is
+// reachable. When none works the test fails with a message that says what to set:
+// a test that needs the database is never skipped.
+//
+// Each call to [Table] creates a schema named outboxtest_<unix>_<pid>_<n> and
+// migrates an outbox into it, so tests run in parallel without seeing each
+// other's rows. Schemas are dropped at cleanup; ones left by a killed run are
+// dropped by a later run once they are an hour old.
+package dbtest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"regexp"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/testcontainers/testcontainers-go"
+	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
+	"go.uber.org/goleak"
+
+	"github.com/outbox-sweeper/sweeper/outbox"
+)
+
+// EnvURL names the variable that points tests at a database.
+const EnvURL = "OUTBOX_TEST_DATABASE_URL"
+
+// LocalURL is the database the development machines and CI run.
+const LocalURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+
+const schemaPrefix = "outboxtest_"
+
+var (
+	resolveOnce sync.Once
+	resolvedURL string
+	resolveErr  error
+	container   testcontainers.Container
+
+	poolOnce sync.Once
+	pool     *pgxpool.Pool
+	poolErr  error
+
+	schemaSeq atomic.Int64
+	dropStale sync.Once
+)
+
+// URL returns the test database's URL, failing t when there is none.
+func URL(t testing.TB) string {
+	t.Helper()
+	resolveOnce.Do(func() { resolvedURL, resolveErr = resolve() })
+	if resolveErr != nil {
+		t.Fatal(resolveErr)
+	}
+	return resolvedURL
+}
+
+func resolve() (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if u := os.Getenv(EnvURL); u != "" {
+		if err := ping(ctx, u); err != nil {
+			return "", fmt.Errorf("%s=%q does not answer: %w (start that Postgres, or unset %s to use %s)", EnvURL, u, err, EnvURL, LocalURL)
+		}
+		return u, nil
+	}
+	localErr := ping(ctx, LocalURL)
+	if localErr == nil {
+		return LocalURL, nil
+	}
+	c, err := tcpostgres.Run(ctx, "postgres:15-alpine",
+		tcpostgres.WithUsername("postgres"), tcpostgres.WithPassword("postgres"),
+		tcpostgres.BasicWaitStrategies())
+	if err != nil {
+		return "", fmt.Errorf("no Postgres for the tests: %s is unset, the local default %s does not answer (%v), and no container could be started (%v). "+
+			"Start Postgres locally (`pg_ctlcluster 15 main start`, or `bash .ci/run`, which installs and starts it), or set %s",
+			EnvURL, LocalURL, localErr, err, EnvURL)
+	}
+	container = c
+	u, err := c.ConnectionString(ctx, "sslmode=disable")
+	if err != nil {
+		return "", fmt.Errorf("container Postgres: %w", err)
+	}
+	return u, nil
+}
+
+func ping(ctx context.Context, u string) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		return err
+	}
+	return conn.Close(ctx)
+}
+
+// Pool returns a pool on the test database, shared by the package's tests and
+// closed by [Main].
+func Pool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	u := URL(t)
+	poolOnce.Do(func() {
+		cfg, err := pgxpool.ParseConfig(u)
+		if err != nil {
+			poolErr = err
+			return
+		}
+		cfg.MaxConns = 32
+		pool, poolErr = pgxpool.NewWithConfig(context.Background(), cfg)
+	})
+	if poolErr != nil {
+		t.Fatalf("test pool: %v", poolErr)
+	}
+	return pool
+}
+
+// NewPool returns a pool of its own, closed at cleanup, for tests that must not
+// share connections (two sweepers, a dropped connection).
+func NewPool(t testing.TB, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = maxConns
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
+// Table creates a schema for t, migrates an outbox into it, and drops the schema
+// at cleanup.
+func Table(t testing.TB) outbox.Table {
+	t.Helper()
+	ctx := context.Background()
+	p := Pool(t)
+	dropStale.Do(func() { dropStaleSchemas(ctx, p) })
+
+	tbl := outbox.Table{
+		Schema: fmt.Sprintf("%s%d_%d_%d", schemaPrefix, time.Now().Unix(), os.Getpid(), schemaSeq.Add(1)),
+		Name:   "outbox",
+	}
+	conn, err := p.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := outbox.Migrate(ctx, conn.Conn(), tbl); err != nil {
+		t.Fatalf("migrate test schema %s: %v", tbl.Schema, err)
+	}
+	t.Cleanup(func() {
+		if _, err := p.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{tbl.Schema}.Sanitize()+" CASCADE"); err != nil {
+			t.Errorf("drop test schema %s: %v", tbl.Schema, err)
+		}
+	})
+	return tbl
+}
+
+var staleSchema = regexp.MustCompile(`^` + schemaPrefix + `(\d+)_`)
+
+// dropStaleSchemas drops test schemas over an hour old: a killed test run leaves
+// its schemas behind.
+func dropStaleSchemas(ctx context.Context, p *pgxpool.Pool) {
+	rows, err := p.Query(ctx, "SELECT nspname FROM pg_namespace WHERE nspname LIKE $1", schemaPrefix+"%")
+	if err != nil {
+		return
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return
+	}
+	for _, n := range names {
+		m := staleSchema.FindStringSubmatch(n)
+		if m == nil {
+			continue
+		}
+		ts, _ := strconv.ParseInt(m[1], 10, 64)
+		if time.Since(time.Unix(ts, 0)) > time.Hour {
+			_, _ = p.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{n}.Sanitize()+" CASCADE")
+		}
+	}
+}
+
+// Main runs a package's tests, closes the shared pool and any container, and then
+// fails the run if goroutines leaked.
+func Main(m *testing.M) {
+	code := m.Run()
+	if pool != nil {
+		pool.Close()
+	}
+	if container != nil {
+		_ = container.Terminate(context.Background())
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goroutines leaked: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}

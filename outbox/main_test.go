@@ -1,0 +1,89 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-sweeper/sweeper/internal/dbtest"
+	"github.com/outbox-sweeper/sweeper/outbox"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+// row is an outbox row as the tests read it back.
+type row struct {
+	ID           int64
+	Topic        string
+	Attempts     int
+	LastError    *string
+	Dispatched   bool
+	MessageID    string
+	Payload      []byte
+	Headers      map[string]any
+	ContentType  *string
+	Correlation  *string
+	PartitionKey *string
+}
+
+func readRows(t *testing.T, tbl outbox.Table) []row {
+	t.Helper()
+	rows, err := dbtest.Pool(t).Query(context.Background(), fmt.Sprintf(
+		`SELECT id, topic, attempts, last_error, dispatched_at IS NOT NULL, message_id::text, payload, headers,
+		        content_type, correlation_id, partition_key
+		 FROM %s ORDER BY id`, pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()))
+	require.NoError(t, err)
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
+		var x row
+		err := r.Scan(&x.ID, &x.Topic, &x.Attempts, &x.LastError, &x.Dispatched, &x.MessageID, &x.Payload, &x.Headers,
+			&x.ContentType, &x.Correlation, &x.PartitionKey)
+		return x, err
+	})
+	require.NoError(t, err)
+	return out
+}
+
+func countOutstanding(t *testing.T, tbl outbox.Table) int {
+	t.Helper()
+	var n int
+	err := dbtest.Pool(t).QueryRow(context.Background(), fmt.Sprintf(
+		"SELECT count(*) FROM %s WHERE dispatched_at IS NULL", pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize())).Scan(&n)
+	require.NoError(t, err)
+	return n
+}
+
+// writeMessages commits msgs in one transaction and returns nothing; ids ascend in
+// the order given.
+func writeMessages(t *testing.T, tbl outbox.Table, msgs ...outbox.Message) {
+	t.Helper()
+	w, err := outbox.NewWriter(tbl)
+	require.NoError(t, err)
+	ctx := context.Background()
+	require.NoError(t, pgx.BeginFunc(ctx, dbtest.Pool(t), func(tx pgx.Tx) error {
+		return w.Write(ctx, tx, msgs...)
+	}))
+}
+
+func topicMessages(topic string, n int) []outbox.Message {
+	msgs := make([]outbox.Message, n)
+	for i := range msgs {
+		msgs[i] = outbox.Message{Topic: topic, Payload: fmt.Appendf(nil, "%s-%d", topic, i), CorrelationID: fmt.Sprintf("%s-%d", topic, i)}
+	}
+	return msgs
+}
+
+// eventually polls cond every 10ms until it holds or timeout passes.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

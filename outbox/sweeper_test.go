@@ -1,0 +1,383 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-sweeper/sweeper/internal/dbtest"
+	"github.com/outbox-sweeper/sweeper/outbox"
+	"github.com/outbox-sweeper/sweeper/producer"
+	"github.com/outbox-sweeper/sweeper/producer/memory"
+)
+
+func newSweeper(t *testing.T, pool *pgxpool.Pool, p producer.Producer, cfg outbox.Config) *outbox.Sweeper {
+	t.Helper()
+	s, err := outbox.NewSweeper(pool, p, cfg)
+	require.NoError(t, err)
+	return s
+}
+
+// runSweeper runs s in the background until the returned stop is called, which
+// waits for Run to return and checks it returned nil.
+func runSweeper(t *testing.T, s *outbox.Sweeper) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+			case <-time.After(30 * time.Second):
+				t.Fatal("Run did not return within 30s of its context ending")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// The issue's first scenario: concurrent application transactions, a tenth of
+// them rolled back, with a sweeper running all along.
+//
+// Per-topic order is the order in which an application commits. Transactions
+// that write one topic concurrently have no order between them (a lower id may
+// commit after a higher one), so each topic here is written by one goroutine:
+// its commits are ordered, and the test can require its ids to arrive ascending.
+func TestConcurrentWritersAreDeliveredExactlyOnceInOrder(t *testing.T) {
+	t.Parallel()
+	const (
+		writers  = 8
+		topics   = 10
+		messages = 10_000
+	)
+	tbl := dbtest.Table(t)
+	pool := dbtest.Pool(t)
+	prod := memory.New(memory.Config{MaxBatch: 50})
+	stop := runSweeper(t, newSweeper(t, pool, prod, outbox.Config{Table: tbl, Tick: 5 * time.Millisecond, PageSize: 200}))
+
+	w, err := outbox.NewWriter(tbl)
+	require.NoError(t, err)
+	var (
+		mu         sync.Mutex
+		rolledBack = map[string]bool{} // by payload
+		written    int
+		wg         sync.WaitGroup
+	)
+	for g := range writers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(g), 1))
+			var mine []int // this goroutine's topics: g, g+8, …
+			for tp := g; tp < topics; tp += writers {
+				mine = append(mine, tp)
+			}
+			for seq := 0; ; seq++ {
+				n := 1 + rng.IntN(4)
+				mu.Lock()
+				if written >= messages {
+					mu.Unlock()
+					return
+				}
+				n = min(n, messages-written)
+				written += n
+				mu.Unlock()
+
+				msgs := make([]outbox.Message, n)
+				for i := range msgs {
+					tp := mine[rng.IntN(len(mine))]
+					msgs[i] = outbox.Message{Topic: fmt.Sprintf("topic-%d", tp), Payload: fmt.Appendf(nil, "g%d-s%d-i%d", g, seq, i)}
+				}
+				rollback := rng.IntN(10) == 0
+				ctx := context.Background()
+				tx, err := pool.Begin(ctx)
+				if !assertNoError(t, err) {
+					return
+				}
+				if !assertNoError(t, w.Write(ctx, tx, msgs...)) {
+					_ = tx.Rollback(ctx)
+					return
+				}
+				if rollback {
+					assertNoError(t, tx.Rollback(ctx))
+					mu.Lock()
+					for _, m := range msgs {
+						rolledBack[string(m.Payload)] = true
+					}
+					mu.Unlock()
+				} else if !assertNoError(t, tx.Commit(ctx)) {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	eventually(t, 60*time.Second, "every committed row dispatched", func() bool { return countOutstanding(t, tbl) == 0 })
+	stop()
+
+	committed := readRows(t, tbl)
+	require.NotEmpty(t, rolledBack, "the test must roll some transactions back")
+	require.Equal(t, messages, len(committed)+len(rolledBack))
+
+	got := prod.Messages()
+	seen := make(map[int64]bool, len(got))
+	lastByTopic := map[string]int64{}
+	for _, m := range got {
+		require.False(t, seen[m.ID], "row %d delivered twice", m.ID)
+		seen[m.ID] = true
+		require.False(t, rolledBack[string(m.Payload)], "rolled-back message %q delivered", m.Payload)
+		require.Greater(t, m.ID, lastByTopic[m.Topic], "topic %s: row %d delivered after row %d", m.Topic, m.ID, lastByTopic[m.Topic])
+		lastByTopic[m.Topic] = m.ID
+	}
+	for _, r := range committed {
+		require.True(t, seen[r.ID], "committed row %d never delivered", r.ID)
+		require.True(t, r.Dispatched)
+	}
+	require.Len(t, got, len(committed))
+}
+
+// assertNoError reports err without stopping the goroutine's caller (require
+// must not be called off the test goroutine).
+func assertNoError(t *testing.T, err error) bool {
+	t.Helper()
+	if err != nil {
+		t.Error(err)
+		return false
+	}
+	return true
+}
+
+func TestFailedBatchKeepsItsRowsAndOtherTopicsGoOn(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	// Interleave the topics so A's failure sits between B's and C's rows.
+	var msgs []outbox.Message
+	for i := range 30 {
+		msgs = append(msgs, topicMessages([]string{"A", "B", "C"}[i%3], 1)...)
+	}
+	writeMessages(t, tbl, msgs...)
+
+	prod := memory.New(memory.Config{MaxBatch: 4})
+	prod.FailTopic("A", errors.New("connection reset by peer"))
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, PageSize: 100})
+
+	res, err := s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 20, res.Dispatched)
+	require.Equal(t, []string{"A"}, res.FailedTopics)
+	require.Equal(t, 1, res.FailedBatches, "A stops at its first failed batch")
+
+	for _, r := range readRows(t, tbl) {
+		if r.Topic != "A" {
+			require.True(t, r.Dispatched, "row %d of %s", r.ID, r.Topic)
+			continue
+		}
+		require.False(t, r.Dispatched)
+		if r.ID <= 10 { // A's first batch: rows 1, 4, 7, 10
+			require.Equal(t, 1, r.Attempts, "row %d", r.ID)
+			require.NotNil(t, r.LastError)
+			require.Contains(t, *r.LastError, "connection reset by peer")
+		} else {
+			require.Zero(t, r.Attempts, "row %d was never sent", r.ID)
+			require.Nil(t, r.LastError)
+		}
+	}
+
+	// The broker recovers: the next sweep delivers A, in order.
+	prod.HealTopic("A")
+	res, err = s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 10, res.Dispatched)
+	require.Zero(t, countOutstanding(t, tbl))
+	var aIDs []int64
+	for _, m := range prod.Messages() {
+		if m.Topic == "A" {
+			aIDs = append(aIDs, m.ID)
+		}
+	}
+	require.True(t, slices.IsSorted(aIDs), "A delivered out of order: %v", aIDs)
+}
+
+// Rows whose row ids fail as messages count an attempt; their neighbours in the
+// batch do not, since they were never rejected.
+func TestMessageClassFailureCountsOnlyTheNamedRows(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("A", 5)...)
+	prod := memory.New(memory.Config{})
+	prod.FailMessage(3, producer.NewMessageError(producer.ReasonMessageTooLarge, nil, errors.New("413")))
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl})
+	res, err := s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, []string{"A"}, res.FailedTopics)
+	for _, r := range readRows(t, tbl) {
+		if r.ID == 3 {
+			require.Equal(t, 1, r.Attempts)
+			require.Contains(t, *r.LastError, "message_too_large")
+		} else {
+			require.Zero(t, r.Attempts, "row %d", r.ID)
+		}
+	}
+}
+
+func TestTwoSweepersNeverSendARowTwice(t *testing.T) {
+	t.Parallel()
+	const rows = 20_000
+	tbl := dbtest.Table(t)
+	var msgs []outbox.Message
+	for i := range 20 {
+		msgs = append(msgs, topicMessages(fmt.Sprintf("t%d", i), rows/20)...)
+	}
+	rand.Shuffle(len(msgs), func(i, j int) { msgs[i], msgs[j] = msgs[j], msgs[i] })
+	writeMessages(t, tbl, msgs...)
+
+	cfg := outbox.Config{Table: tbl, Tick: 5 * time.Millisecond, PageSize: 300}
+	p1, p2 := memory.New(memory.Config{MaxBatch: 20}), memory.New(memory.Config{MaxBatch: 20})
+	stop1 := runSweeper(t, newSweeper(t, dbtest.NewPool(t, 6), p1, cfg))
+	stop2 := runSweeper(t, newSweeper(t, dbtest.NewPool(t, 6), p2, cfg))
+	eventually(t, 60*time.Second, "every row dispatched", func() bool { return countOutstanding(t, tbl) == 0 })
+	stop1()
+	stop2()
+
+	seen := make(map[int64]int, rows)
+	for _, m := range append(p1.Messages(), p2.Messages()...) {
+		seen[m.ID]++
+		require.Equal(t, 1, seen[m.ID], "row %d sent twice", m.ID)
+	}
+	require.Len(t, seen, rows)
+	t.Logf("sweeper 1 sent %d rows, sweeper 2 sent %d", len(p1.Messages()), len(p2.Messages()))
+}
+
+// A sweeper stopped while the broker holds a batch: within the grace period the
+// batch finishes and is marked; past it the send is cancelled and the rows stay
+// outstanding. Either way nothing is lost, and a new sweeper finishes the job.
+func TestStopInTheMiddleOfABatchLosesNothing(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name          string
+		grace         time.Duration
+		brokerAnswers bool // the broker answers within the grace period
+	}{
+		{"batch finishes within the grace period", 5 * time.Second, true},
+		{"grace period runs out", 50 * time.Millisecond, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tbl := dbtest.Table(t)
+			writeMessages(t, tbl, topicMessages("A", 10)...)
+
+			inSend := make(chan struct{})
+			var once sync.Once
+			release := make(chan struct{})
+			prod := memory.New(memory.Config{MaxBatch: 5})
+			prod.SetSendFunc(func(ctx context.Context, b producer.Batch) error {
+				once.Do(func() { close(inSend) })
+				if tc.brokerAnswers {
+					<-release
+					return nil
+				}
+				<-ctx.Done() // a broker that never answers
+				return ctx.Err()
+			})
+			s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, ShutdownTimeout: tc.grace})
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- s.Run(ctx) }()
+
+			<-inSend
+			cancel()
+			if tc.brokerAnswers {
+				time.Sleep(50 * time.Millisecond) // Run is now waiting on the batch
+				close(release)
+			}
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+			case <-time.After(10 * time.Second):
+				t.Fatal("Run did not return")
+			}
+
+			rows := readRows(t, tbl)
+			require.Len(t, rows, 10)
+			dispatched := 0
+			for _, r := range rows {
+				require.Zero(t, r.Attempts, "a stop is not the row's failure")
+				if r.Dispatched {
+					dispatched++
+				}
+			}
+			if tc.brokerAnswers {
+				require.Equal(t, 5, dispatched, "the batch in flight is marked; the next one never starts")
+				require.Len(t, prod.Messages(), 5)
+			} else {
+				require.Zero(t, dispatched)
+				require.Empty(t, prod.Messages())
+			}
+
+			next := memory.New(memory.Config{MaxBatch: 5})
+			res, err := newSweeper(t, dbtest.Pool(t), next, outbox.Config{Table: tbl}).Sweep(context.Background())
+			require.NoError(t, err)
+			require.Equal(t, 10-dispatched, res.Dispatched)
+			require.Zero(t, countOutstanding(t, tbl))
+		})
+	}
+}
+
+func TestSweepOfAnEmptyOutboxDoesNothing(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	prod := memory.New(memory.Config{})
+	res, err := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl}).Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, outbox.SweepResult{Pages: 1}, res)
+	require.Zero(t, prod.Calls())
+}
+
+// A backlog larger than a page drains in one sweep, page after page.
+func TestSweepDrainsABacklogPageAfterPage(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("A", 1050)...)
+	prod := memory.New(memory.Config{})
+	res, err := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, PageSize: 100}).Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 1050, res.Dispatched)
+	require.Equal(t, 11, res.Pages)
+	require.Zero(t, countOutstanding(t, tbl))
+}
+
+func TestSweepExplainsAMissingTable(t *testing.T) {
+	t.Parallel()
+	tbl := outbox.Table{Schema: "public", Name: "no_such_outbox"}
+	_, err := newSweeper(t, dbtest.Pool(t), memory.New(memory.Config{}), outbox.Config{Table: tbl}).Sweep(context.Background())
+	require.ErrorContains(t, err, "outbox table public.no_such_outbox does not exist: run `sweeper migrate --schema public --table no_such_outbox`")
+}
+
+func TestConfigValidateNamesTheFlagAndValue(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		cfg  outbox.Config
+		want string
+	}{
+		{outbox.Config{PageSize: -1}, "page size (--page-size) is -1"},
+		{outbox.Config{PageSize: outbox.PageSizeMax + 1}, "page size (--page-size) is 100001"},
+		{outbox.Config{Concurrency: -3}, "concurrency (--concurrency) is -3"},
+		{outbox.Config{Tick: time.Microsecond}, "tick (--tick) is 1µs"},
+		{outbox.Config{ShutdownTimeout: -time.Second}, "shutdown timeout (--shutdown-timeout) is -1s"},
+		{outbox.Config{Table: outbox.Table{Name: "a-b"}}, `table (--table) "a-b"`},
+	} {
+		_, err := outbox.NewSweeper(dbtest.Pool(t), memory.New(memory.Config{}), tc.cfg)
+		require.ErrorContains(t, err, tc.want)
+	}
+}

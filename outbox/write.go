@@ -1,0 +1,202 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	outboxsql "github.com/outbox-sweeper/sweeper/sql"
+)
+
+// Message is a message an application writes to the outbox.
+type Message struct {
+	// Topic is the destination: a Service Bus queue or topic, a RabbitMQ routing
+	// key, a NATS subject. Required.
+	Topic string
+	// Payload is the body, passed to the broker as it is. Required (it may be
+	// empty, not nil-vs-empty sensitive).
+	Payload []byte
+	// MessageID is the idempotency key the broker sees, a UUID in text form.
+	// Empty lets the database generate one. Set it to know the id before commit,
+	// or to make an application retry write the same message twice knowingly.
+	MessageID string
+	// Headers become the broker's application properties. Nil means none.
+	Headers map[string]any
+	// ContentType, CorrelationID and PartitionKey map to the broker's fields.
+	// Empty stores NULL.
+	ContentType   string
+	CorrelationID string
+	PartitionKey  string
+}
+
+// DBTX is what [Writer.Write] needs of a database handle. pgx.Tx, *pgx.Conn,
+// *pgxpool.Pool and pgxpool's Tx all satisfy it. Pass the transaction that makes
+// the business change, so the message commits (or rolls back) with it.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	CopyFrom(ctx context.Context, tableName pgx.Identifier, columnNames []string, rowSrc pgx.CopyFromSource) (int64, error)
+}
+
+// CopyThresholdDefault is how many messages one Write call needs before it uses
+// COPY instead of one multi-row INSERT. Below it the INSERT is as fast and keeps
+// to plain statements; above it COPY is several times faster.
+const CopyThresholdDefault = 1000
+
+// Writer writes messages to one outbox table. It holds no connection and is safe
+// for concurrent use; create one per table and keep it.
+type Writer struct {
+	table      Table
+	insertOne  string
+	insertMany string
+}
+
+// NewWriter returns a writer for table t (zero fields take their defaults).
+func NewWriter(t Table) (*Writer, error) {
+	t = t.WithDefaults()
+	if err := t.Validate(); err != nil {
+		return nil, err
+	}
+	return &Writer{
+		table:      t,
+		insertOne:  outboxsql.Statement("insert_message", t.ident(), t.deadLetterIdent()),
+		insertMany: outboxsql.Statement("insert_messages", t.ident(), t.deadLetterIdent()),
+	}, nil
+}
+
+// Write inserts msgs through db in one round trip: one INSERT for one message, one
+// multi-row INSERT for up to [CopyThresholdDefault], COPY beyond. Ids ascend in
+// the order of msgs. An invalid message fails the whole call before anything is
+// sent, with an error naming it; the caller's transaction is then untouched.
+func (w *Writer) Write(ctx context.Context, db DBTX, msgs ...Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	cols := make([]columns, len(msgs))
+	for i := range msgs {
+		c, err := toColumns(&msgs[i])
+		if err != nil {
+			return fmt.Errorf("outbox message %d of %d: %w", i+1, len(msgs), err)
+		}
+		cols[i] = c
+	}
+
+	switch {
+	case len(msgs) == 1:
+		c := cols[0]
+		if _, err := db.Exec(ctx, w.insertOne, c.messageID, c.topic, c.payload, c.headers, c.contentType, c.correlationID, c.partitionKey); err != nil {
+			return fmt.Errorf("insert outbox message into %s: %w", w.table, err)
+		}
+	case len(msgs) < CopyThresholdDefault:
+		var a arrays
+		a.grow(len(cols))
+		for _, c := range cols {
+			a.add(c)
+		}
+		if _, err := db.Exec(ctx, w.insertMany, a.messageID, a.topic, a.payload, a.headers, a.contentType, a.correlationID, a.partitionKey); err != nil {
+			return fmt.Errorf("insert %d outbox messages into %s: %w", len(msgs), w.table, err)
+		}
+	default:
+		// COPY writes the columns as given, so defaults do not apply: the message
+		// id is generated here instead.
+		rows := make([][]any, len(cols))
+		for i, c := range cols {
+			id := c.messageID
+			if id == nil {
+				u := uuid.New()
+				id = &u
+			}
+			rows[i] = []any{id, c.topic, c.payload, c.headers, c.contentType, c.correlationID, c.partitionKey}
+		}
+		_, err := db.CopyFrom(ctx, pgx.Identifier{w.table.Schema, w.table.Name},
+			[]string{"message_id", "topic", "payload", "headers", "content_type", "correlation_id", "partition_key"},
+			pgx.CopyFromRows(rows))
+		if err != nil {
+			return fmt.Errorf("copy %d outbox messages into %s: %w", len(msgs), w.table, err)
+		}
+	}
+	return nil
+}
+
+// columns is one message in the form the statements take. Pointers are NULL when
+// nil.
+type columns struct {
+	messageID     *uuid.UUID
+	topic         string
+	payload       []byte
+	headers       []byte
+	contentType   *string
+	correlationID *string
+	partitionKey  *string
+}
+
+func toColumns(m *Message) (columns, error) {
+	c := columns{topic: m.Topic, payload: m.Payload}
+	if m.Topic == "" {
+		return c, errors.New("topic is empty: every message needs a destination")
+	}
+	if c.payload == nil {
+		c.payload = []byte{}
+	}
+	if m.MessageID != "" {
+		u, err := uuid.Parse(m.MessageID)
+		if err != nil {
+			return c, fmt.Errorf("message id %q is not a UUID: %w", m.MessageID, err)
+		}
+		c.messageID = &u
+	}
+	c.headers = []byte("{}")
+	if len(m.Headers) > 0 {
+		h, err := json.Marshal(m.Headers)
+		if err != nil {
+			return c, fmt.Errorf("headers of topic %q cannot be encoded as JSON: %w", m.Topic, err)
+		}
+		c.headers = h
+	}
+	c.contentType = nullable(m.ContentType)
+	c.correlationID = nullable(m.CorrelationID)
+	c.partitionKey = nullable(m.PartitionKey)
+	return c, nil
+}
+
+func nullable(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// arrays holds messages column by column for the unnest INSERT.
+type arrays struct {
+	messageID     []*uuid.UUID
+	topic         []string
+	payload       [][]byte
+	headers       []string
+	contentType   []*string
+	correlationID []*string
+	partitionKey  []*string
+}
+
+func (a *arrays) grow(n int) {
+	a.messageID = make([]*uuid.UUID, 0, n)
+	a.topic = make([]string, 0, n)
+	a.payload = make([][]byte, 0, n)
+	a.headers = make([]string, 0, n)
+	a.contentType = make([]*string, 0, n)
+	a.correlationID = make([]*string, 0, n)
+	a.partitionKey = make([]*string, 0, n)
+}
+
+func (a *arrays) add(c columns) {
+	a.messageID = append(a.messageID, c.messageID)
+	a.topic = append(a.topic, c.topic)
+	a.payload = append(a.payload, c.payload)
+	a.headers = append(a.headers, string(c.headers))
+	a.contentType = append(a.contentType, c.contentType)
+	a.correlationID = append(a.correlationID, c.correlationID)
+	a.partitionKey = append(a.partitionKey, c.partitionKey)
+}

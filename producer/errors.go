@@ -1,0 +1,143 @@
+package producer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Class says what a failed send means for the sweeper. Producers report it by
+// returning an [*Error]; the sweeper acts on the class, never on a broker's own
+// error types.
+type Class int
+
+const (
+	// ClassTransient is a failure that may go away by itself: a timeout, a reset
+	// connection, a busy or throttling broker. It is the zero value, so an error a
+	// producer did not classify counts as transient.
+	ClassTransient Class = iota
+	// ClassTopic is a failure of the destination, whatever the message: the entity
+	// does not exist, we are not authorized for it, nothing is bound to the routing
+	// key. Retrying soon will not help.
+	ClassTopic
+	// ClassMessage is a failure of particular messages: too large, or invalid for
+	// the broker. The error names the rows; the other messages can go on.
+	ClassMessage
+	// ClassLocal is a failure on our side that says nothing about the broker or the
+	// messages: the send was cancelled because the sweeper is shutting down, or the
+	// producer is closed. It raises no attempts count.
+	ClassLocal
+)
+
+// String returns the class's name as used in logs and metric labels.
+func (c Class) String() string {
+	switch c {
+	case ClassTransient:
+		return "transient"
+	case ClassTopic:
+		return "topic"
+	case ClassMessage:
+		return "message"
+	case ClassLocal:
+		return "local"
+	default:
+		return fmt.Sprintf("class(%d)", int(c))
+	}
+}
+
+// Reasons that message-class errors carry. They become the dead-letter reason.
+const (
+	ReasonInvalidMessage  = "invalid_message"
+	ReasonMessageTooLarge = "message_too_large"
+)
+
+// Error is a classified producer failure.
+type Error struct {
+	// Class says what the sweeper does with the failure.
+	Class Class
+	// Reason is a short snake_case word for logs and dead letters, such as
+	// "message_too_large" or "topic_not_found". It may be empty.
+	Reason string
+	// IDs names the rows a message-class error concerns. Empty for other classes.
+	IDs []int64
+	// Err is the underlying error.
+	Err error
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	b.WriteString(e.Class.String())
+	b.WriteString(" failure")
+	if e.Reason != "" {
+		b.WriteString(" (")
+		b.WriteString(e.Reason)
+		b.WriteString(")")
+	}
+	if len(e.IDs) > 0 {
+		fmt.Fprintf(&b, " of rows %v", e.IDs)
+	}
+	if e.Err != nil {
+		b.WriteString(": ")
+		b.WriteString(e.Err.Error())
+	}
+	return b.String()
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// NewTransientError marks err as transient. Unclassified errors are transient
+// already; this is for a producer that wants to say so, or give a reason.
+func NewTransientError(reason string, err error) error {
+	return &Error{Class: ClassTransient, Reason: reason, Err: err}
+}
+
+// NewTopicError marks err as a failure of the destination.
+func NewTopicError(reason string, err error) error {
+	return &Error{Class: ClassTopic, Reason: reason, Err: err}
+}
+
+// NewMessageError marks err as a failure of the rows ids, for reason (one of the
+// Reason constants, or a word of the producer's own).
+func NewMessageError(reason string, ids []int64, err error) error {
+	return &Error{Class: ClassMessage, Reason: reason, IDs: ids, Err: err}
+}
+
+// NewLocalError marks err as a failure on our side, such as a closed producer.
+func NewLocalError(err error) error {
+	return &Error{Class: ClassLocal, Err: err}
+}
+
+// ClassOf returns err's class: the class of the first [*Error] in its chain;
+// [ClassLocal] for a cancelled context, since that is the sweeper stopping, not
+// the broker failing; otherwise [ClassTransient]. A nil error has no class and
+// ClassOf panics on it, since asking is a programming error.
+func ClassOf(err error) Class {
+	if err == nil {
+		panic("producer.ClassOf(nil)")
+	}
+	if e, ok := errors.AsType[*Error](err); ok {
+		return e.Class
+	}
+	if errors.Is(err, context.Canceled) {
+		return ClassLocal
+	}
+	return ClassTransient
+}
+
+// ReasonOf returns the reason of the first [*Error] in err's chain, or "".
+func ReasonOf(err error) string {
+	if e, ok := errors.AsType[*Error](err); ok {
+		return e.Reason
+	}
+	return ""
+}
+
+// MessageIDs returns the rows a message-class error names, or nil when err is not
+// of the message class.
+func MessageIDs(err error) []int64 {
+	if e, ok := errors.AsType[*Error](err); ok && e.Class == ClassMessage {
+		return e.IDs
+	}
+	return nil
+}

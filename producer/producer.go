@@ -1,0 +1,99 @@
+// Package producer defines what the sweeper needs from a message broker: a bulk
+// producer that cuts a topic's messages into batches the broker accepts and sends
+// one batch at a time, and the failure classes every producer reports.
+//
+// The interface follows the outbox ADR: cutting and sending are separate calls so
+// that the sweeper can claim, send and mark each batch on its own. A failed batch
+// then never undoes an earlier one, and each batch can be retried by itself.
+//
+// This package does not import the outbox package; the sweeper maps its rows onto
+// [Message]. One sub-package per broker implements [Producer].
+package producer
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// Message is one outbox row as a producer sees it. Payload and Headers are the
+// bytes stored in the table: producers pass them on without re-encoding.
+type Message struct {
+	// ID is the outbox row's id. Message-class errors name rows by it.
+	ID int64
+	// MessageID is the row's idempotency key (a UUID in text form). Producers send
+	// it as the broker's message id so that brokers with duplicate detection drop
+	// a redelivery.
+	MessageID string
+	// Topic is the destination: a Service Bus entity, a RabbitMQ routing key, a
+	// NATS subject.
+	Topic string
+	// Payload is the opaque body.
+	Payload []byte
+	// Headers is the row's headers column: a JSON object, "{}" when there are none.
+	Headers json.RawMessage
+	// ContentType, CorrelationID and PartitionKey are empty when the row holds NULL.
+	ContentType   string
+	CorrelationID string
+	PartitionKey  string
+	// CreatedAt is when the application wrote the row.
+	CreatedAt time.Time
+	// Attempts counts the failed dispatches before this one.
+	Attempts int
+}
+
+// DecodeHeaders returns the headers as a map. An empty or "{}" column gives a nil
+// map. Headers that are not a JSON object give a message-class error, since the
+// row can never be sent as it is.
+func (m *Message) DecodeHeaders() (map[string]any, error) {
+	if len(m.Headers) == 0 || string(m.Headers) == "{}" {
+		return nil, nil
+	}
+	var h map[string]any
+	if err := json.Unmarshal(m.Headers, &h); err != nil {
+		return nil, NewMessageError(ReasonInvalidMessage, []int64{m.ID},
+			fmt.Errorf("headers of row %d are not a JSON object: %w", m.ID, err))
+	}
+	return h, nil
+}
+
+// Batch is a run of messages of one topic, in id order, that the broker accepts in
+// one call.
+type Batch struct {
+	Topic    string
+	Messages []Message
+}
+
+// IDs returns the row ids of the batch's messages, in order.
+func (b Batch) IDs() []int64 {
+	ids := make([]int64, len(b.Messages))
+	for i := range b.Messages {
+		ids[i] = b.Messages[i].ID
+	}
+	return ids
+}
+
+// Producer sends outbox messages to a broker in batches.
+//
+// The sweeper calls Batches once per topic and page, then Send for each batch in
+// order, from one goroutine per topic; different topics are sent concurrently, so
+// implementations must be safe for concurrent use across topics.
+type Producer interface {
+	// Batches cuts msgs, all of one topic and in id order, into batches the broker
+	// accepts, keeping the order. When some messages can never be sent (too large
+	// for an empty batch, say), Batches leaves them out, returns the rest, and
+	// returns a message-class error naming the rows it left out. Any other error
+	// means nothing of the topic is sent this time.
+	Batches(ctx context.Context, topic string, msgs []Message) ([]Batch, error)
+
+	// Send sends one batch. The batch may be any subsequence of one that Batches
+	// returned (the sweeper drops rows another instance has claimed meanwhile), so
+	// Send must build its broker request from the messages it is given. A nil
+	// error means the broker has accepted every message of the batch.
+	Send(ctx context.Context, b Batch) error
+
+	// Close releases the producer's connections. The sweeper calls it once, after
+	// its last Send.
+	Close(ctx context.Context) error
+}

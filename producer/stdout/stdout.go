@@ -1,0 +1,143 @@
+// Package stdout is a producer that writes each message as one line of JSON. It is
+// the sweeper's default, so that a new user sees the relay work with nothing but
+// Postgres installed, and it pipes well into jq.
+//
+// A line looks like:
+//
+//	{"id":1,"message_id":"0b9…","topic":"orders","correlation_id":null,"headers":{},"payload":"aGk="}
+//
+// The payload is base64, since it is opaque bytes; headers are the stored JSON.
+package stdout
+
+import (
+	"bufio"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"sync"
+
+	"github.com/outbox-sweeper/sweeper/producer"
+)
+
+// MaxBatchDefault is the default for [Config.MaxBatch].
+const MaxBatchDefault = 500
+
+// Config configures a [Producer].
+type Config struct {
+	// MaxBatch is the most messages written by one Send. Defaults to
+	// MaxBatchDefault.
+	MaxBatch int
+}
+
+// Producer writes messages to an io.Writer, one JSON object per line. A batch is
+// written with one Write call, so lines of concurrent batches never interleave.
+type Producer struct {
+	maxBatch int
+
+	mu  sync.Mutex
+	w   io.Writer
+	buf []byte
+}
+
+var _ producer.Producer = (*Producer)(nil)
+
+// New returns a producer writing to w (os.Stdout in the binary).
+func New(w io.Writer, cfg Config) *Producer {
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = MaxBatchDefault
+	}
+	return &Producer{w: w, maxBatch: cfg.MaxBatch}
+}
+
+// Batches cuts msgs into runs of at most MaxBatch messages.
+func (p *Producer) Batches(_ context.Context, topic string, msgs []producer.Message) ([]producer.Batch, error) {
+	out := make([]producer.Batch, 0, (len(msgs)+p.maxBatch-1)/p.maxBatch)
+	for chunk := range slices.Chunk(msgs, p.maxBatch) {
+		out = append(out, producer.Batch{Topic: topic, Messages: chunk})
+	}
+	return out, nil
+}
+
+// Send writes the batch's lines. Headers that are not valid JSON make the row a
+// message-class failure, since the line could not be parsed downstream.
+func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	var bad []int64
+	for _, m := range b.Messages {
+		if len(m.Headers) > 0 && !json.Valid(m.Headers) {
+			bad = append(bad, m.ID)
+		}
+	}
+	if len(bad) > 0 {
+		return producer.NewMessageError(producer.ReasonInvalidMessage, bad,
+			fmt.Errorf("headers are not valid JSON"))
+	}
+
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	buf := p.buf[:0]
+	for _, m := range b.Messages {
+		buf = appendLine(buf, &m)
+	}
+	p.buf = buf
+	if _, err := p.w.Write(buf); err != nil {
+		return fmt.Errorf("write %d messages of topic %q: %w", len(b.Messages), b.Topic, err)
+	}
+	if f, ok := p.w.(*bufio.Writer); ok {
+		if err := f.Flush(); err != nil {
+			return fmt.Errorf("flush %d messages of topic %q: %w", len(b.Messages), b.Topic, err)
+		}
+	}
+	return nil
+}
+
+// Close does nothing: the writer belongs to the caller.
+func (p *Producer) Close(context.Context) error { return nil }
+
+// appendLine appends m's JSON line by hand: encoding/json would re-encode the
+// headers and allocate per message, and this is the demo's hot path.
+func appendLine(buf []byte, m *producer.Message) []byte {
+	buf = append(buf, `{"id":`...)
+	buf = strconv.AppendInt(buf, m.ID, 10)
+	buf = append(buf, `,"message_id":`...)
+	buf = strconv.AppendQuote(buf, m.MessageID)
+	buf = append(buf, `,"topic":`...)
+	buf = appendJSONString(buf, m.Topic)
+	buf = append(buf, `,"correlation_id":`...)
+	if m.CorrelationID == "" {
+		buf = append(buf, "null"...)
+	} else {
+		buf = appendJSONString(buf, m.CorrelationID)
+	}
+	if m.ContentType != "" {
+		buf = append(buf, `,"content_type":`...)
+		buf = appendJSONString(buf, m.ContentType)
+	}
+	if m.PartitionKey != "" {
+		buf = append(buf, `,"partition_key":`...)
+		buf = appendJSONString(buf, m.PartitionKey)
+	}
+	buf = append(buf, `,"headers":`...)
+	if len(m.Headers) == 0 {
+		buf = append(buf, "{}"...)
+	} else {
+		buf = append(buf, m.Headers...)
+	}
+	buf = append(buf, `,"payload":"`...)
+	buf = base64.StdEncoding.AppendEncode(buf, m.Payload)
+	buf = append(buf, "\"}\n"...)
+	return buf
+}
+
+// appendJSONString quotes s as JSON. strconv.AppendQuote is not JSON (it writes
+// \x escapes), so strings that come from users go through encoding/json.
+func appendJSONString(buf []byte, s string) []byte {
+	q, _ := json.Marshal(s) // a string always marshals
+	return append(buf, q...)
+}
