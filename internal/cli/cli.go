@@ -1,0 +1,324 @@
+// Package cli is the sweeper binary's command line: it parses flags and their
+// OUTBOX_ environment variables, builds the pieces, runs a command, and picks the
+// exit code. cmd/sweeper only hands it the process's arguments, streams and
+// signals, so tests drive every command through [Main].
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/lmittmann/tint"
+	"github.com/robfig/cron/v3"
+
+	"github.com/outbox-sweeper/sweeper/outbox"
+	"github.com/outbox-sweeper/sweeper/producer"
+	"github.com/outbox-sweeper/sweeper/producer/stdout"
+)
+
+// Exit codes.
+const (
+	ExitOK      = 0
+	ExitFailure = 1 // the command ran and failed: database unreachable, migration error
+	ExitUsage   = 2 // a bad flag, variable or value
+)
+
+// DatabaseURLDefault is the database the sweeper uses when none is given: the
+// local Postgres of a development machine.
+const DatabaseURLDefault = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+
+// Version is set at build time with -ldflags "-X …/internal/cli.Version=v1.2.3".
+var Version = ""
+
+// Env is how Main reads the environment; os.LookupEnv in the binary.
+type Env func(string) (string, bool)
+
+// Main runs the command in args (without the program name) and returns the exit
+// code. Logs go to stderr; stdout carries only what the command prints (for run,
+// the stdout producer's messages). ctx ends the command: the binary cancels it on
+// SIGINT or SIGTERM.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer, env Env) int {
+	name := "run"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		name, args = args[0], args[1:]
+	}
+	var err error
+	switch name {
+	case "run":
+		err = runCommand(ctx, args, stdout, stderr, env)
+	case "migrate":
+		err = migrateCommand(ctx, args, stdout, env)
+	case "version":
+		fmt.Fprintln(stdout, "sweeper", version())
+	case "help":
+		printHelp(stdout)
+	default:
+		err = usagef("unknown command %q: the commands are run (the default), migrate, version and help", name)
+	}
+
+	var ue *usageError
+	switch {
+	case err == nil:
+		return ExitOK
+	case errors.Is(err, flag.ErrHelp):
+		printHelp(stdout)
+		return ExitOK
+	case errors.As(err, &ue):
+		fmt.Fprintf(stderr, "sweeper %s: %v\nRun `sweeper help` for every command and flag.\n", name, err)
+		return ExitUsage
+	default:
+		fmt.Fprintf(stderr, "sweeper %s: %v\n", name, err)
+		return ExitFailure
+	}
+}
+
+func version() string {
+	if Version != "" {
+		return Version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return "devel"
+}
+
+// common holds the flags every database command takes.
+type common struct {
+	databaseURL string
+	schema      string
+	table       string
+}
+
+func (c *common) register(f *flags) {
+	f.String(&c.databaseURL, "database-url", DatabaseURLDefault, "url",
+		"Postgres connection URL (or key=value DSN) of the database holding the outbox")
+	f.String(&c.schema, "schema", outbox.SchemaDefault, "name", "schema of the outbox table")
+	f.String(&c.table, "table", outbox.TableDefault, "name",
+		"outbox table name; its dead-letter table is <table>_dead_letter")
+}
+
+// logOptions are the flags of long-running commands, which log.
+type logOptions struct {
+	logFormat string
+	logLevel  string
+}
+
+func (l *logOptions) register(f *flags) {
+	f.Enum(&l.logFormat, "log-format", "text", []string{"text", "json"},
+		"log format on stderr: text (human, coloured on a terminal) or json (one object a line)")
+	f.Enum(&l.logLevel, "log-level", "info", []string{"debug", "info", "warn", "error"},
+		"least severe log level written; debug logs every batch")
+}
+
+func (c *common) tableName() (outbox.Table, error) {
+	t := outbox.Table{Schema: c.schema, Name: c.table}
+	if err := t.Validate(); err != nil {
+		return t, &usageError{msg: err.Error()}
+	}
+	return t, nil
+}
+
+func (l *logOptions) logger(w io.Writer) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(l.logLevel)) // the flag accepts valid levels only
+	if l.logFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
+	}
+	return slog.New(tint.NewHandler(w, &tint.Options{
+		Level:      level,
+		TimeFormat: time.DateTime,
+		NoColor:    !isTerminal(w),
+	}))
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// poolConfig parses the database URL and names the application, so an operator
+// looking at pg_stat_activity sees which sessions are the sweeper's.
+func (c *common) poolConfig() (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(c.databaseURL)
+	if err != nil {
+		return nil, usagef("invalid --database-url: %v", err)
+	}
+	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
+		cfg.ConnConfig.RuntimeParams["application_name"] = "outbox-sweeper"
+	}
+	return cfg, nil
+}
+
+// cronParser accepts standard five-field specs, an optional leading seconds
+// field, and descriptors such as @every 2s or @hourly.
+var cronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
+
+// runOptions are the flags of run.
+type runOptions struct {
+	common
+	logOptions
+	concurrency     int
+	pageSize        int
+	producer        string
+	schedule        string
+	shutdownTimeout time.Duration
+	tick            time.Duration
+}
+
+func (o *runOptions) flags() *flags {
+	f := newFlags("run")
+	o.common.register(f)
+	o.logOptions.register(f)
+	f.Int(&o.concurrency, "concurrency", outbox.ConcurrencyDefault, "topics sent at once; the batches of one topic go in order")
+	f.Int(&o.pageSize, "page-size", outbox.PageSizeDefault, "most outstanding rows read per page; memory use is bounded by it")
+	f.Enum(&o.producer, "producer", "stdout", []string{"stdout"}, "where messages go: stdout writes one JSON object per message per line")
+	f.String(&o.schedule, "schedule", "", "spec", `cron spec for ticks instead of --tick, e.g. "*/10 * * * * *" or "@every 2s"`)
+	f.Duration(&o.shutdownTimeout, "shutdown-timeout", outbox.ShutdownTimeoutDefault, "on SIGTERM, how long batches in flight may take to finish")
+	f.Duration(&o.tick, "tick", outbox.TickDefault, "interval between sweeps; a sweep drains a backlog page after page")
+	return f
+}
+
+func runCommand(ctx context.Context, args []string, out, errOut io.Writer, env Env) error {
+	var o runOptions
+	f := o.flags()
+	if err := f.parse(args, env); err != nil {
+		return err
+	}
+	tbl, err := o.tableName()
+	if err != nil {
+		return err
+	}
+	cfg := outbox.Config{
+		Concurrency:     o.concurrency,
+		PageSize:        o.pageSize,
+		ShutdownTimeout: o.shutdownTimeout,
+		Table:           tbl,
+		Tick:            o.tick,
+	}
+	if o.schedule != "" {
+		if f.set("tick") {
+			return usagef("--tick %s and --schedule %q are both set: use one", o.tick, o.schedule)
+		}
+		s, err := cronParser.Parse(o.schedule)
+		if err != nil {
+			return usagef("invalid value %q for --schedule: %v; write a cron spec such as \"*/10 * * * * *\" or \"@every 2s\"", o.schedule, err)
+		}
+		cfg.Schedule = s
+	}
+	// Validate before defaults fill in zeros: a flag set to 0 is a mistake to
+	// report, not a request for the default.
+	if err := cfg.Validate(); err != nil {
+		return &usageError{msg: err.Error()}
+	}
+	poolCfg, err := o.poolConfig()
+	if err != nil {
+		return err
+	}
+	// One connection per topic in flight, one to read pages, one spare.
+	poolCfg.MaxConns = int32(o.concurrency + 2)
+
+	logger := o.logger(errOut)
+	cfg.Logger = logger
+
+	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+	if err != nil {
+		return fmt.Errorf("database pool: %w", err)
+	}
+	defer pool.Close()
+
+	var p producer.Producer
+	switch o.producer {
+	case "stdout":
+		p = stdout.New(out, stdout.Config{})
+	}
+
+	s, err := outbox.NewSweeper(pool, p, cfg)
+	if err != nil {
+		return &usageError{msg: err.Error()}
+	}
+	logger.Info("starting", "version", version(), "producer", o.producer,
+		"database", redact(poolCfg.ConnConfig), "table", tbl.String())
+	if err := s.Run(ctx); err != nil {
+		return err
+	}
+	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := p.Close(closeCtx); err != nil {
+		logger.Warn("closing the producer failed", "producer", o.producer, "err", err)
+	}
+	return nil
+}
+
+// redact names the database without its password.
+func redact(c *pgx.ConnConfig) string {
+	return fmt.Sprintf("%s@%s:%d/%s", c.User, c.Host, c.Port, c.Database)
+}
+
+func migrateCommand(ctx context.Context, args []string, out io.Writer, env Env) error {
+	var c common
+	f := newFlags("migrate")
+	c.register(f)
+	if err := f.parse(args, env); err != nil {
+		return err
+	}
+	tbl, err := c.tableName()
+	if err != nil {
+		return err
+	}
+	poolCfg, err := c.poolConfig()
+	if err != nil {
+		return err
+	}
+	connectCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(connectCtx, poolCfg.ConnConfig)
+	if err != nil {
+		return fmt.Errorf("connect to %s: %w (is Postgres running, and is --database-url right?)", redact(poolCfg.ConnConfig), err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+
+	res, err := outbox.Migrate(ctx, conn, tbl)
+	if err != nil {
+		return err
+	}
+	if len(res.Applied) == 0 {
+		fmt.Fprintf(out, "%s is up to date at schema version %d\n", tbl, res.To)
+		return nil
+	}
+	fmt.Fprintf(out, "%s migrated from schema version %d to %d (%s)\n", tbl, res.From, res.To, strings.Join(res.Applied, ", "))
+	return nil
+}
+
+func printHelp(w io.Writer) {
+	fmt.Fprint(w, `sweeper relays messages from a transactional outbox table in Postgres to a broker.
+
+Usage:
+  sweeper [run] [flags]     relay outstanding rows until SIGINT or SIGTERM (the default command)
+  sweeper migrate [flags]   create or upgrade the outbox tables; idempotent, safe to run concurrently
+  sweeper version           print the version
+  sweeper help              print this help
+
+Every flag can also be set by its environment variable; the command line wins.
+A bad value exits with status 2.
+
+Flags of run:
+`)
+	var o runOptions
+	f := o.flags()
+	f.usage(w)
+	fmt.Fprint(w, "\nFlags of migrate: --database-url, --schema, --table, as above.\n")
+}

@@ -1,0 +1,128 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// noEnv is an empty environment.
+func noEnv(string) (string, bool) { return "", false }
+
+func envOf(kv map[string]string) Env {
+	return func(k string) (string, bool) { v, ok := kv[k]; return v, ok }
+}
+
+func runMain(t *testing.T, env Env, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // a command that got past validation returns at once
+	code = Main(ctx, args, &out, &errOut, env)
+	return code, out.String(), errOut.String()
+}
+
+// Every flag rejects a bad value, given on the command line or through its
+// variable, with exit 2 and a message that names the flag and the value.
+func TestEveryFlagRejectsABadValue(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		cmd, flag, value, want string
+	}{
+		{"run", "concurrency", "x", `invalid value "x"`},
+		{"run", "concurrency", "0", "concurrency (--concurrency) is 0: it must be between 1 and 256"},
+		{"run", "concurrency", "1000", "concurrency (--concurrency) is 1000"},
+		{"run", "database-url", "postgres://h:notaport/db", "invalid --database-url"},
+		{"run", "log-format", "xml", `invalid value "xml"`},
+		{"run", "log-level", "loud", `invalid value "loud"`},
+		{"run", "page-size", "-5", "page size (--page-size) is -5"},
+		{"run", "page-size", "1e3", `invalid value "1e3"`},
+		{"run", "producer", "kafka", `invalid value "kafka"`},
+		{"run", "schedule", "every day", `invalid value "every day" for --schedule`},
+		{"run", "schema", "Public", `schema (--schema) "Public" is not a valid name`},
+		{"run", "shutdown-timeout", "-1s", "shutdown timeout (--shutdown-timeout) is -1s"},
+		{"run", "shutdown-timeout", "soon", `invalid value "soon"`},
+		{"run", "table", "out-box", `table (--table) "out-box" is not a valid name`},
+		{"run", "tick", "0s", "tick (--tick) is 0s: it must be at least 1ms"},
+		{"run", "tick", "1", `invalid value "1"`},
+		{"migrate", "database-url", "postgres://h:notaport/db", "invalid --database-url"},
+		{"migrate", "schema", "a b", `schema (--schema) "a b" is not a valid name`},
+		{"migrate", "table", "", `table (--table) "" is not a valid name`},
+	} {
+		t.Run(tc.cmd+" --"+tc.flag+"="+tc.value, func(t *testing.T) {
+			t.Parallel()
+			code, stdout, stderr := runMain(t, noEnv, tc.cmd, "--"+tc.flag+"="+tc.value)
+			require.Equal(t, ExitUsage, code, stderr)
+			require.Contains(t, stderr, tc.want)
+			require.Contains(t, stderr, "sweeper help")
+			require.Empty(t, stdout)
+			if strings.HasPrefix(tc.want, "invalid value") {
+				require.Contains(t, stderr, "--"+tc.flag, "the message names the flag")
+			}
+
+			// The same value through the environment.
+			code, _, stderr = runMain(t, envOf(map[string]string{envName(tc.flag): tc.value}), tc.cmd)
+			require.Equal(t, ExitUsage, code, stderr)
+			require.Contains(t, stderr, "--"+tc.flag)
+			require.Contains(t, stderr, tc.value)
+		})
+	}
+}
+
+func TestEveryRunFlagIsDocumentedWithItsVariable(t *testing.T) {
+	t.Parallel()
+	var help bytes.Buffer
+	printHelp(&help)
+	var o runOptions
+	f := o.flags()
+	require.NotEmpty(t, f.help)
+	for _, h := range f.help {
+		require.Contains(t, help.String(), "--"+h.name+" ")
+		require.Contains(t, help.String(), "env "+envName(h.name)+",")
+	}
+}
+
+func TestCommandLineWinsOverEnvironment(t *testing.T) {
+	t.Parallel()
+	var o runOptions
+	f := o.flags()
+	require.NoError(t, f.parse([]string{"--page-size", "7"}, envOf(map[string]string{"OUTBOX_PAGE_SIZE": "9", "OUTBOX_TICK": "3s"})))
+	require.Equal(t, 7, o.pageSize)
+	require.Equal(t, "3s", o.tick.String())
+	require.True(t, f.set("tick"), "a variable counts as set")
+	require.False(t, f.set("concurrency"))
+}
+
+func TestTickAndScheduleTogetherAreRejected(t *testing.T) {
+	t.Parallel()
+	code, _, stderr := runMain(t, noEnv, "run", "--tick", "2s", "--schedule", "@every 5s")
+	require.Equal(t, ExitUsage, code)
+	require.Contains(t, stderr, `--tick 2s and --schedule "@every 5s" are both set: use one`)
+}
+
+func TestUnknownCommandAndStrayArgument(t *testing.T) {
+	t.Parallel()
+	code, _, stderr := runMain(t, noEnv, "sweep")
+	require.Equal(t, ExitUsage, code)
+	require.Contains(t, stderr, `unknown command "sweep"`)
+
+	code, _, stderr = runMain(t, noEnv, "run", "--tick", "1s", "extra")
+	require.Equal(t, ExitUsage, code)
+	require.Contains(t, stderr, `unexpected argument "extra"`)
+}
+
+func TestHelpAndVersion(t *testing.T) {
+	t.Parallel()
+	code, stdout, _ := runMain(t, noEnv, "help")
+	require.Equal(t, ExitOK, code)
+	require.Contains(t, stdout, "sweeper migrate")
+	code, stdout, _ = runMain(t, noEnv, "run", "-h")
+	require.Equal(t, ExitOK, code)
+	require.Contains(t, stdout, "--page-size")
+	code, stdout, _ = runMain(t, noEnv, "version")
+	require.Equal(t, ExitOK, code)
+	require.True(t, strings.HasPrefix(stdout, "sweeper "), stdout)
+}

@@ -1,0 +1,174 @@
+package cli
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// envPrefix starts the environment variable of every flag: --page-size is
+// OUTBOX_PAGE_SIZE.
+const envPrefix = "OUTBOX_"
+
+// envName returns the environment variable that sets flag name.
+func envName(name string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+}
+
+// usageError is a bad command line or environment: the process exits 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, args...)}
+}
+
+// flags is a command's flag set, bound to OUTBOX_ environment variables.
+type flags struct {
+	fs   *flag.FlagSet
+	help []flagHelp
+}
+
+type flagHelp struct{ name, value, def, usage string }
+
+func newFlags(cmd string) *flags {
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // errors are printed once, by Main
+	return &flags{fs: fs}
+}
+
+func (f *flags) add(v flag.Value, name, placeholder, usage string) {
+	f.fs.Var(v, name, usage)
+	f.help = append(f.help, flagHelp{name: name, value: placeholder, def: v.String(), usage: usage})
+}
+
+func (f *flags) String(p *string, name, def, placeholder, usage string) {
+	*p = def
+	f.add((*stringValue)(p), name, placeholder, usage)
+}
+
+func (f *flags) Int(p *int, name string, def int, usage string) {
+	*p = def
+	f.add((*intValue)(p), name, "n", usage)
+}
+
+func (f *flags) Duration(p *time.Duration, name string, def time.Duration, usage string) {
+	*p = def
+	f.add((*durationValue)(p), name, "duration", usage)
+}
+
+// Enum registers a string flag that takes one of choices.
+func (f *flags) Enum(p *string, name, def string, choices []string, usage string) {
+	*p = def
+	f.add(&enumValue{p: p, choices: choices}, name, strings.Join(choices, "|"), usage)
+}
+
+// parse sets flags from the environment first and from args second, so the
+// command line wins. It returns a usageError naming the flag or variable and the
+// bad value, or flag.ErrHelp.
+func (f *flags) parse(args []string, lookupEnv func(string) (string, bool)) error {
+	var envErr error
+	f.fs.VisitAll(func(fl *flag.Flag) {
+		if envErr != nil {
+			return
+		}
+		v, ok := lookupEnv(envName(fl.Name))
+		if !ok {
+			return
+		}
+		if err := f.fs.Set(fl.Name, v); err != nil {
+			envErr = usagef("invalid value %q for %s (--%s): %v", v, envName(fl.Name), fl.Name, err)
+		}
+	})
+	if envErr != nil {
+		return envErr
+	}
+	if err := f.fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		// The flag package says "-name"; the docs say "--name".
+		return usagef("%s", strings.Replace(err.Error(), " -", " --", 1))
+	}
+	if f.fs.NArg() > 0 {
+		return usagef("unexpected argument %q: %s takes flags only", f.fs.Arg(0), f.fs.Name())
+	}
+	return nil
+}
+
+// set reports whether flag name was given on the command line or through its
+// environment variable.
+func (f *flags) set(name string) bool {
+	found := false
+	f.fs.Visit(func(fl *flag.Flag) { found = found || fl.Name == name })
+	return found
+}
+
+// usage writes the flags' help, each with its variable and default.
+func (f *flags) usage(w io.Writer) {
+	for _, h := range f.help {
+		fmt.Fprintf(w, "  --%s %s\n", h.name, h.value)
+		fmt.Fprintf(w, "        %s\n", h.usage)
+		def := h.def
+		if def == "" {
+			def = `""`
+		}
+		fmt.Fprintf(w, "        env %s, default %s\n", envName(h.name), def)
+	}
+}
+
+type stringValue string
+
+func (s *stringValue) Set(v string) error { *s = stringValue(v); return nil }
+func (s *stringValue) String() string     { return string(*s) }
+
+type intValue int
+
+func (i *intValue) Set(v string) error {
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil {
+		return errors.New("not a whole number")
+	}
+	*i = intValue(n)
+	return nil
+}
+func (i *intValue) String() string { return strconv.Itoa(int(*i)) }
+
+type durationValue time.Duration
+
+func (d *durationValue) Set(v string) error {
+	x, err := time.ParseDuration(strings.TrimSpace(v))
+	if err != nil {
+		return errors.New("not a duration: write a number with a unit, such as 500ms, 1s or 5m")
+	}
+	*d = durationValue(x)
+	return nil
+}
+func (d *durationValue) String() string { return time.Duration(*d).String() }
+
+type enumValue struct {
+	p       *string
+	choices []string
+}
+
+func (e *enumValue) Set(v string) error {
+	for _, c := range e.choices {
+		if v == c {
+			*e.p = v
+			return nil
+		}
+	}
+	return fmt.Errorf("choose one of %s", strings.Join(e.choices, ", "))
+}
+
+func (e *enumValue) String() string {
+	if e.p == nil {
+		return ""
+	}
+	return *e.p
+}
