@@ -140,19 +140,28 @@ func NewPool(t testing.TB, maxConns int32) *pgxpool.Pool {
 	return p
 }
 
+// Schema returns a fresh schema name for t, with nothing in it yet (the schema
+// itself may not exist), and drops that schema at cleanup.
+func Schema(t testing.TB) string {
+	t.Helper()
+	p := Pool(t)
+	dropStale.Do(func() { dropStaleSchemas(context.Background(), p) })
+	name := fmt.Sprintf("%s%d_%d_%d", schemaPrefix, time.Now().Unix(), os.Getpid(), schemaSeq.Add(1))
+	t.Cleanup(func() {
+		if _, err := p.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{name}.Sanitize()+" CASCADE"); err != nil {
+			t.Errorf("drop test schema %s: %v", name, err)
+		}
+	})
+	return name
+}
+
 // Table creates a schema for t, migrates an outbox into it, and drops the schema
 // at cleanup.
 func Table(t testing.TB) outbox.Table {
 	t.Helper()
 	ctx := context.Background()
-	p := Pool(t)
-	dropStale.Do(func() { dropStaleSchemas(ctx, p) })
-
-	tbl := outbox.Table{
-		Schema: fmt.Sprintf("%s%d_%d_%d", schemaPrefix, time.Now().Unix(), os.Getpid(), schemaSeq.Add(1)),
-		Name:   "outbox",
-	}
-	conn, err := p.Acquire(ctx)
+	tbl := outbox.Table{Schema: Schema(t), Name: "outbox"}
+	conn, err := Pool(t).Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,11 +169,6 @@ func Table(t testing.TB) outbox.Table {
 	if _, err := outbox.Migrate(ctx, conn.Conn(), tbl); err != nil {
 		t.Fatalf("migrate test schema %s: %v", tbl.Schema, err)
 	}
-	t.Cleanup(func() {
-		if _, err := p.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{tbl.Schema}.Sanitize()+" CASCADE"); err != nil {
-			t.Errorf("drop test schema %s: %v", tbl.Schema, err)
-		}
-	})
 	return tbl
 }
 
@@ -193,9 +197,12 @@ func dropStaleSchemas(ctx context.Context, p *pgxpool.Pool) {
 	}
 }
 
-// Main runs a package's tests, closes the shared pool and any container, and then
-// fails the run if goroutines leaked.
-func Main(m *testing.M) {
+// Main runs a package's tests with [Run] and exits with its code.
+func Main(m *testing.M) { os.Exit(Run(m)) }
+
+// Run runs a package's tests, closes the shared pool and any container, and then
+// fails the run if goroutines leaked. It returns the exit code.
+func Run(m *testing.M) int {
 	code := m.Run()
 	if pool != nil {
 		pool.Close()
@@ -209,5 +216,5 @@ func Main(m *testing.M) {
 			code = 1
 		}
 	}
-	os.Exit(code)
+	return code
 }

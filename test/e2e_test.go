@@ -1,0 +1,217 @@
+package test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-sweeper/sweeper/internal/dbtest"
+	"github.com/outbox-sweeper/sweeper/test/tcpproxy"
+)
+
+// describeSchema lists a schema's tables, columns and indexes, to compare two.
+func describeSchema(t *testing.T, schema string) string {
+	t.Helper()
+	rows, err := dbtest.Pool(t).Query(context.Background(), `
+		SELECT table_name || '.' || column_name || ' ' || data_type || ' ' || is_nullable || ' ' || coalesce(column_default, '')
+		FROM information_schema.columns WHERE table_schema = $1
+		UNION ALL
+		SELECT indexname || ' ' || replace(indexdef, $1, 'S') FROM pg_indexes WHERE schemaname = $1
+		ORDER BY 1`, schema)
+	require.NoError(t, err)
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return strings.Join(lines, "\n")
+}
+
+func TestMigrateTwiceAndConcurrently(t *testing.T) {
+	t.Parallel()
+	url := dbtest.URL(t)
+
+	sequential := dbtest.Schema(t)
+	code, out, stderr := runOnce(t, "migrate", "--database-url", url, "--schema", sequential)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, out, "migrated from schema version 0 to 1")
+	code, out, stderr = runOnce(t, "migrate", "--database-url", url, "--schema", sequential)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, out, "is up to date at schema version 1")
+
+	concurrent := dbtest.Schema(t)
+	const n = 4
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		codes []int
+		outs  []string
+	)
+	for range n {
+		wg.Go(func() {
+			code, out, stderr := runOnce(t, "migrate", "--database-url", url, "--schema", concurrent)
+			mu.Lock()
+			defer mu.Unlock()
+			codes = append(codes, code)
+			outs = append(outs, out+stderr)
+		})
+	}
+	wg.Wait()
+	require.Equal(t, []int{0, 0, 0, 0}, codes, "outputs: %q", outs)
+	migratedCount := 0
+	for _, o := range outs {
+		if strings.Contains(o, "migrated from schema version 0 to 1") {
+			migratedCount++
+		} else {
+			require.Contains(t, o, "is up to date at schema version 1")
+		}
+	}
+	require.Equal(t, 1, migratedCount, "exactly one process applies the migration: %q", outs)
+
+	a, b := describeSchema(t, sequential), describeSchema(t, concurrent)
+	require.Contains(t, a, "outbox.message_id uuid NO gen_random_uuid()")
+	require.Contains(t, a, "outbox_outstanding_idx")
+	require.Contains(t, a, "outbox_dead_letter.reason text NO")
+	require.Equal(t, strings.ReplaceAll(a, sequential, "S"), strings.ReplaceAll(b, concurrent, "S"))
+}
+
+func TestMigrateReportsAnUnreachableDatabase(t *testing.T) {
+	t.Parallel()
+	p := tcpproxy.New(t, "127.0.0.1:1")
+	p.Refuse(true)
+	code, _, stderr := runOnce(t, "migrate", "--database-url", databaseURLVia(t, p.Addr()))
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "connect to postgres@127.0.0.1")
+	require.Contains(t, stderr, "is Postgres running, and is --database-url right?")
+}
+
+func TestRunRelaysToStdoutAndExitsZeroOnSIGTERM(t *testing.T) {
+	t.Parallel()
+	tbl := migrated(t)
+	insertRows(t, tbl, "orders", 30)
+	insertRows(t, tbl, "invoices", 20)
+
+	p := start(t, []string{"OUTBOX_DATABASE_URL=" + dbtest.URL(t), "OUTBOX_SCHEMA=" + tbl.Schema, "OUTBOX_LOG_FORMAT=json"},
+		"run", "--tick", "50ms", "--page-size", "16")
+	eventually(t, 20*time.Second, "50 lines on stdout", func() bool { return len(p.Lines()) >= 50 })
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	require.Equal(t, 0, p.wait(t, 20*time.Second), p.Stderr())
+
+	msgs := parseLines(t, p.Lines())
+	require.Len(t, msgs, 50)
+	last := map[string]int64{}
+	for _, m := range msgs {
+		require.Greater(t, m.ID, last[m.Topic], "order within %s", m.Topic)
+		last[m.Topic] = m.ID
+		require.Len(t, m.MessageID, 36)
+		require.Equal(t, "{}", string(m.Headers))
+		require.True(t, strings.HasPrefix(string(m.Payload), m.Topic+"-"), "payload %q", m.Payload)
+		require.NotNil(t, m.CorrelationID)
+	}
+	require.Zero(t, countOutstanding(t, tbl))
+	for _, l := range strings.Split(strings.TrimSpace(p.Stderr()), "\n") {
+		require.True(t, strings.HasPrefix(l, "{"), "log line is not JSON: %q", l)
+		require.NotContains(t, l, "orders-", "logs never carry a payload")
+	}
+	require.Contains(t, p.Stderr(), `"msg":"sweeper stopped"`)
+}
+
+// The database is down when the sweeper starts, comes up, then drops every
+// connection mid-run. The sweeper waits, reconnects, and delivers every row.
+func TestDatabaseDownAtStartThenDroppedMidRun(t *testing.T) {
+	t.Parallel()
+	tbl := migrated(t)
+	insertRows(t, tbl, "a", 100)
+
+	proxy := tcpproxy.New(t, dbHostPort(t))
+	proxy.Refuse(true)
+
+	p := start(t, nil, "run", "--database-url", databaseURLVia(t, proxy.Addr()), "--schema", tbl.Schema,
+		"--tick", "50ms", "--page-size", "10")
+	eventually(t, 20*time.Second, "a logged retry", func() bool { return strings.Contains(p.Stderr(), "sweep failed; retrying") })
+	require.Empty(t, p.Lines())
+
+	proxy.Refuse(false)
+	eventually(t, 30*time.Second, "the first 100 rows", func() bool { return len(p.Lines()) >= 100 })
+	require.Contains(t, p.Stderr(), "sweep succeeded again")
+
+	// Cut every connection while rows keep arriving.
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := range 10 {
+			insertRows(t, tbl, fmt.Sprint("b", i), 50)
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+	for range 5 {
+		time.Sleep(60 * time.Millisecond)
+		proxy.Cut()
+	}
+	wg.Wait()
+	eventually(t, 60*time.Second, "every row dispatched", func() bool { return countOutstanding(t, tbl) == 0 })
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	require.Equal(t, 0, p.wait(t, 20*time.Second))
+
+	seen := map[int64]int{}
+	for _, m := range parseLines(t, p.Lines()) {
+		seen[m.ID]++
+	}
+	require.Len(t, seen, 600, "every row relayed at least once")
+	dups := 0
+	for _, n := range seen {
+		dups += n - 1
+	}
+	t.Logf("%d rows relayed more than once across the cuts (at-least-once)", dups)
+}
+
+// A sweeper killed with SIGKILL at random moments loses nothing: each restart
+// takes over the rows the killed one held.
+func TestKilledSweeperLosesNothing(t *testing.T) {
+	t.Parallel()
+	tbl := migrated(t)
+	const rows = 3000
+	for i := range 6 {
+		insertRows(t, tbl, fmt.Sprint("t", i), rows/6)
+	}
+
+	seen := map[int64]int{}
+	args := []string{"run", "--database-url", dbtest.URL(t), "--schema", tbl.Schema, "--tick", "20ms", "--page-size", "50"}
+	kills := 0
+	for countOutstanding(t, tbl) > 0 {
+		p := start(t, nil, args...)
+		// Let it relay a little, then kill it without warning.
+		eventually(t, 30*time.Second, "some output or an empty outbox", func() bool {
+			return len(p.Lines()) > 0 || countOutstanding(t, tbl) == 0
+		})
+		time.Sleep(time.Duration(5+kills*7%40) * time.Millisecond)
+		require.NoError(t, p.cmd.Process.Kill())
+		p.wait(t, 10*time.Second)
+		kills++
+		lines := p.Lines()
+		if n := len(lines); n > 0 && !strings.HasSuffix(lines[n-1], "}") {
+			lines = lines[:n-1] // the kill cut the last write short: that line was never received
+		}
+		for _, m := range parseLines(t, lines) {
+			seen[m.ID]++
+		}
+		require.Less(t, kills, 200, "the outbox never drained")
+	}
+	require.Len(t, seen, rows, "every row relayed at least once")
+	dups := 0
+	for _, n := range seen {
+		dups += n - 1
+	}
+	t.Logf("%d kills, %d rows relayed more than once", kills, dups)
+	require.GreaterOrEqual(t, kills, 3, "the test must kill the sweeper mid-run")
+}
+
+func dbHostPort(t *testing.T) string {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(dbtest.URL(t))
+	require.NoError(t, err)
+	return fmt.Sprintf("%s:%d", cfg.Host, cfg.Port)
+}

@@ -1,0 +1,123 @@
+// Package tcpproxy is a TCP proxy a test controls, to make a database or broker
+// go away and come back: refuse new connections, cut the open ones, heal.
+package tcpproxy
+
+import (
+	"io"
+	"net"
+	"sync"
+	"testing"
+)
+
+// Proxy forwards connections from a loopback port to a target address.
+type Proxy struct {
+	target string
+	ln     net.Listener
+
+	mu      sync.Mutex
+	refuse  bool
+	conns   map[net.Conn]struct{}
+	wg      sync.WaitGroup
+	stopped bool
+}
+
+// New starts a proxy to target on 127.0.0.1 and stops it at t's cleanup.
+func New(t testing.TB, target string) *Proxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &Proxy{target: target, ln: ln, conns: make(map[net.Conn]struct{})}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(p.Close)
+	return p
+}
+
+// Addr returns the proxy's host:port.
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// Refuse makes the proxy close new connections at once (true), or forward them
+// again (false). It does not touch open connections: see Cut.
+func (p *Proxy) Refuse(refuse bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.refuse = refuse
+}
+
+// Cut closes every open connection, as a restarted server or a broken network
+// would.
+func (p *Proxy) Cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		_ = c.Close()
+	}
+}
+
+// Close stops the proxy and cuts its connections.
+func (p *Proxy) Close() {
+	p.mu.Lock()
+	p.stopped = true
+	p.mu.Unlock()
+	_ = p.ln.Close()
+	p.Cut()
+	p.wg.Wait()
+}
+
+func (p *Proxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return // closed
+		}
+		p.mu.Lock()
+		refuse := p.refuse || p.stopped
+		p.mu.Unlock()
+		if refuse {
+			_ = c.Close()
+			continue
+		}
+		upstream, err := net.Dial("tcp", p.target)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		if !p.track(c, upstream) {
+			continue
+		}
+		p.wg.Add(2)
+		go p.pipe(c, upstream)
+		go p.pipe(upstream, c)
+	}
+}
+
+func (p *Proxy) track(conns ...net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stopped {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		return false
+	}
+	for _, c := range conns {
+		p.conns[c] = struct{}{}
+	}
+	return true
+}
+
+// pipe copies until either side fails, then closes both, so a cut on one side
+// reaches the other.
+func (p *Proxy) pipe(dst, src net.Conn) {
+	defer p.wg.Done()
+	_, _ = io.Copy(dst, src)
+	_ = dst.Close()
+	_ = src.Close()
+	p.mu.Lock()
+	delete(p.conns, dst)
+	delete(p.conns, src)
+	p.mu.Unlock()
+}
