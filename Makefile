@@ -1,0 +1,37 @@
+# outbox sweeper: build, run, test, benchmark.
+#
+#   make run     migrate the local database, write demo messages, relay them to stdout
+#   make test    every test, with the race detector, against the local Postgres
+#   make bench   the drain benchmark (see BENCHMARKS.md)
+
+BIN          := bin/sweeper
+VERSION      ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+LDFLAGS      := -s -w -X github.com/outbox-sweeper/sweeper/internal/cli.Version=$(VERSION)
+DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
+BENCHSTAT    := golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
+
+.PHONY: build run test bench vet clean
+
+build:
+	go build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/sweeper
+
+run: build
+	$(BIN) migrate --database-url '$(DATABASE_URL)'
+	@command -v psql >/dev/null || { echo "make run needs psql to write the demo messages (apt-get install postgresql-client)"; exit 1; }
+	psql -q '$(DATABASE_URL)' -f sql/examples/demo.sql
+	@echo "relaying; the messages follow as JSON lines. Ctrl-C stops."
+	$(BIN) run --database-url '$(DATABASE_URL)'
+
+vet:
+	go vet ./...
+	@test -z "$$(gofmt -l .)" || { echo "gofmt would change:"; gofmt -l .; exit 1; }
+
+test: vet
+	go test -race -count=1 -timeout 20m ./...
+
+bench:
+	go test -run '^$$' -bench . -benchtime 1x -count 3 -timeout 30m ./outbox/ | tee bench.out
+	go run $(BENCHSTAT) bench.out
+
+clean:
+	rm -rf bin bench.out

@@ -1,0 +1,75 @@
+package producer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-sweeper/sweeper/producer"
+)
+
+func TestClassOf(t *testing.T) {
+	t.Parallel()
+	base := errors.New("boom")
+	for _, tc := range []struct {
+		name string
+		err  error
+		want producer.Class
+	}{
+		{"unclassified is transient", base, producer.ClassTransient},
+		{"deadline is transient: a slow broker", context.DeadlineExceeded, producer.ClassTransient},
+		{"cancelled is local: we are stopping", fmt.Errorf("send: %w", context.Canceled), producer.ClassLocal},
+		{"topic", producer.NewTopicError("topic_not_found", base), producer.ClassTopic},
+		{"wrapped topic", fmt.Errorf("send to x: %w", producer.NewTopicError("", base)), producer.ClassTopic},
+		{"message", producer.NewMessageError(producer.ReasonMessageTooLarge, []int64{3}, base), producer.ClassMessage},
+		{"explicit transient", producer.NewTransientError("server_busy", base), producer.ClassTransient},
+		{"local", producer.NewLocalError(base), producer.ClassLocal},
+		{"classified cancel keeps its class", producer.NewTopicError("", context.Canceled), producer.ClassTopic},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, producer.ClassOf(tc.err))
+		})
+	}
+	require.Panics(t, func() { producer.ClassOf(nil) })
+}
+
+func TestErrorNamesClassReasonRowsAndCause(t *testing.T) {
+	t.Parallel()
+	err := fmt.Errorf("send batch: %w", producer.NewMessageError(producer.ReasonMessageTooLarge, []int64{4, 9}, errors.New("413 entity too large")))
+	require.Equal(t, "send batch: message failure (message_too_large) of rows [4 9]: 413 entity too large", err.Error())
+	require.Equal(t, []int64{4, 9}, producer.MessageIDs(err))
+	require.Equal(t, producer.ReasonMessageTooLarge, producer.ReasonOf(err))
+	require.Nil(t, producer.MessageIDs(producer.NewTopicError("x", err)), "only message errors name rows")
+	require.ErrorContains(t, producer.NewTopicError("unauthorized", errors.New("401")), "topic failure (unauthorized): 401")
+	require.Equal(t, "", producer.ReasonOf(errors.New("plain")))
+}
+
+func TestDecodeHeaders(t *testing.T) {
+	t.Parallel()
+	m := producer.Message{ID: 7, Headers: []byte(`{"a":"b","n":1}`)}
+	h, err := m.DecodeHeaders()
+	require.NoError(t, err)
+	require.Equal(t, map[string]any{"a": "b", "n": float64(1)}, h)
+
+	for _, empty := range []string{"", "{}"} {
+		m.Headers = []byte(empty)
+		h, err = m.DecodeHeaders()
+		require.NoError(t, err)
+		require.Nil(t, h)
+	}
+
+	m.Headers = []byte(`[1,2]`)
+	_, err = m.DecodeHeaders()
+	require.Equal(t, producer.ClassMessage, producer.ClassOf(err))
+	require.Equal(t, []int64{7}, producer.MessageIDs(err))
+	require.ErrorContains(t, err, "headers of row 7 are not a JSON object")
+}
+
+func TestBatchIDs(t *testing.T) {
+	t.Parallel()
+	b := producer.Batch{Messages: []producer.Message{{ID: 3}, {ID: 5}}}
+	require.Equal(t, []int64{3, 5}, b.IDs())
+}
