@@ -42,13 +42,13 @@ func newStore(pool *pgxpool.Pool, t Table) *store {
 	}
 }
 
-// page reads up to limit outstanding rows in id order, leaving out the topics in
-// skip. It locks nothing.
-func (s *store) page(ctx context.Context, limit int, skip []string) ([]producer.Message, error) {
+// page reads up to limit outstanding rows with ids above after, in id order,
+// leaving out the topics in skip. It locks nothing.
+func (s *store) page(ctx context.Context, limit int, skip []string, after int64) ([]producer.Message, error) {
 	if skip == nil {
 		skip = []string{}
 	}
-	rows, err := s.pool.Query(ctx, s.pageOutstanding, limit, skip)
+	rows, err := s.pool.Query(ctx, s.pageOutstanding, limit, skip, after)
 	if err != nil {
 		return nil, s.explain(err)
 	}

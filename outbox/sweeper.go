@@ -248,9 +248,16 @@ func (s *Sweeper) Sweep(ctx context.Context) (SweepResult, error) {
 // next tick (due; zero for none) has not come. Sends use work, which outlives
 // stop during a graceful shutdown.
 func (s *Sweeper) sweep(stop, work context.Context, due time.Time) (SweepResult, error) {
-	var res SweepResult
+	var (
+		res SweepResult
+		// after is where the next page starts. Rows at or below it that are still
+		// outstanding failed in this sweep (their topic is skipped) or are in
+		// flight in another sweeper; either way they wait for the next sweep, which
+		// starts again from the lowest id.
+		after int64
+	)
 	for stop.Err() == nil {
-		msgs, err := s.store.page(work, s.cfg.PageSize, res.FailedTopics)
+		msgs, err := s.store.page(work, s.cfg.PageSize, res.FailedTopics, after)
 		if err != nil {
 			return res, fmt.Errorf("read a page of outstanding rows from %s: %w", s.cfg.Table, err)
 		}
@@ -259,6 +266,7 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time) (SweepResult,
 			break
 		}
 		before := res.Dispatched
+		after = msgs[len(msgs)-1].ID
 		if err := s.sendPage(stop, work, msgs, &res); err != nil {
 			return res, err
 		}
