@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -25,7 +26,6 @@ type store struct {
 	table Table
 
 	claimBatch      string
-	markDispatched  string
 	pageOutstanding string
 	recordFailure   string
 }
@@ -36,7 +36,6 @@ func newStore(pool *pgxpool.Pool, t Table) *store {
 		pool:            pool,
 		table:           t,
 		claimBatch:      stmt("claim_batch"),
-		markDispatched:  stmt("mark_dispatched"),
 		pageOutstanding: stmt("page_outstanding"),
 		recordFailure:   stmt("record_failure"),
 	}
@@ -101,12 +100,15 @@ type batchOutcome struct {
 // the outcome, all in one short transaction.
 //
 // Why a transaction that holds row locks across the network call, rather than a
-// claim column with a lease: the lock is the claim. A second sweeper's
-// claim_batch skips locked rows (SKIP LOCKED), so it never sends a row this one
-// has in flight; if this process dies mid-send, Postgres ends the session and
-// releases the locks at once, so no lease has to run out before another sweeper
-// may take the rows; and a claim costs no extra write. The price is one pooled
-// connection per batch in flight, which --concurrency bounds.
+// claim column with a lease: the lock is the claim. A second sweeper's claim
+// skips locked rows (SKIP LOCKED), so it never sends a row this one has in
+// flight; if this process dies mid-send, Postgres ends the session and rolls the
+// transaction back at once, so no lease has to run out before another sweeper may
+// take the rows; and the claim costs no write beyond the mark itself. The claim
+// marks the rows dispatched in the same statement, so a successful batch costs
+// three round trips (begin, claim, commit); the mark counts only once the commit
+// follows the broker's acceptance. The price is one pooled connection per batch
+// in flight, which --concurrency bounds.
 //
 // The returned error is a database error: the outcome could not be recorded. If
 // it comes after a successful send, the rows stay outstanding and will be sent
@@ -135,14 +137,12 @@ func (s *store) dispatch(ctx context.Context, b producer.Batch, send func(contex
 		return out, nil
 	}
 	if len(claimed) < len(b.Messages) {
+		slices.Sort(claimed)
 		b = subset(b, claimed)
 	}
 
 	out.sendErr = send(ctx, b)
 	if out.sendErr == nil {
-		if _, err := tx.Exec(dbCtx, s.markDispatched, claimed); err != nil {
-			return out, fmt.Errorf("mark %d sent rows of topic %q dispatched (they will be sent again): %w", len(claimed), b.Topic, err)
-		}
 		if err := tx.Commit(dbCtx); err != nil {
 			return out, fmt.Errorf("commit %d sent rows of topic %q as dispatched (they will be sent again): %w", len(claimed), b.Topic, err)
 		}
@@ -152,20 +152,18 @@ func (s *store) dispatch(ctx context.Context, b producer.Batch, send func(contex
 	failed := claimed
 	switch producer.ClassOf(out.sendErr) {
 	case producer.ClassLocal:
-		// Not the rows' fault: leave them as they were.
+		// Not the rows' fault: the rollback leaves them as they were.
 		return out, nil
 	case producer.ClassMessage:
 		// Only the rows the error names count an attempt; their neighbours were
 		// not rejected, merely not sent.
 		failed = intersect(claimed, producer.MessageIDs(out.sendErr))
 	}
-	if len(failed) > 0 {
-		if _, err := tx.Exec(dbCtx, s.recordFailure, failed, truncate(out.sendErr.Error(), maxErrorText)); err != nil {
-			return out, fmt.Errorf("record failed send of %d rows of topic %q: %w", len(failed), b.Topic, err)
-		}
+	if _, err := tx.Exec(dbCtx, s.recordFailure, claimed, failed, truncate(out.sendErr.Error(), maxErrorText)); err != nil {
+		return out, fmt.Errorf("record failed send of %d rows of topic %q: %w", len(claimed), b.Topic, err)
 	}
 	if err := tx.Commit(dbCtx); err != nil {
-		return out, fmt.Errorf("record failed send of %d rows of topic %q: %w", len(failed), b.Topic, err)
+		return out, fmt.Errorf("record failed send of %d rows of topic %q: %w", len(claimed), b.Topic, err)
 	}
 	return out, nil
 }
