@@ -120,6 +120,20 @@ func TestRunRelaysToStdoutAndExitsZeroOnSIGTERM(t *testing.T) {
 	require.Contains(t, p.Stderr(), `"msg":"sweeper stopped"`)
 }
 
+// A cron schedule drives the ticks instead of --tick.
+func TestRunOnACronSchedule(t *testing.T) {
+	t.Parallel()
+	tbl := migrated(t)
+	insertRows(t, tbl, "a", 5)
+	p := start(t, nil, "run", "--database-url", dbtest.URL(t), "--schema", tbl.Schema, "--schedule", "@every 1s")
+	eventually(t, 20*time.Second, "5 lines", func() bool { return len(p.Lines()) >= 5 })
+	insertRows(t, tbl, "b", 5) // picked up by a later tick
+	eventually(t, 20*time.Second, "10 lines", func() bool { return len(p.Lines()) >= 10 })
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGINT))
+	require.Equal(t, 0, p.wait(t, 20*time.Second))
+	require.Len(t, parseLines(t, p.Lines()), 10)
+}
+
 // The database is down when the sweeper starts, comes up, then drops every
 // connection mid-run. The sweeper waits, reconnects, and delivers every row.
 func TestDatabaseDownAtStartThenDroppedMidRun(t *testing.T) {
