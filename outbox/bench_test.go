@@ -81,7 +81,7 @@ func benchmarkDrain(b *testing.B, backlog int, cfg outbox.Config) {
 	b.ReportMetric(float64(backlog)*float64(b.N)/total.Seconds(), "msg/s")
 	b.ReportMetric(float64(peak)/(1<<20), "peak-RSS-MB")
 	b.ReportMetric(float64(base)/(1<<20), "RSS-before-MB") // the test binary and its pools, idle
-	b.ReportMetric(0, "ns/op") // the drain rate is the figure; ns/op would include loading
+	b.ReportMetric(0, "ns/op")                             // the drain rate is the figure; ns/op would include loading
 }
 
 // load writes n 512-byte messages over 10 topics, interleaved, in chunks so the
