@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -47,14 +46,6 @@ func readRows(t *testing.T, tbl outbox.Table) []row {
 	return out
 }
 
-func countOutstanding(t *testing.T, tbl outbox.Table) int {
-	t.Helper()
-	var n int
-	err := dbtest.Pool(t).QueryRow(context.Background(), fmt.Sprintf(
-		"SELECT count(*) FROM %s WHERE dispatched_at IS NULL", pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize())).Scan(&n)
-	require.NoError(t, err)
-	return n
-}
 
 // writeMessages commits msgs in one transaction and returns nothing; ids ascend in
 // the order given.
@@ -76,14 +67,3 @@ func topicMessages(topic string, n int) []outbox.Message {
 	return msgs
 }
 
-// eventually polls cond every 10ms until it holds or timeout passes.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}

@@ -123,7 +123,7 @@ func TestConcurrentWritersAreDeliveredExactlyOnceInOrder(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	eventually(t, 60*time.Second, "every committed row dispatched", func() bool { return countOutstanding(t, tbl) == 0 })
+	dbtest.Eventually(t, 60*time.Second, "every committed row dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
 	stop()
 
 	committed := readRows(t, tbl)
@@ -199,7 +199,7 @@ func TestFailedBatchKeepsItsRowsAndOtherTopicsGoOn(t *testing.T) {
 	res, err = s.Sweep(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, 10, res.Dispatched)
-	require.Zero(t, countOutstanding(t, tbl))
+	require.Zero(t, dbtest.Outstanding(t, tbl))
 	var aIDs []int64
 	for _, m := range prod.Messages() {
 		if m.Topic == "A" {
@@ -246,7 +246,7 @@ func TestTwoSweepersNeverSendARowTwice(t *testing.T) {
 	p1, p2 := memory.New(memory.Config{MaxBatch: 20}), memory.New(memory.Config{MaxBatch: 20})
 	stop1 := runSweeper(t, newSweeper(t, dbtest.NewPool(t, 6), p1, cfg))
 	stop2 := runSweeper(t, newSweeper(t, dbtest.NewPool(t, 6), p2, cfg))
-	eventually(t, 60*time.Second, "every row dispatched", func() bool { return countOutstanding(t, tbl) == 0 })
+	dbtest.Eventually(t, 60*time.Second, "every row dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
 	stop1()
 	stop2()
 
@@ -329,7 +329,7 @@ func TestStopInTheMiddleOfABatchLosesNothing(t *testing.T) {
 			res, err := newSweeper(t, dbtest.Pool(t), next, outbox.Config{Table: tbl}).Sweep(context.Background())
 			require.NoError(t, err)
 			require.Equal(t, 10-dispatched, res.Dispatched)
-			require.Zero(t, countOutstanding(t, tbl))
+			require.Zero(t, dbtest.Outstanding(t, tbl))
 		})
 	}
 }
@@ -354,7 +354,7 @@ func TestSweepDrainsABacklogPageAfterPage(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1050, res.Dispatched)
 	require.Equal(t, 11, res.Pages)
-	require.Zero(t, countOutstanding(t, tbl))
+	require.Zero(t, dbtest.Outstanding(t, tbl))
 }
 
 func TestSweepExplainsAMissingTable(t *testing.T) {

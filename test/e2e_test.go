@@ -97,7 +97,7 @@ func TestRunRelaysToStdoutAndExitsZeroOnSIGTERM(t *testing.T) {
 
 	p := start(t, []string{"OUTBOX_DATABASE_URL=" + dbtest.URL(t), "OUTBOX_SCHEMA=" + tbl.Schema, "OUTBOX_LOG_FORMAT=json"},
 		"run", "--tick", "50ms", "--page-size", "16")
-	eventually(t, 20*time.Second, "50 lines on stdout", func() bool { return len(p.Lines()) >= 50 })
+	dbtest.Eventually(t, 20*time.Second, "50 lines on stdout", func() bool { return len(p.Lines()) >= 50 })
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
 	require.Equal(t, 0, p.wait(t, 20*time.Second), p.Stderr())
 
@@ -112,7 +112,7 @@ func TestRunRelaysToStdoutAndExitsZeroOnSIGTERM(t *testing.T) {
 		require.True(t, strings.HasPrefix(string(m.Payload), m.Topic+"-"), "payload %q", m.Payload)
 		require.NotNil(t, m.CorrelationID)
 	}
-	require.Zero(t, countOutstanding(t, tbl))
+	require.Zero(t, dbtest.Outstanding(t, tbl))
 	for _, l := range strings.Split(strings.TrimSpace(p.Stderr()), "\n") {
 		require.True(t, strings.HasPrefix(l, "{"), "log line is not JSON: %q", l)
 		require.NotContains(t, l, "orders-", "logs never carry a payload")
@@ -126,9 +126,9 @@ func TestRunOnACronSchedule(t *testing.T) {
 	tbl := migrated(t)
 	insertRows(t, tbl, "a", 5)
 	p := start(t, nil, "run", "--database-url", dbtest.URL(t), "--schema", tbl.Schema, "--schedule", "@every 1s")
-	eventually(t, 20*time.Second, "5 lines", func() bool { return len(p.Lines()) >= 5 })
+	dbtest.Eventually(t, 20*time.Second, "5 lines", func() bool { return len(p.Lines()) >= 5 })
 	insertRows(t, tbl, "b", 5) // picked up by a later tick
-	eventually(t, 20*time.Second, "10 lines", func() bool { return len(p.Lines()) >= 10 })
+	dbtest.Eventually(t, 20*time.Second, "10 lines", func() bool { return len(p.Lines()) >= 10 })
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGINT))
 	require.Equal(t, 0, p.wait(t, 20*time.Second))
 	require.Len(t, parseLines(t, p.Lines()), 10)
@@ -146,11 +146,11 @@ func TestDatabaseDownAtStartThenDroppedMidRun(t *testing.T) {
 
 	p := start(t, nil, "run", "--database-url", databaseURLVia(t, proxy.Addr()), "--schema", tbl.Schema,
 		"--tick", "50ms", "--page-size", "10")
-	eventually(t, 20*time.Second, "a logged retry", func() bool { return strings.Contains(p.Stderr(), "sweep failed; retrying") })
+	dbtest.Eventually(t, 20*time.Second, "a logged retry", func() bool { return strings.Contains(p.Stderr(), "sweep failed; retrying") })
 	require.Empty(t, p.Lines())
 
 	proxy.Refuse(false)
-	eventually(t, 30*time.Second, "the first 100 rows", func() bool { return len(p.Lines()) >= 100 })
+	dbtest.Eventually(t, 30*time.Second, "the first 100 rows", func() bool { return len(p.Lines()) >= 100 })
 	require.Contains(t, p.Stderr(), "sweep succeeded again")
 
 	// Cut every connection while rows keep arriving.
@@ -166,7 +166,7 @@ func TestDatabaseDownAtStartThenDroppedMidRun(t *testing.T) {
 		proxy.Cut()
 	}
 	wg.Wait()
-	eventually(t, 60*time.Second, "every row dispatched", func() bool { return countOutstanding(t, tbl) == 0 })
+	dbtest.Eventually(t, 60*time.Second, "every row dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
 	require.Equal(t, 0, p.wait(t, 20*time.Second))
 
@@ -195,11 +195,11 @@ func TestKilledSweeperLosesNothing(t *testing.T) {
 	seen := map[int64]int{}
 	args := []string{"run", "--database-url", dbtest.URL(t), "--schema", tbl.Schema, "--tick", "20ms", "--page-size", "50"}
 	kills := 0
-	for countOutstanding(t, tbl) > 0 {
+	for dbtest.Outstanding(t, tbl) > 0 {
 		p := start(t, nil, args...)
 		// Let it relay a little, then kill it without warning.
-		eventually(t, 30*time.Second, "some output or an empty outbox", func() bool {
-			return len(p.Lines()) > 0 || countOutstanding(t, tbl) == 0
+		dbtest.Eventually(t, 30*time.Second, "some output or an empty outbox", func() bool {
+			return len(p.Lines()) > 0 || dbtest.Outstanding(t, tbl) == 0
 		})
 		time.Sleep(time.Duration(5+kills*7%40) * time.Millisecond)
 		require.NoError(t, p.cmd.Process.Kill())

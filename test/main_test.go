@@ -18,7 +18,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
@@ -166,13 +165,6 @@ func parseLines(t *testing.T, lines []string) []relayed {
 
 func migrated(t *testing.T) outbox.Table { return dbtest.Table(t) }
 
-func countOutstanding(t *testing.T, tbl outbox.Table) int {
-	t.Helper()
-	var n int
-	require.NoError(t, dbtest.Pool(t).QueryRow(context.Background(),
-		"SELECT count(*) FROM "+pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()+" WHERE dispatched_at IS NULL").Scan(&n))
-	return n
-}
 
 func insertRows(t *testing.T, tbl outbox.Table, topic string, n int) {
 	t.Helper()
@@ -185,16 +177,6 @@ func insertRows(t *testing.T, tbl outbox.Table, topic string, n int) {
 	require.NoError(t, w.Write(context.Background(), dbtest.Pool(t), msgs...))
 }
 
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
 
 // databaseURL returns the test database's URL with its host:port replaced, to
 // point the binary at a proxy.

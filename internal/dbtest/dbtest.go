@@ -218,3 +218,28 @@ func Run(m *testing.M) int {
 	}
 	return code
 }
+
+// Outstanding returns how many rows of tbl are not dispatched yet.
+func Outstanding(t testing.TB, tbl outbox.Table) int {
+	t.Helper()
+	var n int
+	err := Pool(t).QueryRow(context.Background(),
+		"SELECT count(*) FROM "+pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()+" WHERE dispatched_at IS NULL").Scan(&n)
+	if err != nil {
+		t.Fatalf("count outstanding rows of %s: %v", tbl, err)
+	}
+	return n
+}
+
+// Eventually polls cond every 10ms until it holds, and fails t after timeout.
+// Tests wait on the database this way rather than sleeping a guessed time.
+func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
