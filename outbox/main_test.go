@@ -46,7 +46,6 @@ func readRows(t *testing.T, tbl outbox.Table) []row {
 	return out
 }
 
-
 // writeMessages commits msgs in one transaction and returns nothing; ids ascend in
 // the order given.
 func writeMessages(t *testing.T, tbl outbox.Table, msgs ...outbox.Message) {
@@ -66,4 +65,3 @@ func topicMessages(topic string, n int) []outbox.Message {
 	}
 	return msgs
 }
-

@@ -165,7 +165,6 @@ func parseLines(t *testing.T, lines []string) []relayed {
 
 func migrated(t *testing.T) outbox.Table { return dbtest.Table(t) }
 
-
 func insertRows(t *testing.T, tbl outbox.Table, topic string, n int) {
 	t.Helper()
 	w, err := outbox.NewWriter(tbl)
@@ -176,7 +175,6 @@ func insertRows(t *testing.T, tbl outbox.Table, topic string, n int) {
 	}
 	require.NoError(t, w.Write(context.Background(), dbtest.Pool(t), msgs...))
 }
-
 
 // databaseURL returns the test database's URL with its host:port replaced, to
 // point the binary at a proxy.
