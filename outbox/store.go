@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -88,16 +87,24 @@ func (s *store) explain(err error) error {
 
 // batchOutcome is what became of one batch.
 type batchOutcome struct {
-	// claimed is how many of the batch's rows this sweeper locked; the others were
-	// in flight in another sweeper or dispatched since the page was read.
+	// claimed is how many rows were claimed and handed to the producer: all of
+	// the batch, or none.
 	claimed int
+	// contended is set when part of the batch was not claimable: another sweeper
+	// has those rows in flight, or dispatched them since the page was read.
+	// Nothing was sent.
+	contended bool
 	// sendErr is the producer's error; nil when the batch was accepted or nothing
-	// was claimed.
+	// was sent.
 	sendErr error
+	// failed lists the rows that counted an attempt: all claimed rows, or for a
+	// message-class error the rows it names. Empty on success and for local
+	// failures.
+	failed []int64
 }
 
-// dispatch claims the rows of b, sends the claimed ones with send, and records
-// the outcome, all in one short transaction.
+// dispatch claims the rows of b, sends them with send, and records the outcome,
+// all in one short transaction.
 //
 // Why a transaction that holds row locks across the network call, rather than a
 // claim column with a lease: the lock is the claim. A second sweeper's claim
@@ -110,21 +117,34 @@ type batchOutcome struct {
 // follows the broker's acceptance. The price is one pooled connection per batch
 // in flight, which --concurrency bounds.
 //
-// The returned error is a database error: the outcome could not be recorded. If
-// it comes after a successful send, the rows stay outstanding and will be sent
-// again (at-least-once).
-func (s *store) dispatch(ctx context.Context, b producer.Batch, send func(context.Context, producer.Batch) error) (batchOutcome, error) {
+// A batch is sent whole or not at all. When part of it cannot be claimed, the
+// missing rows may be in flight in another sweeper, and sending the rest could
+// overtake them; the claim is rolled back and the outcome says contended.
+//
+// send gets ctx bounded by sendTimeout; each statement gets its own dbTimeout on
+// a context detached from ctx, so the outcome of a send is recorded even while
+// the sweeper shuts down. The returned error is a database error: the outcome
+// could not be recorded. If it comes after a successful send, the rows stay
+// outstanding and will be sent again (at-least-once).
+func (s *store) dispatch(ctx context.Context, b producer.Batch, sendTimeout time.Duration, send func(context.Context, producer.Batch) error) (batchOutcome, error) {
 	var out batchOutcome
-	dbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
-	defer cancel()
+	stmtCtx := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
+	}
 
-	tx, err := s.pool.Begin(dbCtx)
+	claimCtx, cancel := stmtCtx()
+	defer cancel()
+	tx, err := s.pool.Begin(claimCtx)
 	if err != nil {
 		return out, fmt.Errorf("begin batch of topic %q: %w", b.Topic, err)
 	}
-	defer func() { _ = tx.Rollback(dbCtx) }() // no-op after Commit
+	defer func() {
+		rollbackCtx, cancel := stmtCtx()
+		defer cancel()
+		_ = tx.Rollback(rollbackCtx) // a no-op after Commit
+	}()
 
-	rows, err := tx.Query(dbCtx, s.claimBatch, b.IDs())
+	rows, err := tx.Query(claimCtx, s.claimBatch, b.IDs())
 	if err != nil {
 		return out, fmt.Errorf("claim batch of topic %q, %d rows: %w", b.Topic, len(b.Messages), err)
 	}
@@ -132,37 +152,46 @@ func (s *store) dispatch(ctx context.Context, b producer.Batch, send func(contex
 	if err != nil {
 		return out, fmt.Errorf("claim batch of topic %q, %d rows: %w", b.Topic, len(b.Messages), err)
 	}
-	out.claimed = len(claimed)
-	if len(claimed) == 0 {
+	if len(claimed) < len(b.Messages) {
+		out.contended = true
 		return out, nil
 	}
-	if len(claimed) < len(b.Messages) {
-		slices.Sort(claimed)
-		b = subset(b, claimed)
-	}
+	out.claimed = len(claimed)
 
-	out.sendErr = send(ctx, b)
+	sendCtx, cancelSend := context.WithTimeout(ctx, sendTimeout)
+	out.sendErr = send(sendCtx, b)
+	if out.sendErr != nil && sendCtx.Err() == context.DeadlineExceeded && ctx.Err() == nil {
+		out.sendErr = fmt.Errorf("send of %d messages timed out after %s (--send-timeout): %w", len(b.Messages), sendTimeout, out.sendErr)
+	}
+	cancelSend()
+
+	recordCtx, cancel := stmtCtx()
+	defer cancel()
 	if out.sendErr == nil {
-		if err := tx.Commit(dbCtx); err != nil {
+		if err := tx.Commit(recordCtx); err != nil {
 			return out, fmt.Errorf("commit %d sent rows of topic %q as dispatched (they will be sent again): %w", len(claimed), b.Topic, err)
 		}
 		return out, nil
 	}
 
-	failed := claimed
+	out.failed = claimed
 	switch producer.ClassOf(out.sendErr) {
 	case producer.ClassLocal:
 		// Not the rows' fault: the rollback leaves them as they were.
+		out.failed = nil
 		return out, nil
 	case producer.ClassMessage:
 		// Only the rows the error names count an attempt; their neighbours were
-		// not rejected, merely not sent.
-		failed = intersect(claimed, producer.MessageIDs(out.sendErr))
+		// not rejected, merely not sent. An error that names none of the batch's
+		// rows cannot be pinned on any, so it counts for all.
+		if named := intersect(claimed, producer.MessageIDs(out.sendErr)); len(named) > 0 {
+			out.failed = named
+		}
 	}
-	if _, err := tx.Exec(dbCtx, s.recordFailure, claimed, failed, truncate(out.sendErr.Error(), maxErrorText)); err != nil {
+	if _, err := tx.Exec(recordCtx, s.recordFailure, claimed, out.failed, truncate(out.sendErr.Error(), maxErrorText)); err != nil {
 		return out, fmt.Errorf("record failed send of %d rows of topic %q: %w", len(claimed), b.Topic, err)
 	}
-	if err := tx.Commit(dbCtx); err != nil {
+	if err := tx.Commit(recordCtx); err != nil {
 		return out, fmt.Errorf("record failed send of %d rows of topic %q: %w", len(claimed), b.Topic, err)
 	}
 	return out, nil
@@ -198,13 +227,29 @@ func subset(b producer.Batch, ids []int64) producer.Batch {
 	return out
 }
 
-// intersect returns the ids of a that are also in b.
+// without returns b less the rows whose ids are in ids.
+func without(b producer.Batch, ids []int64) producer.Batch {
+	drop := make(map[int64]bool, len(ids))
+	for _, id := range ids {
+		drop[id] = true
+	}
+	out := producer.Batch{Topic: b.Topic}
+	for _, m := range b.Messages {
+		if !drop[m.ID] {
+			out.Messages = append(out.Messages, m)
+		}
+	}
+	return out
+}
+
+// intersect returns the ids of a that are also in b, never nil (pgx would send a
+// nil slice as NULL).
 func intersect(a, b []int64) []int64 {
 	in := make(map[int64]bool, len(b))
 	for _, id := range b {
 		in[id] = true
 	}
-	var out []int64
+	out := []int64{}
 	for _, id := range a {
 		if in[id] {
 			out = append(out, id)

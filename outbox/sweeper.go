@@ -19,6 +19,7 @@ import (
 const (
 	ConcurrencyDefault     = 4
 	PageSizeDefault        = 500
+	SendTimeoutDefault     = 15 * time.Second
 	ShutdownTimeoutDefault = 10 * time.Second
 	TickDefault            = time.Second
 )
@@ -60,6 +61,13 @@ type Config struct {
 	// Schedule says when ticks start. Defaults to Every(Tick).
 	Schedule Schedule
 
+	// SendTimeout bounds one batch's send, from the producer's call to its
+	// answer. A send that runs out fails as transient, and its rows count an
+	// attempt. The batch's transaction stays open meanwhile, so Postgres's
+	// idle_in_transaction_session_timeout, if set, must be longer. Defaults to
+	// SendTimeoutDefault.
+	SendTimeout time.Duration
+
 	// ShutdownTimeout is how long batches already in flight may take to finish
 	// once Run's context is done; after it their sends are cancelled and their
 	// rows stay outstanding. Defaults to ShutdownTimeoutDefault.
@@ -84,6 +92,9 @@ func (c Config) WithDefaults() Config {
 	if c.PageSize == 0 {
 		c.PageSize = PageSizeDefault
 	}
+	if c.SendTimeout == 0 {
+		c.SendTimeout = SendTimeoutDefault
+	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = ShutdownTimeoutDefault
 	}
@@ -97,19 +108,24 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// Validate reports the first field out of range, naming its flag and value.
+// Validate reports the first field out of range as a [*ConfigError]. Call it on
+// a config with defaults filled in (NewSweeper does): it rejects zeros, so that a
+// command line that sets a value to 0 is told so rather than given the default.
 func (c Config) Validate() error {
 	if c.Concurrency < 1 || c.Concurrency > ConcurrencyMax {
-		return fmt.Errorf("concurrency (--concurrency) is %d: it must be between 1 and %d", c.Concurrency, ConcurrencyMax)
+		return &ConfigError{"concurrency", "concurrency", fmt.Sprint(c.Concurrency), fmt.Sprintf("it must be between 1 and %d", ConcurrencyMax)}
 	}
 	if c.PageSize < 1 || c.PageSize > PageSizeMax {
-		return fmt.Errorf("page size (--page-size) is %d: it must be between 1 and %d", c.PageSize, PageSizeMax)
+		return &ConfigError{"page size", "page-size", fmt.Sprint(c.PageSize), fmt.Sprintf("it must be between 1 and %d", PageSizeMax)}
 	}
-	if c.ShutdownTimeout < 0 {
-		return fmt.Errorf("shutdown timeout (--shutdown-timeout) is %s: it must not be negative", c.ShutdownTimeout)
+	if c.SendTimeout < time.Millisecond {
+		return &ConfigError{"send timeout", "send-timeout", c.SendTimeout.String(), "it must be at least 1ms"}
+	}
+	if c.ShutdownTimeout < time.Millisecond {
+		return &ConfigError{"shutdown timeout", "shutdown-timeout", c.ShutdownTimeout.String(), "it must be at least 1ms (the time batches in flight get to finish)"}
 	}
 	if c.Tick < time.Millisecond {
-		return fmt.Errorf("tick (--tick) is %s: it must be at least 1ms", c.Tick)
+		return &ConfigError{"tick", "tick", c.Tick.String(), "it must be at least 1ms"}
 	}
 	return c.Table.Validate()
 }
@@ -122,11 +138,11 @@ type SweepResult struct {
 	Dispatched int
 	// Batches and FailedBatches count the sends made and those that failed.
 	Batches, FailedBatches int
-	// Skipped is how many paged rows were not claimed, because another sweeper had
-	// them in flight or had dispatched them meanwhile.
+	// Skipped is how many paged rows were left for a later sweep because another
+	// sweeper had part of their batch in flight, or had dispatched it meanwhile.
 	Skipped int
-	// FailedTopics lists the topics that stopped for this sweep after a failure,
-	// in the order they failed.
+	// FailedTopics lists the topics that stopped for this sweep after a failed
+	// batch, in the order they failed.
 	FailedTopics []string
 }
 
@@ -139,9 +155,10 @@ type SweepResult struct {
 // so a later failure never undoes an earlier success and a second sweeper on the
 // same table never sends a row this one has in flight. A failed batch raises its
 // rows' attempts, records the error, and stops its topic until the next tick;
-// other topics go on. While pages come back full and rows move, the sweep reads
-// the next page at once, so a backlog drains at the database's pace, not the
-// tick's.
+// other topics go on. A message-class failure stops nothing: the rows it names
+// count an attempt and the rest of the batch is sent at once, so one poison
+// message cannot hold its topic. While pages come back full, the sweep reads the
+// next page at once, so a backlog drains at the database's pace, not the tick's.
 type Sweeper struct {
 	cfg      Config
 	logger   *slog.Logger
@@ -244,20 +261,23 @@ func (s *Sweeper) Sweep(ctx context.Context) (SweepResult, error) {
 	return s.sweep(ctx, ctx, time.Time{})
 }
 
-// sweep reads pages while stop is live, pages come back full, rows move, and the
-// next tick (due; zero for none) has not come. Sends use work, which outlives
-// stop during a graceful shutdown.
+// sweep reads pages while stop is live, pages come back full, and the next tick
+// (due; zero for none) has not come. Sends use work, which outlives stop during a
+// graceful shutdown.
 func (s *Sweeper) sweep(stop, work context.Context, due time.Time) (SweepResult, error) {
 	var (
 		res SweepResult
-		// after is where the next page starts. Rows at or below it that are still
-		// outstanding failed in this sweep (their topic is skipped) or are in
-		// flight in another sweeper; either way they wait for the next sweep, which
-		// starts again from the lowest id.
+		// skip lists the topics stopped for the rest of this sweep: failed, or
+		// held by another sweeper. Their later rows must not overtake the ones
+		// left behind, so the page query leaves them out.
+		skip = []string{}
+		// after is where the next page starts: every page moves it forward, so a
+		// sweep ends. Rows at or below it still outstanding (failed, poison, held
+		// elsewhere) wait for the next sweep, which starts from the lowest id.
 		after int64
 	)
 	for stop.Err() == nil {
-		msgs, err := s.store.page(work, s.cfg.PageSize, res.FailedTopics, after)
+		msgs, err := s.store.page(work, s.cfg.PageSize, skip, after)
 		if err != nil {
 			return res, fmt.Errorf("read a page of outstanding rows from %s: %w", s.cfg.Table, err)
 		}
@@ -265,12 +285,13 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time) (SweepResult,
 		if len(msgs) == 0 {
 			break
 		}
-		before := res.Dispatched
 		after = msgs[len(msgs)-1].ID
-		if err := s.sendPage(stop, work, msgs, &res); err != nil {
+		stopped, err := s.sendPage(stop, work, msgs, &res)
+		skip = append(skip, stopped...)
+		if err != nil {
 			return res, err
 		}
-		if len(msgs) < s.cfg.PageSize || res.Dispatched == before || (!due.IsZero() && !time.Now().Before(due)) {
+		if len(msgs) < s.cfg.PageSize || (!due.IsZero() && !time.Now().Before(due)) {
 			break
 		}
 	}
@@ -278,16 +299,16 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time) (SweepResult,
 }
 
 // sendPage groups msgs by topic and sends the topics concurrently, adding to res.
-func (s *Sweeper) sendPage(stop, work context.Context, msgs []producer.Message, res *SweepResult) error {
-	groups := groupByTopic(msgs)
-
+// It returns the topics that stopped for the rest of the sweep.
+func (s *Sweeper) sendPage(stop, work context.Context, msgs []producer.Message, res *SweepResult) ([]string, error) {
 	var (
-		mu    sync.Mutex
-		dbErr error
-		wg    sync.WaitGroup
-		sem   = make(chan struct{}, s.cfg.Concurrency)
+		mu      sync.Mutex
+		dbErr   error
+		stopped []string
+		wg      sync.WaitGroup
+		sem     = make(chan struct{}, s.cfg.Concurrency)
 	)
-	for _, g := range groups {
+	for _, g := range groupByTopic(msgs) {
 		if stop.Err() != nil {
 			break
 		}
@@ -299,10 +320,13 @@ func (s *Sweeper) sendPage(stop, work context.Context, msgs []producer.Message, 
 			defer mu.Unlock()
 			res.Dispatched += tr.dispatched
 			res.Batches += tr.batches
+			res.FailedBatches += tr.failedBatches
 			res.Skipped += tr.skipped
 			if tr.failed {
-				res.FailedBatches++
 				res.FailedTopics = append(res.FailedTopics, g.topic)
+			}
+			if tr.failed || tr.contended {
+				stopped = append(stopped, g.topic)
 			}
 			if err != nil && dbErr == nil {
 				dbErr = err
@@ -310,77 +334,110 @@ func (s *Sweeper) sendPage(stop, work context.Context, msgs []producer.Message, 
 		})
 	}
 	wg.Wait()
-	return dbErr
+	return stopped, dbErr
 }
 
 type topicResult struct {
-	batches, dispatched, skipped int
-	failed                       bool
+	batches, failedBatches, dispatched, skipped int
+	// failed and contended say why the topic stopped, if it did.
+	failed, contended bool
 }
 
 // sendTopic sends one topic's messages of a page, batch after batch, and stops at
-// the first failed batch so that a later batch never overtakes an earlier one.
+// the first failed or contended batch so that a later batch never overtakes an
+// earlier one.
 func (s *Sweeper) sendTopic(stop, work context.Context, topic string, msgs []producer.Message) (topicResult, error) {
 	var tr topicResult
 	batches, err := s.producer.Batches(work, topic, msgs)
 	if err != nil {
-		bad := producer.MessageIDs(err)
-		if len(bad) == 0 {
-			// Nothing of the topic can be cut: count it as a failed send of the
-			// whole page of the topic, so the rows carry the error.
-			all := producer.Batch{Topic: topic, Messages: msgs}
-			out, dbErr := s.store.dispatch(work, all, func(context.Context, producer.Batch) error { return err })
+		page := producer.Batch{Topic: topic, Messages: msgs}
+		rejected := subset(page, slices.Sorted(slices.Values(producer.MessageIDs(err))))
+		if len(rejected.Messages) == 0 {
+			// Nothing of the topic can be cut: count it as a failed send of all
+			// its rows in the page, so they carry the error.
+			rejected = page
 			tr.failed = true
-			s.logFailure(topic, all, out.claimed, err)
-			return tr, dbErr
 		}
-		// Some messages can never be sent: record the failure on them, and send
-		// the rest.
-		rejected := subset(producer.Batch{Topic: topic, Messages: msgs}, slices.Sorted(slices.Values(bad)))
-		out, dbErr := s.store.dispatch(work, rejected, func(context.Context, producer.Batch) error { return err })
-		s.logFailure(topic, rejected, out.claimed, err)
+		out, dbErr := s.store.dispatch(work, rejected, s.cfg.SendTimeout, func(context.Context, producer.Batch) error { return err })
 		if dbErr != nil {
 			return tr, dbErr
 		}
+		if out.contended {
+			tr.contended, tr.failed = true, false
+			tr.skipped += len(msgs)
+			return tr, nil
+		}
+		tr.failedBatches++
+		s.logFailure(rejected, err)
+		if tr.failed {
+			return tr, nil
+		}
+		// Some messages can never be sent; the others go on.
 	}
 
 	for _, b := range batches {
 		if stop.Err() != nil {
 			break
 		}
-		out, dbErr := s.store.dispatch(work, b, s.producer.Send)
-		if out.claimed > 0 {
-			tr.batches++
-		}
-		tr.skipped += len(b.Messages) - out.claimed
-		if dbErr != nil {
-			return tr, dbErr
-		}
-		if out.sendErr != nil {
-			tr.failed = true
-			s.logFailure(topic, b, out.claimed, out.sendErr)
-			return tr, nil
-		}
-		tr.dispatched += out.claimed
-		if s.logger.Enabled(work, slog.LevelDebug) {
-			s.logger.Debug("batch dispatched", "topic", topic, "num_rows", out.claimed,
-				"first_id", b.Messages[0].ID, "last_id", b.Messages[len(b.Messages)-1].ID,
-				"correlation_ids", correlationIDs(b, maxLoggedIDs))
+		if err := s.sendBatch(work, b, &tr); err != nil || tr.failed || tr.contended {
+			return tr, err
 		}
 	}
 	return tr, nil
 }
 
+// sendBatch sends b. After a message-class failure it sends the rest of b
+// without the rows the failure named, at once: a poison message must not hold
+// its neighbours. Any other failure, or contention, sets tr.failed or
+// tr.contended and stops.
+func (s *Sweeper) sendBatch(work context.Context, b producer.Batch, tr *topicResult) error {
+	for len(b.Messages) > 0 {
+		out, err := s.store.dispatch(work, b, s.cfg.SendTimeout, s.producer.Send)
+		if err != nil {
+			return err
+		}
+		if out.contended {
+			tr.contended = true
+			tr.skipped += len(b.Messages)
+			return nil
+		}
+		tr.batches++
+		if out.sendErr == nil {
+			tr.dispatched += out.claimed
+			if s.logger.Enabled(work, slog.LevelDebug) {
+				s.logger.Debug("batch dispatched", "topic", b.Topic, "num_rows", out.claimed,
+					"first_id", b.Messages[0].ID, "last_id", b.Messages[len(b.Messages)-1].ID,
+					"correlation_ids", correlationIDs(b, maxLoggedIDs))
+			}
+			return nil
+		}
+		tr.failedBatches++
+		s.logFailure(b, out.sendErr)
+		if producer.ClassOf(out.sendErr) != producer.ClassMessage {
+			tr.failed = true
+			return nil
+		}
+		b = without(b, out.failed)
+	}
+	return nil
+}
+
 // maxLoggedIDs bounds the correlation ids on one log line.
 const maxLoggedIDs = 10
 
-func (s *Sweeper) logFailure(topic string, b producer.Batch, claimed int, err error) {
-	level := slog.LevelWarn
-	if producer.ClassOf(err) == producer.ClassLocal {
-		level = slog.LevelInfo // shutting down: nothing is wrong
+// logFailure logs a failed batch. b is never empty: every caller sent or
+// rejected at least one row.
+func (s *Sweeper) logFailure(b producer.Batch, err error) {
+	class := producer.ClassOf(err)
+	level, msg := slog.LevelWarn, "batch failed; topic stops until the next tick"
+	switch class {
+	case producer.ClassLocal:
+		level, msg = slog.LevelInfo, "batch cancelled; its rows stay outstanding" // shutting down: nothing is wrong
+	case producer.ClassMessage:
+		msg = "messages rejected; the rest of the topic goes on"
 	}
-	s.logger.Log(context.Background(), level, "batch failed; topic stops until the next tick",
-		"topic", topic, "class", producer.ClassOf(err).String(), "num_rows", claimed,
+	s.logger.Log(context.Background(), level, msg,
+		"topic", b.Topic, "class", class.String(), "reason", producer.ReasonOf(err), "num_rows", len(b.Messages),
 		"first_id", b.Messages[0].ID, "last_id", b.Messages[len(b.Messages)-1].ID,
 		"correlation_ids", correlationIDs(b, maxLoggedIDs), "err", err)
 }

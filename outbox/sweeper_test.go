@@ -209,26 +209,142 @@ func TestFailedBatchKeepsItsRowsAndOtherTopicsGoOn(t *testing.T) {
 	require.True(t, slices.IsSorted(aIDs), "A delivered out of order: %v", aIDs)
 }
 
-// Rows whose row ids fail as messages count an attempt; their neighbours in the
-// batch do not, since they were never rejected.
-func TestMessageClassFailureCountsOnlyTheNamedRows(t *testing.T) {
+// A message-class failure counts an attempt on the rows it names only, and the
+// rest of the batch and of the topic go on in the same sweep: one poison message
+// must not hold its topic.
+func TestPoisonMessageDoesNotHoldItsTopic(t *testing.T) {
 	t.Parallel()
 	tbl := dbtest.Table(t)
-	writeMessages(t, tbl, topicMessages("A", 5)...)
-	prod := memory.New(memory.Config{})
+	writeMessages(t, tbl, topicMessages("A", 10)...)
+	prod := memory.New(memory.Config{MaxBatch: 4})
 	prod.FailMessage(3, producer.NewMessageError(producer.ReasonMessageTooLarge, nil, errors.New("413")))
+	prod.FailMessage(6, producer.NewMessageError(producer.ReasonInvalidMessage, nil, errors.New("bad header")))
 	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl})
 	res, err := s.Sweep(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, []string{"A"}, res.FailedTopics)
+	require.Empty(t, res.FailedTopics)
+	require.Equal(t, 8, res.Dispatched)
+	require.Equal(t, 2, res.FailedBatches)
+	require.Equal(t, []int64{1, 2, 4, 5, 7, 8, 9, 10}, ids(prod.Messages()), "neighbours delivered in order")
 	for _, r := range readRows(t, tbl) {
-		if r.ID == 3 {
+		switch r.ID {
+		case 3, 6:
+			require.False(t, r.Dispatched)
 			require.Equal(t, 1, r.Attempts)
-			require.Contains(t, *r.LastError, "message_too_large")
-		} else {
+		default:
+			require.True(t, r.Dispatched, "row %d", r.ID)
 			require.Zero(t, r.Attempts, "row %d", r.ID)
 		}
 	}
+	require.Contains(t, *readRows(t, tbl)[2].LastError, "message_too_large")
+}
+
+// A message-class error that names no row of the batch cannot be pinned on one:
+// every row of the batch counts the attempt.
+func TestMessageErrorNamingNoRowCountsForTheBatch(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("A", 3)...)
+	prod := memory.New(memory.Config{})
+	prod.FailNextCalls(1, producer.NewMessageError(producer.ReasonInvalidMessage, []int64{999}, errors.New("rejected")))
+	res, err := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl}).Sweep(context.Background())
+	require.NoError(t, err)
+	require.Zero(t, res.Dispatched)
+	for _, r := range readRows(t, tbl) {
+		require.Equal(t, 1, r.Attempts, "row %d", r.ID)
+		require.False(t, r.Dispatched)
+	}
+}
+
+// The ADR's case without breakers: a failing topic whose rows fill more than a
+// page at the head of the outbox must not keep the sweep from the rows behind it.
+func TestFailingTopicFillingPagesDoesNotStallOthers(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("A", 250)...)
+	writeMessages(t, tbl, topicMessages("B", 10)...)
+	prod := memory.New(memory.Config{MaxBatch: 50})
+	prod.FailTopic("A", producer.NewTopicError("topic_not_found", errors.New("404")))
+	res, err := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, PageSize: 100}).Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 10, res.Dispatched)
+	require.Equal(t, []string{"A"}, res.FailedTopics)
+	require.Equal(t, 250, dbtest.Outstanding(t, tbl))
+}
+
+// A broker that never answers fails the batch after the send timeout, as a
+// transient failure that counts an attempt; the sweep goes on.
+func TestSendTimeoutFailsTheBatch(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("slow", 2)...)
+	writeMessages(t, tbl, topicMessages("fast", 2)...)
+	prod := memory.New(memory.Config{})
+	prod.SetSendFunc(func(ctx context.Context, b producer.Batch) error {
+		if b.Topic == "slow" {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return nil
+	})
+	res, err := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, SendTimeout: 100 * time.Millisecond}).Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 2, res.Dispatched)
+	require.Equal(t, []string{"slow"}, res.FailedTopics)
+	for _, r := range readRows(t, tbl) {
+		if r.Topic == "slow" {
+			require.Equal(t, 1, r.Attempts)
+			require.Contains(t, *r.LastError, "timed out after 100ms (--send-timeout)")
+		}
+	}
+}
+
+// The broker accepts a batch, then the database connection dies before the
+// commit: the rows stay outstanding and are sent again (at least once, never
+// lost).
+func TestCommitLostAfterSendResendsTheBatch(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("A", 5)...)
+
+	cfg, err := pgxpool.ParseConfig(dbtest.URL(t))
+	require.NoError(t, err)
+	appName := "commit-lost-" + tbl.Schema
+	cfg.ConnConfig.RuntimeParams["application_name"] = appName
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	prod := memory.New(memory.Config{})
+	var killed sync.Once
+	prod.SetSendFunc(func(ctx context.Context, b producer.Batch) error {
+		killed.Do(func() {
+			// The batch's transaction is idle while the broker works: end it.
+			_, err := dbtest.Pool(t).Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+				WHERE application_name = $1 AND state = 'idle in transaction'`, appName)
+			assertNoError(t, err)
+		})
+		return nil
+	})
+	s := newSweeper(t, pool, prod, outbox.Config{Table: tbl})
+	_, err = s.Sweep(context.Background())
+	require.ErrorContains(t, err, "they will be sent again")
+	require.Len(t, prod.Messages(), 5, "the broker took the batch")
+	require.Equal(t, 5, dbtest.Outstanding(t, tbl), "but the mark was lost with the connection")
+
+	res, err := s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 5, res.Dispatched)
+	require.Len(t, prod.Messages(), 10, "sent again: a duplicate, not a loss")
+	require.Zero(t, dbtest.Outstanding(t, tbl))
+}
+
+func ids(msgs []producer.Message) []int64 {
+	out := make([]int64, len(msgs))
+	for i, m := range msgs {
+		out[i] = m.ID
+	}
+	return out
 }
 
 func TestTwoSweepersNeverSendARowTwice(t *testing.T) {
@@ -256,7 +372,29 @@ func TestTwoSweepersNeverSendARowTwice(t *testing.T) {
 		require.Equal(t, 1, seen[m.ID], "row %d sent twice", m.ID)
 	}
 	require.Len(t, seen, rows)
+	require.NotEmpty(t, p1.Messages(), "both sweepers must have taken part")
+	require.NotEmpty(t, p2.Messages(), "both sweepers must have taken part")
 	t.Logf("sweeper 1 sent %d rows, sweeper 2 sent %d", len(p1.Messages()), len(p2.Messages()))
+}
+
+// Two sweepers on one topic keep its order: a sweeper that finds part of a batch
+// in flight elsewhere stops the topic instead of sending the rows after it. Both
+// send into one producer, which records batches in the order the broker accepts
+// them.
+func TestTwoSweepersKeepPerTopicOrder(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("A", 2000)...)
+	prod := memory.New(memory.Config{MaxBatch: 20})
+	cfg := outbox.Config{Table: tbl, Tick: 2 * time.Millisecond, PageSize: 100}
+	stop1 := runSweeper(t, newSweeper(t, dbtest.NewPool(t, 4), prod, cfg))
+	stop2 := runSweeper(t, newSweeper(t, dbtest.NewPool(t, 4), prod, cfg))
+	dbtest.Eventually(t, 60*time.Second, "every row dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
+	stop1()
+	stop2()
+	got := ids(prod.Messages())
+	require.Len(t, got, 2000)
+	require.True(t, slices.IsSorted(got), "rows arrived out of id order")
 }
 
 // A sweeper stopped while the broker holds a batch: within the grace period the
@@ -375,7 +513,8 @@ func TestConfigValidateNamesTheFlagAndValue(t *testing.T) {
 		{outbox.Config{Concurrency: -3}, "concurrency (--concurrency) is -3"},
 		{outbox.Config{Tick: time.Microsecond}, "tick (--tick) is 1µs"},
 		{outbox.Config{ShutdownTimeout: -time.Second}, "shutdown timeout (--shutdown-timeout) is -1s"},
-		{outbox.Config{Table: outbox.Table{Name: "a-b"}}, `table (--table) "a-b"`},
+		{outbox.Config{SendTimeout: time.Nanosecond}, "send timeout (--send-timeout) is 1ns"},
+		{outbox.Config{Table: outbox.Table{Name: "a-b"}}, `table (--table) is "a-b"`},
 	} {
 		_, err := outbox.NewSweeper(dbtest.Pool(t), memory.New(memory.Config{}), tc.cfg)
 		require.ErrorContains(t, err, tc.want)

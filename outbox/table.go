@@ -45,10 +45,12 @@ func (t Table) WithDefaults() Table {
 // Validate reports a schema or table name the sweeper does not accept.
 func (t Table) Validate() error {
 	if !identPattern.MatchString(t.Schema) || len(t.Schema) > 63 {
-		return fmt.Errorf("schema (--schema) %q is not a valid name: use lower-case letters, digits and _, starting with a letter or _, at most 63 bytes", t.Schema)
+		return &ConfigError{What: "schema", Flag: "schema", Value: fmt.Sprintf("%q", t.Schema),
+			Want: "not a valid name: use lower-case letters, digits and _, starting with a letter or _, at most 63 bytes"}
 	}
 	if !identPattern.MatchString(t.Name) || len(t.Name) > maxTableName {
-		return fmt.Errorf("table (--table) %q is not a valid name: use lower-case letters, digits and _, starting with a letter or _, at most %d bytes", t.Name, maxTableName)
+		return &ConfigError{What: "table", Flag: "table", Value: fmt.Sprintf("%q", t.Name),
+			Want: fmt.Sprintf("not a valid name: use lower-case letters, digits and _, starting with a letter or _, at most %d bytes", maxTableName)}
 	}
 	return nil
 }

@@ -19,8 +19,8 @@ type Message struct {
 	// Topic is the destination: a Service Bus queue or topic, a RabbitMQ routing
 	// key, a NATS subject. Required.
 	Topic string
-	// Payload is the body, passed to the broker as it is. Required (it may be
-	// empty, not nil-vs-empty sensitive).
+	// Payload is the body, passed to the broker as it is. Nil is stored as an
+	// empty body.
 	Payload []byte
 	// MessageID is the idempotency key the broker sees, a UUID in text form.
 	// Empty lets the database generate one. Set it to know the id before commit,
@@ -70,7 +70,7 @@ func NewWriter(t Table) (*Writer, error) {
 }
 
 // Write inserts msgs through db in one round trip: one INSERT for one message, one
-// multi-row INSERT for up to [CopyThresholdDefault], COPY beyond. Ids ascend in
+// multi-row INSERT below [CopyThresholdDefault] messages, COPY from it on. Ids ascend in
 // the order of msgs. An invalid message fails the whole call before anything is
 // sent, with an error naming it; the caller's transaction is then untouched.
 func (w *Writer) Write(ctx context.Context, db DBTX, msgs ...Message) error {

@@ -144,7 +144,7 @@ func TestWriteRejectsBadMessagesBeforeSendingAnything(t *testing.T) {
 func TestNewWriterRejectsBadTableNames(t *testing.T) {
 	t.Parallel()
 	_, err := outbox.NewWriter(outbox.Table{Name: "Outbox; DROP TABLE x"})
-	require.ErrorContains(t, err, `table (--table) "Outbox; DROP TABLE x" is not a valid name`)
+	require.ErrorContains(t, err, `table (--table) is "Outbox; DROP TABLE x": not a valid name`)
 	_, err = outbox.NewWriter(outbox.Table{Schema: "1abc"})
-	require.ErrorContains(t, err, `schema (--schema) "1abc" is not a valid name`)
+	require.ErrorContains(t, err, `schema (--schema) is "1abc": not a valid name`)
 }

@@ -120,10 +120,10 @@ func (l *logOptions) register(f *flags) {
 		"least severe log level written; debug logs every batch")
 }
 
-func (c *common) tableName() (outbox.Table, error) {
+func (c *common) tableName(f *flags) (outbox.Table, error) {
 	t := outbox.Table{Schema: c.schema, Name: c.table}
 	if err := t.Validate(); err != nil {
-		return t, &usageError{msg: err.Error()}
+		return t, f.configError(err)
 	}
 	return t, nil
 }
@@ -152,10 +152,10 @@ func isTerminal(w io.Writer) bool {
 
 // poolConfig parses the database URL and names the application, so an operator
 // looking at pg_stat_activity sees which sessions are the sweeper's.
-func (c *common) poolConfig() (*pgxpool.Config, error) {
+func (c *common) poolConfig(origin string) (*pgxpool.Config, error) {
 	cfg, err := pgxpool.ParseConfig(c.databaseURL)
 	if err != nil {
-		return nil, usagef("invalid --database-url: %v", err)
+		return nil, usagef("invalid %s: %v", origin, err)
 	}
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		cfg.ConnConfig.RuntimeParams["application_name"] = "outbox-sweeper"
@@ -175,6 +175,7 @@ type runOptions struct {
 	pageSize        int
 	producer        string
 	schedule        string
+	sendTimeout     time.Duration
 	shutdownTimeout time.Duration
 	tick            time.Duration
 }
@@ -187,6 +188,7 @@ func (o *runOptions) flags() *flags {
 	f.Int(&o.pageSize, "page-size", outbox.PageSizeDefault, "most outstanding rows read per page; memory use is bounded by it")
 	f.Enum(&o.producer, "producer", "stdout", []string{"stdout"}, "where messages go: stdout writes one JSON object per message per line")
 	f.String(&o.schedule, "schedule", "", "spec", `cron spec for ticks instead of --tick, e.g. "*/10 * * * * *" or "@every 2s"`)
+	f.Duration(&o.sendTimeout, "send-timeout", outbox.SendTimeoutDefault, "longest a broker may take to accept one batch; then the batch fails as transient")
 	f.Duration(&o.shutdownTimeout, "shutdown-timeout", outbox.ShutdownTimeoutDefault, "on SIGTERM, how long batches in flight may take to finish")
 	f.Duration(&o.tick, "tick", outbox.TickDefault, "interval between sweeps; a sweep drains a backlog page after page")
 	return f
@@ -198,33 +200,34 @@ func runCommand(ctx context.Context, args []string, out, errOut io.Writer, env E
 	if err := f.parse(args, env); err != nil {
 		return err
 	}
-	tbl, err := o.tableName()
+	tbl, err := o.tableName(f)
 	if err != nil {
 		return err
 	}
 	cfg := outbox.Config{
 		Concurrency:     o.concurrency,
 		PageSize:        o.pageSize,
+		SendTimeout:     o.sendTimeout,
 		ShutdownTimeout: o.shutdownTimeout,
 		Table:           tbl,
 		Tick:            o.tick,
 	}
 	if o.schedule != "" {
 		if f.set("tick") {
-			return usagef("--tick %s and --schedule %q are both set: use one", o.tick, o.schedule)
+			return usagef("%s %s and %s %q are both set: use one", f.origin("tick"), o.tick, f.origin("schedule"), o.schedule)
 		}
 		s, err := cronParser.Parse(o.schedule)
 		if err != nil {
-			return usagef("invalid value %q for --schedule: %v; write a cron spec such as \"*/10 * * * * *\" or \"@every 2s\"", o.schedule, err)
+			return usagef("invalid value %q for %s: %v; write a cron spec such as \"*/10 * * * * *\" or \"@every 2s\"", o.schedule, f.origin("schedule"), err)
 		}
 		cfg.Schedule = s
 	}
 	// Validate before defaults fill in zeros: a flag set to 0 is a mistake to
 	// report, not a request for the default.
 	if err := cfg.Validate(); err != nil {
-		return &usageError{msg: err.Error()}
+		return f.configError(err)
 	}
-	poolCfg, err := o.poolConfig()
+	poolCfg, err := o.poolConfig(f.origin("database-url"))
 	if err != nil {
 		return err
 	}
@@ -275,11 +278,11 @@ func migrateCommand(ctx context.Context, args []string, out io.Writer, env Env) 
 	if err := f.parse(args, env); err != nil {
 		return err
 	}
-	tbl, err := c.tableName()
+	tbl, err := c.tableName(f)
 	if err != nil {
 		return err
 	}
-	poolCfg, err := c.poolConfig()
+	poolCfg, err := c.poolConfig(f.origin("database-url"))
 	if err != nil {
 		return err
 	}

@@ -42,15 +42,18 @@ func TestEveryFlagRejectsABadValue(t *testing.T) {
 		{"run", "page-size", "1e3", `invalid value "1e3"`},
 		{"run", "producer", "kafka", `invalid value "kafka"`},
 		{"run", "schedule", "every day", `invalid value "every day" for --schedule`},
-		{"run", "schema", "Public", `schema (--schema) "Public" is not a valid name`},
+		{"run", "schema", "Public", `schema (--schema) is "Public": not a valid name`},
+		{"run", "send-timeout", "0s", "send timeout (--send-timeout) is 0s: it must be at least 1ms"},
+		{"run", "send-timeout", "fast", `invalid value "fast"`},
 		{"run", "shutdown-timeout", "-1s", "shutdown timeout (--shutdown-timeout) is -1s"},
+		{"run", "shutdown-timeout", "0", "shutdown timeout (--shutdown-timeout) is 0s: it must be at least 1ms"},
 		{"run", "shutdown-timeout", "soon", `invalid value "soon"`},
-		{"run", "table", "out-box", `table (--table) "out-box" is not a valid name`},
+		{"run", "table", "out-box", `table (--table) is "out-box": not a valid name`},
 		{"run", "tick", "0s", "tick (--tick) is 0s: it must be at least 1ms"},
 		{"run", "tick", "1", `invalid value "1"`},
 		{"migrate", "database-url", "postgres://h:notaport/db", "invalid --database-url"},
-		{"migrate", "schema", "a b", `schema (--schema) "a b" is not a valid name`},
-		{"migrate", "table", "", `table (--table) "" is not a valid name`},
+		{"migrate", "schema", "a b", `schema (--schema) is "a b": not a valid name`},
+		{"migrate", "table", "", `table (--table) is "": not a valid name`},
 	} {
 		t.Run(tc.cmd+" --"+tc.flag+"="+tc.value, func(t *testing.T) {
 			t.Parallel()
@@ -63,9 +66,11 @@ func TestEveryFlagRejectsABadValue(t *testing.T) {
 				require.Contains(t, stderr, "--"+tc.flag, "the message names the flag")
 			}
 
-			// The same value through the environment.
+			// The same value through the environment: the message names the
+			// variable, so the operator knows where to look.
 			code, _, stderr = runMain(t, envOf(map[string]string{envName(tc.flag): tc.value}), tc.cmd)
 			require.Equal(t, ExitUsage, code, stderr)
+			require.Contains(t, stderr, envName(tc.flag))
 			require.Contains(t, stderr, "--"+tc.flag)
 			require.Contains(t, stderr, tc.value)
 		})

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/outbox-sweeper/sweeper/outbox"
 )
 
 // envPrefix starts the environment variable of every flag: --page-size is
@@ -32,6 +34,10 @@ func usagef(format string, args ...any) error {
 type flags struct {
 	fs   *flag.FlagSet
 	help []flagHelp
+	// phase is what parse is reading ("env" or "args"); source records, per flag,
+	// the phase that set it last, so errors can name the variable or the flag.
+	phase  string
+	source map[string]string
 }
 
 type flagHelp struct{ name, value, def, usage string }
@@ -39,11 +45,11 @@ type flagHelp struct{ name, value, def, usage string }
 func newFlags(cmd string) *flags {
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // errors are printed once, by Main
-	return &flags{fs: fs}
+	return &flags{fs: fs, source: make(map[string]string)}
 }
 
 func (f *flags) add(v flag.Value, name, placeholder, usage string) {
-	f.fs.Var(v, name, usage)
+	f.fs.Var(tracked{v, f, name}, name, usage)
 	f.help = append(f.help, flagHelp{name: name, value: placeholder, def: v.String(), usage: usage})
 }
 
@@ -73,6 +79,7 @@ func (f *flags) Enum(p *string, name, def string, choices []string, usage string
 // bad value, or flag.ErrHelp.
 func (f *flags) parse(args []string, lookupEnv func(string) (string, bool)) error {
 	var envErr error
+	f.phase = "env"
 	f.fs.VisitAll(func(fl *flag.Flag) {
 		if envErr != nil {
 			return
@@ -88,6 +95,7 @@ func (f *flags) parse(args []string, lookupEnv func(string) (string, bool)) erro
 	if envErr != nil {
 		return envErr
 	}
+	f.phase = "args"
 	if err := f.fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -107,6 +115,40 @@ func (f *flags) set(name string) bool {
 	found := false
 	f.fs.Visit(func(fl *flag.Flag) { found = found || fl.Name == name })
 	return found
+}
+
+// origin names where flag name's value came from: its variable (and flag), or
+// the flag.
+func (f *flags) origin(name string) string {
+	if f.source[name] == "env" {
+		return envName(name) + " (--" + name + ")"
+	}
+	return "--" + name
+}
+
+// configError turns a library's *outbox.ConfigError into a usage error that
+// names the variable when the value came from the environment.
+func (f *flags) configError(err error) error {
+	var ce *outbox.ConfigError
+	if errors.As(err, &ce) && f.source[ce.Flag] == "env" {
+		return usagef("%s: %v", envName(ce.Flag), err)
+	}
+	return &usageError{msg: err.Error()}
+}
+
+// tracked records which phase of parse set a flag.
+type tracked struct {
+	flag.Value
+	f    *flags
+	name string
+}
+
+func (t tracked) Set(v string) error {
+	if err := t.Value.Set(v); err != nil {
+		return err
+	}
+	t.f.source[t.name] = t.f.phase
+	return nil
 }
 
 // usage writes the flags' help, each with its variable and default.
