@@ -1,0 +1,80 @@
+// Package brokertest finds the brokers the tests run against: RabbitMQ and NATS
+// with JetStream, as the development machines and CI run them. A test that needs
+// a broker that does not answer fails with what to set or start; it never skips.
+package brokertest
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"testing"
+	"time"
+)
+
+// Variables that point the tests at other brokers, and the local defaults.
+const (
+	EnvRabbitMQURL     = "OUTBOX_TEST_RABBITMQ_URL"
+	LocalRabbitMQURL   = "amqp://guest:guest@127.0.0.1:5672/"
+	EnvNATSURL         = "OUTBOX_TEST_NATS_URL"
+	LocalNATSURL       = "nats://127.0.0.1:4222"
+	startRabbitMQ      = "rabbitmq-server -detached"
+	startNATSJetStream = "nats-server -js (or `bash .ci/run`, which starts both)"
+)
+
+// RabbitMQURL returns the test RabbitMQ's URL, failing t if it does not answer.
+func RabbitMQURL(t testing.TB) string {
+	t.Helper()
+	return find(t, EnvRabbitMQURL, LocalRabbitMQURL, "RabbitMQ", startRabbitMQ)
+}
+
+// NATSURL returns the test NATS server's URL, failing t if it does not answer.
+func NATSURL(t testing.TB) string {
+	t.Helper()
+	return find(t, EnvNATSURL, LocalNATSURL, "NATS", startNATSJetStream)
+}
+
+func find(t testing.TB, env, local, name, start string) string {
+	t.Helper()
+	u := os.Getenv(env)
+	if u == "" {
+		u = local
+	}
+	parsed, err := url.Parse(u)
+	if err != nil {
+		t.Fatalf("%s=%q is not a URL: %v", env, u, err)
+	}
+	conn, err := net.DialTimeout("tcp", parsed.Host, 3*time.Second)
+	if err != nil {
+		t.Fatalf("%s does not answer at %s (%v): start it (%s) or point %s at one", name, parsed.Host, err, start, env)
+	}
+	_ = conn.Close()
+	return u
+}
+
+// HostPort returns the host:port of a broker URL.
+func HostPort(t testing.TB, u string) string {
+	t.Helper()
+	parsed, err := url.Parse(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return parsed.Host
+}
+
+// WithHost returns u with its host:port replaced, to route it through a proxy.
+func WithHost(t testing.TB, u, hostport string) string {
+	t.Helper()
+	parsed, err := url.Parse(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parsed.Host = hostport
+	return parsed.String()
+}
+
+// Name returns a name unique to this test run, for exchanges, queues, streams
+// and subjects, so tests running at once never share one.
+func Name(prefix string) string {
+	return fmt.Sprintf("%s_%d_%d", prefix, os.Getpid(), time.Now().UnixNano())
+}

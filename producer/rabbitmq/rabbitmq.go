@@ -1,0 +1,418 @@
+// Package rabbitmq is a producer that publishes outbox messages to a RabbitMQ
+// exchange, with publisher confirms for every batch.
+//
+// The topic is the routing key. Every message is persistent and published with
+// the mandatory flag, so a message no queue is bound for comes back (basic.return)
+// instead of vanishing; RabbitMQ acknowledges returned messages too, so the
+// producer matches returns to the batch by message id and reports them as a
+// topic-class failure ("unroutable"). A nack is transient. A closed channel or
+// connection is opened again on the next send.
+//
+// Mapping: message_id → MessageId, correlation_id → CorrelationId, content_type →
+// ContentType, headers → the AMQP headers table, created_at → Timestamp, and the
+// partition key, when set, to the "partition_key" header.
+package rabbitmq
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outbox-sweeper/sweeper/producer"
+)
+
+// Defaults for [Config].
+const (
+	ExchangeDefault        = "outbox"
+	MaxBatchDefault        = 500
+	MaxBatchBytesDefault   = 4 << 20
+	MaxMessageBytesDefault = 128 << 20 // RabbitMQ's own default max_message_size
+	DialTimeoutDefault     = 10 * time.Second
+)
+
+// Config configures a [Producer].
+type Config struct {
+	// URL is the AMQP URL, e.g. amqp://guest:guest@127.0.0.1:5672/. Required.
+	URL string
+	// Exchange is the durable topic exchange messages are published to; the
+	// producer declares it. Defaults to ExchangeDefault.
+	Exchange string
+	// MaxBatch is the most messages in one batch. Defaults to MaxBatchDefault.
+	MaxBatch int
+	// MaxBatchBytes bounds the payload bytes of one batch, so a batch of large
+	// messages does not hold the broker's confirms for long. Defaults to
+	// MaxBatchBytesDefault.
+	MaxBatchBytes int
+	// MaxMessageBytes is the largest payload the broker accepts (its
+	// max_message_size); a larger message is rejected as message-class before
+	// any send. Defaults to MaxMessageBytesDefault.
+	MaxMessageBytes int
+	// DialTimeout bounds connecting. Defaults to DialTimeoutDefault.
+	DialTimeout time.Duration
+}
+
+func (c Config) withDefaults() Config {
+	if c.Exchange == "" {
+		c.Exchange = ExchangeDefault
+	}
+	if c.MaxBatch <= 0 {
+		c.MaxBatch = MaxBatchDefault
+	}
+	if c.MaxBatchBytes <= 0 {
+		c.MaxBatchBytes = MaxBatchBytesDefault
+	}
+	if c.MaxMessageBytes <= 0 {
+		c.MaxMessageBytes = MaxMessageBytesDefault
+	}
+	if c.DialTimeout <= 0 {
+		c.DialTimeout = DialTimeoutDefault
+	}
+	return c
+}
+
+// Producer publishes to RabbitMQ. It keeps one connection and a channel per
+// concurrent send (channels are not safe for concurrent publishing with
+// confirms). It is safe for concurrent use.
+type Producer struct {
+	cfg Config
+
+	mu     sync.Mutex
+	conn   *amqp.Connection
+	idle   []*pubChannel // channels not in use
+	closed bool
+}
+
+var _ producer.Producer = (*Producer)(nil)
+
+// New returns a producer; it does not connect until [Producer.Connect] or the
+// first send, so a broker that is down at start is waited for, not fatal.
+func New(cfg Config) (*Producer, error) {
+	if cfg.URL == "" {
+		return nil, errors.New("rabbitmq: no URL (--rabbitmq-url)")
+	}
+	if _, err := amqp.ParseURI(cfg.URL); err != nil {
+		return nil, fmt.Errorf("rabbitmq: invalid URL (--rabbitmq-url): %w", err)
+	}
+	return &Producer{cfg: cfg.withDefaults()}, nil
+}
+
+// Connect connects and declares the exchange, so that a start-up can report a
+// broker it cannot reach. Sends connect by themselves when needed.
+func (p *Producer) Connect(ctx context.Context) error {
+	ch, err := p.take(ctx)
+	if err != nil {
+		return err
+	}
+	p.give(ch)
+	return nil
+}
+
+// pubChannel is a channel in confirm mode with its notifications.
+type pubChannel struct {
+	ch      *amqp.Channel
+	returns chan amqp.Return
+	closed  chan *amqp.Error
+}
+
+// take returns an idle channel, or opens one (and the connection, if needed).
+func (p *Producer) take(ctx context.Context) (*pubChannel, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, producer.NewLocalError(errors.New("rabbitmq producer is closed"))
+	}
+	for len(p.idle) > 0 {
+		c := p.idle[len(p.idle)-1]
+		p.idle = p.idle[:len(p.idle)-1]
+		if !c.ch.IsClosed() {
+			return c, nil
+		}
+	}
+	if p.conn == nil || p.conn.IsClosed() {
+		conn, err := amqp.DialConfig(p.cfg.URL, amqp.Config{
+			Dial:       amqp.DefaultDial(p.cfg.DialTimeout),
+			Properties: amqp.Table{"connection_name": "outbox-sweeper"},
+		})
+		if err != nil {
+			return nil, classify(fmt.Errorf("connect to RabbitMQ: %w", err))
+		}
+		p.conn = conn
+	}
+	ch, err := p.conn.Channel()
+	if err != nil {
+		return nil, classify(fmt.Errorf("open a RabbitMQ channel: %w", err))
+	}
+	if err := ch.ExchangeDeclare(p.cfg.Exchange, "topic", true, false, false, false, nil); err != nil {
+		_ = ch.Close()
+		return nil, classify(fmt.Errorf("declare exchange %q: %w", p.cfg.Exchange, err))
+	}
+	if err := ch.Confirm(false); err != nil {
+		_ = ch.Close()
+		return nil, classify(fmt.Errorf("put channel in confirm mode: %w", err))
+	}
+	return &pubChannel{
+		ch: ch,
+		// Returns arrive before the acks of their messages. The buffer holds a
+		// whole batch's, so the connection's reader never waits on us.
+		returns: ch.NotifyReturn(make(chan amqp.Return, p.cfg.MaxBatch)),
+		closed:  ch.NotifyClose(make(chan *amqp.Error, 1)),
+	}, nil
+}
+
+// give puts a healthy channel back for the next send.
+func (p *Producer) give(c *pubChannel) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || c.ch.IsClosed() {
+		_ = c.ch.Close()
+		return
+	}
+	p.idle = append(p.idle, c)
+}
+
+// Batches cuts msgs into batches of at most MaxBatch messages and MaxBatchBytes
+// payload bytes. Messages over MaxMessageBytes are left out and named in a
+// message-class error.
+func (p *Producer) Batches(_ context.Context, topic string, msgs []producer.Message) ([]producer.Batch, error) {
+	var (
+		out     []producer.Batch
+		cur     producer.Batch
+		size    int
+		tooBig  []int64
+		maxSeen int
+	)
+	for _, m := range msgs {
+		if len(m.Payload) > p.cfg.MaxMessageBytes {
+			tooBig = append(tooBig, m.ID)
+			maxSeen = max(maxSeen, len(m.Payload))
+			continue
+		}
+		if len(cur.Messages) > 0 && (len(cur.Messages) == p.cfg.MaxBatch || size+len(m.Payload) > p.cfg.MaxBatchBytes) {
+			out = append(out, cur)
+			cur, size = producer.Batch{}, 0
+		}
+		cur.Topic = topic
+		cur.Messages = append(cur.Messages, m)
+		size += len(m.Payload)
+	}
+	if len(cur.Messages) > 0 {
+		out = append(out, cur)
+	}
+	if len(tooBig) > 0 {
+		return out, producer.NewMessageError(producer.ReasonMessageTooLarge, tooBig,
+			fmt.Errorf("payload of %d bytes is over RabbitMQ's limit of %d (max_message_size)", maxSeen, p.cfg.MaxMessageBytes))
+	}
+	return out, nil
+}
+
+// Send publishes the batch and waits for every confirm.
+func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
+	pubs := make([]amqp.Publishing, len(b.Messages))
+	var invalid []int64
+	var firstErr error
+	for i := range b.Messages {
+		pub, err := publishing(&b.Messages[i])
+		if err != nil {
+			invalid = append(invalid, b.Messages[i].ID)
+			firstErr = cmpOr(firstErr, err)
+			continue
+		}
+		pubs[i] = pub
+	}
+	if len(invalid) > 0 {
+		return producer.NewMessageError(producer.ReasonInvalidMessage, invalid, firstErr)
+	}
+
+	c, err := p.take(ctx)
+	if err != nil {
+		return err
+	}
+	err = p.publish(ctx, c, b, pubs)
+	if err != nil && producer.ClassOf(err) != producer.ClassTopic {
+		// The channel's state is unknown (confirms or returns may still come):
+		// never reuse it.
+		_ = c.ch.Close()
+		return err
+	}
+	p.give(c)
+	return err
+}
+
+func (p *Producer) publish(ctx context.Context, c *pubChannel, b producer.Batch, pubs []amqp.Publishing) error {
+	confirms := make([]*amqp.DeferredConfirmation, len(pubs))
+	for i := range pubs {
+		dc, err := c.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Exchange, b.Topic, true, false, pubs[i])
+		if err != nil {
+			return classify(fmt.Errorf("publish to exchange %q with routing key %q: %w", p.cfg.Exchange, b.Topic, err))
+		}
+		confirms[i] = dc
+	}
+
+	returned := map[string]amqp.Return{}
+	nacked := 0
+	for _, dc := range confirms {
+	wait:
+		for {
+			select {
+			case r := <-c.returns:
+				returned[r.MessageId] = r
+			case <-dc.Done():
+				if !dc.Acked() {
+					nacked++
+				}
+				break wait
+			case e := <-c.closed:
+				if e == nil {
+					e = &amqp.Error{Code: amqp.ChannelError, Reason: "channel closed"}
+				}
+				return classify(fmt.Errorf("channel closed while waiting for confirms of %d messages to %q: %w", len(pubs), b.Topic, e))
+			case <-ctx.Done():
+				return fmt.Errorf("waiting for confirms of %d messages to %q: %w", len(pubs), b.Topic, ctx.Err())
+			}
+		}
+	}
+	// A return precedes its message's ack, so every return of the batch is in
+	// the buffer by now.
+	for {
+		select {
+		case r := <-c.returns:
+			returned[r.MessageId] = r
+			continue
+		default:
+		}
+		break
+	}
+
+	if len(returned) > 0 {
+		var r amqp.Return
+		for _, x := range returned {
+			r = x
+			break
+		}
+		return producer.NewTopicError("unroutable", fmt.Errorf(
+			"%d of %d messages returned by exchange %q for routing key %q: %d %s (bind a queue to that routing key)",
+			len(returned), len(pubs), p.cfg.Exchange, b.Topic, r.ReplyCode, r.ReplyText))
+	}
+	if nacked > 0 {
+		return producer.NewTransientError("nacked", fmt.Errorf("RabbitMQ nacked %d of %d messages to %q", nacked, len(pubs), b.Topic))
+	}
+	return nil
+}
+
+// Close closes the connection; sends after it fail with a local error.
+func (p *Producer) Close(context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	p.idle = nil
+	if p.conn == nil || p.conn.IsClosed() {
+		return nil
+	}
+	return p.conn.Close()
+}
+
+// publishing maps a message onto an AMQP publishing.
+func publishing(m *producer.Message) (amqp.Publishing, error) {
+	headers, err := m.DecodeHeaders()
+	if err != nil {
+		return amqp.Publishing{}, err
+	}
+	table := amqp.Table(toTable(headers))
+	if m.PartitionKey != "" {
+		if table == nil {
+			table = amqp.Table{}
+		}
+		table["partition_key"] = m.PartitionKey
+	}
+	if err := table.Validate(); err != nil {
+		return amqp.Publishing{}, fmt.Errorf("headers of row %d are not a valid AMQP table: %w", m.ID, err)
+	}
+	return amqp.Publishing{
+		Headers:       table,
+		ContentType:   m.ContentType,
+		DeliveryMode:  amqp.Persistent,
+		CorrelationId: m.CorrelationID,
+		MessageId:     m.MessageID,
+		Timestamp:     m.CreatedAt,
+		AppId:         "outbox-sweeper",
+		Body:          m.Payload,
+	}, nil
+}
+
+// toTable converts decoded JSON into AMQP field values: objects become nested
+// tables, arrays stay arrays, whole numbers become int64 (JSON has only floats,
+// AMQP consumers usually expect integers).
+func toTable(h map[string]any) map[string]any {
+	if h == nil {
+		return nil
+	}
+	out := make(amqp.Table, len(h))
+	for k, v := range h {
+		out[k] = toField(v)
+	}
+	return out
+}
+
+func toField(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		return amqp.Table(toTable(x))
+	case []any:
+		out := make([]any, len(x))
+		for i := range x {
+			out[i] = toField(x[i])
+		}
+		return out
+	case float64:
+		if x == float64(int64(x)) {
+			return int64(x)
+		}
+		return x
+	case json.Number:
+		return x.String()
+	default:
+		return v
+	}
+}
+
+// classify maps RabbitMQ's errors onto the failure classes.
+//
+//   - 403 access refused, 404 not found: the destination is wrong → topic.
+//   - 311 content too large: a message → message-class, though RabbitMQ cannot
+//     say which one (Batches rejects oversized messages before this happens).
+//   - connection and channel failures, 320 connection forced, 506 resource
+//     error, 541 internal error, everything else: transient.
+func classify(err error) error {
+	var ae *amqp.Error
+	if errors.As(err, &ae) {
+		switch ae.Code {
+		case amqp.AccessRefused:
+			return producer.NewTopicError("unauthorized", err)
+		case amqp.NotFound:
+			return producer.NewTopicError("not_found", err)
+		case amqp.ContentTooLarge:
+			return producer.NewMessageError(producer.ReasonMessageTooLarge, nil, err)
+		case amqp.PreconditionFailed:
+			if strings.Contains(ae.Reason, "message size") {
+				return producer.NewMessageError(producer.ReasonMessageTooLarge, nil, err)
+			}
+		}
+	}
+	if errors.Is(err, amqp.ErrClosed) {
+		return producer.NewTransientError("connection_lost", err)
+	}
+	return err
+}
+
+func cmpOr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}

@@ -1,0 +1,265 @@
+package rabbitmq_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-sweeper/sweeper/internal/brokertest"
+	"github.com/outbox-sweeper/sweeper/producer"
+	"github.com/outbox-sweeper/sweeper/producer/rabbitmq"
+	"github.com/outbox-sweeper/sweeper/test/tcpproxy"
+)
+
+// fixture is a producer on an exchange of the test's own, and a connection to
+// consume with.
+type fixture struct {
+	url      string
+	exchange string
+	p        *rabbitmq.Producer
+	conn     *amqp.Connection
+}
+
+func setup(t *testing.T, cfg rabbitmq.Config) *fixture {
+	t.Helper()
+	f := &fixture{url: brokertest.RabbitMQURL(t), exchange: brokertest.Name("outbox_test")}
+	if cfg.URL == "" {
+		cfg.URL = f.url
+	}
+	cfg.Exchange = f.exchange
+	p, err := rabbitmq.New(cfg)
+	require.NoError(t, err)
+	require.NoError(t, p.Connect(context.Background()))
+	f.p = p
+	conn, err := amqp.Dial(f.url)
+	require.NoError(t, err)
+	f.conn = conn
+	t.Cleanup(func() {
+		_ = p.Close(context.Background())
+		if ch, err := conn.Channel(); err == nil {
+			_ = ch.ExchangeDelete(f.exchange, false, false)
+		}
+		_ = conn.Close()
+	})
+	return f
+}
+
+// bind declares a queue bound to routing key topic and returns a function that
+// waits for n deliveries and returns them.
+func (f *fixture) bind(t *testing.T, topic string, args amqp.Table) func(n int) []amqp.Delivery {
+	t.Helper()
+	ch, err := f.conn.Channel()
+	require.NoError(t, err)
+	q, err := ch.QueueDeclare("", false, true, true, false, args)
+	require.NoError(t, err)
+	require.NoError(t, ch.QueueBind(q.Name, topic, f.exchange, false, nil))
+	deliveries, err := ch.Consume(q.Name, "", true, true, false, false, nil)
+	require.NoError(t, err)
+	return func(n int) []amqp.Delivery {
+		t.Helper()
+		var got []amqp.Delivery
+		timeout := time.After(20 * time.Second)
+		for len(got) < n {
+			select {
+			case d := <-deliveries:
+				got = append(got, d)
+			case <-timeout:
+				t.Fatalf("got %d of %d messages on %q", len(got), n, topic)
+			}
+		}
+		return got
+	}
+}
+
+func msgs(topic string, from, n int) []producer.Message {
+	out := make([]producer.Message, n)
+	for i := range out {
+		id := int64(from + i)
+		out[i] = producer.Message{
+			ID: id, MessageID: fmt.Sprintf("00000000-0000-4000-8000-%012d", id), Topic: topic,
+			Payload: fmt.Appendf(nil, "body-%d", id), Headers: []byte(`{}`),
+		}
+	}
+	return out
+}
+
+func TestSendMapsEveryField(t *testing.T) {
+	t.Parallel()
+	f := setup(t, rabbitmq.Config{})
+	recv := f.bind(t, "orders.paid", nil)
+	created := time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
+	m := producer.Message{
+		ID: 1, MessageID: "6f1c2a0e-8d9b-4b8e-9a51-3f0b7e0c1d22", Topic: "orders.paid",
+		Payload: []byte{0, 1, 0xff}, Headers: []byte(`{"tenant":"acme","n":2,"f":1.5,"nested":{"a":[1,"x"]},"ok":true}`),
+		ContentType: "application/octet-stream", CorrelationID: "req-1", PartitionKey: "order-42", CreatedAt: created,
+	}
+	require.NoError(t, f.p.Send(context.Background(), producer.Batch{Topic: "orders.paid", Messages: []producer.Message{m}}))
+	d := recv(1)[0]
+	require.Equal(t, m.Payload, d.Body)
+	require.Equal(t, m.MessageID, d.MessageId)
+	require.Equal(t, "req-1", d.CorrelationId)
+	require.Equal(t, "application/octet-stream", d.ContentType)
+	require.Equal(t, uint8(amqp.Persistent), d.DeliveryMode)
+	require.True(t, created.Equal(d.Timestamp))
+	require.Equal(t, "orders.paid", d.RoutingKey)
+	require.Equal(t, "acme", d.Headers["tenant"])
+	require.Equal(t, int64(2), d.Headers["n"])
+	require.Equal(t, 1.5, d.Headers["f"])
+	require.Equal(t, true, d.Headers["ok"])
+	require.Equal(t, "order-42", d.Headers["partition_key"])
+	require.Equal(t, amqp.Table{"a": []any{int64(1), "x"}}, d.Headers["nested"])
+}
+
+func TestBatchArrivesWholeAndInOrder(t *testing.T) {
+	t.Parallel()
+	f := setup(t, rabbitmq.Config{})
+	recv := f.bind(t, "t", nil)
+	batch := producer.Batch{Topic: "t", Messages: msgs("t", 1, 300)}
+	require.NoError(t, f.p.Send(context.Background(), batch))
+	got := recv(300)
+	for i, d := range got {
+		require.Equal(t, fmt.Sprintf("body-%d", i+1), string(d.Body))
+	}
+}
+
+func TestUnroutableTopicIsTopicClass(t *testing.T) {
+	t.Parallel()
+	f := setup(t, rabbitmq.Config{})
+	err := f.p.Send(context.Background(), producer.Batch{Topic: "nobody.listens", Messages: msgs("nobody.listens", 1, 3)})
+	require.Equal(t, producer.ClassTopic, producer.ClassOf(err), "%v", err)
+	require.Equal(t, "unroutable", producer.ReasonOf(err))
+	require.ErrorContains(t, err, `3 of 3 messages returned by exchange "`+f.exchange+`" for routing key "nobody.listens"`)
+	require.ErrorContains(t, err, "NO_ROUTE")
+
+	// The channel stays usable: the next batch to a bound topic goes through.
+	recv := f.bind(t, "bound", nil)
+	require.NoError(t, f.p.Send(context.Background(), producer.Batch{Topic: "bound", Messages: msgs("bound", 10, 2)}))
+	require.Len(t, recv(2), 2)
+}
+
+// A queue that rejects publishes past its length makes RabbitMQ nack them.
+func TestNackIsTransient(t *testing.T) {
+	t.Parallel()
+	f := setup(t, rabbitmq.Config{})
+	// No consumer, so the queue stays full.
+	ch, err := f.conn.Channel()
+	require.NoError(t, err)
+	q, err := ch.QueueDeclare("", false, true, true, false, amqp.Table{"x-max-length": int32(1), "x-overflow": "reject-publish"})
+	require.NoError(t, err)
+	require.NoError(t, ch.QueueBind(q.Name, "full", f.exchange, false, nil))
+	err = f.p.Send(context.Background(), producer.Batch{Topic: "full", Messages: msgs("full", 1, 3)})
+	require.Equal(t, producer.ClassTransient, producer.ClassOf(err), "%v", err)
+	require.Equal(t, "nacked", producer.ReasonOf(err))
+	require.ErrorContains(t, err, "nacked 2 of 3 messages")
+}
+
+func TestInvalidHeadersAreMessageClass(t *testing.T) {
+	t.Parallel()
+	f := setup(t, rabbitmq.Config{})
+	batch := producer.Batch{Topic: "t", Messages: msgs("t", 1, 3)}
+	batch.Messages[1].Headers = []byte(`["not","an","object"]`)
+	err := f.p.Send(context.Background(), batch)
+	require.Equal(t, producer.ClassMessage, producer.ClassOf(err))
+	require.Equal(t, []int64{2}, producer.MessageIDs(err))
+}
+
+func TestBatchesCutByCountAndBytesAndRejectTooLarge(t *testing.T) {
+	t.Parallel()
+	p, err := rabbitmq.New(rabbitmq.Config{URL: "amqp://127.0.0.1:1/", MaxBatch: 3, MaxBatchBytes: 25, MaxMessageBytes: 20})
+	require.NoError(t, err)
+	in := msgs("t", 1, 7) // payloads "body-N": 6 bytes each
+	in[4].Payload = make([]byte, 21)
+	in[5].Payload = make([]byte, 20)
+	batches, err := p.Batches(context.Background(), "t", in)
+	require.Equal(t, producer.ClassMessage, producer.ClassOf(err))
+	require.Equal(t, []int64{5}, producer.MessageIDs(err))
+	require.ErrorContains(t, err, "payload of 21 bytes is over RabbitMQ's limit of 20")
+	var cut [][]int64
+	for _, b := range batches {
+		cut = append(cut, b.IDs())
+	}
+	// 3 by count; then 4 (6 bytes) + 6 (20 bytes) would be 26 > 25; then 6 and 7.
+	require.Equal(t, [][]int64{{1, 2, 3}, {4}, {6}, {7}}, cut)
+}
+
+// The connection drops under the producer: the send in flight fails as transient
+// (or went through), and the next send opens a new connection by itself.
+func TestConnectionCutIsReestablished(t *testing.T) {
+	t.Parallel()
+	url := brokertest.RabbitMQURL(t)
+	proxy := tcpproxy.New(t, brokertest.HostPort(t, url))
+	f := setup(t, rabbitmq.Config{URL: brokertest.WithHost(t, url, proxy.Addr())})
+	recv := f.bind(t, "t", nil)
+
+	require.NoError(t, f.p.Send(context.Background(), producer.Batch{Topic: "t", Messages: msgs("t", 1, 5)}))
+	proxy.Cut()
+	var err error
+	for i := range 50 { // the first send may not notice the cut yet
+		err = f.p.Send(context.Background(), producer.Batch{Topic: "t", Messages: msgs("t", 100+i*5, 5)})
+		if err == nil {
+			break
+		}
+		require.Equal(t, producer.ClassTransient, producer.ClassOf(err), "%v", err)
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(recv(10)), 10)
+}
+
+func TestBrokerDownIsTransientAndClosedIsLocal(t *testing.T) {
+	t.Parallel()
+	proxy := tcpproxy.New(t, brokertest.HostPort(t, brokertest.RabbitMQURL(t)))
+	proxy.Refuse(true)
+	p, err := rabbitmq.New(rabbitmq.Config{URL: brokertest.WithHost(t, brokertest.RabbitMQURL(t), proxy.Addr()), DialTimeout: time.Second})
+	require.NoError(t, err)
+	err = p.Send(context.Background(), producer.Batch{Topic: "t", Messages: msgs("t", 1, 1)})
+	require.Equal(t, producer.ClassTransient, producer.ClassOf(err), "%v", err)
+	require.ErrorContains(t, err, "connect to RabbitMQ")
+
+	require.NoError(t, p.Close(context.Background()))
+	err = p.Send(context.Background(), producer.Batch{Topic: "t", Messages: msgs("t", 1, 1)})
+	require.Equal(t, producer.ClassLocal, producer.ClassOf(err))
+}
+
+// Concurrent sends on different topics each get a channel of their own.
+func TestConcurrentSends(t *testing.T) {
+	t.Parallel()
+	f := setup(t, rabbitmq.Config{})
+	var recvs []func(int) []amqp.Delivery
+	for i := range 4 {
+		recvs = append(recvs, f.bind(t, fmt.Sprint("c", i), nil))
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range 4 {
+		wg.Go(func() {
+			for j := range 10 {
+				if err := f.p.Send(context.Background(), producer.Batch{Topic: fmt.Sprint("c", i), Messages: msgs(fmt.Sprint("c", i), j*10+1, 10)}); err != nil {
+					errs[i] = err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	require.NoError(t, errors.Join(errs...))
+	for _, r := range recvs {
+		require.Len(t, r(100), 100)
+	}
+}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	t.Parallel()
+	_, err := rabbitmq.New(rabbitmq.Config{})
+	require.ErrorContains(t, err, "no URL (--rabbitmq-url)")
+	_, err = rabbitmq.New(rabbitmq.Config{URL: "http://x"})
+	require.ErrorContains(t, err, "invalid URL (--rabbitmq-url)")
+	require.True(t, strings.HasPrefix(rabbitmq.ExchangeDefault, "outbox"))
+}
