@@ -1,0 +1,223 @@
+package nats_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-sweeper/sweeper/internal/brokertest"
+	"github.com/outbox-sweeper/sweeper/producer"
+	outboxnats "github.com/outbox-sweeper/sweeper/producer/nats"
+	"github.com/outbox-sweeper/sweeper/test/tcpproxy"
+)
+
+// fixture is a stream of the test's own capturing prefix.>, and a producer.
+type fixture struct {
+	prefix string
+	p      *outboxnats.Producer
+	stream jetstream.Stream
+}
+
+func setup(t *testing.T, cfg outboxnats.Config, streamCfg jetstream.StreamConfig) *fixture {
+	t.Helper()
+	url := brokertest.NATSURL(t)
+	f := &fixture{prefix: brokertest.Name("outbox")}
+	nc, err := natsgo.Connect(url)
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	ctx := context.Background()
+	streamCfg.Name = f.prefix
+	streamCfg.Subjects = []string{f.prefix + ".>"}
+	f.stream, err = js.CreateStream(ctx, streamCfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), f.prefix) })
+
+	if cfg.URL == "" {
+		cfg.URL = url
+	}
+	f.p, err = outboxnats.New(cfg)
+	require.NoError(t, err)
+	require.NoError(t, f.p.Connect(ctx))
+	t.Cleanup(func() { _ = f.p.Close(context.Background()) })
+	return f
+}
+
+func (f *fixture) subject(s string) string { return f.prefix + "." + s }
+
+// stored returns the messages the stream holds, in order.
+func (f *fixture) stored(t *testing.T, n int) []jetstream.Msg {
+	t.Helper()
+	ctx := context.Background()
+	c, err := f.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	require.NoError(t, err)
+	var out []jetstream.Msg
+	for len(out) < n {
+		batch, err := c.Fetch(n-len(out), jetstream.FetchMaxWait(5*time.Second))
+		require.NoError(t, err)
+		got := 0
+		for m := range batch.Messages() {
+			out = append(out, m)
+			got++
+		}
+		require.NotZero(t, got, "the stream holds %d of %d messages", len(out), n)
+	}
+	return out
+}
+
+func msgs(topic string, from, n int) []producer.Message {
+	out := make([]producer.Message, n)
+	for i := range out {
+		id := int64(from + i)
+		out[i] = producer.Message{
+			ID: id, MessageID: fmt.Sprintf("00000000-0000-4000-8000-%012d", id), Topic: topic,
+			Payload: fmt.Appendf(nil, "body-%d", id), Headers: []byte(`{}`),
+		}
+	}
+	return out
+}
+
+func TestSendMapsEveryField(t *testing.T) {
+	t.Parallel()
+	f := setup(t, outboxnats.Config{}, jetstream.StreamConfig{})
+	subj := f.subject("orders")
+	m := producer.Message{
+		ID: 1, MessageID: "6f1c2a0e-8d9b-4b8e-9a51-3f0b7e0c1d22", Topic: subj, Payload: []byte{0, 1, 0xff},
+		Headers: []byte(`{"tenant":"acme","n":2,"nested":{"a":1}}`), ContentType: "application/json",
+		CorrelationID: "req-1", PartitionKey: "order-42",
+	}
+	require.NoError(t, f.p.Send(context.Background(), producer.Batch{Topic: subj, Messages: []producer.Message{m}}))
+	got := f.stored(t, 1)[0]
+	require.Equal(t, subj, got.Subject())
+	require.Equal(t, m.Payload, got.Data())
+	h := got.Headers()
+	require.Equal(t, m.MessageID, h.Get("Nats-Msg-Id"))
+	require.Equal(t, "acme", h.Get("tenant"))
+	require.Equal(t, "2", h.Get("n"))
+	require.Equal(t, `{"a":1}`, h.Get("nested"))
+	require.Equal(t, "application/json", h.Get("Content-Type"))
+	require.Equal(t, "req-1", h.Get("Correlation-Id"))
+	require.Equal(t, "order-42", h.Get("Partition-Key"))
+}
+
+// The same batch published twice (a redelivery after a lost commit) is stored
+// once: JetStream de-duplicates by Nats-Msg-Id.
+func TestRedeliveredBatchIsDeduplicated(t *testing.T) {
+	t.Parallel()
+	f := setup(t, outboxnats.Config{}, jetstream.StreamConfig{})
+	subj := f.subject("t")
+	batch := producer.Batch{Topic: subj, Messages: msgs(subj, 1, 50)}
+	require.NoError(t, f.p.Send(context.Background(), batch))
+	require.NoError(t, f.p.Send(context.Background(), batch))
+	info, err := f.stream.Info(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, uint64(50), info.State.Msgs)
+	for i, m := range f.stored(t, 50) {
+		require.Equal(t, fmt.Sprintf("body-%d", i+1), string(m.Data()))
+	}
+}
+
+func TestSubjectWithoutStreamIsTopicClass(t *testing.T) {
+	t.Parallel()
+	f := setup(t, outboxnats.Config{}, jetstream.StreamConfig{})
+	subj := brokertest.Name("nostream") + ".t"
+	err := f.p.Send(context.Background(), producer.Batch{Topic: subj, Messages: msgs(subj, 1, 3)})
+	require.Equal(t, producer.ClassTopic, producer.ClassOf(err), "%v", err)
+	require.Equal(t, "no_stream", producer.ReasonOf(err))
+	require.ErrorContains(t, err, "create a stream whose subjects include this one")
+}
+
+// A stream's max_msg_size rejects the large message only; the sweeper gets the
+// row named and sends the others.
+func TestMessageOverStreamLimitIsMessageClass(t *testing.T) {
+	t.Parallel()
+	f := setup(t, outboxnats.Config{}, jetstream.StreamConfig{MaxMsgSize: 100})
+	subj := f.subject("t")
+	batch := producer.Batch{Topic: subj, Messages: msgs(subj, 1, 3)}
+	batch.Messages[1].Payload = make([]byte, 200)
+	err := f.p.Send(context.Background(), batch)
+	require.Equal(t, producer.ClassMessage, producer.ClassOf(err), "%v", err)
+	require.Equal(t, []int64{2}, producer.MessageIDs(err))
+}
+
+func TestBatchesRejectMessagesOverMaxPayload(t *testing.T) {
+	t.Parallel()
+	f := setup(t, outboxnats.Config{MaxBatch: 2}, jetstream.StreamConfig{})
+	subj := f.subject("t")
+	in := msgs(subj, 1, 5)
+	in[2].Payload = make([]byte, 2<<20) // the server's max_payload is 1 MiB
+	batches, err := f.p.Batches(context.Background(), subj, in)
+	require.Equal(t, producer.ClassMessage, producer.ClassOf(err))
+	require.Equal(t, []int64{3}, producer.MessageIDs(err))
+	require.Len(t, batches, 2)
+	require.Equal(t, []int64{1, 2}, batches[0].IDs())
+	require.Equal(t, []int64{4, 5}, batches[1].IDs())
+}
+
+func TestInvalidHeadersAreMessageClass(t *testing.T) {
+	t.Parallel()
+	f := setup(t, outboxnats.Config{}, jetstream.StreamConfig{})
+	subj := f.subject("t")
+	batch := producer.Batch{Topic: subj, Messages: msgs(subj, 1, 2)}
+	batch.Messages[0].Headers = []byte(`"x"`)
+	err := f.p.Send(context.Background(), batch)
+	require.Equal(t, producer.ClassMessage, producer.ClassOf(err))
+	require.Equal(t, []int64{1}, producer.MessageIDs(err))
+}
+
+// The connection drops: sends fail as transient or are buffered across the
+// reconnect, and once it is back every message is stored exactly once.
+func TestConnectionCutLosesNothing(t *testing.T) {
+	t.Parallel()
+	url := brokertest.NATSURL(t)
+	proxy := tcpproxy.New(t, brokertest.HostPort(t, url))
+	f := setup(t, outboxnats.Config{URL: brokertest.WithHost(t, url, proxy.Addr())}, jetstream.StreamConfig{})
+	subj := f.subject("t")
+	failures := 0
+	for i := range 20 {
+		batch := producer.Batch{Topic: subj, Messages: msgs(subj, i*10+1, 10)}
+		if i == 5 {
+			proxy.Cut()
+		}
+		for attempt := 0; ; attempt++ {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			err := f.p.Send(ctx, batch)
+			cancel()
+			if err == nil {
+				break
+			}
+			failures++
+			require.NotEqual(t, producer.ClassTopic, producer.ClassOf(err), "%v", err)
+			require.Less(t, attempt, 30, "never recovered: %v", err)
+		}
+	}
+	info, err := f.stream.Info(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, uint64(200), info.State.Msgs, "every message once, retries de-duplicated")
+	t.Logf("%d sends failed across the cut", failures)
+}
+
+func TestServerDownIsTransientAndClosedIsLocal(t *testing.T) {
+	t.Parallel()
+	proxy := tcpproxy.New(t, brokertest.HostPort(t, brokertest.NATSURL(t)))
+	proxy.Refuse(true)
+	p, err := outboxnats.New(outboxnats.Config{URL: brokertest.WithHost(t, brokertest.NATSURL(t), proxy.Addr()), ConnectTimeout: time.Second})
+	require.NoError(t, err)
+	err = p.Send(context.Background(), producer.Batch{Topic: "x", Messages: msgs("x", 1, 1)})
+	require.Equal(t, producer.ClassTransient, producer.ClassOf(err), "%v", err)
+	require.True(t, strings.Contains(err.Error(), "connect to NATS"), err.Error())
+	require.NoError(t, p.Close(context.Background()))
+	err = p.Send(context.Background(), producer.Batch{Topic: "x", Messages: msgs("x", 1, 1)})
+	require.Equal(t, producer.ClassLocal, producer.ClassOf(err))
+	_, err = outboxnats.New(outboxnats.Config{})
+	require.ErrorContains(t, err, "no URL (--nats-url)")
+	require.False(t, errors.Is(err, context.Canceled))
+}
