@@ -1,0 +1,431 @@
+// Package servicebus is a producer that sends outbox messages to Azure Service
+// Bus queues and topics.
+//
+// The outbox topic is the entity (queue or topic) name. The producer keeps one
+// sender per entity, created on first use and closed by Close. Batches are cut
+// by the SDK's own size accounting (NewMessageBatch/AddMessage): a full batch
+// starts the next, and a message too large for an empty batch is rejected as
+// message-class. Mapping: message_id → MessageID (so duplicate detection drops a
+// redelivery), correlation_id → CorrelationID, content_type → ContentType,
+// partition_key → SessionID, headers → ApplicationProperties (strings, numbers
+// and booleans as they are; nested objects and arrays as their JSON text, since
+// application properties hold only simple values).
+//
+// The SDK retries on its own, by default for most of a minute per send. The
+// producer sets it to one quick retry (enough to re-attach a link Service Bus
+// closed while idle), so that a failing send returns within a few seconds and the
+// sweeper's own retry and breakers decide what happens next.
+package servicebus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/azidentity"
+	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
+	"github.com/Azure/go-amqp"
+
+	"github.com/outbox-sweeper/sweeper/producer"
+)
+
+// Defaults for [Config].
+const (
+	MaxBatchDefault = 500
+)
+
+// RetryOptionsDefault are the SDK retry options the producer sets unless told
+// otherwise: one retry after 250ms.
+var RetryOptionsDefault = azservicebus.RetryOptions{MaxRetries: 1, RetryDelay: 250 * time.Millisecond, MaxRetryDelay: time.Second}
+
+// Config configures a [Producer]. Exactly one of ConnectionString and Namespace
+// is required.
+type Config struct {
+	// ConnectionString is a Service Bus connection string with send rights.
+	ConnectionString string
+	// Namespace is the fully qualified namespace, e.g.
+	// my-namespace.servicebus.windows.net; the producer authenticates with
+	// azidentity's default credential (environment, workload identity, managed
+	// identity, Azure CLI).
+	Namespace string
+	// MaxBatch is the most messages in one batch, whatever their size. Defaults
+	// to MaxBatchDefault.
+	MaxBatch int
+	// Retry overrides the SDK's retry options. Zero means RetryOptionsDefault.
+	Retry azservicebus.RetryOptions
+}
+
+// sender is the part of *azservicebus.Sender the producer uses. The tests
+// implement it to check batching and error mapping without a namespace.
+type sender interface {
+	NewMessageBatch(ctx context.Context) (messageBatch, error)
+	SendMessageBatch(ctx context.Context, b messageBatch) error
+	Close(ctx context.Context) error
+}
+
+// messageBatch is the part of *azservicebus.MessageBatch the producer uses.
+type messageBatch interface {
+	AddMessage(m *azservicebus.Message, options *azservicebus.AddMessageOptions) error
+	NumMessages() int32
+}
+
+var _ messageBatch = (*azservicebus.MessageBatch)(nil)
+
+// sdkSender adapts *azservicebus.Sender to sender.
+type sdkSender struct{ s *azservicebus.Sender }
+
+func (a sdkSender) NewMessageBatch(ctx context.Context) (messageBatch, error) {
+	return a.s.NewMessageBatch(ctx, nil)
+}
+
+func (a sdkSender) SendMessageBatch(ctx context.Context, b messageBatch) error {
+	return a.s.SendMessageBatch(ctx, b.(*azservicebus.MessageBatch), nil)
+}
+
+func (a sdkSender) Close(ctx context.Context) error { return a.s.Close(ctx) }
+
+// Producer sends to Service Bus. It is safe for concurrent use.
+type Producer struct {
+	maxBatch    int
+	newSender   func(entity string) (sender, error)
+	closeClient func(ctx context.Context) error
+
+	mu      sync.Mutex
+	senders map[string]sender
+	closed  bool
+}
+
+var _ producer.Producer = (*Producer)(nil)
+
+// New returns a producer. It creates the SDK client, which connects lazily.
+func New(cfg Config) (*Producer, error) {
+	opts := &azservicebus.ClientOptions{RetryOptions: cfg.Retry}
+	if opts.RetryOptions == (azservicebus.RetryOptions{}) {
+		opts.RetryOptions = RetryOptionsDefault
+	}
+	var (
+		client *azservicebus.Client
+		err    error
+	)
+	switch {
+	case cfg.ConnectionString != "" && cfg.Namespace != "":
+		return nil, errors.New("servicebus: both --servicebus-connection-string and --servicebus-namespace are set: use one")
+	case cfg.ConnectionString != "":
+		client, err = azservicebus.NewClientFromConnectionString(cfg.ConnectionString, opts)
+		if err != nil {
+			return nil, fmt.Errorf("servicebus: invalid connection string (--servicebus-connection-string): %w", err)
+		}
+	case cfg.Namespace != "":
+		cred, err := azidentity.NewDefaultAzureCredential(nil)
+		if err != nil {
+			return nil, fmt.Errorf("servicebus: no Azure credential for namespace %q: %w", cfg.Namespace, err)
+		}
+		client, err = azservicebus.NewClient(cfg.Namespace, cred, opts)
+		if err != nil {
+			return nil, fmt.Errorf("servicebus: namespace %q (--servicebus-namespace): %w", cfg.Namespace, err)
+		}
+	default:
+		return nil, errors.New("servicebus: set --servicebus-connection-string or --servicebus-namespace")
+	}
+	p := newProducer(cfg, func(entity string) (sender, error) {
+		s, err := client.NewSender(entity, nil)
+		if err != nil {
+			return nil, err
+		}
+		return sdkSender{s}, nil
+	})
+	p.closeClient = client.Close
+	return p, nil
+}
+
+func newProducer(cfg Config, newSender func(string) (sender, error)) *Producer {
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = MaxBatchDefault
+	}
+	return &Producer{
+		maxBatch:    cfg.MaxBatch,
+		newSender:   newSender,
+		closeClient: func(context.Context) error { return nil },
+		senders:     make(map[string]sender),
+	}
+}
+
+// sender returns entity's cached sender, creating it on first use.
+func (p *Producer) sender(entity string) (sender, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, producer.NewLocalError(errors.New("servicebus producer is closed"))
+	}
+	if s, ok := p.senders[entity]; ok {
+		return s, nil
+	}
+	s, err := p.newSender(entity)
+	if err != nil {
+		return nil, classify(fmt.Errorf("create sender for %q: %w", entity, err))
+	}
+	p.senders[entity] = s
+	return s, nil
+}
+
+// forget drops entity's sender after an error that closed it, so the next send
+// creates a new one.
+func (p *Producer) forget(ctx context.Context, entity string, s sender) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.senders[entity] == s {
+		delete(p.senders, entity)
+		_ = s.Close(ctx)
+	}
+}
+
+// Batches cuts msgs where the SDK says a batch is full, or at MaxBatch messages.
+// A message too large for an empty batch, or one that cannot be mapped, is left
+// out and named in a message-class error.
+func (p *Producer) Batches(ctx context.Context, topic string, msgs []producer.Message) ([]producer.Batch, error) {
+	s, err := p.sender(topic)
+	if err != nil {
+		return nil, err
+	}
+	var (
+		out      []producer.Batch
+		cur      = producer.Batch{Topic: topic}
+		sdkBatch messageBatch
+		rejected []int64
+		firstErr error
+		reason   string
+	)
+	reject := func(id int64, why string, err error) {
+		rejected = append(rejected, id)
+		if firstErr == nil {
+			firstErr, reason = err, why
+		}
+	}
+	for i := range msgs {
+		m, err := toMessage(&msgs[i])
+		if err != nil {
+			reject(msgs[i].ID, producer.ReasonInvalidMessage, err)
+			continue
+		}
+		if sdkBatch == nil || len(cur.Messages) == p.maxBatch {
+			if len(cur.Messages) > 0 {
+				out = append(out, cur)
+				cur = producer.Batch{Topic: topic}
+			}
+			if sdkBatch, err = s.NewMessageBatch(ctx); err != nil {
+				return nil, p.failed(ctx, topic, s, fmt.Errorf("new message batch for %q: %w", topic, err))
+			}
+		}
+		err = sdkBatch.AddMessage(m, nil)
+		if errors.Is(err, azservicebus.ErrMessageTooLarge) && sdkBatch.NumMessages() > 0 {
+			// The batch may be full: try the message in a new one. Only if it
+			// fits there does it start the next batch; a message too large for
+			// any batch must not cut the current one short.
+			next, nerr := s.NewMessageBatch(ctx)
+			if nerr != nil {
+				return nil, p.failed(ctx, topic, s, fmt.Errorf("new message batch for %q: %w", topic, nerr))
+			}
+			if err = next.AddMessage(m, nil); err == nil {
+				out = append(out, cur)
+				cur = producer.Batch{Topic: topic}
+				sdkBatch = next
+			}
+		}
+		switch {
+		case errors.Is(err, azservicebus.ErrMessageTooLarge):
+			reject(msgs[i].ID, producer.ReasonMessageTooLarge,
+				fmt.Errorf("row %d (%d bytes of payload) is too large for an empty Service Bus batch", msgs[i].ID, len(msgs[i].Payload)))
+		case err != nil:
+			reject(msgs[i].ID, producer.ReasonInvalidMessage, fmt.Errorf("row %d: %w", msgs[i].ID, err))
+		default:
+			cur.Messages = append(cur.Messages, msgs[i])
+		}
+	}
+	if len(cur.Messages) > 0 {
+		out = append(out, cur)
+	}
+	if len(rejected) > 0 {
+		return out, producer.NewMessageError(reason, rejected, firstErr)
+	}
+	return out, nil
+}
+
+// Send builds the batch again from its messages and sends it. A batch Batches
+// cut always fits; should a subset somehow not, it goes as several SDK batches.
+func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
+	s, err := p.sender(b.Topic)
+	if err != nil {
+		return err
+	}
+	sdkBatch, err := s.NewMessageBatch(ctx)
+	if err != nil {
+		return p.failed(ctx, b.Topic, s, fmt.Errorf("new message batch for %q: %w", b.Topic, err))
+	}
+	for i := range b.Messages {
+		m, err := toMessage(&b.Messages[i])
+		if err != nil {
+			return producer.NewMessageError(producer.ReasonInvalidMessage, []int64{b.Messages[i].ID}, err)
+		}
+		err = sdkBatch.AddMessage(m, nil)
+		if errors.Is(err, azservicebus.ErrMessageTooLarge) && sdkBatch.NumMessages() > 0 {
+			if err := s.SendMessageBatch(ctx, sdkBatch); err != nil {
+				return p.failed(ctx, b.Topic, s, fmt.Errorf("send %d messages to %q: %w", sdkBatch.NumMessages(), b.Topic, err))
+			}
+			if sdkBatch, err = s.NewMessageBatch(ctx); err != nil {
+				return p.failed(ctx, b.Topic, s, fmt.Errorf("new message batch for %q: %w", b.Topic, err))
+			}
+			err = sdkBatch.AddMessage(m, nil)
+		}
+		if errors.Is(err, azservicebus.ErrMessageTooLarge) {
+			return producer.NewMessageError(producer.ReasonMessageTooLarge, []int64{b.Messages[i].ID}, err)
+		}
+		if err != nil {
+			return producer.NewMessageError(producer.ReasonInvalidMessage, []int64{b.Messages[i].ID}, err)
+		}
+	}
+	if err := s.SendMessageBatch(ctx, sdkBatch); err != nil {
+		return p.failed(ctx, b.Topic, s, fmt.Errorf("send %d messages to %q: %w", sdkBatch.NumMessages(), b.Topic, err))
+	}
+	return nil
+}
+
+// failed classifies err and drops the sender when the SDK has closed it.
+func (p *Producer) failed(ctx context.Context, entity string, s sender, err error) error {
+	var sbErr *azservicebus.Error
+	if errors.As(err, &sbErr) && sbErr.Code == azservicebus.CodeClosed {
+		p.forget(context.WithoutCancel(ctx), entity, s)
+	}
+	return classify(err)
+}
+
+// Close closes every sender and the client; sends after it fail with a local
+// error.
+func (p *Producer) Close(ctx context.Context) error {
+	p.mu.Lock()
+	p.closed = true
+	senders := p.senders
+	p.senders = map[string]sender{}
+	p.mu.Unlock()
+	var errs []error
+	for entity, s := range senders {
+		if err := s.Close(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("close sender for %q: %w", entity, err))
+		}
+	}
+	if err := p.closeClient(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("close Service Bus client: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// toMessage maps an outbox message onto a Service Bus message.
+func toMessage(m *producer.Message) (*azservicebus.Message, error) {
+	headers, err := m.DecodeHeaders()
+	if err != nil {
+		return nil, err
+	}
+	var props map[string]any
+	if len(headers) > 0 {
+		props = make(map[string]any, len(headers))
+		for k, v := range headers {
+			switch x := v.(type) {
+			case string, bool:
+				props[k] = x
+			case float64:
+				if x == float64(int64(x)) {
+					props[k] = int64(x)
+				} else {
+					props[k] = x
+				}
+			case nil:
+				// A null header carries nothing an application property can hold.
+			default:
+				j, err := json.Marshal(x)
+				if err != nil {
+					return nil, fmt.Errorf("header %q of row %d: %w", k, m.ID, err)
+				}
+				props[k] = string(j)
+			}
+		}
+	}
+	return &azservicebus.Message{
+		MessageID:             &m.MessageID,
+		Body:                  m.Payload,
+		ApplicationProperties: props,
+		ContentType:           optional(m.ContentType),
+		CorrelationID:         optional(m.CorrelationID),
+		SessionID:             optional(m.PartitionKey),
+	}, nil
+}
+
+func optional(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// Conditions Service Bus sends that name the destination as the problem.
+var topicConditions = map[amqp.ErrCond]string{
+	amqp.ErrCondNotFound:                         "not_found",
+	amqp.ErrCondUnauthorizedAccess:               "unauthorized",
+	amqp.ErrCondNotAllowed:                       "not_allowed",
+	amqp.ErrCond("com.microsoft:entity-disabled"): "entity_disabled",
+	// The entity is full (its quota, e.g. 1 GB, is reached): the ADR's case.
+	// Other entities still take messages, so this trips the topic only.
+	amqp.ErrCondResourceLimitExceeded: "entity_full",
+}
+
+// classify maps the SDK's errors onto the failure classes:
+//
+//   - *azservicebus.Error: unauthorized and not found → topic; connection lost,
+//     timeout, closed → transient.
+//   - raw AMQP errors: not-found, unauthorized-access, not-allowed,
+//     entity-disabled, resource-limit-exceeded → topic; message-size-exceeded →
+//     message; server-busy, timeout, internal error, forced detach → transient.
+//   - ErrMessageTooLarge → message.
+//   - anything else → transient (the class of unclassified errors).
+func classify(err error) error {
+	if errors.Is(err, azservicebus.ErrMessageTooLarge) {
+		return producer.NewMessageError(producer.ReasonMessageTooLarge, nil, err)
+	}
+	var amqpErr *amqp.Error
+	if errors.As(err, &amqpErr) {
+		if reason, ok := topicConditions[amqpErr.Condition]; ok {
+			return producer.NewTopicError(reason, err)
+		}
+		switch amqpErr.Condition {
+		case amqp.ErrCondMessageSizeExceeded:
+			return producer.NewMessageError(producer.ReasonMessageTooLarge, nil, err)
+		case amqp.ErrCond("com.microsoft:server-busy"):
+			return producer.NewTransientError("server_busy", err)
+		case amqp.ErrCond("com.microsoft:timeout"):
+			return producer.NewTransientError("timeout", err)
+		}
+	}
+	var sbErr *azservicebus.Error
+	if errors.As(err, &sbErr) {
+		switch sbErr.Code {
+		case azservicebus.CodeUnauthorizedAccess:
+			return producer.NewTopicError("unauthorized", err)
+		case azservicebus.CodeNotFound:
+			return producer.NewTopicError("not_found", err)
+		case azservicebus.CodeConnectionLost:
+			return producer.NewTransientError("connection_lost", err)
+		case azservicebus.CodeTimeout:
+			return producer.NewTransientError("timeout", err)
+		case azservicebus.CodeClosed:
+			return producer.NewTransientError("closed", err)
+		}
+	}
+	var connErr *amqp.ConnError
+	var linkErr *amqp.LinkError
+	var sessErr *amqp.SessionError
+	if errors.As(err, &connErr) || errors.As(err, &linkErr) || errors.As(err, &sessErr) {
+		return producer.NewTransientError("connection_lost", err)
+	}
+	return err
+}
