@@ -370,9 +370,9 @@ func optional(s string) *string {
 
 // Conditions Service Bus sends that name the destination as the problem.
 var topicConditions = map[amqp.ErrCond]string{
-	amqp.ErrCondNotFound:                         "not_found",
-	amqp.ErrCondUnauthorizedAccess:               "unauthorized",
-	amqp.ErrCondNotAllowed:                       "not_allowed",
+	amqp.ErrCondNotFound:                          "not_found",
+	amqp.ErrCondUnauthorizedAccess:                "unauthorized",
+	amqp.ErrCondNotAllowed:                        "not_allowed",
 	amqp.ErrCond("com.microsoft:entity-disabled"): "entity_disabled",
 	// The entity is full (its quota, e.g. 1 GB, is reached): the ADR's case.
 	// Other entities still take messages, so this trips the topic only.
