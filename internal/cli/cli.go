@@ -22,8 +22,6 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/outbox-sweeper/sweeper/outbox"
-	"github.com/outbox-sweeper/sweeper/producer"
-	"github.com/outbox-sweeper/sweeper/producer/stdout"
 )
 
 // Exit codes.
@@ -171,9 +169,9 @@ var cronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | 
 type runOptions struct {
 	common
 	logOptions
+	producerOptions
 	concurrency     int
 	pageSize        int
-	producer        string
 	schedule        string
 	sendTimeout     time.Duration
 	shutdownTimeout time.Duration
@@ -184,9 +182,9 @@ func (o *runOptions) flags() *flags {
 	f := newFlags("run")
 	o.common.register(f)
 	o.logOptions.register(f)
+	o.producerOptions.register(f)
 	f.Int(&o.concurrency, "concurrency", outbox.ConcurrencyDefault, "topics sent at once; the batches of one topic go in order")
 	f.Int(&o.pageSize, "page-size", outbox.PageSizeDefault, "most outstanding rows read per page; memory use is bounded by it")
-	f.Enum(&o.producer, "producer", "stdout", []string{"stdout"}, "where messages go: stdout writes one JSON object per message per line")
 	f.String(&o.schedule, "schedule", "", "spec", `cron spec for ticks instead of --tick, e.g. "*/10 * * * * *" or "@every 2s"`)
 	f.Duration(&o.sendTimeout, "send-timeout", outbox.SendTimeoutDefault, "longest a broker may take to accept one batch; then the batch fails as transient")
 	f.Duration(&o.shutdownTimeout, "shutdown-timeout", outbox.ShutdownTimeoutDefault, "on SIGTERM, how long batches in flight may take to finish")
@@ -243,17 +241,17 @@ func runCommand(ctx context.Context, args []string, out, errOut io.Writer, env E
 	}
 	defer pool.Close()
 
-	var p producer.Producer
-	switch o.producer {
-	case "stdout":
-		p = stdout.New(out, stdout.Config{})
+	p, err := o.producerOptions.build(f, out)
+	if err != nil {
+		return err
 	}
+	connectEarly(ctx, p, o.name, logger)
 
 	s, err := outbox.NewSweeper(pool, p, cfg)
 	if err != nil {
 		return &usageError{msg: err.Error()}
 	}
-	logger.Info("starting", "version", version(), "producer", o.producer,
+	logger.Info("starting", "version", version(), "producer", o.name,
 		"database", redact(poolCfg.ConnConfig), "table", tbl.String())
 	if err := s.Run(ctx); err != nil {
 		return err
@@ -261,7 +259,7 @@ func runCommand(ctx context.Context, args []string, out, errOut io.Writer, env E
 	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	if err := p.Close(closeCtx); err != nil {
-		logger.Warn("closing the producer failed", "producer", o.producer, "err", err)
+		logger.Warn("closing the producer failed", "producer", o.name, "err", err)
 	}
 	return nil
 }

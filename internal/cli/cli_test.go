@@ -13,7 +13,7 @@ import (
 func noEnv(string) (string, bool) { return "", false }
 
 func envOf(kv map[string]string) Env {
-	return func(k string) (string, bool) { v, ok := kv[k]; return v, ok }
+	return func(k string) (string, bool) { v, ok := kv[k]; return v, ok } // a nil map is an empty environment
 }
 
 func runMain(t *testing.T, env Env, args ...string) (code int, stdout, stderr string) {
@@ -130,4 +130,30 @@ func TestHelpAndVersion(t *testing.T) {
 	code, stdout, _ = runMain(t, noEnv, "version")
 	require.Equal(t, ExitOK, code)
 	require.True(t, strings.HasPrefix(stdout, "sweeper "), stdout)
+}
+
+// A producer's required settings are checked at start, before anything
+// connects, and a missing one names its flag and variable.
+func TestProducerSettingsAreValidatedAtStart(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{[]string{"--producer", "rabbitmq"}, nil, "--producer rabbitmq needs --rabbitmq-url (OUTBOX_RABBITMQ_URL)"},
+		{nil, map[string]string{"OUTBOX_PRODUCER": "rabbitmq"}, "OUTBOX_PRODUCER (--producer) rabbitmq needs --rabbitmq-url (OUTBOX_RABBITMQ_URL)"},
+		{[]string{"--producer", "rabbitmq", "--rabbitmq-url", "http://x"}, nil, "invalid URL (--rabbitmq-url)"},
+		{[]string{"--producer", "rabbitmq", "--rabbitmq-url", "amqp://x", "--rabbitmq-exchange", ""}, nil, "--rabbitmq-exchange is empty"},
+		{[]string{"--producer", "nats"}, nil, "--producer nats needs --nats-url (OUTBOX_NATS_URL)"},
+		{[]string{"--producer", "servicebus"}, nil, "needs --servicebus-connection-string (OUTBOX_SERVICEBUS_CONNECTION_STRING) or --servicebus-namespace (OUTBOX_SERVICEBUS_NAMESPACE)"},
+		{[]string{"--producer", "servicebus", "--servicebus-namespace", "ns"}, map[string]string{"OUTBOX_SERVICEBUS_CONNECTION_STRING": "x"}, "use one"},
+		{[]string{"--producer", "servicebus", "--servicebus-connection-string", "nonsense"}, nil, "invalid connection string (--servicebus-connection-string)"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			code, _, stderr := runMain(t, envOf(tc.env), append([]string{"run"}, tc.args...)...)
+			require.Equal(t, ExitUsage, code, stderr)
+			require.Contains(t, stderr, tc.want)
+		})
+	}
 }

@@ -126,6 +126,12 @@ func (f *flags) origin(name string) string {
 	return "--" + name
 }
 
+// originOrBoth names a flag together with its variable, for messages about a
+// value that is missing altogether.
+func (f *flags) originOrBoth(name string) string {
+	return "--" + name + " (" + envName(name) + ")"
+}
+
 // configError turns a library's *outbox.ConfigError into a usage error that
 // names the variable when the value came from the environment.
 func (f *flags) configError(err error) error {

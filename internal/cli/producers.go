@@ -1,0 +1,106 @@
+package cli
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/outbox-sweeper/sweeper/producer"
+	"github.com/outbox-sweeper/sweeper/producer/nats"
+	"github.com/outbox-sweeper/sweeper/producer/rabbitmq"
+	"github.com/outbox-sweeper/sweeper/producer/servicebus"
+	"github.com/outbox-sweeper/sweeper/producer/stdout"
+)
+
+// producerNames are the values of --producer.
+var producerNames = []string{"stdout", "rabbitmq", "nats", "servicebus"}
+
+// producerOptions are the flags that choose and configure the producer.
+type producerOptions struct {
+	name                string
+	natsURL             string
+	rabbitmqExchange    string
+	rabbitmqURL         string
+	servicebusConnStr   string
+	servicebusNamespace string
+}
+
+func (o *producerOptions) register(f *flags) {
+	f.Enum(&o.name, "producer", "stdout", producerNames,
+		"where messages go: stdout (one JSON object per message per line), rabbitmq, nats (JetStream) or servicebus (Azure Service Bus)")
+	f.String(&o.natsURL, "nats-url", "", "url", "NATS server URL for --producer nats, e.g. nats://127.0.0.1:4222; a stream must capture each topic's subject")
+	f.String(&o.rabbitmqExchange, "rabbitmq-exchange", rabbitmq.ExchangeDefault, "name", "durable topic exchange --producer rabbitmq publishes to (declared at start); the topic is the routing key")
+	f.String(&o.rabbitmqURL, "rabbitmq-url", "", "url", "AMQP URL for --producer rabbitmq, e.g. amqp://user:pass@host:5672/vhost")
+	f.String(&o.servicebusConnStr, "servicebus-connection-string", "", "string", "Service Bus connection string with send rights for --producer servicebus (prefer the variable: it is a secret)")
+	f.String(&o.servicebusNamespace, "servicebus-namespace", "", "host", "Service Bus namespace (name.servicebus.windows.net) for --producer servicebus, authenticated with Azure's default credential")
+}
+
+// build creates the chosen producer. A missing or bad setting is a usage error
+// naming its flag.
+func (o *producerOptions) build(f *flags, out io.Writer) (producer.Producer, error) {
+	need := func(value, flag string) error {
+		if value == "" {
+			return usagef("%s %s needs %s", f.origin("producer"), o.name, f.originOrBoth(flag))
+		}
+		return nil
+	}
+	switch o.name {
+	case "rabbitmq":
+		if err := need(o.rabbitmqURL, "rabbitmq-url"); err != nil {
+			return nil, err
+		}
+		if o.rabbitmqExchange == "" {
+			return nil, usagef("%s is empty: name the exchange to publish to", f.origin("rabbitmq-exchange"))
+		}
+		p, err := rabbitmq.New(rabbitmq.Config{URL: o.rabbitmqURL, Exchange: o.rabbitmqExchange})
+		if err != nil {
+			return nil, &usageError{msg: err.Error()}
+		}
+		return p, nil
+	case "nats":
+		if err := need(o.natsURL, "nats-url"); err != nil {
+			return nil, err
+		}
+		p, err := nats.New(nats.Config{URL: o.natsURL})
+		if err != nil {
+			return nil, &usageError{msg: err.Error()}
+		}
+		return p, nil
+	case "servicebus":
+		if o.servicebusConnStr == "" && o.servicebusNamespace == "" {
+			return nil, usagef("%s servicebus needs %s or %s", f.origin("producer"),
+				f.originOrBoth("servicebus-connection-string"), f.originOrBoth("servicebus-namespace"))
+		}
+		p, err := servicebus.New(servicebus.Config{ConnectionString: o.servicebusConnStr, Namespace: o.servicebusNamespace})
+		if err != nil {
+			return nil, &usageError{msg: err.Error()}
+		}
+		return p, nil
+	default:
+		return stdout.New(out, stdout.Config{}), nil
+	}
+}
+
+// connector is a producer that can connect ahead of the first send.
+type connector interface {
+	Connect(ctx context.Context) error
+}
+
+// connectEarly tries the broker once at start, so an operator sees at once
+// whether it is reachable. A broker that is down is not fatal: sends connect by
+// themselves, and the sweeper retries them.
+func connectEarly(ctx context.Context, p producer.Producer, name string, logger *slog.Logger) {
+	c, ok := p.(connector)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := c.Connect(ctx); err != nil {
+		logger.Warn("broker not reachable yet; every send will try again", "producer", name, "err", err)
+		return
+	}
+	logger.Info("broker reachable", "producer", name)
+}
+

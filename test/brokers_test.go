@@ -1,0 +1,311 @@
+package test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-sweeper/sweeper/internal/brokertest"
+	"github.com/outbox-sweeper/sweeper/internal/dbtest"
+	"github.com/outbox-sweeper/sweeper/outbox"
+	"github.com/outbox-sweeper/sweeper/producer"
+	outboxnats "github.com/outbox-sweeper/sweeper/producer/nats"
+	"github.com/outbox-sweeper/sweeper/producer/rabbitmq"
+	"github.com/outbox-sweeper/sweeper/test/tcpproxy"
+)
+
+// received is a message as a consumer saw it, reduced to what the round-trip
+// tests compare.
+type received struct {
+	topic         string
+	messageID     string
+	correlationID string
+	seq           float64 // the "seq" header
+	payload       string
+}
+
+// writeRoundTrip writes n rows over topics, interleaved, each with a seq header,
+// a correlation id and a payload naming its topic and sequence, and returns the
+// rows' message ids by id.
+func writeRoundTrip(t *testing.T, tbl outbox.Table, topics []string, n int) map[int64]string {
+	t.Helper()
+	w, err := outbox.NewWriter(tbl)
+	require.NoError(t, err)
+	for start := 0; start < n; start += 1000 {
+		msgs := make([]outbox.Message, 0, 1000)
+		for i := start; i < min(start+1000, n); i++ {
+			topic := topics[i%len(topics)]
+			msgs = append(msgs, outbox.Message{
+				Topic:         topic,
+				Payload:       fmt.Appendf(nil, "%s/%d", topic, i),
+				Headers:       map[string]any{"seq": i, "source": "round-trip"},
+				CorrelationID: fmt.Sprintf("corr-%d", i),
+			})
+		}
+		require.NoError(t, w.Write(context.Background(), dbtest.Pool(t), msgs...))
+	}
+	rows, err := dbtest.Pool(t).Query(context.Background(),
+		"SELECT id, message_id::text FROM "+pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize())
+	require.NoError(t, err)
+	ids := map[int64]string{}
+	var id int64
+	var mid string
+	_, err = pgx.ForEachRow(rows, []any{&id, &mid}, func() error { ids[id] = mid; return nil })
+	require.NoError(t, err)
+	require.Len(t, ids, n)
+	return ids
+}
+
+// checkRoundTrip checks that every row arrived once, in id order per topic, with
+// its message id, correlation id and headers intact.
+func checkRoundTrip(t *testing.T, got map[string][]received, ids map[int64]string, topics []string, n int) {
+	t.Helper()
+	byMessageID := map[string]bool{}
+	total := 0
+	for _, topic := range topics {
+		msgs := got[topic]
+		require.Len(t, msgs, n/len(topics), "topic %s", topic)
+		last := -1.0
+		for _, m := range msgs {
+			require.False(t, byMessageID[m.messageID], "message %s received twice", m.messageID)
+			byMessageID[m.messageID] = true
+			require.Greater(t, m.seq, last, "topic %s out of order", topic)
+			last = m.seq
+			require.Equal(t, fmt.Sprintf("corr-%d", int(m.seq)), m.correlationID)
+			require.Equal(t, fmt.Sprintf("%s/%d", topic, int(m.seq)), m.payload)
+			total++
+		}
+	}
+	require.Equal(t, n, total)
+	for id, mid := range ids {
+		require.True(t, byMessageID[mid], "row %d (message %s) never arrived", id, mid)
+	}
+}
+
+func topicNames(prefix string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s.topic-%d", prefix, i)
+	}
+	return out
+}
+
+// rabbitConsumers binds a queue per topic on exchange and collects deliveries.
+type rabbitConsumers struct {
+	mu   sync.Mutex
+	got  map[string][]received
+	dups int
+}
+
+func consumeRabbitMQ(t *testing.T, url, exchange string, topics []string) *rabbitConsumers {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	require.NoError(t, ch.ExchangeDeclare(exchange, "topic", true, false, false, false, nil))
+	t.Cleanup(func() {
+		if c, err := conn.Channel(); err == nil {
+			_ = c.ExchangeDelete(exchange, false, false)
+		}
+	})
+	rc := &rabbitConsumers{got: map[string][]received{}}
+	for _, topic := range topics {
+		q, err := ch.QueueDeclare("", false, true, true, false, nil)
+		require.NoError(t, err)
+		require.NoError(t, ch.QueueBind(q.Name, topic, exchange, false, nil))
+		deliveries, err := ch.Consume(q.Name, "", true, true, false, false, nil)
+		require.NoError(t, err)
+		go func() {
+			for d := range deliveries {
+				seq, _ := d.Headers["seq"].(int64)
+				rc.mu.Lock()
+				rc.got[topic] = append(rc.got[topic], received{topic: topic, messageID: d.MessageId,
+					correlationID: d.CorrelationId, seq: float64(seq), payload: string(d.Body)})
+				rc.mu.Unlock()
+			}
+		}()
+	}
+	return rc
+}
+
+func (rc *rabbitConsumers) count() int {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	n := 0
+	for _, m := range rc.got {
+		n += len(m)
+	}
+	return n
+}
+
+func (rc *rabbitConsumers) snapshot() map[string][]received {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	out := map[string][]received{}
+	for k, v := range rc.got {
+		out[k] = append([]received(nil), v...)
+	}
+	return out
+}
+
+// runSweeper runs an in-process sweeper until stop is called.
+func runSweeper(t *testing.T, tbl outbox.Table, p producer.Producer) (stop func()) {
+	t.Helper()
+	s, err := outbox.NewSweeper(dbtest.Pool(t), p, outbox.Config{Table: tbl, Tick: 10 * time.Millisecond})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			require.NoError(t, <-done)
+			require.NoError(t, p.Close(context.Background()))
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+func TestRoundTripRabbitMQ(t *testing.T) {
+	t.Parallel()
+	const n = 10_000
+	url := brokertest.RabbitMQURL(t)
+	exchange := brokertest.Name("outbox_rt")
+	topics := topicNames("orders", 10)
+	rc := consumeRabbitMQ(t, url, exchange, topics)
+
+	tbl := migrated(t)
+	ids := writeRoundTrip(t, tbl, topics, n)
+	p, err := rabbitmq.New(rabbitmq.Config{URL: url, Exchange: exchange})
+	require.NoError(t, err)
+	stop := runSweeper(t, tbl, p)
+	dbtest.Eventually(t, 60*time.Second, "every message consumed", func() bool { return rc.count() >= n })
+	stop()
+	require.Zero(t, dbtest.Outstanding(t, tbl))
+	checkRoundTrip(t, rc.snapshot(), ids, topics, n)
+}
+
+// A topic no queue is bound to fails as topic-class through the whole relay:
+// its rows stay outstanding with the reason, the other topics are delivered.
+func TestRabbitMQUnroutableTopicThroughTheSweeper(t *testing.T) {
+	t.Parallel()
+	url := brokertest.RabbitMQURL(t)
+	exchange := brokertest.Name("outbox_unroutable")
+	rc := consumeRabbitMQ(t, url, exchange, []string{"bound"})
+	tbl := migrated(t)
+	insertRows(t, tbl, "bound", 20)
+	insertRows(t, tbl, "unbound", 5)
+	p, err := rabbitmq.New(rabbitmq.Config{URL: url, Exchange: exchange})
+	require.NoError(t, err)
+	s, err := outbox.NewSweeper(dbtest.Pool(t), p, outbox.Config{Table: tbl})
+	require.NoError(t, err)
+	res, err := s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 20, res.Dispatched)
+	require.Equal(t, []string{"unbound"}, res.FailedTopics)
+	var lastError string
+	require.NoError(t, dbtest.Pool(t).QueryRow(context.Background(),
+		"SELECT last_error FROM "+pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()+" WHERE topic = 'unbound' ORDER BY id LIMIT 1").Scan(&lastError))
+	require.Contains(t, lastError, "topic failure (unroutable)")
+	dbtest.Eventually(t, 10*time.Second, "20 messages", func() bool { return rc.count() >= 20 })
+	require.NoError(t, p.Close(context.Background()))
+}
+
+// The connection to RabbitMQ is cut again and again while the sweeper relays:
+// every row arrives at least once, none is lost.
+func TestRabbitMQConnectionCutMidRunLosesNothing(t *testing.T) {
+	t.Parallel()
+	const n = 5000
+	url := brokertest.RabbitMQURL(t)
+	exchange := brokertest.Name("outbox_cut")
+	topics := topicNames("cut", 5)
+	rc := consumeRabbitMQ(t, url, exchange, topics)
+	proxy := tcpproxy.New(t, brokertest.HostPort(t, url))
+
+	tbl := migrated(t)
+	ids := writeRoundTrip(t, tbl, topics, n)
+	p, err := rabbitmq.New(rabbitmq.Config{URL: brokertest.WithHost(t, url, proxy.Addr()), Exchange: exchange, MaxBatch: 50})
+	require.NoError(t, err)
+	stop := runSweeper(t, tbl, p)
+	cuts := 0
+	for dbtest.Outstanding(t, tbl) > 0 && cuts < 20 {
+		time.Sleep(30 * time.Millisecond)
+		proxy.Cut()
+		cuts++
+	}
+	dbtest.Eventually(t, 60*time.Second, "every row dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
+	dbtest.Eventually(t, 30*time.Second, "every message consumed", func() bool { return rc.count() >= n })
+	stop()
+
+	seen := map[string]int{}
+	for _, msgs := range rc.snapshot() {
+		for _, m := range msgs {
+			seen[m.messageID]++
+		}
+	}
+	for id, mid := range ids {
+		require.NotZero(t, seen[mid], "row %d lost", id)
+	}
+	t.Logf("%d cuts; %d messages received for %d rows (%d duplicates)", cuts, rc.count(), n, rc.count()-n)
+	require.Greater(t, cuts, 1, "the test must cut the connection mid-run")
+}
+
+func TestRoundTripNATS(t *testing.T) {
+	t.Parallel()
+	const n = 10_000
+	url := brokertest.NATSURL(t)
+	prefix := brokertest.Name("rt")
+	topics := topicNames(prefix, 10)
+
+	nc, err := natsgo.Connect(url)
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	ctx := context.Background()
+	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), prefix) })
+
+	tbl := migrated(t)
+	ids := writeRoundTrip(t, tbl, topics, n)
+	p, err := outboxnats.New(outboxnats.Config{URL: url})
+	require.NoError(t, err)
+	stop := runSweeper(t, tbl, p)
+	dbtest.Eventually(t, 60*time.Second, "every row dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
+	stop()
+
+	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	require.NoError(t, err)
+	got := map[string][]received{}
+	count := 0
+	for count < n {
+		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(5*time.Second))
+		require.NoError(t, err)
+		fetched := 0
+		for m := range batch.Messages() {
+			var seq float64
+			require.NoError(t, json.Unmarshal([]byte(m.Headers().Get("seq")), &seq))
+			require.Equal(t, "round-trip", m.Headers().Get("source"))
+			got[m.Subject()] = append(got[m.Subject()], received{topic: m.Subject(), messageID: m.Headers().Get("Nats-Msg-Id"),
+				correlationID: m.Headers().Get("Correlation-Id"), seq: seq, payload: string(m.Data())})
+			fetched++
+		}
+		require.NotZero(t, fetched, "the stream holds %d of %d messages", count, n)
+		count += fetched
+	}
+	checkRoundTrip(t, got, ids, topics, n)
+}
