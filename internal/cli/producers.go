@@ -103,4 +103,3 @@ func connectEarly(ctx context.Context, p producer.Producer, name string, logger 
 	}
 	logger.Info("broker reachable", "producer", name)
 }
-
