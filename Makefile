@@ -30,10 +30,13 @@ test: vet
 	go test -race -count=1 -timeout 20m ./...
 
 # Drain: each run loads a fresh backlog and drains it once (-benchtime 1x), three
-# runs for a median. PageQuery: the page query alone, at two table sizes.
+# runs for a median; into a producer that accepts everything (outbox/), and into
+# RabbitMQ and NATS JetStream (test/bench/). PageQuery: the page query alone, at
+# two table sizes.
 bench:
 	go test -run '^$$' -bench 'Drain' -benchtime 1x -count 3 -timeout 30m ./outbox/ | tee bench.out
 	go test -run '^$$' -bench 'PageQuery' -benchtime 2000x -count 3 -timeout 30m ./outbox/ | tee -a bench.out
+	go test -run '^$$' -bench . -benchtime 1x -count 3 -timeout 30m ./test/bench/ | tee -a bench.out
 	go run $(BENCHSTAT) bench.out
 
 clean:

@@ -1,22 +1,16 @@
 package outbox_test
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
-	"os"
-	"runtime"
-	"runtime/debug"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outbox-sweeper/sweeper/internal/benchutil"
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
 	"github.com/outbox-sweeper/sweeper/outbox"
 	"github.com/outbox-sweeper/sweeper/producer"
@@ -43,87 +37,14 @@ func (d *discard) Close(context.Context) error { return nil }
 func BenchmarkDrain(b *testing.B) {
 	for _, backlog := range []int{10_000, 100_000} {
 		b.Run(fmt.Sprintf("backlog=%d", backlog), func(b *testing.B) {
-			benchmarkDrain(b, backlog, outbox.Config{})
+			var prod *discard
+			benchutil.Drain(b, backlog, benchutil.Topics("topic", 10), outbox.Config{}, func(*testing.B) producer.Producer {
+				prod = &discard{}
+				return prod
+			})
+			require.Equal(b, int64(backlog), prod.n.Load(), "the producer got every message")
 		})
 	}
-}
-
-func benchmarkDrain(b *testing.B, backlog int, cfg outbox.Config) {
-	ctx := context.Background()
-	var total time.Duration
-	var peak, base int64
-	for range b.N {
-		b.StopTimer()
-		tbl := dbtest.Table(b)
-		load(b, tbl, backlog)
-		runtime.GC()
-		debug.FreeOSMemory()
-		resetPeakRSS(b)
-		base = max(base, procStatus(b, "VmRSS:"))
-		prod := &discard{}
-		cfg.Table = tbl
-		pool := dbtest.NewPool(b, int32(outbox.ConcurrencyDefault+2))
-		s, err := outbox.NewSweeper(pool, prod, cfg)
-		require.NoError(b, err)
-
-		b.StartTimer()
-		start := time.Now()
-		res, err := s.Sweep(ctx)
-		elapsed := time.Since(start)
-		b.StopTimer()
-
-		require.NoError(b, err)
-		require.Equal(b, backlog, res.Dispatched)
-		require.Equal(b, int64(backlog), prod.n.Load())
-		total += elapsed
-		peak = max(peak, procStatus(b, "VmHWM:"))
-	}
-	b.ReportMetric(float64(backlog)*float64(b.N)/total.Seconds(), "msg/s")
-	b.ReportMetric(float64(peak)/(1<<20), "peak-RSS-MB")
-	b.ReportMetric(float64(base)/(1<<20), "RSS-before-MB") // the test binary and its pools, idle
-	b.ReportMetric(0, "ns/op")                             // the drain rate is the figure; ns/op would include loading
-}
-
-// load writes n 512-byte messages over 10 topics, interleaved, in chunks so the
-// loader's memory is gone before the drain is measured.
-func load(b *testing.B, tbl outbox.Table, n int) {
-	w, err := outbox.NewWriter(tbl)
-	require.NoError(b, err)
-	payload := bytes.Repeat([]byte("x"), 512)
-	const chunk = 5000
-	for i := 0; i < n; i += chunk {
-		msgs := make([]outbox.Message, min(chunk, n-i))
-		for j := range msgs {
-			msgs[j] = outbox.Message{Topic: fmt.Sprintf("topic-%d", (i+j)%10), Payload: payload}
-		}
-		require.NoError(b, w.Write(context.Background(), dbtest.Pool(b), msgs...))
-	}
-	_, err = dbtest.Pool(b).Exec(context.Background(), "VACUUM ANALYZE "+pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize())
-	require.NoError(b, err)
-}
-
-// resetPeakRSS resets the kernel's high-water mark of this process's RSS.
-func resetPeakRSS(b *testing.B) {
-	if err := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0); err != nil {
-		b.Logf("cannot reset peak RSS (%v): the figure includes loading", err)
-	}
-}
-
-// procStatus returns a size field of /proc/self/status (VmRSS, VmHWM) in bytes.
-func procStatus(b *testing.B, field string) int64 {
-	f, err := os.Open("/proc/self/status")
-	require.NoError(b, err)
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if rest, ok := bytes.CutPrefix(sc.Bytes(), []byte(field)); ok {
-			kb, err := strconv.ParseInt(string(bytes.Fields(rest)[0]), 10, 64)
-			require.NoError(b, err)
-			return kb << 10
-		}
-	}
-	b.Fatalf("no %s in /proc/self/status", field)
-	return 0
 }
 
 // BenchmarkPageQuery times the sweeper's page query on outboxes of growing size,
@@ -134,7 +55,7 @@ func BenchmarkPageQuery(b *testing.B) {
 		b.Run(fmt.Sprintf("rows=%d", size), func(b *testing.B) {
 			ctx := context.Background()
 			tbl := dbtest.Table(b)
-			load(b, tbl, size)
+			benchutil.Load(b, tbl, size, 512, benchutil.Topics("topic", 10))
 			ident := pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()
 			pool := dbtest.Pool(b)
 			_, err := pool.Exec(ctx, "UPDATE "+ident+" SET dispatched_at = now() WHERE id <= $1", size/2)

@@ -1,0 +1,133 @@
+// Package bench drains pre-loaded backlogs through the sweeper into the real
+// brokers: RabbitMQ with publisher confirms and NATS JetStream with acks. Run it
+// through `make bench`, which fixes -benchtime=1x and -count=3.
+package bench_test
+
+import (
+	"context"
+	"testing"
+
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outbox-sweeper/sweeper/internal/benchutil"
+	"github.com/outbox-sweeper/sweeper/internal/brokertest"
+	"github.com/outbox-sweeper/sweeper/internal/dbtest"
+	"github.com/outbox-sweeper/sweeper/outbox"
+	"github.com/outbox-sweeper/sweeper/producer"
+	outboxnats "github.com/outbox-sweeper/sweeper/producer/nats"
+	"github.com/outbox-sweeper/sweeper/producer/rabbitmq"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+const backlog = 100_000
+
+// configs are the sweeper settings each broker is measured with: the defaults,
+// and larger pages with more topics in flight, so that each topic's batch is
+// 200 messages instead of 50 and more batches overlap their confirms.
+var configs = []struct {
+	name string
+	cfg  outbox.Config
+}{
+	{"defaults", outbox.Config{}},
+	{"page=2000,concurrency=8", outbox.Config{PageSize: 2000, Concurrency: 8}},
+}
+
+func forEachConfig(b *testing.B, run func(b *testing.B, cfg outbox.Config)) {
+	for _, c := range configs {
+		b.Run(c.name, func(b *testing.B) { run(b, c.cfg) })
+	}
+}
+
+// BenchmarkDrainRabbitMQ: every topic has a bound queue that keeps its newest
+// 1,000 messages (older ones are dropped, which RabbitMQ still confirms), so the
+// broker's memory stays small without a consumer competing for the two cores.
+func BenchmarkDrainRabbitMQ(b *testing.B) {
+	forEachConfig(b, benchmarkDrainRabbitMQ)
+}
+
+func benchmarkDrainRabbitMQ(b *testing.B, cfg outbox.Config) {
+	url := brokertest.RabbitMQURL(b)
+	topics := benchutil.Topics("bench", 10)
+	benchutil.Drain(b, backlog, topics, cfg, func(b *testing.B) producer.Producer {
+		exchange := brokertest.Name("outbox_bench")
+		conn, err := amqp.Dial(url)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ch, err := conn.Channel()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := ch.ExchangeDeclare(exchange, "topic", true, false, false, false, nil); err != nil {
+			b.Fatal(err)
+		}
+		var queues []string
+		for _, topic := range topics {
+			q, err := ch.QueueDeclare("", true, false, false, false, amqp.Table{"x-max-length": int32(1000)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := ch.QueueBind(q.Name, topic, exchange, false, nil); err != nil {
+				b.Fatal(err)
+			}
+			queues = append(queues, q.Name)
+		}
+		b.Cleanup(func() {
+			for _, q := range queues {
+				_, _ = ch.QueueDelete(q, false, false, false)
+			}
+			_ = ch.ExchangeDelete(exchange, false, false)
+			_ = conn.Close()
+		})
+		p, err := rabbitmq.New(rabbitmq.Config{URL: url, Exchange: exchange})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := p.Connect(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		return p
+	})
+}
+
+// BenchmarkDrainNATS: one file-backed stream captures every topic and keeps its
+// newest 20,000 messages.
+func BenchmarkDrainNATS(b *testing.B) {
+	forEachConfig(b, benchmarkDrainNATS)
+}
+
+func benchmarkDrainNATS(b *testing.B, cfg outbox.Config) {
+	url := brokertest.NATSURL(b)
+	prefix := brokertest.Name("bench")
+	topics := benchutil.Topics(prefix, 10)
+	benchutil.Drain(b, backlog, topics, cfg, func(b *testing.B) producer.Producer {
+		nc, err := natsgo.Connect(url)
+		if err != nil {
+			b.Fatal(err)
+		}
+		js, err := jetstream.New(nc)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ctx := context.Background()
+		_ = js.DeleteStream(ctx, prefix)
+		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}, MaxMsgs: 20_000}); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() {
+			_ = js.DeleteStream(context.Background(), prefix)
+			nc.Close()
+		})
+		p, err := outboxnats.New(outboxnats.Config{URL: url})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := p.Connect(ctx); err != nil {
+			b.Fatal(err)
+		}
+		return p
+	})
+}
