@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os/exec"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -261,6 +263,77 @@ func TestRabbitMQConnectionCutMidRunLosesNothing(t *testing.T) {
 	}
 	t.Logf("%d cuts; %d messages received for %d rows (%d duplicates)", cuts, rc.count(), n, rc.count()-n)
 	require.Greater(t, cuts, 1, "the test must cut the connection mid-run")
+}
+
+// RabbitMQ itself closes the sweeper's connection (rabbitmqctl close_connection,
+// reply code 320 CONNECTION_FORCED, as at a broker shutdown) three times while it
+// relays: every row arrives at least once.
+func TestRabbitMQConnectionForceClosedByBrokerLosesNothing(t *testing.T) {
+	t.Parallel()
+	ctl, err := exec.LookPath("rabbitmqctl")
+	require.NoError(t, err, "this test closes connections with rabbitmqctl: install rabbitmq-server (bash .ci/run does)")
+	const n = 6000
+	url := brokertest.RabbitMQURL(t)
+	exchange := brokertest.Name("outbox_forced")
+	topics := topicNames("forced", 3)
+	rc := consumeRabbitMQ(t, url, exchange, topics)
+	tbl := migrated(t)
+	ids := writeRoundTrip(t, tbl, topics, n)
+
+	name := brokertest.Name("sweeper-forced")
+	p, err := rabbitmq.New(rabbitmq.Config{URL: url, Exchange: exchange, MaxBatch: 20, ConnectionName: name})
+	require.NoError(t, err)
+	// Slowed down so the relay is still running at the third close.
+	slow := slowProducer{Producer: p, delay: 30 * time.Millisecond}
+	s, err := outbox.NewSweeper(dbtest.Pool(t), slow, outbox.Config{Table: tbl, Tick: 10 * time.Millisecond, PageSize: 60})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+
+	closes := 0
+	for closes < 3 && dbtest.Outstanding(t, tbl) > 0 {
+		out, err := exec.Command(ctl, "list_connections", "pid", "client_properties", "-q", "--no-table-headers").CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		for _, line := range strings.Split(string(out), "\n") {
+			if strings.Contains(line, name) {
+				pid := strings.Fields(line)[0]
+				out, err := exec.Command(ctl, "close_connection", pid, "outbox-sweeper test").CombinedOutput()
+				require.NoError(t, err, "%s", out)
+				closes++
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	dbtest.Eventually(t, 60*time.Second, "every row dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
+	dbtest.Eventually(t, 30*time.Second, "every message consumed", func() bool { return rc.count() >= n })
+	cancel()
+	require.NoError(t, <-done)
+	require.NoError(t, p.Close(context.Background()))
+
+	seen := map[string]bool{}
+	for _, msgs := range rc.snapshot() {
+		for _, m := range msgs {
+			seen[m.messageID] = true
+		}
+	}
+	for id, mid := range ids {
+		require.True(t, seen[mid], "row %d lost", id)
+	}
+	require.Equal(t, 3, closes, "the broker must have closed the connection mid-run")
+	t.Logf("%d forced closes; %d messages received for %d rows", closes, rc.count(), n)
+}
+
+// slowProducer delays every send, to keep a relay running while a test breaks
+// things around it.
+type slowProducer struct {
+	producer.Producer
+	delay time.Duration
+}
+
+func (s slowProducer) Send(ctx context.Context, b producer.Batch) error {
+	time.Sleep(s.delay)
+	return s.Producer.Send(ctx, b)
 }
 
 func TestRoundTripNATS(t *testing.T) {

@@ -56,6 +56,9 @@ type Config struct {
 	MaxMessageBytes int
 	// DialTimeout bounds connecting. Defaults to DialTimeoutDefault.
 	DialTimeout time.Duration
+	// ConnectionName is shown in RabbitMQ's management UI and rabbitmqctl
+	// list_connections. Defaults to "outbox-sweeper".
+	ConnectionName string
 }
 
 func (c Config) withDefaults() Config {
@@ -73,6 +76,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.DialTimeout <= 0 {
 		c.DialTimeout = DialTimeoutDefault
+	}
+	if c.ConnectionName == "" {
+		c.ConnectionName = "outbox-sweeper"
 	}
 	return c
 }
@@ -148,7 +154,7 @@ func (p *Producer) take(ctx context.Context) (*pubChannel, error) {
 				cork = newCorkConn(c)
 				return cork, nil
 			},
-			Properties: amqp.Table{"connection_name": "outbox-sweeper"},
+			Properties: amqp.Table{"connection_name": p.cfg.ConnectionName},
 		})
 		if err != nil {
 			return nil, classify(fmt.Errorf("connect to RabbitMQ: %w", err))
