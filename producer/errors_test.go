@@ -2,6 +2,7 @@ package producer_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"testing"
@@ -49,10 +50,16 @@ func TestErrorNamesClassReasonRowsAndCause(t *testing.T) {
 
 func TestDecodeHeaders(t *testing.T) {
 	t.Parallel()
-	m := producer.Message{ID: 7, Headers: []byte(`{"a":"b","n":1}`)}
+	m := producer.Message{ID: 7, Headers: []byte(`{"a":"b","n":1,"big":1234567890123456789,"f":1.5}`)}
 	h, err := m.DecodeHeaders()
 	require.NoError(t, err)
-	require.Equal(t, map[string]any{"a": "b", "n": float64(1)}, h)
+	require.Equal(t, map[string]any{"a": "b", "n": json.Number("1"), "big": json.Number("1234567890123456789"), "f": json.Number("1.5")}, h)
+	require.Equal(t, int64(1234567890123456789), producer.HeaderNumber(h["big"].(json.Number)), "every digit kept")
+	require.Equal(t, 1.5, producer.HeaderNumber(h["f"].(json.Number)))
+
+	m.Headers = []byte(`null`)
+	_, err = m.DecodeHeaders()
+	require.Equal(t, producer.ClassMessage, producer.ClassOf(err))
 
 	for _, empty := range []string{"", "{}"} {
 		m.Headers = []byte(empty)

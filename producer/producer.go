@@ -11,8 +11,10 @@
 package producer
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -44,18 +46,35 @@ type Message struct {
 }
 
 // DecodeHeaders returns the headers as a map. An empty or "{}" column gives a nil
-// map. Headers that are not a JSON object give a message-class error, since the
-// row can never be sent as it is.
+// map. Numbers come back as json.Number, so a 64-bit id in a header keeps every
+// digit (float64 would round it past 2^53); [HeaderNumber] converts one. Headers
+// that are not a JSON object give a message-class error, since the row can never
+// be sent as it is.
 func (m *Message) DecodeHeaders() (map[string]any, error) {
 	if len(m.Headers) == 0 || string(m.Headers) == "{}" {
 		return nil, nil
 	}
 	var h map[string]any
-	if err := json.Unmarshal(m.Headers, &h); err != nil {
+	dec := json.NewDecoder(bytes.NewReader(m.Headers))
+	dec.UseNumber()
+	if err := dec.Decode(&h); err != nil || h == nil {
+		if err == nil {
+			err = errors.New("null")
+		}
 		return nil, NewMessageError(ReasonInvalidMessage, []int64{m.ID},
 			fmt.Errorf("headers of row %d are not a JSON object: %w", m.ID, err))
 	}
 	return h, nil
+}
+
+// HeaderNumber converts a JSON number from [Message.DecodeHeaders] to an int64
+// when it is a whole number that fits, else to a float64.
+func HeaderNumber(n json.Number) any {
+	if i, err := n.Int64(); err == nil {
+		return i
+	}
+	f, _ := n.Float64() // json.Number is always a valid number
+	return f
 }
 
 // Batch is a run of messages of one topic, in id order, that the broker accepts in

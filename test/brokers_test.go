@@ -131,6 +131,9 @@ func consumeRabbitMQ(t *testing.T, url, exchange string, topics []string) *rabbi
 		go func() {
 			for d := range deliveries {
 				seq, _ := d.Headers["seq"].(int64)
+				if d.Headers["source"] != "round-trip" {
+					seq = -1 // checkRoundTrip fails on it: a header was lost
+				}
 				rc.mu.Lock()
 				rc.got[topic] = append(rc.got[topic], received{topic: topic, messageID: d.MessageId,
 					correlationID: d.CorrelationId, seq: float64(seq), payload: string(d.Body)})
@@ -149,6 +152,20 @@ func (rc *rabbitConsumers) count() int {
 		n += len(m)
 	}
 	return n
+}
+
+// distinct counts the different message ids received: redeliveries after a
+// failure push count past the rows while some are still on their way.
+func (rc *rabbitConsumers) distinct() int {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	seen := map[string]bool{}
+	for _, msgs := range rc.got {
+		for _, m := range msgs {
+			seen[m.messageID] = true
+		}
+	}
+	return len(seen)
 }
 
 func (rc *rabbitConsumers) snapshot() map[string][]received {
@@ -249,7 +266,7 @@ func TestRabbitMQConnectionCutMidRunLosesNothing(t *testing.T) {
 		cuts++
 	}
 	dbtest.Eventually(t, 60*time.Second, "every row dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
-	dbtest.Eventually(t, 30*time.Second, "every message consumed", func() bool { return rc.count() >= n })
+	dbtest.Eventually(t, 30*time.Second, "every message consumed", func() bool { return rc.distinct() >= n })
 	stop()
 
 	seen := map[string]int{}
@@ -306,7 +323,7 @@ func TestRabbitMQConnectionForceClosedByBrokerLosesNothing(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	dbtest.Eventually(t, 60*time.Second, "every row dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
-	dbtest.Eventually(t, 30*time.Second, "every message consumed", func() bool { return rc.count() >= n })
+	dbtest.Eventually(t, 30*time.Second, "every message consumed", func() bool { return rc.distinct() >= n })
 	cancel()
 	require.NoError(t, <-done)
 	require.NoError(t, p.Close(context.Background()))

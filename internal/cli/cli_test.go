@@ -146,6 +146,8 @@ func TestProducerSettingsAreValidatedAtStart(t *testing.T) {
 		{[]string{"--producer", "rabbitmq", "--rabbitmq-url", "http://x"}, nil, "invalid URL (--rabbitmq-url)"},
 		{[]string{"--producer", "rabbitmq", "--rabbitmq-url", "amqp://x", "--rabbitmq-exchange", ""}, nil, "--rabbitmq-exchange is empty"},
 		{[]string{"--producer", "nats"}, nil, "--producer nats needs --nats-url (OUTBOX_NATS_URL)"},
+		{[]string{"--producer", "nats", "--nats-url", "localhost:4222"}, nil, `invalid value "localhost:4222" for --nats-url: write nats://host:port`},
+		{[]string{"--producer", "nats", "--nats-url", "nats://a:4222,http://b"}, nil, `invalid value "http://b" for --nats-url`},
 		{[]string{"--producer", "servicebus"}, nil, "needs --servicebus-connection-string (OUTBOX_SERVICEBUS_CONNECTION_STRING) or --servicebus-namespace (OUTBOX_SERVICEBUS_NAMESPACE)"},
 		{[]string{"--producer", "servicebus", "--servicebus-namespace", "ns"}, map[string]string{"OUTBOX_SERVICEBUS_CONNECTION_STRING": "x"}, "use one"},
 		{[]string{"--producer", "servicebus", "--servicebus-connection-string", "nonsense"}, nil, "invalid connection string (--servicebus-connection-string)"},

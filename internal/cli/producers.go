@@ -3,6 +3,9 @@ package cli
 import (
 	"context"
 	"io"
+	"net/url"
+	"slices"
+	"strings"
 	"log/slog"
 	"time"
 
@@ -61,6 +64,12 @@ func (o *producerOptions) build(f *flags, out io.Writer) (producer.Producer, err
 	case "nats":
 		if err := need(o.natsURL, "nats-url"); err != nil {
 			return nil, err
+		}
+		for _, u := range strings.Split(o.natsURL, ",") {
+			parsed, err := url.Parse(strings.TrimSpace(u))
+			if err != nil || parsed.Host == "" || !slices.Contains([]string{"nats", "tls", "ws", "wss"}, parsed.Scheme) {
+				return nil, usagef("invalid value %q for %s: write nats://host:port (or tls://, ws://, wss://), several separated by commas", u, f.origin("nats-url"))
+			}
 		}
 		p, err := nats.New(nats.Config{URL: o.natsURL})
 		if err != nil {

@@ -20,6 +20,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -113,7 +114,9 @@ func (p *Producer) conn() (*natsgo.Conn, jetstream.JetStream, error) {
 		return nil, nil, producer.NewTransientError("connection_lost", fmt.Errorf("connect to NATS at %s: %w", p.cfg.URL, err))
 	}
 	js, err := jetstream.New(nc,
-		jetstream.WithPublishAsyncMaxPending(4*p.cfg.MaxBatch),
+		// Every topic in flight publishes on this one context: room for many
+		// batches, so a slow ack on one topic does not stall the others.
+		jetstream.WithPublishAsyncMaxPending(64*p.cfg.MaxBatch),
 		jetstream.WithPublishAsyncTimeout(p.cfg.AckTimeout),
 	)
 	if err != nil {
@@ -190,7 +193,7 @@ func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 	for i, m := range msgs {
 		f, err := js.PublishMsgAsync(m, jetstream.WithMsgID(b.Messages[i].MessageID))
 		if err != nil {
-			return classify(fmt.Errorf("publish to subject %q: %w", b.Topic, err))
+			return nameRow(classify(fmt.Errorf("publish to subject %q: %w", b.Topic, err)), b.Messages[i].ID)
 		}
 		futures[i] = f
 	}
@@ -198,7 +201,7 @@ func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 	// Wait for every ack, even after a failure: the batch's outcome is the worst
 	// of its messages, and a topic failure is the one that says most.
 	var worst error
-	var tooLarge []int64
+	var rejected []int64
 	for i, f := range futures {
 		select {
 		case <-f.Ok():
@@ -206,7 +209,7 @@ func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 			err = classify(fmt.Errorf("publish to subject %q: %w", b.Topic, err))
 			switch producer.ClassOf(err) {
 			case producer.ClassMessage:
-				tooLarge = append(tooLarge, b.Messages[i].ID)
+				rejected = append(rejected, b.Messages[i].ID)
 				if worst == nil {
 					worst = err
 				}
@@ -220,7 +223,7 @@ func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 		}
 	}
 	if worst != nil && producer.ClassOf(worst) == producer.ClassMessage {
-		return producer.NewMessageError(producer.ReasonMessageTooLarge, tooLarge, worst)
+		return producer.NewMessageError(producer.ReasonOf(worst), rejected, worst)
 	}
 	return worst
 }
@@ -249,6 +252,11 @@ func toMsg(m *producer.Message) (*natsgo.Msg, error) {
 		if k == "" {
 			return nil, fmt.Errorf("row %d has a header with an empty name", m.ID)
 		}
+		if len(k) >= 5 && strings.EqualFold(k[:5], "nats-") {
+			// Nats-* headers steer JetStream itself (expected sequences,
+			// rollups that purge a stream, TTLs): never from a row.
+			return nil, fmt.Errorf("row %d has header %q: Nats-* headers are reserved for the server", m.ID, k)
+		}
 		if s, ok := v.(string); ok {
 			msg.Header.Set(k, s)
 			continue
@@ -271,6 +279,14 @@ func toMsg(m *producer.Message) (*natsgo.Msg, error) {
 	return msg, nil
 }
 
+// nameRow names id in a message-class error that names no row.
+func nameRow(err error, id int64) error {
+	if producer.ClassOf(err) == producer.ClassMessage && len(producer.MessageIDs(err)) == 0 {
+		return producer.NewMessageError(producer.ReasonOf(err), []int64{id}, err)
+	}
+	return err
+}
+
 // classify maps NATS errors onto the failure classes.
 func classify(err error) error {
 	var apiErr *jetstream.APIError
@@ -285,6 +301,9 @@ func classify(err error) error {
 		switch apiErr.ErrorCode {
 		case jetstream.JSErrCodeStreamMessageExceedsMaximum:
 			return producer.NewMessageError(producer.ReasonMessageTooLarge, nil, err)
+		case jetstream.JSErrCodeStreamWrongLastSequence, jetstream.JSErrCodeStreamWrongLastSequenceConstant:
+			// A condition of this message, not of the stream.
+			return producer.NewMessageError(producer.ReasonInvalidMessage, nil, err)
 		case jetstream.JSErrCodeJetStreamNotEnabled, jetstream.JSErrCodeJetStreamNotEnabledForAccount:
 			return producer.NewTopicError("jetstream_disabled", err)
 		}

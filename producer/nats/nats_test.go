@@ -91,7 +91,7 @@ func TestSendMapsEveryField(t *testing.T) {
 	subj := f.subject("orders")
 	m := producer.Message{
 		ID: 1, MessageID: "6f1c2a0e-8d9b-4b8e-9a51-3f0b7e0c1d22", Topic: subj, Payload: []byte{0, 1, 0xff},
-		Headers: []byte(`{"tenant":"acme","n":2,"nested":{"a":1}}`), ContentType: "application/json",
+		Headers: []byte(`{"tenant":"acme","n":2,"nested":{"a":1},"big":1234567890123456789}`), ContentType: "application/json",
 		CorrelationID: "req-1", PartitionKey: "order-42",
 	}
 	require.NoError(t, f.p.Send(context.Background(), producer.Batch{Topic: subj, Messages: []producer.Message{m}}))
@@ -102,6 +102,7 @@ func TestSendMapsEveryField(t *testing.T) {
 	require.Equal(t, m.MessageID, h.Get("Nats-Msg-Id"))
 	require.Equal(t, "acme", h.Get("tenant"))
 	require.Equal(t, "2", h.Get("n"))
+	require.Equal(t, "1234567890123456789", h.Get("big"))
 	require.Equal(t, `{"a":1}`, h.Get("nested"))
 	require.Equal(t, "application/json", h.Get("Content-Type"))
 	require.Equal(t, "req-1", h.Get("Correlation-Id"))
@@ -171,6 +172,13 @@ func TestInvalidHeadersAreMessageClass(t *testing.T) {
 	err := f.p.Send(context.Background(), batch)
 	require.Equal(t, producer.ClassMessage, producer.ClassOf(err))
 	require.Equal(t, []int64{1}, producer.MessageIDs(err))
+
+	// JetStream's own control headers never come from a row.
+	batch = producer.Batch{Topic: subj, Messages: msgs(subj, 1, 2)}
+	batch.Messages[1].Headers = []byte(`{"Nats-Rollup":"all"}`)
+	err = f.p.Send(context.Background(), batch)
+	require.Equal(t, []int64{2}, producer.MessageIDs(err))
+	require.ErrorContains(t, err, "Nats-* headers are reserved")
 }
 
 // The connection drops: sends fail as transient or are buffered across the

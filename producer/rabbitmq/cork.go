@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"net"
 	"sync"
+	"time"
 )
 
 // corkConn is the AMQP connection's socket. While one or more batches are being
@@ -39,10 +40,16 @@ func (c *corkConn) Write(b []byte) (int, error) {
 	return c.Conn.Write(b)
 }
 
-func (c *corkConn) cork() {
+// cork starts a batch. A deadline (the send's) bounds the socket's writes until
+// the last uncork, so a broker that stops reading (a memory or disk alarm blocks
+// publishers) fails the send instead of hanging it.
+func (c *corkConn) cork(deadline time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.corks++
+	if !deadline.IsZero() {
+		_ = c.Conn.SetWriteDeadline(deadline)
+	}
 }
 
 // uncork ends one batch's cork and sends what is buffered, so that the batch's
@@ -52,5 +59,9 @@ func (c *corkConn) uncork() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.corks--
-	return c.buf.Flush()
+	err := c.buf.Flush()
+	if c.corks == 0 {
+		_ = c.Conn.SetWriteDeadline(time.Time{})
+	}
+	return err
 }

@@ -97,7 +97,7 @@ func TestSendMapsEveryField(t *testing.T) {
 	created := time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
 	m := producer.Message{
 		ID: 1, MessageID: "6f1c2a0e-8d9b-4b8e-9a51-3f0b7e0c1d22", Topic: "orders.paid",
-		Payload: []byte{0, 1, 0xff}, Headers: []byte(`{"tenant":"acme","n":2,"f":1.5,"nested":{"a":[1,"x"]},"ok":true}`),
+		Payload: []byte{0, 1, 0xff}, Headers: []byte(`{"tenant":"acme","n":2,"f":1.5,"nested":{"a":[1,"x"]},"ok":true,"big":1234567890123456789}`),
 		ContentType: "application/octet-stream", CorrelationID: "req-1", PartitionKey: "order-42", CreatedAt: created,
 	}
 	require.NoError(t, f.p.Send(context.Background(), producer.Batch{Topic: "orders.paid", Messages: []producer.Message{m}}))
@@ -111,6 +111,7 @@ func TestSendMapsEveryField(t *testing.T) {
 	require.Equal(t, "orders.paid", d.RoutingKey)
 	require.Equal(t, "acme", d.Headers["tenant"])
 	require.Equal(t, int64(2), d.Headers["n"])
+	require.Equal(t, int64(1234567890123456789), d.Headers["big"], "64-bit ids keep every digit")
 	require.Equal(t, 1.5, d.Headers["f"])
 	require.Equal(t, true, d.Headers["ok"])
 	require.Equal(t, "order-42", d.Headers["partition_key"])
@@ -210,7 +211,36 @@ func TestConnectionCutIsReestablished(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	require.NoError(t, err)
-	require.GreaterOrEqual(t, len(recv(10)), 10)
+	got := recv(10)
+	require.Equal(t, "body-1", string(got[0].Body), "the batch before the cut arrived")
+}
+
+// The connection drops after a batch is published and before its confirms come
+// back: Send must return, as transient, not wait forever (amqp091 closes the
+// channel's notification channels on shutdown).
+func TestConnectionLostWhileConfirmsArePending(t *testing.T) {
+	t.Parallel()
+	url := brokertest.RabbitMQURL(t)
+	failed := 0
+	for i := range 10 {
+		f := setup(t, rabbitmq.Config{URL: url})
+		f.bind(t, "t", nil)
+		rabbitmq.SetAfterPublish(f.p, func() { rabbitmq.CloseSocket(f.p) })
+		done := make(chan error, 1)
+		go func() {
+			done <- f.p.Send(context.Background(), producer.Batch{Topic: "t", Messages: msgs("t", i*100+1, 50)})
+		}()
+		select {
+		case err := <-done:
+			if err != nil { // the confirms may have beaten the close
+				require.Equal(t, producer.ClassTransient, producer.ClassOf(err), "%v", err)
+				failed++
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("Send hung after the connection dropped with confirms pending")
+		}
+	}
+	require.NotZero(t, failed, "no send saw the connection drop: the test did not test anything")
 }
 
 func TestBrokerDownIsTransientAndClosedIsLocal(t *testing.T) {

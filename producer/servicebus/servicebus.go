@@ -178,7 +178,8 @@ func (p *Producer) forget(ctx context.Context, entity string, s sender) {
 	defer p.mu.Unlock()
 	if p.senders[entity] == s {
 		delete(p.senders, entity)
-		_ = s.Close(ctx)
+		// Closing talks to the service: not under the lock every topic needs.
+		go func() { _ = s.Close(ctx) }()
 	}
 }
 
@@ -334,12 +335,8 @@ func toMessage(m *producer.Message) (*azservicebus.Message, error) {
 			switch x := v.(type) {
 			case string, bool:
 				props[k] = x
-			case float64:
-				if x == float64(int64(x)) {
-					props[k] = int64(x)
-				} else {
-					props[k] = x
-				}
+			case json.Number:
+				props[k] = producer.HeaderNumber(x)
 			case nil:
 				// A null header carries nothing an application property can hold.
 			default:

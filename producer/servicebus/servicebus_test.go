@@ -13,7 +13,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 	"github.com/Azure/go-amqp"
@@ -56,7 +58,7 @@ type fakeSender struct {
 	sent     [][]*azservicebus.Message
 	sendErr  error
 	newErr   error
-	closed   bool
+	closed   atomic.Bool // the producer closes a dropped sender in the background
 }
 
 func (s *fakeSender) NewMessageBatch(context.Context) (messageBatch, error) {
@@ -74,7 +76,7 @@ func (s *fakeSender) SendMessageBatch(_ context.Context, b messageBatch) error {
 	return nil
 }
 
-func (s *fakeSender) Close(context.Context) error { s.closed = true; return nil }
+func (s *fakeSender) Close(context.Context) error { s.closed.Store(true); return nil }
 
 // bundle is a producer over fake senders of maxBytes each.
 type bundle struct {
@@ -144,7 +146,7 @@ func TestSendMapsEveryField(t *testing.T) {
 	t.Parallel()
 	b := setup(1<<20, 100)
 	m := producer.Message{ID: 1, MessageID: "6f1c2a0e-8d9b-4b8e-9a51-3f0b7e0c1d22", Topic: "orders", Payload: []byte("hi"),
-		Headers:     []byte(`{"tenant":"acme","n":2,"f":1.5,"ok":true,"nested":{"a":[1]},"nothing":null}`),
+		Headers:     []byte(`{"tenant":"acme","n":2,"f":1.5,"ok":true,"nested":{"a":[1]},"nothing":null,"big":1234567890123456789}`),
 		ContentType: "application/json", CorrelationID: "req-1", PartitionKey: "order-42"}
 	require.NoError(t, b.p.Send(context.Background(), producer.Batch{Topic: "orders", Messages: []producer.Message{m}}))
 	sent := b.senders["orders"].sent
@@ -155,7 +157,7 @@ func TestSendMapsEveryField(t *testing.T) {
 	require.Equal(t, "application/json", *got.ContentType)
 	require.Equal(t, "req-1", *got.CorrelationID)
 	require.Equal(t, "order-42", *got.SessionID)
-	require.Equal(t, map[string]any{"tenant": "acme", "n": int64(2), "f": 1.5, "ok": true, "nested": `{"a":[1]}`}, got.ApplicationProperties)
+	require.Equal(t, map[string]any{"tenant": "acme", "n": int64(2), "f": 1.5, "ok": true, "nested": `{"a":[1]}`, "big": int64(1234567890123456789)}, got.ApplicationProperties)
 
 	m.ContentType, m.CorrelationID, m.PartitionKey, m.Headers = "", "", "", []byte(`{}`)
 	require.NoError(t, b.p.Send(context.Background(), producer.Batch{Topic: "orders", Messages: []producer.Message{m}}))
@@ -189,8 +191,8 @@ func TestSendersAreCachedPerEntityAndClosed(t *testing.T) {
 	}
 	require.Equal(t, 2, b.created)
 	require.NoError(t, b.p.Close(ctx))
-	require.True(t, b.senders["a"].closed)
-	require.True(t, b.senders["b"].closed)
+	require.True(t, b.senders["a"].closed.Load())
+	require.True(t, b.senders["b"].closed.Load())
 	err := b.p.Send(ctx, producer.Batch{Topic: "a", Messages: msgs("a", 1, 1)})
 	require.Equal(t, producer.ClassLocal, producer.ClassOf(err))
 }
@@ -205,7 +207,7 @@ func TestClosedSenderIsReplaced(t *testing.T) {
 	first := b.senders["a"]
 	err := b.p.Send(ctx, producer.Batch{Topic: "a", Messages: msgs("a", 1, 1)})
 	require.Equal(t, producer.ClassTransient, producer.ClassOf(err))
-	require.True(t, first.closed)
+	require.Eventually(t, first.closed.Load, 5*time.Second, time.Millisecond)
 	require.NoError(t, b.p.Send(ctx, producer.Batch{Topic: "a", Messages: msgs("a", 1, 1)}))
 	require.Equal(t, 2, b.created)
 }
