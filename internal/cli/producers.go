@@ -3,10 +3,10 @@ package cli
 import (
 	"context"
 	"io"
+	"log/slog"
 	"net/url"
 	"slices"
 	"strings"
-	"log/slog"
 	"time"
 
 	"github.com/outbox-sweeper/sweeper/producer"
