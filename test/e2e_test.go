@@ -151,7 +151,8 @@ func TestDatabaseDownAtStartThenDroppedMidRun(t *testing.T) {
 
 	proxy.Refuse(false)
 	dbtest.Eventually(t, 30*time.Second, "the first 100 rows", func() bool { return len(p.Lines()) >= 100 })
-	require.Contains(t, p.Stderr(), "sweep succeeded again")
+	// Logged when the sweep that relayed them returns, a moment after the lines.
+	dbtest.Eventually(t, 10*time.Second, "the recovery logged", func() bool { return strings.Contains(p.Stderr(), "sweep succeeded again") })
 
 	// Cut every connection while rows keep arriving.
 	var wg sync.WaitGroup
@@ -187,7 +188,7 @@ func TestDatabaseDownAtStartThenDroppedMidRun(t *testing.T) {
 func TestKilledSweeperLosesNothing(t *testing.T) {
 	t.Parallel()
 	tbl := migrated(t)
-	const rows = 3000
+	const rows = 6000
 	for i := range 6 {
 		insertRows(t, tbl, fmt.Sprint("t", i), rows/6)
 	}
