@@ -366,9 +366,7 @@ func TestRoundTripNATS(t *testing.T) {
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
 	ctx := context.Background()
-	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), prefix) })
+	stream := brokertest.CreateStream(t, js, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}})
 
 	tbl := migrated(t)
 	ids := writeRoundTrip(t, tbl, topics, n)

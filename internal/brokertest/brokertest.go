@@ -4,12 +4,16 @@
 package brokertest
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/url"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Variables that point the tests at other brokers, and the local defaults.
@@ -76,5 +80,27 @@ func WithHost(t testing.TB, u, hostport string) string {
 // Name returns a name unique to this test run, for exchanges, queues, streams
 // and subjects, so tests running at once never share one.
 func Name(prefix string) string {
-	return fmt.Sprintf("%s_%d_%d", prefix, os.Getpid(), time.Now().UnixNano())
+	return fmt.Sprintf("%s_%d_%d_%d", prefix, os.Getpid(), time.Now().UnixNano(), nameSeq.Add(1))
+}
+
+var nameSeq atomic.Int64
+
+// CreateStream creates a JetStream stream for a test and deletes it at cleanup.
+// It tries up to three times: nats-server 2.9 removes its streams directory when
+// the last stream is deleted, and a stream created at that moment fails with
+// "could not create storage directory" (seen when tests run in parallel).
+func CreateStream(t testing.TB, js jetstream.JetStream, cfg jetstream.StreamConfig) jetstream.Stream {
+	t.Helper()
+	ctx := context.Background()
+	var err error
+	for attempt := range 3 {
+		var s jetstream.Stream
+		if s, err = js.CreateStream(ctx, cfg); err == nil {
+			t.Cleanup(func() { _ = js.DeleteStream(context.Background(), cfg.Name) })
+			return s
+		}
+		time.Sleep(time.Duration(attempt+1) * 50 * time.Millisecond)
+	}
+	t.Fatalf("create stream %s: %v", cfg.Name, err)
+	return nil
 }

@@ -37,9 +37,7 @@ func setup(t *testing.T, cfg outboxnats.Config, streamCfg jetstream.StreamConfig
 	ctx := context.Background()
 	streamCfg.Name = f.prefix
 	streamCfg.Subjects = []string{f.prefix + ".>"}
-	f.stream, err = js.CreateStream(ctx, streamCfg)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), f.prefix) })
+	f.stream = brokertest.CreateStream(t, js, streamCfg)
 
 	if cfg.URL == "" {
 		cfg.URL = url

@@ -113,14 +113,9 @@ func benchmarkDrainNATS(b *testing.B, cfg outbox.Config) {
 			b.Fatal(err)
 		}
 		ctx := context.Background()
+		b.Cleanup(nc.Close) // registered first, so it runs after the stream is deleted
 		_ = js.DeleteStream(ctx, prefix)
-		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}, MaxMsgs: 20_000}); err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() {
-			_ = js.DeleteStream(context.Background(), prefix)
-			nc.Close()
-		})
+		brokertest.CreateStream(b, js, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}, MaxMsgs: 20_000})
 		p, err := outboxnats.New(outboxnats.Config{URL: url})
 		if err != nil {
 			b.Fatal(err)
