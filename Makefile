@@ -35,7 +35,7 @@ test: vet
 # two table sizes.
 bench:
 	go test -run '^$$' -bench 'Drain' -benchtime 1x -count 3 -timeout 30m ./outbox/ | tee bench.out
-	go test -run '^$$' -bench 'PageQuery' -benchtime 2000x -count 3 -timeout 30m ./outbox/ | tee -a bench.out
+	go test -run '^$$' -bench 'PageQuery|TopicsQuery' -benchtime 2000x -count 3 -timeout 30m ./outbox/ | tee -a bench.out
 	go test -run '^$$' -bench . -benchtime 1x -count 3 -timeout 30m ./test/bench/ | tee -a bench.out
 	go run $(BENCHSTAT) bench.out
 

@@ -47,29 +47,31 @@ func BenchmarkDrain(b *testing.B) {
 	}
 }
 
-// BenchmarkPageQuery times the sweeper's page query on outboxes of growing size,
-// half of each already dispatched, and logs its plan: the partial index keeps its
-// cost at the page, whatever the table holds.
+// BenchmarkPageQuery times the sweeper's page query and logs its plan: on
+// outboxes of growing size, half of each already dispatched (the partial index
+// keeps its cost at the page, whatever the table holds), and with 1,000 tripped
+// topics beside the 10 live ones against the same outbox without them. The
+// page query reads only the live topics; the tripped ones are left out when the
+// tick lists its topics, which BenchmarkTopicsQuery times.
 func BenchmarkPageQuery(b *testing.B) {
-	for _, size := range []int{10_000, 100_000} {
-		b.Run(fmt.Sprintf("rows=%d", size), func(b *testing.B) {
+	for _, tc := range pageQueryCases {
+		b.Run(tc.name, func(b *testing.B) {
 			ctx := context.Background()
-			tbl := dbtest.Table(b)
-			benchutil.Load(b, tbl, size, 512, benchutil.Topics("topic", 10))
-			ident := pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()
+			ident, excluded := pageQuerySetup(b, tc)
 			pool := dbtest.Pool(b)
-			_, err := pool.Exec(ctx, "UPDATE "+ident+" SET dispatched_at = now() WHERE id <= $1", size/2)
+			rows, err := pool.Query(ctx, outboxsql.Statement("outstanding_topics", ident, ""), excluded)
 			require.NoError(b, err)
-			_, err = pool.Exec(ctx, "VACUUM ANALYZE "+ident)
+			live, err := pgx.CollectRows(rows, pgx.RowTo[string])
 			require.NoError(b, err)
+			require.Len(b, live, 10)
 
 			query := outboxsql.Statement("page_outstanding", ident, "")
-			args := []any{outbox.PageSizeDefault, []string{}, int64(0)}
-			rows, err := pool.Query(ctx, "EXPLAIN "+query, args...)
+			args := []any{live, make([]int64, len(live)), outbox.PageSizeDefault / len(live)}
+			rows, err = pool.Query(ctx, "EXPLAIN "+query, args...)
 			require.NoError(b, err)
 			plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
 			require.NoError(b, err)
-			b.Logf("plan with %d rows, %d outstanding:\n%s", size, size/2, strings.Join(plan, "\n"))
+			b.Logf("page query plan for %s:\n%s", tc.name, strings.Join(plan, "\n"))
 
 			for b.Loop() {
 				rows, err := pool.Query(ctx, query, args...)
@@ -83,4 +85,63 @@ func BenchmarkPageQuery(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkTopicsQuery times the query each tick starts with: the topics with
+// outstanding rows, less the tripped ones. It costs an index seek per distinct
+// topic, tripped or not, and nothing per row.
+func BenchmarkTopicsQuery(b *testing.B) {
+	for _, tc := range pageQueryCases[2:] {
+		b.Run(tc.name, func(b *testing.B) {
+			ctx := context.Background()
+			ident, excluded := pageQuerySetup(b, tc)
+			query := outboxsql.Statement("outstanding_topics", ident, "")
+			for b.Loop() {
+				rows, err := dbtest.Pool(b).Query(ctx, query, excluded)
+				require.NoError(b, err)
+				live, err := pgx.CollectRows(rows, pgx.RowTo[string])
+				require.NoError(b, err)
+				require.Len(b, live, 10)
+			}
+		})
+	}
+}
+
+var pageQueryCases = []struct {
+	name    string
+	size    int
+	tripped int
+}{
+	{"rows=10000", 10_000, 0},
+	{"rows=100000", 100_000, 0},
+	{"rows=100000/tripped=0", 100_000, 0},
+	{"rows=100000/tripped=1000", 100_000, 1000},
+}
+
+// pageQuerySetup loads an outbox for a page query case and returns its quoted
+// name and the topics to exclude: 1,000 more topics with 50 rows each when the
+// case trips them.
+func pageQuerySetup(b *testing.B, tc struct {
+	name    string
+	size    int
+	tripped int
+}) (string, []string) {
+	ctx := context.Background()
+	tbl := dbtest.Table(b)
+	benchutil.Load(b, tbl, tc.size, 512, benchutil.Topics("topic", 10))
+	ident := pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()
+	pool := dbtest.Pool(b)
+	_, err := pool.Exec(ctx, "UPDATE "+ident+" SET dispatched_at = now() WHERE id <= $1", tc.size/2)
+	require.NoError(b, err)
+	excluded := make([]string, tc.tripped)
+	for i := range excluded {
+		excluded[i] = fmt.Sprintf("tripped-%04d", i)
+	}
+	if tc.tripped > 0 {
+		_, err = pool.Exec(ctx, "INSERT INTO "+ident+" (topic, payload) SELECT t, '\\x00' FROM unnest($1::text[]) t, generate_series(1, 50)", excluded)
+		require.NoError(b, err)
+	}
+	_, err = pool.Exec(ctx, "VACUUM ANALYZE "+ident)
+	require.NoError(b, err)
+	return ident, excluded
 }

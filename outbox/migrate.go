@@ -59,6 +59,7 @@ func Migrate(ctx context.Context, conn *pgx.Conn, t Table) (MigrateResult, error
 		"outbox":      t.ident(),
 		"dead_letter": t.deadLetterIdent(),
 		"prefix":      t.Name,
+		"schema":      pgx.Identifier{t.Schema}.Sanitize(),
 	}
 	if err := m.LoadMigrations(migrations.FS); err != nil {
 		return MigrateResult{}, fmt.Errorf("load embedded migrations: %w", err)

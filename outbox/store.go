@@ -24,8 +24,9 @@ type store struct {
 	pool  *pgxpool.Pool
 	table Table
 
-	claimBatch      string
-	pageOutstanding string
+	claimBatch        string
+	outstandingTopics string
+	pageOutstanding   string
 	recordFailure   string
 }
 
@@ -34,23 +35,38 @@ func newStore(pool *pgxpool.Pool, t Table) *store {
 	return &store{
 		pool:            pool,
 		table:           t,
-		claimBatch:      stmt("claim_batch"),
+		claimBatch:        stmt("claim_batch"),
+		outstandingTopics: stmt("outstanding_topics"),
 		pageOutstanding: stmt("page_outstanding"),
 		recordFailure:   stmt("record_failure"),
 	}
 }
 
-// page reads up to limit outstanding rows with ids above after, in id order,
-// leaving out the topics in skip. It locks nothing.
-func (s *store) page(ctx context.Context, limit int, skip []string, after int64) ([]producer.Message, error) {
-	if skip == nil {
-		skip = []string{}
+// topics lists the topics with outstanding rows, less those in excluded.
+func (s *store) topics(ctx context.Context, excluded []string) ([]string, error) {
+	if excluded == nil {
+		excluded = []string{}
 	}
-	rows, err := s.pool.Query(ctx, s.pageOutstanding, limit, skip, after)
+	rows, err := s.pool.Query(ctx, s.outstandingTopics, excluded)
 	if err != nil {
 		return nil, s.explain(err)
 	}
-	msgs := make([]producer.Message, 0, limit)
+	topics, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, s.explain(err)
+	}
+	return topics, nil
+}
+
+// page reads up to share outstanding rows of each of topics, each topic's after
+// the id its entry in after names (0: from its first), and returns them in id
+// order. It locks nothing.
+func (s *store) page(ctx context.Context, topics []string, after []int64, share int) ([]producer.Message, error) {
+	rows, err := s.pool.Query(ctx, s.pageOutstanding, topics, after, share)
+	if err != nil {
+		return nil, s.explain(err)
+	}
+	msgs := make([]producer.Message, 0, share*len(topics))
 	var (
 		contentType, correlationID, partitionKey *string
 		m                                        producer.Message

@@ -12,6 +12,7 @@ import (
 	"github.com/cenkalti/backoff/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/producer"
 )
 
@@ -79,6 +80,11 @@ type Config struct {
 	// Tick is the interval between ticks when Schedule is nil. Defaults to
 	// TickDefault.
 	Tick time.Duration
+
+	// TopicBreaker is the per-topic circuit breaker: topics it has tripped are
+	// left out of paging. Defaults to an in-memory breaker with
+	// breaker.Settings' defaults that logs its state changes to Logger.
+	TopicBreaker *breaker.Topics
 }
 
 // WithDefaults returns c with zero fields set to their defaults.
@@ -104,8 +110,24 @@ func (c Config) WithDefaults() Config {
 	if c.Schedule == nil {
 		c.Schedule = Every(c.Tick)
 	}
+	if c.TopicBreaker == nil {
+		c.TopicBreaker = breaker.New(breaker.Settings{OnStateChange: LogTopicStateChange(c.Logger)})
+	}
 	c.Table = c.Table.WithDefaults()
 	return c
+}
+
+// LogTopicStateChange returns a breaker.Settings.OnStateChange hook that logs
+// every change of a topic's state: a trip as a warning, the rest as info.
+func LogTopicStateChange(logger *slog.Logger) func(topic string, from, to breaker.State, reason string) {
+	return func(topic string, from, to breaker.State, reason string) {
+		level := slog.LevelInfo
+		if to == breaker.StateTripped {
+			level = slog.LevelWarn
+		}
+		logger.Log(context.Background(), level, "topic breaker: "+to.String(),
+			"topic", topic, "from", from.String(), "to", to.String(), "reason", reason)
+	}
 }
 
 // Validate reports the first field out of range as a [*ConfigError]. Call it on
@@ -160,6 +182,7 @@ type SweepResult struct {
 // message cannot hold its topic. While pages come back full, the sweep reads the
 // next page at once, so a backlog drains at the database's pace, not the tick's.
 type Sweeper struct {
+	breaker  *breaker.Topics
 	cfg      Config
 	logger   *slog.Logger
 	producer producer.Producer
@@ -175,6 +198,7 @@ func NewSweeper(pool *pgxpool.Pool, p producer.Producer, cfg Config) (*Sweeper, 
 		return nil, err
 	}
 	return &Sweeper{
+		breaker:  cfg.TopicBreaker,
 		cfg:      cfg,
 		logger:   cfg.Logger,
 		producer: p,
@@ -253,31 +277,41 @@ func sleepUntil(ctx context.Context, t time.Time) bool {
 	}
 }
 
-// Sweep runs one sweep now: it reads and sends pages until a page is not full,
-// nothing moved, or ctx is done. Tests and tools drive the sweeper with it; Run
-// calls it on the schedule. The error is a database error; broker failures are
-// recorded on the rows and counted in the result.
+// TopicBreaker returns the per-topic breaker, for operators to list, trip and
+// reset topics.
+func (s *Sweeper) TopicBreaker() *breaker.Topics { return s.breaker }
+
+// Sweep runs one tick now: the topic breaker's OnTick, then a sweep that reads
+// and sends pages while they come back full, or until ctx is done. Tests and
+// tools drive the sweeper with it; Run calls it on the schedule. The error is a
+// database error; broker failures are recorded on the rows, counted in the
+// result, and reported to the topic breaker.
 func (s *Sweeper) Sweep(ctx context.Context) (SweepResult, error) {
 	return s.sweep(ctx, ctx, time.Time{})
 }
 
-// sweep reads pages while stop is live, pages come back full, and the next tick
-// (due; zero for none) has not come. Sends use work, which outlives stop during a
-// graceful shutdown.
+// sweep runs one tick: lists the topics with outstanding rows that the topic
+// breaker allows, then reads and sends pages while stop is live, topics may hold
+// more, and the next tick (due; zero for none) has not come. Sends use work,
+// which outlives stop during a graceful shutdown.
+//
+// A page gives each live topic an equal share, read in id order from where the
+// topic's previous page ended, so a deep backlog in one topic cannot fill the
+// pages, and every page moves on. Rows left behind (poison, held by another
+// sweeper) wait for the next tick, which starts each topic from its lowest id.
+// Topics that appear during a tick are read from the next one.
 func (s *Sweeper) sweep(stop, work context.Context, due time.Time) (SweepResult, error) {
-	var (
-		res SweepResult
-		// skip lists the topics stopped for the rest of this sweep: failed, or
-		// held by another sweeper. Their later rows must not overtake the ones
-		// left behind, so the page query leaves them out.
-		skip = []string{}
-		// after is where the next page starts: every page moves it forward, so a
-		// sweep ends. Rows at or below it still outstanding (failed, poison, held
-		// elsewhere) wait for the next sweep, which starts from the lowest id.
-		after int64
-	)
-	for stop.Err() == nil {
-		msgs, err := s.store.page(work, s.cfg.PageSize, skip, after)
+	s.breaker.OnTick()
+	plan := s.breaker.Plan()
+	var res SweepResult
+	live, err := s.store.topics(work, plan.Excluded)
+	if err != nil {
+		return res, fmt.Errorf("list topics with outstanding rows in %s: %w", s.cfg.Table, err)
+	}
+	after := make([]int64, len(live))
+	for stop.Err() == nil && len(live) > 0 {
+		share := (s.cfg.PageSize + len(live) - 1) / len(live)
+		msgs, err := s.store.page(work, live, after, share)
 		if err != nil {
 			return res, fmt.Errorf("read a page of outstanding rows from %s: %w", s.cfg.Table, err)
 		}
@@ -285,22 +319,46 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time) (SweepResult,
 		if len(msgs) == 0 {
 			break
 		}
-		after = msgs[len(msgs)-1].ID
-		stopped, err := s.sendPage(stop, work, msgs, &res)
-		skip = append(skip, stopped...)
+		groups := groupByTopic(msgs)
+		stopped, err := s.sendPage(stop, work, groups, plan, &res)
 		if err != nil {
 			return res, err
 		}
-		if len(msgs) < s.cfg.PageSize || (!due.IsZero() && !time.Now().Before(due)) {
+		// Topics that stopped, or returned less than a share (nothing more
+		// behind it), are done for this tick; the others page on.
+		done := make(map[string]bool, len(live))
+		for _, t := range stopped {
+			done[t] = true
+		}
+		last := make(map[string]int64, len(groups))
+		for _, g := range groups {
+			last[g.topic] = g.msgs[len(g.msgs)-1].ID
+			if len(g.msgs) < share {
+				done[g.topic] = true
+			}
+		}
+		next, nextAfter := live[:0], after[:0]
+		for i, t := range live {
+			id, paged := last[t]
+			if !paged || done[t] {
+				continue // drained (nothing in this page), stopped, or short
+			}
+			if id < after[i] {
+				id = after[i]
+			}
+			next, nextAfter = append(next, t), append(nextAfter, id)
+		}
+		live, after = next, nextAfter
+		if !due.IsZero() && !time.Now().Before(due) {
 			break
 		}
 	}
 	return res, nil
 }
 
-// sendPage groups msgs by topic and sends the topics concurrently, adding to res.
-// It returns the topics that stopped for the rest of the sweep.
-func (s *Sweeper) sendPage(stop, work context.Context, msgs []producer.Message, res *SweepResult) ([]string, error) {
+// sendPage sends a page's topics concurrently, adding to res. It returns the
+// topics that stopped for the rest of the sweep.
+func (s *Sweeper) sendPage(stop, work context.Context, groups []topicGroup, plan breaker.Plan, res *SweepResult) ([]string, error) {
 	var (
 		mu      sync.Mutex
 		dbErr   error
@@ -308,14 +366,14 @@ func (s *Sweeper) sendPage(stop, work context.Context, msgs []producer.Message, 
 		wg      sync.WaitGroup
 		sem     = make(chan struct{}, s.cfg.Concurrency)
 	)
-	for _, g := range groupByTopic(msgs) {
+	for _, g := range groups {
 		if stop.Err() != nil {
 			break
 		}
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			tr, err := s.sendTopic(stop, work, g.topic, g.msgs)
+			tr, err := s.sendTopic(stop, work, g, plan)
 			mu.Lock()
 			defer mu.Unlock()
 			res.Dispatched += tr.dispatched
@@ -325,7 +383,7 @@ func (s *Sweeper) sendPage(stop, work context.Context, msgs []producer.Message, 
 			if tr.failed {
 				res.FailedTopics = append(res.FailedTopics, g.topic)
 			}
-			if tr.failed || tr.contended {
+			if tr.failed || tr.contended || plan.Trials[g.topic] {
 				stopped = append(stopped, g.topic)
 			}
 			if err != nil && dbErr == nil {
@@ -345,9 +403,11 @@ type topicResult struct {
 
 // sendTopic sends one topic's messages of a page, batch after batch, and stops at
 // the first failed or contended batch so that a later batch never overtakes an
-// earlier one.
-func (s *Sweeper) sendTopic(stop, work context.Context, topic string, msgs []producer.Message) (topicResult, error) {
+// earlier one. A half-open topic sends one batch: its trial. Outcomes go to the
+// topic breaker.
+func (s *Sweeper) sendTopic(stop, work context.Context, g topicGroup, plan breaker.Plan) (topicResult, error) {
 	var tr topicResult
+	topic, msgs, gen := g.topic, g.msgs, plan.Gen(g.topic)
 	batches, err := s.producer.Batches(work, topic, msgs)
 	if err != nil {
 		page := producer.Batch{Topic: topic, Messages: msgs}
@@ -370,27 +430,40 @@ func (s *Sweeper) sendTopic(stop, work context.Context, topic string, msgs []pro
 		tr.failedBatches++
 		s.logFailure(rejected, err)
 		if tr.failed {
+			s.reportFailure(topic, gen, err)
 			return tr, nil
 		}
 		// Some messages can never be sent; the others go on.
 	}
 
+	if plan.Trials[topic] && len(batches) > 1 {
+		batches = batches[:1]
+	}
 	for _, b := range batches {
 		if stop.Err() != nil {
 			break
 		}
-		if err := s.sendBatch(work, b, &tr); err != nil || tr.failed || tr.contended {
+		if err := s.sendBatch(work, b, gen, &tr); err != nil || tr.failed || tr.contended {
 			return tr, err
 		}
 	}
 	return tr, nil
 }
 
+// reportFailure tells the topic breaker about a failed batch. Message-class
+// failures are the messages' and local ones nobody's: neither counts.
+func (s *Sweeper) reportFailure(topic string, gen uint64, err error) {
+	switch class := producer.ClassOf(err); class {
+	case producer.ClassTransient, producer.ClassTopic:
+		s.breaker.Failure(topic, gen, class == producer.ClassTopic, truncate(err.Error(), maxErrorText))
+	}
+}
+
 // sendBatch sends b. After a message-class failure it sends the rest of b
 // without the rows the failure named, at once: a poison message must not hold
 // its neighbours. Any other failure, or contention, sets tr.failed or
 // tr.contended and stops.
-func (s *Sweeper) sendBatch(work context.Context, b producer.Batch, tr *topicResult) error {
+func (s *Sweeper) sendBatch(work context.Context, b producer.Batch, gen uint64, tr *topicResult) error {
 	for len(b.Messages) > 0 {
 		out, err := s.store.dispatch(work, b, s.cfg.SendTimeout, s.producer.Send)
 		if err != nil {
@@ -403,6 +476,7 @@ func (s *Sweeper) sendBatch(work context.Context, b producer.Batch, tr *topicRes
 		}
 		tr.batches++
 		if out.sendErr == nil {
+			s.breaker.Success(b.Topic, gen)
 			tr.dispatched += out.claimed
 			if s.logger.Enabled(work, slog.LevelDebug) {
 				s.logger.Debug("batch dispatched", "topic", b.Topic, "num_rows", out.claimed,
@@ -414,6 +488,7 @@ func (s *Sweeper) sendBatch(work context.Context, b producer.Batch, tr *topicRes
 		tr.failedBatches++
 		s.logFailure(b, out.sendErr)
 		if producer.ClassOf(out.sendErr) != producer.ClassMessage {
+			s.reportFailure(b.Topic, gen, out.sendErr)
 			tr.failed = true
 			return nil
 		}

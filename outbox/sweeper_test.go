@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
 	"github.com/outbox-sweeper/sweeper/outbox"
 	"github.com/outbox-sweeper/sweeper/producer"
@@ -194,8 +195,14 @@ func TestFailedBatchKeepsItsRowsAndOtherTopicsGoOn(t *testing.T) {
 		}
 	}
 
-	// The broker recovers: the next sweep delivers A, in order.
+	// A is tripped: the broker recovers, but A waits out its cooldown, unless an
+	// operator resets it. Then the next sweep delivers A, in order.
+	require.Equal(t, breaker.StateTripped, s.TopicBreaker().State("A"))
 	prod.HealTopic("A")
+	res, err = s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Zero(t, res.Dispatched, "A is left out while tripped")
+	s.TopicBreaker().Reset("A")
 	res, err = s.Sweep(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, 10, res.Dispatched)
@@ -478,7 +485,7 @@ func TestSweepOfAnEmptyOutboxDoesNothing(t *testing.T) {
 	prod := memory.New(memory.Config{})
 	res, err := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl}).Sweep(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, outbox.SweepResult{Pages: 1}, res)
+	require.Equal(t, outbox.SweepResult{}, res, "no topic has rows: not even a page is read")
 	require.Zero(t, prod.Calls())
 }
 

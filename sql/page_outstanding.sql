@@ -1,15 +1,24 @@
--- Reads the next page of outstanding rows in id order, without locking them: the
--- rows are claimed batch by batch later (claim_batch.sql). $2 lists topics to leave
--- out, those that already failed in this tick. $3 is the last id of the previous
--- page of the same sweep (0 for the first): the index scan starts after it instead
--- of stepping over the entries of every row dispatched since the last vacuum. The
--- partial index on outstanding rows serves the scan, so its cost is the page, not
--- the table.
-SELECT id, message_id::text, topic, payload, headers, content_type, correlation_id,
-       partition_key, created_at, attempts
-FROM {{outbox}}
-WHERE dispatched_at IS NULL
-  AND NOT (topic = ANY($2::text[]))
-  AND id > $3
-ORDER BY id
-LIMIT $1
+-- Reads the next page of outstanding rows, fairly across topics, without
+-- locking them (the rows are claimed batch by batch later: claim_batch.sql).
+--
+--   $1  the topics to read (from outstanding_topics.sql, less those stopped)
+--   $2  per topic, the last id already paged in this tick (0 for none)
+--   $3  the share: the most rows read per topic
+--
+-- Each topic's rows are read through the (topic, id) index in id order, at most
+-- a share each, so one topic's backlog cannot fill every page. A topic that
+-- returned its whole share may have more: the sweeper pages again.
+SELECT p.id, p.message_id::text, p.topic, p.payload, p.headers, p.content_type, p.correlation_id,
+       p.partition_key, p.created_at, p.attempts
+FROM unnest($1::text[], $2::bigint[]) AS l(topic, after)
+CROSS JOIN LATERAL (
+    SELECT o.id, o.message_id, o.topic, o.payload, o.headers, o.content_type, o.correlation_id,
+           o.partition_key, o.created_at, o.attempts
+    FROM {{outbox}} o
+    WHERE o.topic = l.topic
+      AND o.dispatched_at IS NULL
+      AND o.id > l.after
+    ORDER BY o.id
+    LIMIT $3
+) p
+ORDER BY p.id

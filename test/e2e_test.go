@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
+	"github.com/outbox-sweeper/sweeper/outbox"
 	"github.com/outbox-sweeper/sweeper/test/tcpproxy"
 )
 
@@ -38,10 +39,11 @@ func TestMigrateTwiceAndConcurrently(t *testing.T) {
 	sequential := dbtest.Schema(t)
 	code, out, stderr := runOnce(t, "migrate", "--database-url", url, "--schema", sequential)
 	require.Equal(t, 0, code, stderr)
-	require.Contains(t, out, "migrated from schema version 0 to 1")
+	latest := fmt.Sprint(outbox.SchemaVersion())
+	require.Contains(t, out, "migrated from schema version 0 to "+latest)
 	code, out, stderr = runOnce(t, "migrate", "--database-url", url, "--schema", sequential)
 	require.Equal(t, 0, code, stderr)
-	require.Contains(t, out, "is up to date at schema version 1")
+	require.Contains(t, out, "is up to date at schema version "+latest)
 
 	concurrent := dbtest.Schema(t)
 	const n = 4
@@ -64,10 +66,10 @@ func TestMigrateTwiceAndConcurrently(t *testing.T) {
 	require.Equal(t, []int{0, 0, 0, 0}, codes, "outputs: %q", outs)
 	migratedCount := 0
 	for _, o := range outs {
-		if strings.Contains(o, "migrated from schema version 0 to 1") {
+		if strings.Contains(o, "migrated from schema version 0 to "+latest) {
 			migratedCount++
 		} else {
-			require.Contains(t, o, "is up to date at schema version 1")
+			require.Contains(t, o, "is up to date at schema version "+latest)
 		}
 	}
 	require.Equal(t, 1, migratedCount, "exactly one process applies the migration: %q", outs)
@@ -75,6 +77,7 @@ func TestMigrateTwiceAndConcurrently(t *testing.T) {
 	a, b := describeSchema(t, sequential), describeSchema(t, concurrent)
 	require.Contains(t, a, "outbox.message_id uuid NO gen_random_uuid()")
 	require.Contains(t, a, "outbox_outstanding_idx")
+	require.Contains(t, a, "outbox_outstanding_topic_idx")
 	require.Contains(t, a, "outbox_dead_letter.reason text NO")
 	require.Equal(t, strings.ReplaceAll(a, sequential, "S"), strings.ReplaceAll(b, concurrent, "S"))
 }

@@ -1,0 +1,349 @@
+package breaker
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+)
+
+// State is a topic's breaker state.
+type State int
+
+const (
+	// StateClosed: the topic is sent normally; failures are counted.
+	StateClosed State = iota
+	// StateTripped: the topic is left out of paging until its cooldown ends.
+	StateTripped
+	// StateHalfOpen: the cooldown has ended; the next sweep sends one trial batch.
+	StateHalfOpen
+)
+
+// String returns the state's name, as in logs and metric labels.
+func (s State) String() string {
+	switch s {
+	case StateClosed:
+		return "closed"
+	case StateTripped:
+		return "tripped"
+	case StateHalfOpen:
+		return "half-open"
+	default:
+		return fmt.Sprintf("state(%d)", int(s))
+	}
+}
+
+// Defaults for [Settings].
+const (
+	FailureThresholdDefault = 1
+	FailureWindowDefault    = time.Minute
+	CooldownTicksDefault    = 10
+	MaxCooldownTicksDefault = 300
+)
+
+// Settings configures a [Topics] breaker. The zero value of each field means its
+// default.
+type Settings struct {
+	// FailureThreshold is how many failed batches within FailureWindow trip a
+	// topic. Defaults to FailureThresholdDefault: the first failed batch (after
+	// the producer's own retries) trips it.
+	FailureThreshold int
+	// FailureWindow is how far back failures count. Defaults to
+	// FailureWindowDefault.
+	FailureWindow time.Duration
+	// CooldownTicks is how many ticks a tripped topic is left out. Defaults to
+	// CooldownTicksDefault.
+	CooldownTicks int
+	// Cooldowns overrides CooldownTicks for given topics.
+	Cooldowns map[string]int
+	// MaxCooldownTicks caps the cooldown, which doubles each time a half-open
+	// trial fails. Defaults to MaxCooldownTicksDefault.
+	MaxCooldownTicks int
+	// Now is the clock for FailureWindow and TrippedAt. Defaults to time.Now.
+	Now func() time.Time
+	// OnStateChange is called after every change of a topic's state, outside the
+	// breaker's lock, so it may call back into the breaker.
+	OnStateChange func(topic string, from, to State, reason string)
+}
+
+// TopicStatus describes a topic that is not closed, for operators. It never
+// holds a payload.
+type TopicStatus struct {
+	Topic             string    `json:"topic"`
+	State             string    `json:"state"`
+	CooldownTicksLeft int       `json:"cooldown_ticks_left"`
+	Trips             int       `json:"trips"` // times tripped in a row
+	TrippedAt         time.Time `json:"tripped_at"`
+	LastError         string    `json:"last_error"`
+}
+
+// Plan is what the breaker allows for one sweep. Take it at the start of the
+// sweep, after OnTick.
+type Plan struct {
+	// Excluded lists the topics to leave out of paging: tripped ones, and
+	// half-open ones whose trial batch is already out.
+	Excluded []string
+	// Trials lists the half-open topics this sweep may send one batch of.
+	Trials map[string]bool
+	gens   map[string]uint64
+}
+
+// Gen returns the topic's generation when the plan was made. Report outcomes
+// with it, so that a batch started before a trip or a reset does not count
+// after it.
+func (p Plan) Gen(topic string) uint64 { return p.gens[topic] }
+
+// Topics is the per-topic breaker of the outbox ADR, in memory. It is safe for
+// concurrent use.
+//
+//	           failures ≥ threshold within window,
+//	           or a topic-class failure
+//	closed ───────────────────────────────────────▶ tripped
+//	  ▲                                               │ cooldown ticks pass (OnTick)
+//	  │ trial batch succeeds                          ▼
+//	  └──────────────────────────────────────────── half-open
+//	                trial fails: tripped again, cooldown doubled (capped)
+//
+// Every transition bumps the topic's generation; an outcome reported with an
+// older generation is ignored.
+type Topics struct {
+	s Settings
+
+	mu     sync.Mutex
+	topics map[string]*topic
+}
+
+type topic struct {
+	state     State
+	gen       uint64
+	failures  []time.Time // within the window, oldest first
+	ticksLeft int
+	cooldown  int // the cooldown the last trip used
+	trips     int
+	trippedAt time.Time
+	lastError string
+	trialOut  bool // half-open: the trial batch was handed out
+}
+
+// New returns a breaker with every topic closed.
+func New(s Settings) *Topics {
+	if s.FailureThreshold <= 0 {
+		s.FailureThreshold = FailureThresholdDefault
+	}
+	if s.FailureWindow <= 0 {
+		s.FailureWindow = FailureWindowDefault
+	}
+	if s.CooldownTicks <= 0 {
+		s.CooldownTicks = CooldownTicksDefault
+	}
+	if s.MaxCooldownTicks <= 0 {
+		s.MaxCooldownTicks = MaxCooldownTicksDefault
+	}
+	if s.Now == nil {
+		s.Now = time.Now
+	}
+	return &Topics{s: s, topics: make(map[string]*topic)}
+}
+
+type change struct {
+	topic    string
+	from, to State
+	reason   string
+}
+
+// notify calls OnStateChange for each change, outside the lock.
+func (b *Topics) notify(changes []change) {
+	if b.s.OnStateChange == nil {
+		return
+	}
+	for _, c := range changes {
+		b.s.OnStateChange(c.topic, c.from, c.to, c.reason)
+	}
+}
+
+// OnTick advances every tripped topic's cooldown by one tick; a topic whose
+// cooldown ends becomes half-open. A half-open topic whose trial was handed out
+// but never reported gets a new trial.
+func (b *Topics) OnTick() {
+	b.mu.Lock()
+	var changes []change
+	for name, t := range b.topics {
+		switch t.state {
+		case StateTripped:
+			t.ticksLeft--
+			if t.ticksLeft <= 0 {
+				t.ticksLeft = 0
+				changes = append(changes, b.setState(name, t, StateHalfOpen, "cooldown over"))
+			}
+		case StateHalfOpen:
+			t.trialOut = false
+		}
+	}
+	b.mu.Unlock()
+	b.notify(changes)
+}
+
+// Plan returns what the next sweep may do, and hands out the half-open topics'
+// trials: until OnTick, a later plan excludes them.
+func (b *Topics) Plan() Plan {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	p := Plan{Excluded: []string{}, Trials: map[string]bool{}, gens: make(map[string]uint64, len(b.topics))}
+	for name, t := range b.topics {
+		p.gens[name] = t.gen
+		switch {
+		case t.state == StateTripped, t.state == StateHalfOpen && t.trialOut:
+			p.Excluded = append(p.Excluded, name)
+		case t.state == StateHalfOpen:
+			p.Trials[name] = true
+			t.trialOut = true
+		}
+	}
+	slices.Sort(p.Excluded)
+	return p
+}
+
+// Success reports a batch of topic accepted. A half-open topic closes and its
+// failures are forgotten.
+func (b *Topics) Success(name string, gen uint64) {
+	b.mu.Lock()
+	t, ok := b.topics[name]
+	if !ok || t.gen != gen {
+		b.mu.Unlock()
+		return
+	}
+	var changes []change
+	if t.state == StateHalfOpen {
+		changes = append(changes, b.setState(name, t, StateClosed, "trial batch succeeded"))
+		delete(b.topics, name)
+	}
+	b.mu.Unlock()
+	b.notify(changes)
+}
+
+// Failure reports a failed batch of topic. It trips the topic when the failures
+// within the window reach the threshold, at once when topicClass is set (the
+// destination itself is wrong), and again, with the cooldown doubled, when a
+// half-open trial fails. errText is kept for operators; it must not hold a
+// payload.
+func (b *Topics) Failure(name string, gen uint64, topicClass bool, errText string) {
+	b.mu.Lock()
+	t := b.topic(name)
+	if t.gen != gen {
+		b.mu.Unlock()
+		return
+	}
+	now := b.s.Now()
+	t.lastError = errText
+	var changes []change
+	switch t.state {
+	case StateHalfOpen:
+		t.cooldown = min(2*t.cooldown, b.s.MaxCooldownTicks)
+		changes = append(changes, b.trip(name, t, now, t.cooldown, "trial batch failed"))
+	case StateClosed:
+		cutoff := now.Add(-b.s.FailureWindow)
+		kept := t.failures[:0]
+		for _, f := range t.failures {
+			if f.After(cutoff) {
+				kept = append(kept, f)
+			}
+		}
+		t.failures = append(kept, now)
+		switch {
+		case topicClass:
+			changes = append(changes, b.trip(name, t, now, b.cooldownOf(name), "topic-class failure"))
+		case len(t.failures) >= b.s.FailureThreshold:
+			changes = append(changes, b.trip(name, t, now, b.cooldownOf(name),
+				fmt.Sprintf("%d failures within %s", len(t.failures), b.s.FailureWindow)))
+		}
+	}
+	b.mu.Unlock()
+	b.notify(changes)
+}
+
+// Trip trips topic by hand, for its configured cooldown.
+func (b *Topics) Trip(name, reason string) {
+	b.mu.Lock()
+	t := b.topic(name)
+	var changes []change
+	t.lastError = reason
+	changes = append(changes, b.trip(name, t, b.s.Now(), b.cooldownOf(name), "tripped by an operator: "+reason))
+	b.mu.Unlock()
+	b.notify(changes)
+}
+
+// Reset closes topic by hand and forgets its failures.
+func (b *Topics) Reset(name string) {
+	b.mu.Lock()
+	t, ok := b.topics[name]
+	var changes []change
+	if ok {
+		if t.state != StateClosed {
+			changes = append(changes, b.setState(name, t, StateClosed, "reset by an operator"))
+		}
+		delete(b.topics, name)
+	}
+	b.mu.Unlock()
+	b.notify(changes)
+}
+
+// Tripped lists the topics that are not closed, by topic name.
+func (b *Topics) Tripped() []TopicStatus {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []TopicStatus
+	for _, name := range slices.Sorted(maps.Keys(b.topics)) {
+		t := b.topics[name]
+		if t.state == StateClosed {
+			continue
+		}
+		out = append(out, TopicStatus{Topic: name, State: t.state.String(), CooldownTicksLeft: t.ticksLeft,
+			Trips: t.trips, TrippedAt: t.trippedAt, LastError: t.lastError})
+	}
+	return out
+}
+
+// State returns topic's state.
+func (b *Topics) State(name string) State {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if t, ok := b.topics[name]; ok {
+		return t.state
+	}
+	return StateClosed
+}
+
+func (b *Topics) topic(name string) *topic {
+	t, ok := b.topics[name]
+	if !ok {
+		t = &topic{}
+		b.topics[name] = t
+	}
+	return t
+}
+
+func (b *Topics) cooldownOf(name string) int {
+	if c, ok := b.s.Cooldowns[name]; ok && c > 0 {
+		return min(c, b.s.MaxCooldownTicks)
+	}
+	return min(b.s.CooldownTicks, b.s.MaxCooldownTicks)
+}
+
+func (b *Topics) trip(name string, t *topic, now time.Time, cooldown int, reason string) change {
+	t.cooldown = cooldown
+	t.ticksLeft = cooldown
+	t.trips++
+	t.trippedAt = now
+	t.failures = nil
+	t.trialOut = false
+	return b.setState(name, t, StateTripped, reason)
+}
+
+// setState moves t to state and bumps its generation. Call with b.mu held.
+func (b *Topics) setState(name string, t *topic, state State, reason string) change {
+	c := change{topic: name, from: t.state, to: state, reason: reason}
+	t.state = state
+	t.gen++
+	return c
+}
