@@ -27,18 +27,18 @@ type store struct {
 	claimBatch        string
 	outstandingTopics string
 	pageOutstanding   string
-	recordFailure   string
+	recordFailure     string
 }
 
 func newStore(pool *pgxpool.Pool, t Table) *store {
 	stmt := func(name string) string { return outboxsql.Statement(name, t.ident(), t.deadLetterIdent()) }
 	return &store{
-		pool:            pool,
-		table:           t,
+		pool:              pool,
+		table:             t,
 		claimBatch:        stmt("claim_batch"),
 		outstandingTopics: stmt("outstanding_topics"),
-		pageOutstanding: stmt("page_outstanding"),
-		recordFailure:   stmt("record_failure"),
+		pageOutstanding:   stmt("page_outstanding"),
+		recordFailure:     stmt("record_failure"),
 	}
 }
 
