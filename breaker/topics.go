@@ -215,8 +215,7 @@ func (b *Topics) Success(name string, gen uint64) {
 	}
 	var changes []change
 	if t.state == StateHalfOpen {
-		changes = append(changes, b.setState(name, t, StateClosed, "trial batch succeeded"))
-		delete(b.topics, name)
+		changes = append(changes, b.close(name, t, "trial batch succeeded"))
 	}
 	b.mu.Unlock()
 	b.notify(changes)
@@ -278,11 +277,10 @@ func (b *Topics) Reset(name string) {
 	b.mu.Lock()
 	t, ok := b.topics[name]
 	var changes []change
-	if ok {
-		if t.state != StateClosed {
-			changes = append(changes, b.setState(name, t, StateClosed, "reset by an operator"))
-		}
-		delete(b.topics, name)
+	if ok && t.state != StateClosed {
+		changes = append(changes, b.close(name, t, "reset by an operator"))
+	} else if ok {
+		t.failures = nil // a closed topic's failures are forgotten, without a change to report
 	}
 	b.mu.Unlock()
 	b.notify(changes)
@@ -338,6 +336,15 @@ func (b *Topics) trip(name string, t *topic, now time.Time, cooldown int, reason
 	t.failures = nil
 	t.trialOut = false
 	return b.setState(name, t, StateTripped, reason)
+}
+
+// close closes t and forgets its history. The topic stays in the map, closed,
+// so its generation keeps counting: a batch begun before the close must not
+// count after it. Call with b.mu held.
+func (b *Topics) close(name string, t *topic, reason string) change {
+	c := b.setState(name, t, StateClosed, reason)
+	t.failures, t.trips, t.ticksLeft, t.cooldown, t.lastError, t.trialOut = nil, 0, 0, 0, "", false
+	return c
 }
 
 // setState moves t to state and bumps its generation. Call with b.mu held.

@@ -170,6 +170,7 @@ type runOptions struct {
 	common
 	logOptions
 	producerOptions
+	topicBreakerOptions
 	concurrency     int
 	pageSize        int
 	schedule        string
@@ -183,6 +184,7 @@ func (o *runOptions) flags() *flags {
 	o.common.register(f)
 	o.logOptions.register(f)
 	o.producerOptions.register(f)
+	o.topicBreakerOptions.register(f)
 	f.Int(&o.concurrency, "concurrency", outbox.ConcurrencyDefault, "topics sent at once; the batches of one topic go in order")
 	f.Int(&o.pageSize, "page-size", outbox.PageSizeDefault, "most outstanding rows read per page; memory use is bounded by it")
 	f.String(&o.schedule, "schedule", "", "spec", `cron spec for ticks instead of --tick, e.g. "*/10 * * * * *" or "@every 2s"`)
@@ -234,6 +236,9 @@ func runCommand(ctx context.Context, args []string, out, errOut io.Writer, env E
 
 	logger := o.logger(errOut)
 	cfg.Logger = logger
+	if cfg.TopicBreaker, err = o.topicBreakerOptions.build(f, logger); err != nil {
+		return err
+	}
 
 	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
 	if err != nil {

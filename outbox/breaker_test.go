@@ -1,0 +1,167 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-sweeper/sweeper/breaker"
+	"github.com/outbox-sweeper/sweeper/internal/dbtest"
+	"github.com/outbox-sweeper/sweeper/outbox"
+	"github.com/outbox-sweeper/sweeper/producer"
+	"github.com/outbox-sweeper/sweeper/producer/memory"
+)
+
+func countTopic(msgs []producer.Message, topic string) int {
+	n := 0
+	for _, m := range msgs {
+		if m.Topic == topic {
+			n++
+		}
+	}
+	return n
+}
+
+// The ADR's scenario: topic A has 200 outstanding rows that always fail, topic B
+// 100 good rows with higher ids, and a page holds 100. Every B row is delivered
+// within 2 ticks; A is tripped; A's rows are outstanding with their attempts
+// raised, none lost.
+func TestADRScenarioFailingTopicDoesNotStallOthers(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("A", 200)...)
+	writeMessages(t, tbl, topicMessages("B", 100)...)
+	prod := memory.New(memory.Config{MaxBatch: 50})
+	prod.FailTopic("A", errors.New("unauthorized for entity A"))
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, PageSize: 100})
+
+	for range 2 {
+		_, err := s.Sweep(context.Background())
+		require.NoError(t, err)
+	}
+	require.Equal(t, 100, countTopic(prod.Messages(), "B"), "every B row within 2 ticks")
+	require.Equal(t, breaker.StateTripped, s.TopicBreaker().State("A"))
+
+	rows := readRows(t, tbl)
+	require.Len(t, rows, 300, "none lost")
+	failed := 0
+	for _, r := range rows {
+		if r.Topic == "A" {
+			require.False(t, r.Dispatched)
+			if r.Attempts > 0 {
+				failed++
+				require.Contains(t, *r.LastError, "unauthorized for entity A")
+			}
+		}
+	}
+	require.Equal(t, 50, failed, "A's first batch counts an attempt; then A is tripped and left out")
+	require.Equal(t, 1, prod.Calls()-2, "A was tried once: B's 100 rows went in 2 batches")
+}
+
+// Through the sweeper: a topic tripped with cooldown 3 is left out for exactly 3
+// ticks, then sends one trial batch; a failing trial trips it for 6; a
+// succeeding one closes it and the rest of its rows go.
+func TestCooldownThroughTheSweeper(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("A", 30)...)
+	prod := memory.New(memory.Config{MaxBatch: 10})
+	prod.FailTopic("A", errors.New("down"))
+	b := breaker.New(breaker.Settings{CooldownTicks: 3})
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, TopicBreaker: b})
+	sweep := func() outbox.SweepResult {
+		res, err := s.Sweep(context.Background())
+		require.NoError(t, err)
+		return res
+	}
+
+	sweep() // tick 1: A fails and trips
+	require.Equal(t, 1, prod.Calls())
+	for range 2 { // ticks 2 and 3: cooldown 3 → 1 left
+		sweep()
+		require.Equal(t, 1, prod.Calls(), "A left out while tripped")
+	}
+	res := sweep() // tick 4: the cooldown ends: one trial batch, which fails
+	require.Equal(t, 2, prod.Calls())
+	require.Equal(t, 1, res.Batches, "a half-open topic sends one batch")
+	require.Equal(t, 6, b.Tripped()[0].CooldownTicksLeft, "a failed trial doubles the cooldown")
+
+	prod.HealTopic("A")
+	for range 5 {
+		sweep()
+	}
+	require.Equal(t, 2, prod.Calls(), "still cooling down")
+	res = sweep() // the sixth tick: trial succeeds
+	require.Equal(t, 10, res.Dispatched, "only the trial batch in the half-open tick")
+	require.Equal(t, breaker.StateClosed, b.State("A"))
+	res = sweep()
+	require.Equal(t, 20, res.Dispatched, "closed: the rest goes")
+	require.Zero(t, dbtest.Outstanding(t, tbl))
+}
+
+func TestTopicClassErrorTripsAtOnceWhateverTheThreshold(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("A", 5)...)
+	writeMessages(t, tbl, topicMessages("T", 5)...)
+	prod := memory.New(memory.Config{})
+	prod.FailTopic("A", errors.New("connection reset")) // transient
+	prod.FailTopic("T", producer.NewTopicError("not_found", errors.New("no such entity")))
+	b := breaker.New(breaker.Settings{FailureThreshold: 5})
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, TopicBreaker: b})
+	_, err := s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, breaker.StateTripped, b.State("T"))
+	require.Equal(t, breaker.StateClosed, b.State("A"), "one transient failure of five")
+}
+
+// Fair paging: a healthy topic with a deep backlog of older rows does not fill
+// every page: the first page already carries the other topic's rows.
+func TestDeepBacklogDoesNotFillEveryPage(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("deep", 1000)...)
+	writeMessages(t, tbl, topicMessages("small", 10)...)
+	prod := memory.New(memory.Config{})
+	var firstBatches []producer.Batch
+	prod.SetSendFunc(func(_ context.Context, b producer.Batch) error {
+		if len(firstBatches) < 2 {
+			firstBatches = append(firstBatches, b)
+		}
+		return nil
+	})
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, PageSize: 100, Concurrency: 1})
+	res, err := s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 1010, res.Dispatched)
+	var topics []string
+	for _, b := range firstBatches {
+		topics = append(topics, b.Topic)
+	}
+	require.ElementsMatch(t, []string{"deep", "small"}, topics, "the first page holds both topics")
+	require.Len(t, firstBatches[0].Messages, 50, "each of two topics gets half the page")
+}
+
+// Topics an operator trips are left out until reset.
+func TestOperatorTripLeavesTheTopicOut(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("A", 3)...)
+	writeMessages(t, tbl, topicMessages("B", 3)...)
+	prod := memory.New(memory.Config{})
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl})
+	s.TopicBreaker().Trip("A", "downstream migration")
+	res, err := s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 3, res.Dispatched)
+	require.Equal(t, 3, dbtest.Outstanding(t, tbl))
+	st := s.TopicBreaker().Tripped()
+	require.Len(t, st, 1)
+	require.Equal(t, "downstream migration", st[0].LastError)
+	s.TopicBreaker().Reset("A")
+	res, err = s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 3, res.Dispatched)
+}
