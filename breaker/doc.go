@@ -1,9 +1,15 @@
-// Package breaker will hold the sweeper's two circuit breakers: the per-topic
-// breaker of the outbox ADR (a topic that keeps failing is left out of paging for
-// a cooldown counted in ticks, in memory or shared through Redis), and the
-// dependency breaker around the producer (sony/gobreaker), which stops all sends
-// while the broker is down.
+// Package breaker holds the sweeper's per-topic circuit breaker: the outbox
+// ADR's answer to one failing topic stalling the others.
 //
-// It is empty until that work lands; the sweeper today stops a failed topic for
-// the rest of the tick only. It never imports package outbox.
+// [Topics] counts failed batches per topic. A topic that fails often enough
+// within a window, or fails with a topic-class error (the destination itself is
+// wrong), is tripped: the sweeper leaves it out of paging, in SQL, so its rows
+// cost nothing while it cools down. Cooldowns are counted in ticks, not time, so
+// they stretch and shrink with the sweeper's schedule: OnTick, at the start of
+// every tick, moves each tripped topic one tick closer to half-open, and a
+// half-open topic gets one trial batch. See [Topics] for the state diagram.
+//
+// The dependency breaker around the producer (sony/gobreaker) and sharing the
+// topic breaker's state through Redis are still to come. This package never
+// imports package outbox.
 package breaker
