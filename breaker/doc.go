@@ -9,7 +9,10 @@
 // every tick, moves each tripped topic one tick closer to half-open, and a
 // half-open topic gets one trial batch. See [Topics] for the state diagram.
 //
-// The dependency breaker around the producer (sony/gobreaker) and sharing the
-// topic breaker's state through Redis are still to come. This package never
-// imports package outbox.
+// [Redis] shares the same breaker among sweeper instances, with a local
+// [Topics] to fall back on while Redis does not answer. Both satisfy [Breaker],
+// the interface the sweeper takes.
+//
+// The dependency breaker around the producer (sony/gobreaker) is still to come.
+// This package never imports package outbox.
 package breaker

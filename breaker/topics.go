@@ -312,6 +312,16 @@ func (b *Topics) State(name string) State {
 	return StateClosed
 }
 
+// genOf returns topic's current generation.
+func (b *Topics) genOf(name string) uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if t, ok := b.topics[name]; ok {
+		return t.gen
+	}
+	return 0
+}
+
 func (b *Topics) topic(name string) *topic {
 	t, ok := b.topics[name]
 	if !ok {

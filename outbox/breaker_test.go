@@ -3,11 +3,14 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-sweeper/sweeper/breaker"
+	"github.com/outbox-sweeper/sweeper/internal/brokertest"
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
 	"github.com/outbox-sweeper/sweeper/outbox"
 	"github.com/outbox-sweeper/sweeper/producer"
@@ -164,4 +167,84 @@ func TestOperatorTripLeavesTheTopicOut(t *testing.T) {
 	res, err = s.Sweep(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, 3, res.Dispatched)
+}
+
+// topicCounter counts the batches of topic a memory producer was asked to send,
+// failed or not.
+type topicCounter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *topicCounter) hook(_ context.Context, b producer.Batch) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n[b.Topic]++
+	return nil
+}
+
+func (c *topicCounter) get(topic string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[topic]
+}
+
+// Two sweeper instances share their topic breaker through Redis: a trip on one
+// leaves the topic out on the other at its next tick; the cooldown is counted
+// once; exactly one instance sends the half-open trial.
+func TestTwoSweepersShareTheTopicBreakerThroughRedis(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("A", 40)...)
+	writeMessages(t, tbl, topicMessages("B", 40)...)
+
+	opts, err := redis.ParseURL(brokertest.RedisURL(t))
+	require.NoError(t, err)
+	client := redis.NewClient(opts)
+	t.Cleanup(func() { _ = client.Close() })
+	prefix := brokertest.Name("outbox-sweeper-test")
+
+	calls := &topicCounter{n: map[string]int{}}
+	newInstance := func(name string) (*outbox.Sweeper, *memory.Producer) {
+		b, err := breaker.NewRedis(breaker.RedisConfig{Client: client, Prefix: prefix, Instance: name,
+			Settings: breaker.Settings{CooldownTicks: 2}})
+		require.NoError(t, err)
+		p := memory.New(memory.Config{MaxBatch: 10})
+		p.SetSendFunc(calls.hook)
+		p.FailTopic("A", errors.New("A is down"))
+		return newSweeper(t, dbtest.NewPool(t, 6), p, outbox.Config{Table: tbl, TopicBreaker: b, PageSize: 20}), p
+	}
+	one, p1 := newInstance("one")
+	two, p2 := newInstance("two")
+	sweep := func(s *outbox.Sweeper) {
+		_, err := s.Sweep(context.Background())
+		require.NoError(t, err)
+	}
+
+	sweep(one) // one: A fails and trips in Redis (first tick: one holds the lease)
+	require.Equal(t, 1, calls.get("A"))
+	sweep(two) // two: A is left out
+	require.Equal(t, 1, calls.get("A"), "the trip on one leaves A out on two")
+	require.Equal(t, breaker.StateTripped, two.TopicBreaker().State("A"))
+
+	// Both tick; only one (the lease holder) counts. Cooldown 2: one's second
+	// tick after the trip ends it.
+	sweep(two)
+	sweep(one)
+	sweep(two)
+	require.Equal(t, breaker.StateTripped, two.TopicBreaker().State("A"), "three ticks, one counted")
+	require.Equal(t, 1, calls.get("A"))
+	p1.HealTopic("A")
+	p2.HealTopic("A")
+	var wg sync.WaitGroup
+	wg.Go(func() { sweep(one) }) // one's tick: half-open; then both plan the same trial
+	wg.Go(func() { sweep(two) })
+	wg.Wait()
+	require.Equal(t, 2, calls.get("A"), "exactly one trial batch, by one instance")
+	require.Equal(t, breaker.StateClosed, one.TopicBreaker().State("A"), "the trial succeeded")
+	for range 3 {
+		sweep(one)
+		sweep(two)
+	}
+	require.Zero(t, dbtest.Outstanding(t, tbl), "closed: the rest of A goes")
 }

@@ -84,7 +84,7 @@ type Config struct {
 	// TopicBreaker is the per-topic circuit breaker: topics it has tripped are
 	// left out of paging. Defaults to an in-memory breaker with
 	// breaker.Settings' defaults that logs its state changes to Logger.
-	TopicBreaker *breaker.Topics
+	TopicBreaker breaker.Breaker
 }
 
 // WithDefaults returns c with zero fields set to their defaults.
@@ -182,7 +182,7 @@ type SweepResult struct {
 // message cannot hold its topic. While pages come back full, the sweep reads the
 // next page at once, so a backlog drains at the database's pace, not the tick's.
 type Sweeper struct {
-	breaker  *breaker.Topics
+	breaker  breaker.Breaker
 	cfg      Config
 	logger   *slog.Logger
 	producer producer.Producer
@@ -279,7 +279,7 @@ func sleepUntil(ctx context.Context, t time.Time) bool {
 
 // TopicBreaker returns the per-topic breaker, for operators to list, trip and
 // reset topics.
-func (s *Sweeper) TopicBreaker() *breaker.Topics { return s.breaker }
+func (s *Sweeper) TopicBreaker() breaker.Breaker { return s.breaker }
 
 // Sweep runs one tick now: the topic breaker's OnTick, then a sweep that reads
 // and sends pages while they come back full, or until ctx is done. Tests and

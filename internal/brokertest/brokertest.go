@@ -22,6 +22,8 @@ const (
 	LocalRabbitMQURL   = "amqp://guest:guest@127.0.0.1:5672/"
 	EnvNATSURL         = "OUTBOX_TEST_NATS_URL"
 	LocalNATSURL       = "nats://127.0.0.1:4222"
+	EnvRedisURL        = "OUTBOX_TEST_REDIS_URL"
+	LocalRedisURL      = "redis://127.0.0.1:6379/0"
 	startRabbitMQ      = "rabbitmq-server -detached"
 	startNATSJetStream = "nats-server -js (or `bash .ci/run`, which starts both)"
 )
@@ -30,6 +32,12 @@ const (
 func RabbitMQURL(t testing.TB) string {
 	t.Helper()
 	return find(t, EnvRabbitMQURL, LocalRabbitMQURL, "RabbitMQ", startRabbitMQ)
+}
+
+// RedisURL returns the test Redis's URL, failing t if it does not answer.
+func RedisURL(t testing.TB) string {
+	t.Helper()
+	return find(t, EnvRedisURL, LocalRedisURL, "Redis", "redis-server --daemonize yes (or `bash .ci/run`)")
 }
 
 // NATSURL returns the test NATS server's URL, failing t if it does not answer.

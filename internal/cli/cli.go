@@ -236,7 +236,12 @@ func runCommand(ctx context.Context, args []string, out, errOut io.Writer, env E
 
 	logger := o.logger(errOut)
 	cfg.Logger = logger
-	if cfg.TopicBreaker, err = o.topicBreakerOptions.build(f, logger); err != nil {
+	tick := o.tick
+	if cfg.Schedule != nil {
+		now := time.Now()
+		tick = cfg.Schedule.Next(now).Sub(now)
+	}
+	if cfg.TopicBreaker, err = o.topicBreakerOptions.build(f, logger, tbl, tick, o.sendTimeout); err != nil {
 		return err
 	}
 

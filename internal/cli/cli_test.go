@@ -41,6 +41,7 @@ func TestEveryFlagRejectsABadValue(t *testing.T) {
 		{"run", "page-size", "-5", "page size (--page-size) is -5"},
 		{"run", "page-size", "1e3", `invalid value "1e3"`},
 		{"run", "producer", "kafka", `invalid value "kafka"`},
+		{"run", "redis-url", "http://x", `invalid value "http://x"`},
 		{"run", "schedule", "every day", `invalid value "every day" for --schedule`},
 		{"run", "schema", "Public", `schema (--schema) is "Public": not a valid name`},
 		{"run", "send-timeout", "0s", "send timeout (--send-timeout) is 0s: it must be at least 1ms"},

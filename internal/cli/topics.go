@@ -2,9 +2,12 @@ package cli
 
 import (
 	"log/slog"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/outbox"
@@ -12,6 +15,7 @@ import (
 
 // topicBreakerOptions are the flags of the per-topic breaker.
 type topicBreakerOptions struct {
+	redisURL         string
 	cooldown         string
 	cooldownMaxTicks int
 	cooldownTicks    int
@@ -20,6 +24,7 @@ type topicBreakerOptions struct {
 }
 
 func (o *topicBreakerOptions) register(f *flags) {
+	f.String(&o.redisURL, "redis-url", "", "url", "share the topic breaker among sweeper instances through Redis, e.g. redis://host:6379/0; empty keeps it in memory")
 	f.String(&o.cooldown, "topic-cooldown", "", "topic=ticks,…", "per-topic cooldowns overriding --topic-cooldown-ticks, e.g. orders=30,payments=5")
 	f.Int(&o.cooldownMaxTicks, "topic-cooldown-max-ticks", breaker.MaxCooldownTicksDefault, "cap on a cooldown, which doubles each time a half-open trial fails")
 	f.Int(&o.cooldownTicks, "topic-cooldown-ticks", breaker.CooldownTicksDefault, "ticks a tripped topic is left out of paging before one trial batch")
@@ -27,8 +32,10 @@ func (o *topicBreakerOptions) register(f *flags) {
 	f.Duration(&o.failureWindow, "topic-failure-window", breaker.FailureWindowDefault, "how far back failed batches count toward --topic-failure-threshold")
 }
 
-// build validates the flags and returns the breaker, logging its state changes.
-func (o *topicBreakerOptions) build(f *flags, logger *slog.Logger) (*breaker.Topics, error) {
+// build validates the flags and returns the breaker, logging its state changes:
+// in memory, or shared through Redis with --redis-url. tick is the interval
+// between ticks and sendTimeout the longest send, which size the Redis leases.
+func (o *topicBreakerOptions) build(f *flags, logger *slog.Logger, tbl outbox.Table, tick, sendTimeout time.Duration) (breaker.Breaker, error) {
 	positive := func(v int, name string) error {
 		if v < 1 {
 			return usagef("%s is %d: it must be at least 1", f.origin(name), v)
@@ -61,12 +68,48 @@ func (o *topicBreakerOptions) build(f *flags, logger *slog.Logger) (*breaker.Top
 			cooldowns[strings.TrimSpace(topic)] = n
 		}
 	}
-	return breaker.New(breaker.Settings{
+	settings := breaker.Settings{
 		Cooldowns:        cooldowns,
 		CooldownTicks:    o.cooldownTicks,
 		FailureThreshold: o.failureThreshold,
 		FailureWindow:    o.failureWindow,
 		MaxCooldownTicks: o.cooldownMaxTicks,
 		OnStateChange:    outbox.LogTopicStateChange(logger),
-	}), nil
+	}
+	if o.redisURL == "" {
+		return breaker.New(settings), nil
+	}
+	opts, err := redis.ParseURL(o.redisURL)
+	if err != nil {
+		return nil, usagef("invalid value %q for %s: %v; write redis://[user:password@]host:port/db", redactURL(o.redisURL), f.origin("redis-url"), err)
+	}
+	return breaker.NewRedis(breaker.RedisConfig{
+		Client: redis.NewClient(opts),
+		// One shared state per outbox table.
+		Prefix:   "outbox-sweeper:" + tbl.String(),
+		Settings: settings,
+		// The lease outlives a few ticks, so a slow tick does not hand the
+		// count to another instance; a trial outlives a send.
+		Lease:    max(3*tick, 10*time.Second),
+		TrialTTL: max(2*sendTimeout, breaker.TrialTTLDefault),
+		OnRedisError: func(err error) {
+			if err != nil {
+				logger.Error("redis does not answer; the topic breaker works on local state until it does", "err", err)
+			} else {
+				logger.Info("redis answers again; topics tripped meanwhile are shared")
+			}
+		},
+	})
+}
+
+// redactURL hides a URL's password, for messages.
+func redactURL(u string) string {
+	parsed, err := url.Parse(u)
+	if err != nil || parsed.User == nil {
+		return u
+	}
+	if _, ok := parsed.User.Password(); ok {
+		parsed.User = url.UserPassword(parsed.User.Username(), "xxxxx")
+	}
+	return parsed.String()
 }

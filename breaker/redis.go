@@ -1,0 +1,493 @@
+package breaker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Defaults for [RedisConfig].
+const (
+	LeaseDefault     = 10 * time.Second
+	TrialTTLDefault  = 30 * time.Second
+	OpTimeoutDefault = 500 * time.Millisecond
+)
+
+// RedisConfig configures a [Redis] breaker.
+type RedisConfig struct {
+	// Client is the Redis client. Required.
+	Client *redis.Client
+	// Prefix starts every key; give each outbox its own. Required.
+	Prefix string
+	// Instance names this sweeper among those sharing the state. Defaults to
+	// hostname-pid-nanotime.
+	Instance string
+	// Settings are the breaker's thresholds and cooldowns, the same for every
+	// instance. OnStateChange is called for the changes this instance makes.
+	Settings Settings
+	// Lease is how long the instance that counts ticks keeps that role without
+	// ticking again; when it stops, another takes over after this. Defaults to
+	// LeaseDefault; make it a few ticks long.
+	Lease time.Duration
+	// TrialTTL is how long a half-open topic's trial belongs to the instance that
+	// took it; an unreported trial is handed out again after it. Defaults to
+	// TrialTTLDefault; make it longer than a send.
+	TrialTTL time.Duration
+	// OpTimeout bounds each Redis call. Defaults to OpTimeoutDefault.
+	OpTimeout time.Duration
+	// OnRedisError is called once when Redis stops answering (the breaker then
+	// works on local state) and once with nil when it answers again.
+	OnRedisError func(err error)
+}
+
+// Redis is the per-topic breaker with its state in Redis, shared by every
+// sweeper instance on one outbox:
+//
+//   - A trip by any instance is seen by every instance at its next plan.
+//   - Failures from all instances count toward the threshold together.
+//   - Cooldowns are counted in ticks by one instance at a time, the holder of a
+//     lease that it renews at every tick. Ticks are per instance, so letting all
+//     instances count would make a cooldown N times shorter; a wall-clock
+//     deadline would stop cooldowns following the schedule. When the holder stops,
+//     another instance takes the lease after Lease.
+//   - A half-open topic's trial goes to the first instance that claims it (a key
+//     with TTL); the others keep leaving the topic out.
+//
+// Every multi-key update runs as one Lua script, so instances never see half an
+// update. If Redis does not answer, the breaker works on local state: a [Topics]
+// that has received the same reports all along. It tries Redis again at the next
+// tick, and when it answers, copies the topics tripped locally meanwhile to Redis.
+// Redis never becomes a reason to stop relaying.
+type Redis struct {
+	cfg    RedisConfig
+	local  *Topics
+	notify func(topic string, from, to State, reason string)
+
+	mu       sync.Mutex
+	degraded bool
+	trials   map[string]bool // the trials of this instance's last plan
+}
+
+var _ Breaker = (*Redis)(nil)
+
+// NewRedis returns a breaker sharing its state through cfg.Client.
+func NewRedis(cfg RedisConfig) (*Redis, error) {
+	if cfg.Client == nil {
+		return nil, errors.New("breaker: RedisConfig.Client is required")
+	}
+	if cfg.Prefix == "" {
+		return nil, errors.New("breaker: RedisConfig.Prefix is required")
+	}
+	if cfg.Instance == "" {
+		host, _ := os.Hostname()
+		cfg.Instance = fmt.Sprintf("%s-%d-%d", host, os.Getpid(), time.Now().UnixNano())
+	}
+	if cfg.Lease <= 0 {
+		cfg.Lease = LeaseDefault
+	}
+	if cfg.TrialTTL <= 0 {
+		cfg.TrialTTL = TrialTTLDefault
+	}
+	if cfg.OpTimeout <= 0 {
+		cfg.OpTimeout = OpTimeoutDefault
+	}
+	notify := cfg.Settings.OnStateChange
+	local := cfg.Settings
+	local.OnStateChange = nil // the shared state's changes are the ones to tell
+	r := &Redis{cfg: cfg, local: New(local), notify: notify}
+	r.cfg.Settings = r.local.s // defaults filled in
+	return r, nil
+}
+
+func (r *Redis) key(parts ...string) string {
+	k := r.cfg.Prefix
+	for _, p := range parts {
+		k += ":" + p
+	}
+	return k
+}
+
+// keys are the script's KEYS: the topics hash, the generations hash, the tick
+// lease. Per-topic keys (failures, trial) are built in the scripts from the
+// prefix, so the breaker needs one Redis, not a cluster.
+func (r *Redis) keys() []string {
+	return []string{r.key("topics"), r.key("gens"), r.key("lease")}
+}
+
+func (r *Redis) ctx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), r.cfg.OpTimeout)
+}
+
+func (r *Redis) isDegraded() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.degraded
+}
+
+// fail records that Redis did not answer and switches to local state, telling
+// OnRedisError once.
+func (r *Redis) fail(err error) {
+	r.mu.Lock()
+	first := !r.degraded
+	r.degraded = true
+	r.mu.Unlock()
+	if first && r.cfg.OnRedisError != nil {
+		r.cfg.OnRedisError(err)
+	}
+}
+
+// remote is a topic as the shared state holds it.
+type remote struct {
+	State     string `json:"state"`
+	TicksLeft int    `json:"ticks_left"`
+	Cooldown  int    `json:"cooldown"`
+	Trips     int    `json:"trips"`
+	TrippedAt int64  `json:"tripped_at"` // Unix ms
+	LastError string `json:"last_error"`
+}
+
+// The scripts share these helpers. Topic state is JSON in the topics hash;
+// generations live in their own hash, which is never trimmed, so a topic closed
+// and tripped again keeps counting up.
+const luaHelpers = `
+local topics, gens, lease = KEYS[1], KEYS[2], KEYS[3]
+local prefix = ARGV[1]
+local function trip(topic, st, cooldown, now, err)
+  st = st or {trips = 0}
+  st.state, st.ticks_left, st.cooldown = 'tripped', cooldown, cooldown
+  st.trips = (st.trips or 0) + 1
+  st.tripped_at, st.last_error = now, err
+  redis.call('HSET', topics, topic, cjson.encode(st))
+  redis.call('HINCRBY', gens, topic, 1)
+  redis.call('DEL', prefix .. ':failures:' .. topic, prefix .. ':trial:' .. topic)
+  return 'tripped'
+end
+local function close(topic)
+  redis.call('HDEL', topics, topic)
+  redis.call('HINCRBY', gens, topic, 1)
+  redis.call('DEL', prefix .. ':failures:' .. topic, prefix .. ':trial:' .. topic)
+  return 'closed'
+end
+`
+
+// ARGV: prefix, topic, gen, topicClass (0/1), now ms, window ms, threshold,
+// cooldown, max cooldown, error text, member.
+var failureScript = redis.NewScript(luaHelpers + `
+local topic, gen = ARGV[2], tonumber(ARGV[3])
+if tonumber(redis.call('HGET', gens, topic) or '0') ~= gen then return '' end
+local raw = redis.call('HGET', topics, topic)
+local st = raw and cjson.decode(raw)
+local now, maxc = tonumber(ARGV[5]), tonumber(ARGV[9])
+if st and st.state == 'tripped' then return '' end
+if st and st.state == 'half-open' then
+  return trip(topic, st, math.min(2 * st.cooldown, maxc), now, ARGV[10])
+end
+local f = prefix .. ':failures:' .. topic
+redis.call('ZADD', f, now, ARGV[11])
+redis.call('ZREMRANGEBYSCORE', f, '-inf', now - tonumber(ARGV[6]))
+redis.call('PEXPIRE', f, ARGV[6])
+if ARGV[4] == '1' or redis.call('ZCARD', f) >= tonumber(ARGV[7]) then
+  return trip(topic, st, math.min(tonumber(ARGV[8]), maxc), now, ARGV[10])
+end
+return ''
+`)
+
+// ARGV: prefix, topic, gen.
+var successScript = redis.NewScript(luaHelpers + `
+local topic = ARGV[2]
+if tonumber(redis.call('HGET', gens, topic) or '0') ~= tonumber(ARGV[3]) then return '' end
+local raw = redis.call('HGET', topics, topic)
+if raw and cjson.decode(raw).state == 'half-open' then return close(topic) end
+return ''
+`)
+
+// ARGV: prefix, instance, lease ms. Only the lease holder (or the first to take a
+// free lease) counts the tick. Returns the topics that became half-open.
+var tickScript = redis.NewScript(luaHelpers + `
+local holder = redis.call('GET', lease)
+if holder and holder ~= ARGV[2] then return {} end
+redis.call('SET', lease, ARGV[2], 'PX', ARGV[3])
+local opened = {}
+local all = redis.call('HGETALL', topics)
+for i = 1, #all, 2 do
+  local st = cjson.decode(all[i + 1])
+  if st.state == 'tripped' then
+    st.ticks_left = st.ticks_left - 1
+    if st.ticks_left <= 0 then
+      st.ticks_left, st.state = 0, 'half-open'
+      redis.call('HINCRBY', gens, all[i], 1)
+      redis.call('DEL', prefix .. ':trial:' .. all[i])
+      table.insert(opened, all[i])
+    end
+    redis.call('HSET', topics, all[i], cjson.encode(st))
+  end
+end
+return opened
+`)
+
+// ARGV: prefix, topic, cooldown, now ms, reason. Trips whatever the state.
+var tripScript = redis.NewScript(luaHelpers + `
+local raw = redis.call('HGET', topics, ARGV[2])
+return trip(ARGV[2], raw and cjson.decode(raw), tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5])
+`)
+
+// ARGV: prefix, topic.
+var resetScript = redis.NewScript(luaHelpers + `
+if redis.call('HEXISTS', topics, ARGV[2]) == 1 then return close(ARGV[2]) end
+return ''
+`)
+
+// OnTick advances the local shadow, and the shared cooldowns if this instance
+// holds the tick lease. While degraded it first tries Redis again, and on an
+// answer copies the local trips to Redis.
+func (r *Redis) OnTick() {
+	r.local.OnTick()
+	ctx, cancel := r.ctx()
+	defer cancel()
+	if r.isDegraded() {
+		if err := r.reconcile(ctx); err != nil {
+			return
+		}
+	}
+	opened, err := tickScript.Run(ctx, r.cfg.Client, r.keys(), r.cfg.Prefix, r.cfg.Instance, r.cfg.Lease.Milliseconds()).StringSlice()
+	if err != nil {
+		r.fail(fmt.Errorf("topic breaker tick: %w", err))
+		return
+	}
+	for _, t := range opened {
+		r.tell(t, StateTripped, StateHalfOpen, "cooldown over")
+	}
+}
+
+// reconcile runs when Redis answers again after an outage: topics tripped
+// locally meanwhile, and not tripped in Redis, are tripped there.
+func (r *Redis) reconcile(ctx context.Context) error {
+	shared, _, err := r.load(ctx)
+	if err != nil {
+		return err
+	}
+	for _, st := range r.local.Tripped() {
+		if _, ok := shared[st.Topic]; ok {
+			continue
+		}
+		if err := tripScript.Run(ctx, r.cfg.Client, r.keys(), r.cfg.Prefix, st.Topic, st.CooldownTicksLeft,
+			st.TrippedAt.UnixMilli(), st.LastError).Err(); err != nil {
+			return err
+		}
+	}
+	r.mu.Lock()
+	r.degraded = false
+	r.mu.Unlock()
+	if r.cfg.OnRedisError != nil {
+		r.cfg.OnRedisError(nil)
+	}
+	return nil
+}
+
+// load reads every non-closed topic and every generation.
+func (r *Redis) load(ctx context.Context) (map[string]remote, map[string]uint64, error) {
+	pipe := r.cfg.Client.Pipeline()
+	topicsCmd := pipe.HGetAll(ctx, r.key("topics"))
+	gensCmd := pipe.HGetAll(ctx, r.key("gens"))
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, nil, err
+	}
+	topics := make(map[string]remote, len(topicsCmd.Val()))
+	for t, raw := range topicsCmd.Val() {
+		var st remote
+		if err := json.Unmarshal([]byte(raw), &st); err != nil {
+			return nil, nil, fmt.Errorf("topic %q in %s: %w", t, r.key("topics"), err)
+		}
+		topics[t] = st
+	}
+	gens := make(map[string]uint64, len(gensCmd.Val()))
+	for t, v := range gensCmd.Val() {
+		n, _ := strconv.ParseUint(v, 10, 64)
+		gens[t] = n
+	}
+	return topics, gens, nil
+}
+
+// Plan reads the shared state: tripped topics are left out, and each half-open
+// topic is tried by the one instance that claims its trial; the others leave it
+// out too.
+func (r *Redis) Plan() Plan {
+	if r.isDegraded() {
+		return r.local.Plan()
+	}
+	ctx, cancel := r.ctx()
+	defer cancel()
+	topics, gens, err := r.load(ctx)
+	if err != nil {
+		r.fail(fmt.Errorf("topic breaker plan: %w", err))
+		return r.local.Plan()
+	}
+	p := Plan{Excluded: []string{}, Trials: map[string]bool{}, gens: gens}
+	for t, st := range topics {
+		if st.State != StateHalfOpen.String() {
+			p.Excluded = append(p.Excluded, t)
+			continue
+		}
+		ok, err := r.cfg.Client.SetNX(ctx, r.key("trial", t), r.cfg.Instance, r.cfg.TrialTTL).Result()
+		if err != nil {
+			r.fail(fmt.Errorf("topic breaker trial of %q: %w", t, err))
+			return r.local.Plan()
+		}
+		if !ok {
+			holder, _ := r.cfg.Client.Get(ctx, r.key("trial", t)).Result()
+			ok = holder == r.cfg.Instance
+		}
+		if ok {
+			p.Trials[t] = true
+		} else {
+			p.Excluded = append(p.Excluded, t)
+		}
+	}
+	slices.Sort(p.Excluded)
+	r.mu.Lock()
+	r.trials = maps.Clone(p.Trials)
+	r.mu.Unlock()
+	return p
+}
+
+// Success reports an accepted batch. Only a trial's success changes the shared
+// state, so other batches cost no Redis call.
+func (r *Redis) Success(topic string, gen uint64) {
+	r.local.Success(topic, r.localGen(topic, gen))
+	r.mu.Lock()
+	trial := r.trials[topic]
+	r.mu.Unlock()
+	if !trial || r.isDegraded() {
+		return
+	}
+	ctx, cancel := r.ctx()
+	defer cancel()
+	res, err := successScript.Run(ctx, r.cfg.Client, r.keys(), r.cfg.Prefix, topic, gen).Text()
+	if err != nil {
+		r.fail(fmt.Errorf("topic breaker success of %q: %w", topic, err))
+		return
+	}
+	if res == "closed" {
+		r.tell(topic, StateHalfOpen, StateClosed, "trial batch succeeded")
+	}
+}
+
+// Failure reports a failed batch to Redis (and to the local shadow).
+func (r *Redis) Failure(topic string, gen uint64, topicClass bool, errText string) {
+	r.local.Failure(topic, r.localGen(topic, gen), topicClass, errText)
+	if r.isDegraded() {
+		return
+	}
+	ctx, cancel := r.ctx()
+	defer cancel()
+	s := r.cfg.Settings
+	class := "0"
+	if topicClass {
+		class = "1"
+	}
+	now := s.Now()
+	res, err := failureScript.Run(ctx, r.cfg.Client, r.keys(), r.cfg.Prefix, topic, gen, class, now.UnixMilli(),
+		s.FailureWindow.Milliseconds(), s.FailureThreshold, r.local.cooldownOf(topic), s.MaxCooldownTicks, errText,
+		fmt.Sprintf("%s-%d", r.cfg.Instance, now.UnixNano())).Text()
+	if err != nil {
+		r.fail(fmt.Errorf("topic breaker failure of %q: %w", topic, err))
+		return
+	}
+	if res == "tripped" {
+		r.tell(topic, StateClosed, StateTripped, "failure reported by "+r.cfg.Instance)
+	}
+}
+
+// Trip trips topic in the shared state (and locally).
+func (r *Redis) Trip(topic, reason string) {
+	r.local.Trip(topic, reason)
+	ctx, cancel := r.ctx()
+	defer cancel()
+	err := tripScript.Run(ctx, r.cfg.Client, r.keys(), r.cfg.Prefix, topic, r.local.cooldownOf(topic),
+		r.cfg.Settings.Now().UnixMilli(), reason).Err()
+	if err != nil {
+		r.fail(fmt.Errorf("topic breaker trip of %q: %w", topic, err))
+		return
+	}
+	r.tell(topic, StateClosed, StateTripped, "tripped by an operator: "+reason)
+}
+
+// Reset closes topic in the shared state (and locally).
+func (r *Redis) Reset(topic string) {
+	r.local.Reset(topic)
+	ctx, cancel := r.ctx()
+	defer cancel()
+	res, err := resetScript.Run(ctx, r.cfg.Client, r.keys(), r.cfg.Prefix, topic).Text()
+	if err != nil {
+		r.fail(fmt.Errorf("topic breaker reset of %q: %w", topic, err))
+		return
+	}
+	if res == "closed" {
+		r.tell(topic, StateTripped, StateClosed, "reset by an operator")
+	}
+}
+
+// Tripped lists the shared state's topics that are not closed, or the local
+// ones while Redis does not answer.
+func (r *Redis) Tripped() []TopicStatus {
+	if r.isDegraded() {
+		return r.local.Tripped()
+	}
+	ctx, cancel := r.ctx()
+	defer cancel()
+	topics, _, err := r.load(ctx)
+	if err != nil {
+		r.fail(fmt.Errorf("topic breaker list: %w", err))
+		return r.local.Tripped()
+	}
+	var out []TopicStatus
+	for _, t := range slices.Sorted(maps.Keys(topics)) {
+		st := topics[t]
+		out = append(out, TopicStatus{Topic: t, State: st.State, CooldownTicksLeft: st.TicksLeft, Trips: st.Trips,
+			TrippedAt: time.UnixMilli(st.TrippedAt).UTC(), LastError: st.LastError})
+	}
+	return out
+}
+
+// State returns topic's shared state, or its local one while Redis does not
+// answer.
+func (r *Redis) State(topic string) State {
+	for _, st := range r.Tripped() {
+		if st.Topic == topic {
+			if st.State == StateHalfOpen.String() {
+				return StateHalfOpen
+			}
+			return StateTripped
+		}
+	}
+	return StateClosed
+}
+
+// localGen returns the generation to report to the local shadow: gen itself
+// while degraded (the plan was local), else the shadow's current one (the plan
+// came from Redis, whose generations are not the shadow's).
+func (r *Redis) localGen(topic string, gen uint64) uint64 {
+	if r.isDegraded() {
+		return gen
+	}
+	return r.local.genOf(topic)
+}
+
+// Degraded reports whether the breaker is working on local state because Redis
+// did not answer.
+func (r *Redis) Degraded() bool { return r.isDegraded() }
+
+func (r *Redis) tell(topic string, from, to State, reason string) {
+	if r.notify != nil {
+		r.notify(topic, from, to, reason)
+	}
+}
