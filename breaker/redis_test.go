@@ -2,9 +2,6 @@ package breaker_test
 
 import (
 	"context"
-	"fmt"
-	"net"
-	"os/exec"
 	"sync"
 	"testing"
 	"time"
@@ -130,46 +127,13 @@ func TestRedisFailedTrialDoublesTheCooldown(t *testing.T) {
 	require.Equal(t, 2, st.Trips)
 }
 
-// startRedis runs a Redis server of the test's own on a free port, so the test
-// can stop and start it. It returns the URL and functions to stop and start it.
-func startRedis(t *testing.T) (url string, stop, start func()) {
-	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	require.NoError(t, err, "this test runs its own Redis: install redis-server (bash .ci/run does)")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	port := ln.Addr().(*net.TCPAddr).Port
-	require.NoError(t, ln.Close())
-	var cmd *exec.Cmd
-	start = func() {
-		cmd = exec.Command(bin, "--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
-		require.NoError(t, cmd.Start())
-		require.Eventually(t, func() bool {
-			c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-			if err == nil {
-				c.Close()
-			}
-			return err == nil
-		}, 10*time.Second, 10*time.Millisecond)
-	}
-	stop = func() {
-		if cmd != nil && cmd.Process != nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-			cmd = nil
-		}
-	}
-	start()
-	t.Cleanup(stop)
-	return fmt.Sprintf("redis://127.0.0.1:%d/0", port), stop, start
-}
 
 // Redis stops: the breaker works on local state, says so once, and when Redis
 // is back (empty, as a restarted Redis without persistence is) it copies the
 // topics tripped meanwhile there.
 func TestRedisOutageFallsBackAndReconciles(t *testing.T) {
 	t.Parallel()
-	url, stop, start := startRedis(t)
+	url, stop, start := brokertest.StartRedis(t)
 	opts, err := redis.ParseURL(url)
 	require.NoError(t, err)
 	client := redis.NewClient(opts)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
@@ -247,4 +248,48 @@ func TestTwoSweepersShareTheTopicBreakerThroughRedis(t *testing.T) {
 		sweep(two)
 	}
 	require.Zero(t, dbtest.Outstanding(t, tbl), "closed: the rest of A goes")
+}
+
+// Redis stops in the middle of a run: healthy topics keep being dispatched, a
+// topic that fails meanwhile is tripped on local state, and once Redis is back
+// the shared state holds that trip.
+func TestRedisOutageDoesNotStopRelaying(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	url, stop, start := brokertest.StartRedis(t)
+	opts, err := redis.ParseURL(url)
+	require.NoError(t, err)
+	client := redis.NewClient(opts)
+	t.Cleanup(func() { _ = client.Close() })
+	b, err := breaker.NewRedis(breaker.RedisConfig{Client: client, Prefix: "outage", OpTimeout: 200 * time.Millisecond})
+	require.NoError(t, err)
+	prod := memory.New(memory.Config{})
+	prod.FailTopic("A", errors.New("A is down"))
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, TopicBreaker: b})
+
+	writeMessages(t, tbl, topicMessages("B", 5)...)
+	res, err := s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 5, res.Dispatched)
+
+	stop()
+	writeMessages(t, tbl, topicMessages("A", 5)...)
+	writeMessages(t, tbl, topicMessages("B", 5)...)
+	res, err = s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 5, res.Dispatched, "B goes on while Redis is down")
+	require.Equal(t, []string{"A"}, res.FailedTopics)
+	require.True(t, b.Degraded())
+	require.Equal(t, breaker.StateTripped, b.State("A"), "tripped on local state")
+
+	start()
+	require.Eventually(t, func() bool {
+		_, err := s.Sweep(context.Background()) // its tick asks Redis again
+		require.NoError(t, err)
+		return !b.Degraded()
+	}, 10*time.Second, 50*time.Millisecond)
+	shared, err := client.HKeys(context.Background(), "outage:topics").Result()
+	require.NoError(t, err)
+	require.Equal(t, []string{"A"}, shared, "the local trip is shared once Redis is back")
+	require.Equal(t, 5, dbtest.Outstanding(t, tbl), "A's rows wait, none lost")
 }

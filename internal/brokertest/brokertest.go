@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"os/exec"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -111,4 +112,49 @@ func CreateStream(t testing.TB, js jetstream.JetStream, cfg jetstream.StreamConf
 	}
 	t.Fatalf("create stream %s: %v", cfg.Name, err)
 	return nil
+}
+
+// StartRedis runs a Redis server of the test's own on a free port, so the test
+// can stop and start it. It returns the URL and functions to stop and start it.
+func StartRedis(t *testing.T) (url string, stop, start func()) {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatalf("this test runs its own Redis: install redis-server (bash .ci/run does): %v", err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	_ = ln.Close()
+	var cmd *exec.Cmd
+	start = func() {
+		cmd = exec.Command(bin, "--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
+		if err := cmd.Start(); err != nil {
+			t.Fatalf("start redis-server: %v", err)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+			if err == nil {
+				_ = c.Close()
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("redis-server on port %d did not start: %v", port, err)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	stop = func() {
+		if cmd != nil && cmd.Process != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			cmd = nil
+		}
+	}
+	start()
+	t.Cleanup(stop)
+	return fmt.Sprintf("redis://127.0.0.1:%d/0", port), stop, start
 }
