@@ -127,7 +127,6 @@ func TestRedisFailedTrialDoublesTheCooldown(t *testing.T) {
 	require.Equal(t, 2, st.Trips)
 }
 
-
 // Redis stops: the breaker works on local state, says so once, and when Redis
 // is back (empty, as a restarted Redis without persistence is) it copies the
 // topics tripped meanwhile there.
