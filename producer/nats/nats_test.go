@@ -15,6 +15,7 @@ import (
 	"github.com/outbox-sweeper/sweeper/internal/brokertest"
 	"github.com/outbox-sweeper/sweeper/producer"
 	outboxnats "github.com/outbox-sweeper/sweeper/producer/nats"
+	"github.com/outbox-sweeper/sweeper/producer/producertest"
 	"github.com/outbox-sweeper/sweeper/test/tcpproxy"
 )
 
@@ -71,18 +72,6 @@ func (f *fixture) stored(t *testing.T, n int) []jetstream.Msg {
 	return out
 }
 
-func msgs(topic string, from, n int) []producer.Message {
-	out := make([]producer.Message, n)
-	for i := range out {
-		id := int64(from + i)
-		out[i] = producer.Message{
-			ID: id, MessageID: fmt.Sprintf("00000000-0000-4000-8000-%012d", id), Topic: topic,
-			Payload: fmt.Appendf(nil, "body-%d", id), Headers: []byte(`{}`),
-		}
-	}
-	return out
-}
-
 func TestSendMapsEveryField(t *testing.T) {
 	t.Parallel()
 	f := setup(t, outboxnats.Config{}, jetstream.StreamConfig{})
@@ -113,7 +102,7 @@ func TestRedeliveredBatchIsDeduplicated(t *testing.T) {
 	t.Parallel()
 	f := setup(t, outboxnats.Config{}, jetstream.StreamConfig{})
 	subj := f.subject("t")
-	batch := producer.Batch{Topic: subj, Messages: msgs(subj, 1, 50)}
+	batch := producer.Batch{Topic: subj, Messages: producertest.Messages(subj, 1, 50)}
 	require.NoError(t, f.p.Send(context.Background(), batch))
 	require.NoError(t, f.p.Send(context.Background(), batch))
 	info, err := f.stream.Info(context.Background())
@@ -128,7 +117,7 @@ func TestSubjectWithoutStreamIsTopicClass(t *testing.T) {
 	t.Parallel()
 	f := setup(t, outboxnats.Config{}, jetstream.StreamConfig{})
 	subj := brokertest.Name("nostream") + ".t"
-	err := f.p.Send(context.Background(), producer.Batch{Topic: subj, Messages: msgs(subj, 1, 3)})
+	err := f.p.Send(context.Background(), producer.Batch{Topic: subj, Messages: producertest.Messages(subj, 1, 3)})
 	require.Equal(t, producer.ClassTopic, producer.ClassOf(err), "%v", err)
 	require.Equal(t, "no_stream", producer.ReasonOf(err))
 	require.ErrorContains(t, err, "create a stream whose subjects include this one")
@@ -140,7 +129,7 @@ func TestMessageOverStreamLimitIsMessageClass(t *testing.T) {
 	t.Parallel()
 	f := setup(t, outboxnats.Config{}, jetstream.StreamConfig{MaxMsgSize: 100})
 	subj := f.subject("t")
-	batch := producer.Batch{Topic: subj, Messages: msgs(subj, 1, 3)}
+	batch := producer.Batch{Topic: subj, Messages: producertest.Messages(subj, 1, 3)}
 	batch.Messages[1].Payload = make([]byte, 200)
 	err := f.p.Send(context.Background(), batch)
 	require.Equal(t, producer.ClassMessage, producer.ClassOf(err), "%v", err)
@@ -151,7 +140,7 @@ func TestBatchesRejectMessagesOverMaxPayload(t *testing.T) {
 	t.Parallel()
 	f := setup(t, outboxnats.Config{MaxBatch: 2}, jetstream.StreamConfig{})
 	subj := f.subject("t")
-	in := msgs(subj, 1, 5)
+	in := producertest.Messages(subj, 1, 5)
 	in[2].Payload = make([]byte, 2<<20) // the server's max_payload is 1 MiB
 	batches, err := f.p.Batches(context.Background(), subj, in)
 	require.Equal(t, producer.ClassMessage, producer.ClassOf(err))
@@ -165,14 +154,14 @@ func TestInvalidHeadersAreMessageClass(t *testing.T) {
 	t.Parallel()
 	f := setup(t, outboxnats.Config{}, jetstream.StreamConfig{})
 	subj := f.subject("t")
-	batch := producer.Batch{Topic: subj, Messages: msgs(subj, 1, 2)}
+	batch := producer.Batch{Topic: subj, Messages: producertest.Messages(subj, 1, 2)}
 	batch.Messages[0].Headers = []byte(`"x"`)
 	err := f.p.Send(context.Background(), batch)
 	require.Equal(t, producer.ClassMessage, producer.ClassOf(err))
 	require.Equal(t, []int64{1}, producer.MessageIDs(err))
 
 	// JetStream's own control headers never come from a row.
-	batch = producer.Batch{Topic: subj, Messages: msgs(subj, 1, 2)}
+	batch = producer.Batch{Topic: subj, Messages: producertest.Messages(subj, 1, 2)}
 	batch.Messages[1].Headers = []byte(`{"Nats-Rollup":"all"}`)
 	err = f.p.Send(context.Background(), batch)
 	require.Equal(t, []int64{2}, producer.MessageIDs(err))
@@ -189,7 +178,7 @@ func TestConnectionCutLosesNothing(t *testing.T) {
 	subj := f.subject("t")
 	failures := 0
 	for i := range 20 {
-		batch := producer.Batch{Topic: subj, Messages: msgs(subj, i*10+1, 10)}
+		batch := producer.Batch{Topic: subj, Messages: producertest.Messages(subj, i*10+1, 10)}
 		if i == 5 {
 			proxy.Cut()
 		}
@@ -217,11 +206,11 @@ func TestServerDownIsTransientAndClosedIsLocal(t *testing.T) {
 	proxy.Refuse(true)
 	p, err := outboxnats.New(outboxnats.Config{URL: brokertest.WithHost(t, brokertest.NATSURL(t), proxy.Addr()), ConnectTimeout: time.Second})
 	require.NoError(t, err)
-	err = p.Send(context.Background(), producer.Batch{Topic: "x", Messages: msgs("x", 1, 1)})
+	err = p.Send(context.Background(), producer.Batch{Topic: "x", Messages: producertest.Messages("x", 1, 1)})
 	require.Equal(t, producer.ClassTransient, producer.ClassOf(err), "%v", err)
 	require.True(t, strings.Contains(err.Error(), "connect to NATS"), err.Error())
 	require.NoError(t, p.Close(context.Background()))
-	err = p.Send(context.Background(), producer.Batch{Topic: "x", Messages: msgs("x", 1, 1)})
+	err = p.Send(context.Background(), producer.Batch{Topic: "x", Messages: producertest.Messages("x", 1, 1)})
 	require.Equal(t, producer.ClassLocal, producer.ClassOf(err))
 	_, err = outboxnats.New(outboxnats.Config{})
 	require.ErrorContains(t, err, "no URL (--nats-url)")

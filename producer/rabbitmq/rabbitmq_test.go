@@ -14,6 +14,7 @@ import (
 
 	"github.com/outbox-sweeper/sweeper/internal/brokertest"
 	"github.com/outbox-sweeper/sweeper/producer"
+	"github.com/outbox-sweeper/sweeper/producer/producertest"
 	"github.com/outbox-sweeper/sweeper/producer/rabbitmq"
 	"github.com/outbox-sweeper/sweeper/test/tcpproxy"
 )
@@ -78,18 +79,6 @@ func (f *fixture) bind(t *testing.T, topic string, args amqp.Table) func(n int) 
 	}
 }
 
-func msgs(topic string, from, n int) []producer.Message {
-	out := make([]producer.Message, n)
-	for i := range out {
-		id := int64(from + i)
-		out[i] = producer.Message{
-			ID: id, MessageID: fmt.Sprintf("00000000-0000-4000-8000-%012d", id), Topic: topic,
-			Payload: fmt.Appendf(nil, "body-%d", id), Headers: []byte(`{}`),
-		}
-	}
-	return out
-}
-
 func TestSendMapsEveryField(t *testing.T) {
 	t.Parallel()
 	f := setup(t, rabbitmq.Config{})
@@ -122,7 +111,7 @@ func TestBatchArrivesWholeAndInOrder(t *testing.T) {
 	t.Parallel()
 	f := setup(t, rabbitmq.Config{})
 	recv := f.bind(t, "t", nil)
-	batch := producer.Batch{Topic: "t", Messages: msgs("t", 1, 300)}
+	batch := producer.Batch{Topic: "t", Messages: producertest.Messages("t", 1, 300)}
 	require.NoError(t, f.p.Send(context.Background(), batch))
 	got := recv(300)
 	for i, d := range got {
@@ -133,7 +122,7 @@ func TestBatchArrivesWholeAndInOrder(t *testing.T) {
 func TestUnroutableTopicIsTopicClass(t *testing.T) {
 	t.Parallel()
 	f := setup(t, rabbitmq.Config{})
-	err := f.p.Send(context.Background(), producer.Batch{Topic: "nobody.listens", Messages: msgs("nobody.listens", 1, 3)})
+	err := f.p.Send(context.Background(), producer.Batch{Topic: "nobody.listens", Messages: producertest.Messages("nobody.listens", 1, 3)})
 	require.Equal(t, producer.ClassTopic, producer.ClassOf(err), "%v", err)
 	require.Equal(t, "unroutable", producer.ReasonOf(err))
 	require.ErrorContains(t, err, `3 of 3 messages returned by exchange "`+f.exchange+`" for routing key "nobody.listens"`)
@@ -141,7 +130,7 @@ func TestUnroutableTopicIsTopicClass(t *testing.T) {
 
 	// The channel stays usable: the next batch to a bound topic goes through.
 	recv := f.bind(t, "bound", nil)
-	require.NoError(t, f.p.Send(context.Background(), producer.Batch{Topic: "bound", Messages: msgs("bound", 10, 2)}))
+	require.NoError(t, f.p.Send(context.Background(), producer.Batch{Topic: "bound", Messages: producertest.Messages("bound", 10, 2)}))
 	require.Len(t, recv(2), 2)
 }
 
@@ -155,7 +144,7 @@ func TestNackIsTransient(t *testing.T) {
 	q, err := ch.QueueDeclare("", false, true, true, false, amqp.Table{"x-max-length": int32(1), "x-overflow": "reject-publish"})
 	require.NoError(t, err)
 	require.NoError(t, ch.QueueBind(q.Name, "full", f.exchange, false, nil))
-	err = f.p.Send(context.Background(), producer.Batch{Topic: "full", Messages: msgs("full", 1, 3)})
+	err = f.p.Send(context.Background(), producer.Batch{Topic: "full", Messages: producertest.Messages("full", 1, 3)})
 	require.Equal(t, producer.ClassTransient, producer.ClassOf(err), "%v", err)
 	require.Equal(t, "nacked", producer.ReasonOf(err))
 	require.ErrorContains(t, err, "nacked 2 of 3 messages")
@@ -164,7 +153,7 @@ func TestNackIsTransient(t *testing.T) {
 func TestInvalidHeadersAreMessageClass(t *testing.T) {
 	t.Parallel()
 	f := setup(t, rabbitmq.Config{})
-	batch := producer.Batch{Topic: "t", Messages: msgs("t", 1, 3)}
+	batch := producer.Batch{Topic: "t", Messages: producertest.Messages("t", 1, 3)}
 	batch.Messages[1].Headers = []byte(`["not","an","object"]`)
 	err := f.p.Send(context.Background(), batch)
 	require.Equal(t, producer.ClassMessage, producer.ClassOf(err))
@@ -175,7 +164,7 @@ func TestBatchesCutByCountAndBytesAndRejectTooLarge(t *testing.T) {
 	t.Parallel()
 	p, err := rabbitmq.New(rabbitmq.Config{URL: "amqp://127.0.0.1:1/", MaxBatch: 3, MaxBatchBytes: 25, MaxMessageBytes: 20})
 	require.NoError(t, err)
-	in := msgs("t", 1, 7) // payloads "body-N": 6 bytes each
+	in := producertest.Messages("t", 1, 7) // payloads "body-N": 6 bytes each
 	in[4].Payload = make([]byte, 21)
 	in[5].Payload = make([]byte, 20)
 	batches, err := p.Batches(context.Background(), "t", in)
@@ -199,11 +188,11 @@ func TestConnectionCutIsReestablished(t *testing.T) {
 	f := setup(t, rabbitmq.Config{URL: brokertest.WithHost(t, url, proxy.Addr())})
 	recv := f.bind(t, "t", nil)
 
-	require.NoError(t, f.p.Send(context.Background(), producer.Batch{Topic: "t", Messages: msgs("t", 1, 5)}))
+	require.NoError(t, f.p.Send(context.Background(), producer.Batch{Topic: "t", Messages: producertest.Messages("t", 1, 5)}))
 	proxy.Cut()
 	var err error
 	for i := range 50 { // the first send may not notice the cut yet
-		err = f.p.Send(context.Background(), producer.Batch{Topic: "t", Messages: msgs("t", 100+i*5, 5)})
+		err = f.p.Send(context.Background(), producer.Batch{Topic: "t", Messages: producertest.Messages("t", 100+i*5, 5)})
 		if err == nil {
 			break
 		}
@@ -228,7 +217,7 @@ func TestConnectionLostWhileConfirmsArePending(t *testing.T) {
 		rabbitmq.SetAfterPublish(f.p, func() { rabbitmq.CloseSocket(f.p) })
 		done := make(chan error, 1)
 		go func() {
-			done <- f.p.Send(context.Background(), producer.Batch{Topic: "t", Messages: msgs("t", i*100+1, 50)})
+			done <- f.p.Send(context.Background(), producer.Batch{Topic: "t", Messages: producertest.Messages("t", i*100+1, 50)})
 		}()
 		select {
 		case err := <-done:
@@ -249,12 +238,12 @@ func TestBrokerDownIsTransientAndClosedIsLocal(t *testing.T) {
 	proxy.Refuse(true)
 	p, err := rabbitmq.New(rabbitmq.Config{URL: brokertest.WithHost(t, brokertest.RabbitMQURL(t), proxy.Addr()), DialTimeout: time.Second})
 	require.NoError(t, err)
-	err = p.Send(context.Background(), producer.Batch{Topic: "t", Messages: msgs("t", 1, 1)})
+	err = p.Send(context.Background(), producer.Batch{Topic: "t", Messages: producertest.Messages("t", 1, 1)})
 	require.Equal(t, producer.ClassTransient, producer.ClassOf(err), "%v", err)
 	require.ErrorContains(t, err, "connect to RabbitMQ")
 
 	require.NoError(t, p.Close(context.Background()))
-	err = p.Send(context.Background(), producer.Batch{Topic: "t", Messages: msgs("t", 1, 1)})
+	err = p.Send(context.Background(), producer.Batch{Topic: "t", Messages: producertest.Messages("t", 1, 1)})
 	require.Equal(t, producer.ClassLocal, producer.ClassOf(err))
 }
 
@@ -271,7 +260,7 @@ func TestConcurrentSends(t *testing.T) {
 	for i := range 4 {
 		wg.Go(func() {
 			for j := range 10 {
-				if err := f.p.Send(context.Background(), producer.Batch{Topic: fmt.Sprint("c", i), Messages: msgs(fmt.Sprint("c", i), j*10+1, 10)}); err != nil {
+				if err := f.p.Send(context.Background(), producer.Batch{Topic: fmt.Sprint("c", i), Messages: producertest.Messages(fmt.Sprint("c", i), j*10+1, 10)}); err != nil {
 					errs[i] = err
 					return
 				}
