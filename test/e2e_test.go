@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outbox-sweeper/sweeper/internal/brokertest"
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
 	"github.com/outbox-sweeper/sweeper/outbox"
 	"github.com/outbox-sweeper/sweeper/test/tcpproxy"
@@ -135,6 +136,19 @@ func TestRunOnACronSchedule(t *testing.T) {
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGINT))
 	require.Equal(t, 0, p.wait(t, 20*time.Second))
 	require.Len(t, parseLines(t, p.Lines()), 10)
+}
+
+// The binary with its topic breaker in Redis relays like the one in memory.
+func TestRunWithTheTopicBreakerInRedis(t *testing.T) {
+	t.Parallel()
+	tbl := migrated(t)
+	insertRows(t, tbl, "a", 5)
+	p := start(t, nil, "run", "--database-url", dbtest.URL(t), "--schema", tbl.Schema, "--tick", "50ms",
+		"--redis-url", brokertest.RedisURL(t))
+	dbtest.Eventually(t, 20*time.Second, "5 lines", func() bool { return len(p.Lines()) >= 5 })
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	require.Equal(t, 0, p.wait(t, 20*time.Second))
+	require.NotContains(t, p.Stderr(), "redis does not answer")
 }
 
 // The database is down when the sweeper starts, comes up, then drops every
