@@ -74,7 +74,13 @@ type Redis struct {
 
 	mu       sync.Mutex
 	degraded bool
-	trials   map[string]bool // the trials of this instance's last plan
+	// planLocal says the last plan came from the local shadow, so its
+	// generations are the shadow's.
+	planLocal bool
+	trials    map[string]bool // the trials of this instance's last plan
+	// pending holds what happened on local state while Redis did not answer,
+	// to copy when it does: topics tripped (true) and reset (false).
+	pending map[string]bool
 }
 
 var _ Breaker = (*Redis)(nil)
@@ -103,7 +109,7 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 	notify := cfg.Settings.OnStateChange
 	local := cfg.Settings
 	local.OnStateChange = nil // the shared state's changes are the ones to tell
-	r := &Redis{cfg: cfg, local: New(local), notify: notify}
+	r := &Redis{cfg: cfg, local: New(local), notify: notify, pending: map[string]bool{}}
 	r.cfg.Settings = r.local.s // defaults filled in
 	return r, nil
 }
@@ -162,6 +168,7 @@ const luaHelpers = `
 local topics, gens, lease = KEYS[1], KEYS[2], KEYS[3]
 local prefix = ARGV[1]
 local function trip(topic, st, cooldown, now, err)
+  cooldown = math.max(1, cooldown)
   st = st or {trips = 0}
   st.state, st.ticks_left, st.cooldown = 'tripped', cooldown, cooldown
   st.trips = (st.trips or 0) + 1
@@ -189,7 +196,8 @@ local st = raw and cjson.decode(raw)
 local now, maxc = tonumber(ARGV[5]), tonumber(ARGV[9])
 if st and st.state == 'tripped' then return '' end
 if st and st.state == 'half-open' then
-  return trip(topic, st, math.min(2 * st.cooldown, maxc), now, ARGV[10])
+  trip(topic, st, math.min(2 * st.cooldown, maxc), now, ARGV[10])
+  return 'retripped'
 end
 local f = prefix .. ':failures:' .. topic
 redis.call('ZADD', f, now, ARGV[11])
@@ -221,12 +229,14 @@ local all = redis.call('HGETALL', topics)
 for i = 1, #all, 2 do
   local st = cjson.decode(all[i + 1])
   if st.state == 'tripped' then
-    st.ticks_left = st.ticks_left - 1
+    -- Check, then count, as the in-memory breaker does.
     if st.ticks_left <= 0 then
       st.ticks_left, st.state = 0, 'half-open'
       redis.call('HINCRBY', gens, all[i], 1)
       redis.call('DEL', prefix .. ':trial:' .. all[i])
       table.insert(opened, all[i])
+    else
+      st.ticks_left = st.ticks_left - 1
     end
     redis.call('HSET', topics, all[i], cjson.encode(st))
   end
@@ -240,9 +250,23 @@ local raw = redis.call('HGET', topics, ARGV[2])
 return trip(ARGV[2], raw and cjson.decode(raw), tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5])
 `)
 
+// ARGV: prefix, topic, cooldown, ticks left, trips, tripped at ms, last error.
+// Copies a trip made on local state while Redis did not answer, unless Redis
+// has the topic tripped already.
+var copyTripScript = redis.NewScript(luaHelpers + `
+if redis.call('HEXISTS', topics, ARGV[2]) == 1 then return '' end
+local cooldown = math.max(1, tonumber(ARGV[3]))
+redis.call('HSET', topics, ARGV[2], cjson.encode({state = 'tripped', cooldown = cooldown,
+  ticks_left = tonumber(ARGV[4]), trips = tonumber(ARGV[5]), tripped_at = tonumber(ARGV[6]),
+  last_error = ARGV[7]}))
+redis.call('HINCRBY', gens, ARGV[2], 1)
+return 'tripped'
+`)
+
 // ARGV: prefix, topic.
 var resetScript = redis.NewScript(luaHelpers + `
 if redis.call('HEXISTS', topics, ARGV[2]) == 1 then return close(ARGV[2]) end
+redis.call('DEL', prefix .. ':failures:' .. ARGV[2])
 return ''
 `)
 
@@ -268,24 +292,33 @@ func (r *Redis) OnTick() {
 	}
 }
 
-// reconcile runs when Redis answers again after an outage: topics tripped
-// locally meanwhile, and not tripped in Redis, are tripped there.
+// reconcile runs when Redis answers again after an outage: what this instance
+// did on local state meanwhile is copied there. Topics it tripped are tripped in
+// Redis (unless another instance tripped them already), with their cooldown and
+// trips; topics an operator reset are reset. Nothing else of the shadow is
+// copied: it may be stale.
 func (r *Redis) reconcile(ctx context.Context) error {
-	shared, _, err := r.load(ctx)
-	if err != nil {
+	if err := r.cfg.Client.Ping(ctx).Err(); err != nil {
 		return err
 	}
-	for _, st := range r.local.Tripped() {
-		if _, ok := shared[st.Topic]; ok {
-			continue
+	r.mu.Lock()
+	pending := maps.Clone(r.pending)
+	r.mu.Unlock()
+	for topic, tripped := range pending {
+		var err error
+		if !tripped {
+			err = resetScript.Run(ctx, r.cfg.Client, r.keys(), r.cfg.Prefix, topic).Err()
+		} else if st, cooldown, ok := r.local.status(topic); ok && st.State == StateTripped.String() {
+			err = copyTripScript.Run(ctx, r.cfg.Client, r.keys(), r.cfg.Prefix, topic, cooldown, st.CooldownTicksLeft,
+				st.Trips, st.TrippedAt.UnixMilli(), st.LastError).Err()
 		}
-		if err := tripScript.Run(ctx, r.cfg.Client, r.keys(), r.cfg.Prefix, st.Topic, st.CooldownTicksLeft,
-			st.TrippedAt.UnixMilli(), st.LastError).Err(); err != nil {
+		if err != nil {
 			return err
 		}
 	}
 	r.mu.Lock()
 	r.degraded = false
+	clear(r.pending)
 	r.mu.Unlock()
 	if r.cfg.OnRedisError != nil {
 		r.cfg.OnRedisError(nil)
@@ -322,14 +355,14 @@ func (r *Redis) load(ctx context.Context) (map[string]remote, map[string]uint64,
 // out too.
 func (r *Redis) Plan() Plan {
 	if r.isDegraded() {
-		return r.local.Plan()
+		return r.localPlan()
 	}
 	ctx, cancel := r.ctx()
 	defer cancel()
 	topics, gens, err := r.load(ctx)
 	if err != nil {
 		r.fail(fmt.Errorf("topic breaker plan: %w", err))
-		return r.local.Plan()
+		return r.localPlan()
 	}
 	p := Plan{Excluded: []string{}, Trials: map[string]bool{}, gens: gens}
 	for t, st := range topics {
@@ -340,7 +373,7 @@ func (r *Redis) Plan() Plan {
 		ok, err := r.cfg.Client.SetNX(ctx, r.key("trial", t), r.cfg.Instance, r.cfg.TrialTTL).Result()
 		if err != nil {
 			r.fail(fmt.Errorf("topic breaker trial of %q: %w", t, err))
-			return r.local.Plan()
+			return r.localPlan()
 		}
 		if !ok {
 			holder, _ := r.cfg.Client.Get(ctx, r.key("trial", t)).Result()
@@ -355,6 +388,17 @@ func (r *Redis) Plan() Plan {
 	slices.Sort(p.Excluded)
 	r.mu.Lock()
 	r.trials = maps.Clone(p.Trials)
+	r.planLocal = false
+	r.mu.Unlock()
+	return p
+}
+
+// localPlan is the plan of the local shadow, used while Redis does not answer.
+func (r *Redis) localPlan() Plan {
+	p := r.local.Plan()
+	r.mu.Lock()
+	r.trials = maps.Clone(p.Trials)
+	r.planLocal = true
 	r.mu.Unlock()
 	return p
 }
@@ -364,9 +408,9 @@ func (r *Redis) Plan() Plan {
 func (r *Redis) Success(topic string, gen uint64) {
 	r.local.Success(topic, r.localGen(topic, gen))
 	r.mu.Lock()
-	trial := r.trials[topic]
+	trial, planLocal := r.trials[topic], r.planLocal
 	r.mu.Unlock()
-	if !trial || r.isDegraded() {
+	if !trial || planLocal || r.isDegraded() {
 		return
 	}
 	ctx, cancel := r.ctx()
@@ -384,7 +428,11 @@ func (r *Redis) Success(topic string, gen uint64) {
 // Failure reports a failed batch to Redis (and to the local shadow).
 func (r *Redis) Failure(topic string, gen uint64, topicClass bool, errText string) {
 	r.local.Failure(topic, r.localGen(topic, gen), topicClass, errText)
-	if r.isDegraded() {
+	r.mu.Lock()
+	planLocal := r.planLocal
+	r.mu.Unlock()
+	if planLocal || r.isDegraded() {
+		r.remember(topic)
 		return
 	}
 	ctx, cancel := r.ctx()
@@ -400,22 +448,41 @@ func (r *Redis) Failure(topic string, gen uint64, topicClass bool, errText strin
 		fmt.Sprintf("%s-%d", r.cfg.Instance, now.UnixNano())).Text()
 	if err != nil {
 		r.fail(fmt.Errorf("topic breaker failure of %q: %w", topic, err))
+		r.remember(topic)
 		return
 	}
-	if res == "tripped" {
+	switch res {
+	case "tripped":
 		r.tell(topic, StateClosed, StateTripped, "failure reported by "+r.cfg.Instance)
+	case "retripped":
+		r.tell(topic, StateHalfOpen, StateTripped, "trial batch failed")
+	}
+}
+
+// remember notes a local trip of topic, made while Redis did not answer, for
+// reconcile to copy.
+func (r *Redis) remember(topic string) {
+	if st, _, ok := r.local.status(topic); ok && st.State == StateTripped.String() {
+		r.mu.Lock()
+		r.pending[topic] = true
+		r.mu.Unlock()
 	}
 }
 
 // Trip trips topic in the shared state (and locally).
 func (r *Redis) Trip(topic, reason string) {
 	r.local.Trip(topic, reason)
+	if r.isDegraded() {
+		r.remember(topic)
+		return
+	}
 	ctx, cancel := r.ctx()
 	defer cancel()
 	err := tripScript.Run(ctx, r.cfg.Client, r.keys(), r.cfg.Prefix, topic, r.local.cooldownOf(topic),
 		r.cfg.Settings.Now().UnixMilli(), reason).Err()
 	if err != nil {
 		r.fail(fmt.Errorf("topic breaker trip of %q: %w", topic, err))
+		r.remember(topic)
 		return
 	}
 	r.tell(topic, StateClosed, StateTripped, "tripped by an operator: "+reason)
@@ -424,11 +491,20 @@ func (r *Redis) Trip(topic, reason string) {
 // Reset closes topic in the shared state (and locally).
 func (r *Redis) Reset(topic string) {
 	r.local.Reset(topic)
+	if r.isDegraded() {
+		r.mu.Lock()
+		r.pending[topic] = false
+		r.mu.Unlock()
+		return
+	}
 	ctx, cancel := r.ctx()
 	defer cancel()
 	res, err := resetScript.Run(ctx, r.cfg.Client, r.keys(), r.cfg.Prefix, topic).Text()
 	if err != nil {
 		r.fail(fmt.Errorf("topic breaker reset of %q: %w", topic, err))
+		r.mu.Lock()
+		r.pending[topic] = false // reset it in Redis when it answers
+		r.mu.Unlock()
 		return
 	}
 	if res == "closed" {
@@ -473,10 +549,12 @@ func (r *Redis) State(topic string) State {
 }
 
 // localGen returns the generation to report to the local shadow: gen itself
-// while degraded (the plan was local), else the shadow's current one (the plan
-// came from Redis, whose generations are not the shadow's).
+// when the plan was local, else the shadow's current one (the plan came from
+// Redis, whose generations are not the shadow's).
 func (r *Redis) localGen(topic string, gen uint64) uint64 {
-	if r.isDegraded() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.planLocal {
 		return gen
 	}
 	return r.local.genOf(topic)

@@ -2,11 +2,12 @@ package breaker_test
 
 import (
 	"context"
+	"encoding/json"
+	"syscall"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-sweeper/sweeper/breaker"
@@ -17,16 +18,13 @@ import (
 // state under a prefix of the test's own on the test Redis.
 func sharedPair(t *testing.T, s breaker.Settings, lease time.Duration) (*breaker.Redis, *breaker.Redis) {
 	t.Helper()
-	opts, err := redis.ParseURL(brokertest.RedisURL(t))
-	require.NoError(t, err)
-	client := redis.NewClient(opts)
+	client := brokertest.RedisClient(t, brokertest.RedisURL(t))
 	prefix := brokertest.Name("outbox-breaker-test")
 	t.Cleanup(func() {
 		keys, _ := client.Keys(context.Background(), prefix+":*").Result()
 		if len(keys) > 0 {
 			client.Del(context.Background(), keys...)
 		}
-		_ = client.Close()
 	})
 	mk := func(instance string) *breaker.Redis {
 		b, err := breaker.NewRedis(breaker.RedisConfig{Client: client, Prefix: prefix, Instance: instance, Settings: s, Lease: lease})
@@ -80,13 +78,18 @@ func TestRedisCooldownIsNotShortenedByMoreInstances(t *testing.T) {
 
 	time.Sleep(400 * time.Millisecond) // one stops ticking; its lease runs out
 	two.OnTick()
-	require.Equal(t, breaker.StateHalfOpen, one.State("A"), "two took over the count")
+	require.Equal(t, 0, one.Tripped()[0].CooldownTicksLeft, "two took over the count")
+	require.Equal(t, breaker.StateTripped, one.State("A"), "left out of the third tick too")
+	two.OnTick()
+	require.Equal(t, breaker.StateHalfOpen, one.State("A"))
 }
 
 func TestRedisExactlyOneInstanceGetsTheTrial(t *testing.T) {
 	t.Parallel()
 	one, two := sharedPair(t, breaker.Settings{CooldownTicks: 1}, time.Minute)
 	one.Trip("A", "test")
+	one.OnTick()
+	require.Equal(t, breaker.StateTripped, two.State("A"), "cooldown 1: left out of one tick")
 	one.OnTick()
 	require.Equal(t, breaker.StateHalfOpen, two.State("A"))
 
@@ -117,8 +120,9 @@ func TestRedisFailedTrialDoublesTheCooldown(t *testing.T) {
 	t.Parallel()
 	one, _ := sharedPair(t, breaker.Settings{CooldownTicks: 2}, time.Minute)
 	one.Trip("A", "test")
-	one.OnTick()
-	one.OnTick()
+	for range 3 {
+		one.OnTick()
+	}
 	p := one.Plan()
 	require.True(t, p.Trials["A"])
 	one.Failure("A", p.Gen("A"), false, "still down")
@@ -128,15 +132,14 @@ func TestRedisFailedTrialDoublesTheCooldown(t *testing.T) {
 }
 
 // Redis stops: the breaker works on local state, says so once, and when Redis
-// is back (empty, as a restarted Redis without persistence is) it copies the
-// topics tripped meanwhile there.
+// is back (empty, as a restarted Redis without persistence is) it copies what it
+// did meanwhile there: a trip, with its cooldown and count, and an operator's
+// reset. Trips from before the outage are the restarted Redis's to forget: the
+// shadow's copy of them may be stale.
 func TestRedisOutageFallsBackAndReconciles(t *testing.T) {
 	t.Parallel()
 	url, stop, start := brokertest.StartRedis(t)
-	opts, err := redis.ParseURL(url)
-	require.NoError(t, err)
-	client := redis.NewClient(opts)
-	t.Cleanup(func() { _ = client.Close() })
+	client := brokertest.RedisClient(t, url)
 	var mu sync.Mutex
 	var events []error
 	b, err := breaker.NewRedis(breaker.RedisConfig{Client: client, Prefix: "outage", Instance: "one",
@@ -153,7 +156,7 @@ func TestRedisOutageFallsBackAndReconciles(t *testing.T) {
 	require.True(t, b.Degraded())
 	require.Contains(t, p.Excluded, "before", "the local shadow knew")
 	b.Failure("during", p.Gen("during"), false, "broker down")
-	b.OnTick() // Redis still down: stays local
+	b.OnTick() // Redis still down: stays local, and counts the cooldown locally
 	require.Contains(t, b.Plan().Excluded, "during")
 	mu.Lock()
 	require.Len(t, events, 1, "logged once")
@@ -165,7 +168,60 @@ func TestRedisOutageFallsBackAndReconciles(t *testing.T) {
 	mu.Lock()
 	require.Nil(t, events[len(events)-1], "told that Redis is back")
 	mu.Unlock()
-	shared, err := client.HKeys(context.Background(), "outage:topics").Result()
+	st := b.Tripped()
+	require.Len(t, st, 1, "only the trip made during the outage is copied")
+	require.Equal(t, "during", st[0].Topic)
+	require.Equal(t, "tripped", st[0].State)
+	left := st[0].CooldownTicksLeft
+	require.True(t, left > 0 && left < 10, "cooldown 10, less the ticks counted while Redis was down: %d", left)
+	require.Equal(t, 1, st[0].Trips)
+	require.Equal(t, "broker down", st[0].LastError)
+	var raw map[string]any
+	js, err := client.HGet(context.Background(), "outage:topics", "during").Result()
 	require.NoError(t, err)
-	require.ElementsMatch(t, []string{"before", "during"}, shared, "local trips copied to the new Redis")
+	require.NoError(t, json.Unmarshal([]byte(js), &raw))
+	require.Equal(t, float64(10), raw["cooldown"], "a failed trial will double the real cooldown")
+}
+
+// Redis dies between the plan (read from Redis) and the failure report: the
+// failure still counts, on local state, and is copied when Redis is back.
+func TestRedisDyingMidTickLosesNoFailure(t *testing.T) {
+	t.Parallel()
+	url, stop, start := brokertest.StartRedis(t)
+	b, err := breaker.NewRedis(breaker.RedisConfig{Client: brokertest.RedisClient(t, url), Prefix: "midtick",
+		OpTimeout: 200 * time.Millisecond})
+	require.NoError(t, err)
+	b.Trip("A", "x")
+	b.Reset("A") // A's generation in Redis is now ahead of the shadow's
+	p := b.Plan()
+	stop()
+	b.Failure("A", p.Gen("A"), false, "failed while Redis died")
+	require.True(t, b.Degraded())
+	require.Contains(t, b.Plan().Excluded, "A", "the failure counted on local state")
+	start()
+	require.Eventually(t, func() bool { b.OnTick(); return !b.Degraded() }, 10*time.Second, 50*time.Millisecond)
+	require.Equal(t, breaker.StateTripped, b.State("A"), "and reached Redis")
+}
+
+// A Redis that hangs (stopped with SIGSTOP, so connections open but nothing
+// answers) costs each call its OpTimeout, not the client's own timeouts.
+func TestHungRedisCostsOnlyTheTimeout(t *testing.T) {
+	t.Parallel()
+	url, _, _ := brokertest.StartRedis(t)
+	client := brokertest.RedisClient(t, url)
+	b, err := breaker.NewRedis(breaker.RedisConfig{Client: client, Prefix: "hung", OpTimeout: 200 * time.Millisecond})
+	require.NoError(t, err)
+	b.OnTick()
+	pid := brokertest.RedisPID(t, url)
+	require.NoError(t, syscall.Kill(pid, syscall.SIGSTOP))
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
+
+	start := time.Now()
+	b.OnTick()
+	p := b.Plan()
+	b.Failure("A", p.Gen("A"), false, "x")
+	b.OnTick()
+	require.Less(t, time.Since(start), 2*time.Second, "a hung Redis must not hold the sweeper")
+	require.True(t, b.Degraded())
+	require.Contains(t, b.Plan().Excluded, "A")
 }

@@ -163,7 +163,7 @@ func (b *Topics) notify(changes []change) {
 }
 
 // OnTick advances every tripped topic's cooldown by one tick; a topic whose
-// cooldown ends becomes half-open. A half-open topic whose trial was handed out
+// cooldown has run out becomes half-open, so its trial comes in this tick. A half-open topic whose trial was handed out
 // but never reported gets a new trial.
 func (b *Topics) OnTick() {
 	b.mu.Lock()
@@ -171,10 +171,12 @@ func (b *Topics) OnTick() {
 	for name, t := range b.topics {
 		switch t.state {
 		case StateTripped:
-			t.ticksLeft--
+			// Check, then count: a topic tripped with cooldown N is left out of
+			// the N ticks after the one it tripped in, and tried in the next.
 			if t.ticksLeft <= 0 {
-				t.ticksLeft = 0
 				changes = append(changes, b.setState(name, t, StateHalfOpen, "cooldown over"))
+			} else {
+				t.ticksLeft--
 			}
 		case StateHalfOpen:
 			t.trialOut = false
@@ -336,6 +338,19 @@ func (b *Topics) cooldownOf(name string) int {
 		return min(c, b.s.MaxCooldownTicks)
 	}
 	return min(b.s.CooldownTicks, b.s.MaxCooldownTicks)
+}
+
+// status returns topic's status and its current cooldown length, for copying it
+// to Redis.
+func (b *Topics) status(name string) (TopicStatus, int, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	t, ok := b.topics[name]
+	if !ok || t.state == StateClosed {
+		return TopicStatus{}, 0, false
+	}
+	return TopicStatus{Topic: name, State: t.state.String(), CooldownTicksLeft: t.ticksLeft, Trips: t.trips,
+		TrippedAt: t.trippedAt, LastError: t.lastError}, t.cooldown, true
 }
 
 func (b *Topics) trip(name string, t *topic, now time.Time, cooldown int, reason string) change {

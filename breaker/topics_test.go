@@ -86,14 +86,14 @@ func TestCooldownHalfOpenAndDoubling(t *testing.T) {
 	t.Parallel()
 	b, _, changes := setup(breaker.Settings{CooldownTicks: 3, MaxCooldownTicks: 5})
 	fail(b, "A", false)
-	for tick := 1; tick <= 2; tick++ {
+	for tick := 1; tick <= 3; tick++ {
 		b.OnTick()
 		p := b.Plan()
 		require.Equal(t, []string{"A"}, p.Excluded, "tick %d", tick)
 		require.Empty(t, p.Trials)
 		require.Equal(t, 3-tick, b.Tripped()[0].CooldownTicksLeft)
 	}
-	b.OnTick() // the third tick ends the cooldown
+	b.OnTick() // the fourth tick after the trip: the cooldown is over
 	p := b.Plan()
 	require.Equal(t, breaker.StateHalfOpen, b.State("A"))
 	require.Equal(t, map[string]bool{"A": true}, p.Trials)
@@ -109,7 +109,9 @@ func TestCooldownHalfOpenAndDoubling(t *testing.T) {
 
 	for range 5 {
 		b.OnTick()
+		require.Equal(t, []string{"A"}, b.Plan().Excluded)
 	}
+	b.OnTick()
 	p = b.Plan()
 	require.True(t, p.Trials["A"])
 	b.Success("A", p.Gen("A"))
@@ -145,6 +147,8 @@ func TestUnreportedTrialIsRetriedNextTick(t *testing.T) {
 	t.Parallel()
 	b, _, _ := setup(breaker.Settings{CooldownTicks: 1})
 	fail(b, "A", false)
+	b.OnTick()
+	require.Equal(t, []string{"A"}, b.Plan().Excluded, "cooldown 1 leaves A out of one tick")
 	b.OnTick()
 	require.True(t, b.Plan().Trials["A"])
 	b.OnTick()

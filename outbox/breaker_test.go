@@ -3,11 +3,11 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-sweeper/sweeper/breaker"
@@ -83,21 +83,21 @@ func TestCooldownThroughTheSweeper(t *testing.T) {
 
 	sweep() // tick 1: A fails and trips
 	require.Equal(t, 1, prod.Calls())
-	for range 2 { // ticks 2 and 3: cooldown 3 → 1 left
+	for range 3 { // ticks 2, 3 and 4: the cooldown of 3
 		sweep()
 		require.Equal(t, 1, prod.Calls(), "A left out while tripped")
 	}
-	res := sweep() // tick 4: the cooldown ends: one trial batch, which fails
+	res := sweep() // tick 5: the cooldown is over: one trial batch, which fails
 	require.Equal(t, 2, prod.Calls())
 	require.Equal(t, 1, res.Batches, "a half-open topic sends one batch")
 	require.Equal(t, 6, b.Tripped()[0].CooldownTicksLeft, "a failed trial doubles the cooldown")
 
 	prod.HealTopic("A")
-	for range 5 {
+	for range 6 {
 		sweep()
 	}
 	require.Equal(t, 2, prod.Calls(), "still cooling down")
-	res = sweep() // the sixth tick: trial succeeds
+	res = sweep() // the seventh tick after the failed trial: the next trial succeeds
 	require.Equal(t, 10, res.Dispatched, "only the trial batch in the half-open tick")
 	require.Equal(t, breaker.StateClosed, b.State("A"))
 	res = sweep()
@@ -199,10 +199,7 @@ func TestTwoSweepersShareTheTopicBreakerThroughRedis(t *testing.T) {
 	writeMessages(t, tbl, topicMessages("A", 40)...)
 	writeMessages(t, tbl, topicMessages("B", 40)...)
 
-	opts, err := redis.ParseURL(brokertest.RedisURL(t))
-	require.NoError(t, err)
-	client := redis.NewClient(opts)
-	t.Cleanup(func() { _ = client.Close() })
+	client := brokertest.RedisClient(t, brokertest.RedisURL(t))
 	prefix := brokertest.Name("outbox-sweeper-test")
 
 	calls := &topicCounter{n: map[string]int{}}
@@ -228,12 +225,14 @@ func TestTwoSweepersShareTheTopicBreakerThroughRedis(t *testing.T) {
 	require.Equal(t, 1, calls.get("A"), "the trip on one leaves A out on two")
 	require.Equal(t, breaker.StateTripped, two.TopicBreaker().State("A"))
 
-	// Both tick; only one (the lease holder) counts. Cooldown 2: one's second
-	// tick after the trip ends it.
+	// Both tick; only one (the lease holder) counts. Cooldown 2: A is left out
+	// of one's next two ticks, and tried in its third.
+	for range 2 {
+		sweep(two)
+		sweep(one)
+	}
 	sweep(two)
-	sweep(one)
-	sweep(two)
-	require.Equal(t, breaker.StateTripped, two.TopicBreaker().State("A"), "three ticks, one counted")
+	require.Equal(t, breaker.StateTripped, two.TopicBreaker().State("A"), "five ticks, two counted")
 	require.Equal(t, 1, calls.get("A"))
 	p1.HealTopic("A")
 	p2.HealTopic("A")
@@ -257,10 +256,7 @@ func TestRedisOutageDoesNotStopRelaying(t *testing.T) {
 	t.Parallel()
 	tbl := dbtest.Table(t)
 	url, stop, start := brokertest.StartRedis(t)
-	opts, err := redis.ParseURL(url)
-	require.NoError(t, err)
-	client := redis.NewClient(opts)
-	t.Cleanup(func() { _ = client.Close() })
+	client := brokertest.RedisClient(t, url)
 	b, err := breaker.NewRedis(breaker.RedisConfig{Client: client, Prefix: "outage", OpTimeout: 200 * time.Millisecond})
 	require.NoError(t, err)
 	prod := memory.New(memory.Config{})
@@ -292,4 +288,51 @@ func TestRedisOutageDoesNotStopRelaying(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"A"}, shared, "the local trip is shared once Redis is back")
 	require.Equal(t, 5, dbtest.Outstanding(t, tbl), "A's rows wait, none lost")
+}
+
+// More topics than a page holds: each page reads at most PageSize topics, one
+// row each, and the others take their turn, so the page size still bounds what
+// one page holds.
+func TestMoreTopicsThanThePageHolds(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	var msgs []outbox.Message
+	for i := range 30 {
+		msgs = append(msgs, topicMessages(fmt.Sprintf("t%02d", i), 2)...)
+	}
+	writeMessages(t, tbl, msgs...)
+	prod := memory.New(memory.Config{})
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, PageSize: 10})
+	res, err := s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 60, res.Dispatched)
+	require.GreaterOrEqual(t, res.Pages, 6, "60 rows, at most 10 a page")
+	for _, b := range prod.Accepted() {
+		require.Len(t, b.Messages, 1, "a share of one row per topic")
+	}
+}
+
+// A half-open topic whose first batch is all poison (message-class) tries the
+// next batch: poison says nothing of the topic, and must not hold its trial.
+func TestTrialGoesPastPoison(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("A", 6)...)
+	prod := memory.New(memory.Config{MaxBatch: 2})
+	for id := int64(1); id <= 2; id++ {
+		prod.FailMessage(id, producer.NewMessageError(producer.ReasonMessageTooLarge, nil, errors.New("413")))
+	}
+	b := breaker.New(breaker.Settings{CooldownTicks: 1})
+	b.Trip("A", "test")
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, TopicBreaker: b})
+	sweep := func() outbox.SweepResult {
+		res, err := s.Sweep(context.Background())
+		require.NoError(t, err)
+		return res
+	}
+	require.Zero(t, sweep().Batches, "cooling down")
+	res := sweep() // half-open: batch 1 is poison, batch 2 is the trial
+	require.Equal(t, 2, res.Dispatched)
+	require.Equal(t, breaker.StateClosed, b.State("A"))
+	require.Equal(t, 2, sweep().Dispatched, "closed: the last batch goes")
 }

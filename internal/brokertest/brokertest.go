@@ -10,11 +10,13 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
 )
 
 // Variables that point the tests at other brokers, and the local defaults.
@@ -129,11 +131,13 @@ func StartRedis(t *testing.T) (url string, stop, start func()) {
 	port := ln.Addr().(*net.TCPAddr).Port
 	_ = ln.Close()
 	var cmd *exec.Cmd
+	url = fmt.Sprintf("redis://127.0.0.1:%d/0", port)
 	start = func() {
 		cmd = exec.Command(bin, "--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
 		if err := cmd.Start(); err != nil {
 			t.Fatalf("start redis-server: %v", err)
 		}
+		redisPIDs.Store(url, cmd.Process.Pid)
 		deadline := time.Now().Add(10 * time.Second)
 		for {
 			c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
@@ -156,5 +160,33 @@ func StartRedis(t *testing.T) (url string, stop, start func()) {
 	}
 	start()
 	t.Cleanup(stop)
-	return fmt.Sprintf("redis://127.0.0.1:%d/0", port), stop, start
+	return url, stop, start
+}
+
+var redisPIDs sync.Map // url → pid of a StartRedis server
+
+// RedisPID returns the process id of the server StartRedis runs at url.
+func RedisPID(t testing.TB, url string) int {
+	t.Helper()
+	pid, ok := redisPIDs.Load(url)
+	if !ok {
+		t.Fatalf("no Redis started by StartRedis at %s", url)
+	}
+	return pid.(int)
+}
+
+// RedisClient returns a client on url, closed at cleanup, configured as the
+// sweeper configures its own: context deadlines bound every call (go-redis
+// ignores them otherwise) and a failed call is retried once.
+func RedisClient(t testing.TB, url string) *redis.Client {
+	t.Helper()
+	opts, err := redis.ParseURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.ContextTimeoutEnabled = true
+	opts.MaxRetries = 1
+	c := redis.NewClient(opts)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
 }

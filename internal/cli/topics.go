@@ -80,6 +80,13 @@ func (o *topicBreakerOptions) build(f *flags, logger *slog.Logger, tbl outbox.Ta
 		return breaker.New(settings), nil
 	}
 	opts, err := redis.ParseURL(o.redisURL)
+	if err == nil {
+		// Without this go-redis ignores context deadlines, and a Redis that
+		// hangs would hold each call for its own timeouts (seconds).
+		opts.ContextTimeoutEnabled = true
+		opts.MaxRetries = 1
+		opts.DialTimeout = time.Second
+	}
 	if err != nil {
 		return nil, usagef("invalid value %q for %s: %v; write redis://[user:password@]host:port/db", redactURL(o.redisURL), f.origin("redis-url"), err)
 	}
