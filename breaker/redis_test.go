@@ -3,8 +3,8 @@ package breaker_test
 import (
 	"context"
 	"encoding/json"
-	"syscall"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
