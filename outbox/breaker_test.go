@@ -342,3 +342,59 @@ func TestTrialGoesPastPoison(t *testing.T) {
 	require.Equal(t, breaker.StateClosed, b.State("A"))
 	require.Equal(t, 2, sweep().Dispatched, "closed: the last batch goes")
 }
+
+// The broker is down: the dependency breaker opens after its failed sends, the
+// ticks while it is open read nothing and call nothing (and raise no attempts),
+// one trial goes through after the open duration, and once the broker is back
+// every row is delivered.
+func TestDependencyBreakerThroughTheSweeper(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	for _, topic := range []string{"a", "b", "c"} {
+		writeMessages(t, tbl, topicMessages(topic, 4)...)
+	}
+	prod := memory.New(memory.Config{})
+	down := errors.New("dial tcp 127.0.0.1:5672: connect: connection refused")
+	for _, topic := range []string{"a", "b", "c"} {
+		prod.FailTopic(topic, down)
+	}
+	guarded := breaker.Guard(prod, breaker.DependencyConfig{Failures: 2, OpenDuration: 200 * time.Millisecond, RetryAttempts: 1})
+	t.Cleanup(func() { _ = guarded.Close(context.Background()) })
+	// A high topic threshold keeps the topic breaker out of this test.
+	topics := breaker.New(breaker.Settings{FailureThreshold: 1000})
+	s := newSweeper(t, dbtest.Pool(t), guarded, outbox.Config{Table: tbl, TopicBreaker: topics, Concurrency: 1})
+	sweep := func() outbox.SweepResult {
+		res, err := s.Sweep(context.Background())
+		require.NoError(t, err)
+		return res
+	}
+
+	sweep()
+	require.Equal(t, breaker.DependencyOpen, guarded.State())
+	require.Equal(t, 2, prod.Calls(), "opened after exactly two failed sends")
+	attempted := 0
+	for _, r := range readRows(t, tbl) {
+		attempted += r.Attempts
+	}
+	require.Equal(t, 8, attempted, "the two failed batches count; the refused one does not")
+
+	start := time.Now()
+	res := sweep()
+	require.True(t, res.Blocked)
+	require.Zero(t, res.Pages, "no page read while open")
+	require.Less(t, time.Since(start), 50*time.Millisecond, "fail fast")
+	require.Equal(t, 2, prod.Calls(), "no call while open")
+
+	for _, topic := range []string{"a", "b", "c"} {
+		prod.HealTopic(topic)
+	}
+	time.Sleep(250 * time.Millisecond)
+	// Half-open: the first batch is the trial (concurrent ones would be refused:
+	// see breaker's TestDependencyBreakerOpensFailsFastAndRecovers); it succeeds,
+	// the breaker closes, and the other topics follow in the same tick.
+	res = sweep()
+	require.Equal(t, breaker.DependencyClosed, guarded.State())
+	require.Equal(t, 5, prod.Calls(), "the trial, then the two other topics")
+	require.Equal(t, 12, res.Dispatched)
+	require.Zero(t, dbtest.Outstanding(t, tbl), "every row delivered once the broker is back")
+}

@@ -166,6 +166,8 @@ type SweepResult struct {
 	// FailedTopics lists the topics that stopped for this sweep after a failed
 	// batch, in the order they failed.
 	FailedTopics []string
+	// Blocked says the dependency breaker was open: the sweep read nothing.
+	Blocked bool
 }
 
 // Sweeper relays outstanding outbox rows to a producer.
@@ -302,8 +304,14 @@ func (s *Sweeper) Sweep(ctx context.Context) (SweepResult, error) {
 // Topics that appear during a tick are read from the next one.
 func (s *Sweeper) sweep(stop, work context.Context, due time.Time) (SweepResult, error) {
 	s.breaker.OnTick()
-	plan := s.breaker.Plan()
 	var res SweepResult
+	// An open dependency breaker (breaker.Guarded) fails the tick fast: no page,
+	// no call to the broker, and the rows keep their attempts.
+	if b, ok := s.producer.(interface{ Blocked() bool }); ok && b.Blocked() {
+		res.Blocked = true
+		return res, nil
+	}
+	plan := s.breaker.Plan()
 	live, err := s.store.topics(work, plan.Excluded)
 	if err != nil {
 		return res, fmt.Errorf("list topics with outstanding rows in %s: %w", s.cfg.Table, err)

@@ -251,11 +251,15 @@ func runCommand(ctx context.Context, args []string, out, errOut io.Writer, env E
 	}
 	defer pool.Close()
 
-	p, err := o.producerOptions.build(f, out)
+	raw, err := o.producerOptions.build(f, out)
 	if err != nil {
 		return err
 	}
-	connectEarly(ctx, p, o.name, logger)
+	p, err := o.producerOptions.guard(f, raw, logger)
+	if err != nil {
+		return err
+	}
+	connectEarly(ctx, raw, o.name, logger)
 
 	s, err := outbox.NewSweeper(pool, p, cfg)
 	if err != nil {

@@ -32,6 +32,13 @@ func TestEveryFlagRejectsABadValue(t *testing.T) {
 	for _, tc := range []struct {
 		cmd, flag, value, want string
 	}{
+		{"run", "breaker-failures", "0", "--breaker-failures is 0: it must be at least 1"},
+		{"run", "breaker-open-duration", "0s", "--breaker-open-duration is 0s: it must be at least 1ms"},
+		{"run", "breaker-open-duration", "long", `invalid value "long"`},
+		{"run", "retry-attempts", "0", "--retry-attempts is 0: it must be at least 1"},
+		{"run", "retry-initial", "10s", "--retry-initial 10s is more than --retry-max 5s"},
+		{"run", "retry-initial", "0s", "--retry-initial is 0s: it must be at least 1ms"},
+		{"run", "retry-max", "1ms", "--retry-initial 200ms is more than --retry-max 1ms"},
 		{"run", "concurrency", "x", `invalid value "x"`},
 		{"run", "concurrency", "0", "concurrency (--concurrency) is 0: it must be between 1 and 256"},
 		{"run", "concurrency", "1000", "concurrency (--concurrency) is 1000"},

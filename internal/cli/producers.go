@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/producer"
 	"github.com/outbox-sweeper/sweeper/producer/nats"
 	"github.com/outbox-sweeper/sweeper/producer/rabbitmq"
@@ -19,8 +20,14 @@ import (
 // producerNames are the values of --producer.
 var producerNames = []string{"stdout", "rabbitmq", "nats", "servicebus"}
 
-// producerOptions are the flags that choose and configure the producer.
+// producerOptions are the flags that choose and configure the producer, and
+// the dependency breaker and retries around it.
 type producerOptions struct {
+	breakerFailures     int
+	breakerOpenDuration time.Duration
+	retryAttempts       int
+	retryInitial        time.Duration
+	retryMax            time.Duration
 	name                string
 	natsURL             string
 	rabbitmqExchange    string
@@ -30,6 +37,11 @@ type producerOptions struct {
 }
 
 func (o *producerOptions) register(f *flags) {
+	f.Int(&o.breakerFailures, "breaker-failures", breaker.BreakerFailuresDefault, "sends in a row (each after its retries) that must fail to open the broker circuit breaker")
+	f.Duration(&o.breakerOpenDuration, "breaker-open-duration", breaker.BreakerOpenDurationDefault, "how long the open broker breaker sends nothing before one trial batch")
+	f.Int(&o.retryAttempts, "retry-attempts", breaker.RetryAttemptsDefault, "tries of one batch on transient failures, within --send-timeout (1: no retry)")
+	f.Duration(&o.retryInitial, "retry-initial", breaker.RetryInitialDefault, "first backoff between tries; it doubles each try, with full jitter")
+	f.Duration(&o.retryMax, "retry-max", breaker.RetryMaxDefault, "longest backoff between tries")
 	f.Enum(&o.name, "producer", "stdout", producerNames,
 		"where messages go: stdout (one JSON object per message per line), rabbitmq, nats (JetStream) or servicebus (Azure Service Bus)")
 	f.String(&o.natsURL, "nats-url", "", "url", "NATS server URL for --producer nats, e.g. nats://127.0.0.1:4222; a stream must capture each topic's subject")
@@ -89,6 +101,54 @@ func (o *producerOptions) build(f *flags, out io.Writer) (producer.Producer, err
 	default:
 		return stdout.New(out, stdout.Config{}), nil
 	}
+}
+
+// guard validates the breaker and retry flags and puts p behind them. State
+// changes are logged and alerted (to the log, until the webhook alerter exists).
+func (o *producerOptions) guard(f *flags, p producer.Producer, logger *slog.Logger) (*breaker.Guarded, error) {
+	for _, c := range []struct {
+		v    int
+		name string
+	}{{o.breakerFailures, "breaker-failures"}, {o.retryAttempts, "retry-attempts"}} {
+		if c.v < 1 {
+			return nil, usagef("%s is %d: it must be at least 1", f.origin(c.name), c.v)
+		}
+	}
+	for _, c := range []struct {
+		v    time.Duration
+		name string
+	}{{o.breakerOpenDuration, "breaker-open-duration"}, {o.retryInitial, "retry-initial"}, {o.retryMax, "retry-max"}} {
+		if c.v < time.Millisecond {
+			return nil, usagef("%s is %s: it must be at least 1ms", f.origin(c.name), c.v)
+		}
+	}
+	if o.retryInitial > o.retryMax {
+		return nil, usagef("%s %s is more than %s %s", f.origin("retry-initial"), o.retryInitial, f.origin("retry-max"), o.retryMax)
+	}
+	return breaker.Guard(p, breaker.DependencyConfig{
+		Failures:      o.breakerFailures,
+		OpenDuration:  o.breakerOpenDuration,
+		RetryAttempts: o.retryAttempts,
+		RetryInitial:  o.retryInitial,
+		RetryMax:      o.retryMax,
+		OnStateChange: func(from, to breaker.DependencyState, reason string) {
+			level := slog.LevelInfo
+			if to == breaker.DependencyOpen {
+				level = slog.LevelError
+			}
+			logger.Log(context.Background(), level, "broker circuit breaker: "+to.String(),
+				"from", from.String(), "to", to.String(), "state_value", int(to), "reason", reason)
+		},
+		Alerter: logAlerter{logger},
+	}), nil
+}
+
+// logAlerter "sends" alerts to the log, until the webhook alerter exists.
+type logAlerter struct{ logger *slog.Logger }
+
+func (a logAlerter) Alert(_ context.Context, al breaker.Alert) error {
+	a.logger.Warn("alert", "severity", al.Severity, "component", al.Component, "summary", al.Summary)
+	return nil
 }
 
 // connector is a producer that can connect ahead of the first send.
