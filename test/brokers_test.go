@@ -16,11 +16,13 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/internal/brokertest"
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
 	"github.com/outbox-sweeper/sweeper/outbox"
 	"github.com/outbox-sweeper/sweeper/producer"
 	outboxnats "github.com/outbox-sweeper/sweeper/producer/nats"
+	"github.com/outbox-sweeper/sweeper/producer/producertest"
 	"github.com/outbox-sweeper/sweeper/producer/rabbitmq"
 	"github.com/outbox-sweeper/sweeper/test/tcpproxy"
 )
@@ -396,4 +398,84 @@ func TestRoundTripNATS(t *testing.T) {
 		count += fetched
 	}
 	checkRoundTrip(t, got, ids, topics, n)
+}
+
+// RabbitMQ goes away for longer than the dependency breaker's open duration
+// while the application keeps writing. The breaker opens; while it is open no
+// send reaches the broker and connection attempts are paced by the breaker, not
+// a busy loop; when RabbitMQ is back dispatch resumes by itself and every row,
+// written before, during and after the outage, is delivered.
+func TestBrokerDownOpensTheDependencyBreakerAndNothingIsLost(t *testing.T) {
+	t.Parallel()
+	url := brokertest.RabbitMQURL(t)
+	exchange := brokertest.Name("outbox_down")
+	topics := topicNames("down", 3)
+	rc := consumeRabbitMQ(t, url, exchange, topics)
+	proxy := tcpproxy.New(t, brokertest.HostPort(t, url))
+	tbl := migrated(t)
+
+	p, err := rabbitmq.New(rabbitmq.Config{URL: brokertest.WithHost(t, url, proxy.Addr()), Exchange: exchange, DialTimeout: 200 * time.Millisecond})
+	require.NoError(t, err)
+	guarded := breaker.Guard(p, breaker.DependencyConfig{Failures: 2, OpenDuration: 400 * time.Millisecond,
+		RetryAttempts: 2, RetryInitial: 10 * time.Millisecond, RetryMax: 20 * time.Millisecond})
+	s, err := outbox.NewSweeper(dbtest.Pool(t), guarded, outbox.Config{Table: tbl, Tick: 20 * time.Millisecond,
+		SendTimeout: time.Second, TopicBreaker: breaker.New(breaker.Settings{FailureThreshold: 1_000_000})})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+
+	// The application writes 30 rows every 20 ms throughout.
+	written := 0
+	write := func(d time.Duration) {
+		for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+			insertRows(t, tbl, topics[written%len(topics)], 30)
+			written += 30
+		}
+	}
+	write(300 * time.Millisecond)
+	proxy.Refuse(true)
+	proxy.Cut()
+	dbtest.Eventually(t, 10*time.Second, "the breaker open", func() bool {
+		insertRows(t, tbl, topics[0], 1)
+		written++
+		return guarded.State() == breaker.DependencyOpen
+	})
+	acceptsAtOpen := proxy.Accepts()
+	write(1200 * time.Millisecond) // three open durations
+	during := proxy.Accepts() - acceptsAtOpen
+	require.Less(t, during, 20, "connection attempts while the broker is down are paced by the breaker: %d in 1.2s", during)
+
+	proxy.Refuse(false)
+	write(300 * time.Millisecond)
+	dbtest.Eventually(t, 30*time.Second, "every row dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
+	dbtest.Eventually(t, 30*time.Second, "every row received", func() bool { return rc.distinct() >= written })
+	cancel()
+	require.NoError(t, <-done)
+	require.NoError(t, guarded.Close(context.Background()))
+	require.Equal(t, breaker.DependencyClosed, guarded.State())
+	t.Logf("%d rows written, %d received (%d distinct); %d connection attempts during 1.2s of outage",
+		written, rc.count(), rc.distinct(), during)
+}
+
+// A broker that accepts connections and then says nothing: each send ends
+// within the send timeout, as a transient failure.
+func TestHungBrokerEndsEachSendWithinTheSendTimeout(t *testing.T) {
+	t.Parallel()
+	url := brokertest.RabbitMQURL(t)
+	proxy := tcpproxy.New(t, brokertest.HostPort(t, url))
+	proxy.Hang(true)
+	p, err := rabbitmq.New(rabbitmq.Config{URL: brokertest.WithHost(t, url, proxy.Addr())}) // DialTimeout 10s
+	require.NoError(t, err)
+	guarded := breaker.Guard(p, breaker.DependencyConfig{RetryInitial: 10 * time.Millisecond, RetryMax: 20 * time.Millisecond})
+	t.Cleanup(func() { _ = guarded.Close(context.Background()) })
+	for range 3 {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		start := time.Now()
+		err := guarded.Send(ctx, producer.Batch{Topic: "t", Messages: producertest.Messages("t", 1, 1)})
+		cancel()
+		require.Error(t, err)
+		require.Less(t, time.Since(start), 1500*time.Millisecond, "the send timeout bounds a hung broker")
+		require.NotEqual(t, producer.ClassTopic, producer.ClassOf(err))
+	}
 }

@@ -196,9 +196,16 @@ func (p *Producer) connection(ctx context.Context) (*amqp.Connection, *corkConn,
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
+	// The dial and the AMQP handshake end by DialTimeout, or by the send's own
+	// deadline if sooner: a broker that accepts and then says nothing must not
+	// hold a send past --send-timeout.
+	timeout := p.cfg.DialTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = max(min(timeout, time.Until(dl)), time.Millisecond)
+	}
 	conn, err := amqp.DialConfig(p.cfg.URL, amqp.Config{
 		Dial: func(network, addr string) (net.Conn, error) {
-			c, err := amqp.DefaultDial(p.cfg.DialTimeout)(network, addr)
+			c, err := amqp.DefaultDial(timeout)(network, addr)
 			if err != nil {
 				return nil, err
 			}

@@ -16,6 +16,8 @@ type Proxy struct {
 
 	mu      sync.Mutex
 	refuse  bool
+	hang    bool
+	accepts int
 	conns   map[net.Conn]struct{}
 	wg      sync.WaitGroup
 	stopped bool
@@ -46,6 +48,23 @@ func (p *Proxy) Refuse(refuse bool) {
 	p.refuse = refuse
 }
 
+// Hang makes the proxy accept new connections and then forward nothing (true),
+// as a server that is overloaded or half-dead would, or forward them again
+// (false). Hung connections are closed by Cut and Close.
+func (p *Proxy) Hang(hang bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.hang = hang
+}
+
+// Accepts returns how many connections the proxy has accepted so far, refused,
+// hung or forwarded: a client retrying in a busy loop shows here.
+func (p *Proxy) Accepts() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.accepts
+}
+
 // Cut closes every open connection, as a restarted server or a broken network
 // would.
 func (p *Proxy) Cut() {
@@ -74,10 +93,15 @@ func (p *Proxy) accept() {
 			return // closed
 		}
 		p.mu.Lock()
-		refuse := p.refuse || p.stopped
+		p.accepts++
+		refuse, hang := p.refuse || p.stopped, p.hang
 		p.mu.Unlock()
 		if refuse {
 			_ = c.Close()
+			continue
+		}
+		if hang {
+			p.track(c) // held open, silent, until Cut or Close
 			continue
 		}
 		upstream, err := net.Dial("tcp", p.target)
