@@ -13,6 +13,8 @@
 // [Topics] to fall back on while Redis does not answer. Both satisfy [Breaker],
 // the interface the sweeper takes.
 //
-// The dependency breaker around the producer (sony/gobreaker) is still to come.
-// This package never imports package outbox.
+// [Guard] puts a producer behind the dependency breaker (sony/gobreaker), which
+// stops all sends while the broker is down, and in-call retries with
+// exponential backoff and full jitter. This package never imports package
+// outbox.
 package breaker
