@@ -36,6 +36,7 @@ test: vet
 bench:
 	go test -run '^$$' -bench 'Drain' -benchtime 1x -count 3 -timeout 30m ./outbox/ | tee bench.out
 	go test -run '^$$' -bench 'PageQuery|TopicsQuery' -benchtime 2000x -count 3 -timeout 30m ./outbox/ | tee -a bench.out
+	go test -run '^$$' -bench 'BlockedTick' -benchtime 100000x -count 3 -timeout 30m ./outbox/ | tee -a bench.out
 	go test -run '^$$' -bench . -benchtime 1x -count 3 -timeout 30m ./test/bench/ | tee -a bench.out
 	go run $(BENCHSTAT) bench.out
 

@@ -2,18 +2,22 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/internal/benchutil"
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
 	"github.com/outbox-sweeper/sweeper/outbox"
 	"github.com/outbox-sweeper/sweeper/producer"
+	"github.com/outbox-sweeper/sweeper/producer/memory"
 	outboxsql "github.com/outbox-sweeper/sweeper/sql"
 )
 
@@ -144,4 +148,27 @@ func pageQuerySetup(b *testing.B, tc struct {
 	_, err = pool.Exec(ctx, "VACUUM ANALYZE "+ident)
 	require.NoError(b, err)
 	return ident, excluded
+}
+
+// BenchmarkBlockedTick times a tick while the dependency breaker is open: no
+// page, no call to the broker. DESIGN.md asks for well under a millisecond.
+func BenchmarkBlockedTick(b *testing.B) {
+	tbl := dbtest.Table(b)
+	benchutil.Load(b, tbl, 1000, 512, benchutil.Topics("topic", 10))
+	prod := memory.New(memory.Config{})
+	prod.FailNextCalls(1_000_000, errors.New("connection refused"))
+	guarded := breaker.Guard(prod, breaker.DependencyConfig{Failures: 1, RetryAttempts: 1, OpenDuration: time.Hour})
+	b.Cleanup(func() { _ = guarded.Close(context.Background()) })
+	s, err := outbox.NewSweeper(dbtest.Pool(b), guarded, outbox.Config{Table: tbl,
+		TopicBreaker: breaker.New(breaker.Settings{FailureThreshold: 1_000_000})})
+	require.NoError(b, err)
+	_, err = s.Sweep(context.Background()) // fails, and opens the breaker
+	require.NoError(b, err)
+	require.True(b, guarded.Blocked())
+	for b.Loop() {
+		res, err := s.Sweep(context.Background())
+		if err != nil || !res.Blocked {
+			b.Fatalf("tick not blocked: %+v, %v", res, err)
+		}
+	}
 }
