@@ -127,11 +127,12 @@ type Guarded struct {
 	cfg DependencyConfig
 	cb  *gobreaker.CircuitBreaker[struct{}]
 
-	mu      sync.Mutex
-	lastErr string // the last failure, for the reason of a change
-	changes chan stateChange
-	done    chan struct{}
-	wg      sync.WaitGroup
+	mu        sync.Mutex
+	lastErr   string // the last failure, for the reason of a change
+	changes   chan stateChange
+	done      chan struct{}
+	closeOnce sync.Once
+	wg        sync.WaitGroup
 }
 
 type stateChange struct {
@@ -143,7 +144,9 @@ type stateChange struct {
 // stop its notifier (it also closes p).
 func Guard(p producer.Producer, cfg DependencyConfig) *Guarded {
 	cfg = cfg.withDefaults()
-	g := &Guarded{Producer: p, cfg: cfg, changes: make(chan stateChange, 64), done: make(chan struct{})}
+	// Changes are few (each open lasts OpenDuration); the buffer absorbs a slow
+	// alerter without blocking gobreaker, which calls us under its lock.
+	g := &Guarded{Producer: p, cfg: cfg, changes: make(chan stateChange, 1024), done: make(chan struct{})}
 	g.cb = gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:        "broker",
 		MaxRequests: 1,
@@ -189,25 +192,38 @@ func (g *Guarded) notifyLoop() {
 	defer g.wg.Done()
 	for {
 		select {
-		case <-g.done:
-			return
 		case c := <-g.changes:
-			reason := changeReason(c, g.cfg)
-			if g.cfg.OnStateChange != nil {
-				g.cfg.OnStateChange(c.from, c.to, reason)
-			}
-			if g.cfg.Alerter != nil {
-				severity := "info"
-				if c.to == DependencyOpen {
-					severity = "critical"
+			g.deliver(c)
+		case <-g.done:
+			for { // deliver what came before Close
+				select {
+				case c := <-g.changes:
+					g.deliver(c)
+				default:
+					return
 				}
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				_ = g.cfg.Alerter.Alert(ctx, Alert{Time: time.Now().UTC(), Severity: severity, Component: "dependency-breaker",
-					Summary: fmt.Sprintf("broker circuit breaker %s: %s", c.to, reason)})
-				cancel()
 			}
 		}
 	}
+}
+
+// deliver tells the observer, then the alerter, about one change.
+func (g *Guarded) deliver(c stateChange) {
+	reason := changeReason(c, g.cfg)
+	if g.cfg.OnStateChange != nil {
+		g.cfg.OnStateChange(c.from, c.to, reason)
+	}
+	if g.cfg.Alerter == nil {
+		return
+	}
+	severity := "info"
+	if c.to == DependencyOpen {
+		severity = "critical"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = g.cfg.Alerter.Alert(ctx, Alert{Time: time.Now().UTC(), Severity: severity, Component: "dependency-breaker",
+		Summary: fmt.Sprintf("broker circuit breaker %s: %s", c.to, reason)})
 }
 
 func changeReason(c stateChange, cfg DependencyConfig) string {
@@ -242,51 +258,91 @@ func errBlocked(err error) error {
 // Send sends b with retries, through the breaker.
 func (g *Guarded) Send(ctx context.Context, b producer.Batch) error {
 	_, err := g.cb.Execute(func() (struct{}, error) {
-		return struct{}{}, g.retry(ctx, b)
+		err := g.retry(ctx, b)
+		// Noted before Execute returns: gobreaker reports the change of state
+		// this failure causes from inside Execute, and its reason names it.
+		if err != nil && producer.ClassOf(err) == producer.ClassTransient {
+			g.mu.Lock()
+			g.lastErr = err.Error()
+			g.mu.Unlock()
+		}
+		return struct{}{}, err
 	})
 	if errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests) {
 		return errBlocked(err)
-	}
-	if err != nil && producer.ClassOf(err) == producer.ClassTransient {
-		g.mu.Lock()
-		g.lastErr = err.Error()
-		g.mu.Unlock()
 	}
 	return err
 }
 
 // retry tries b until it succeeds, fails with a class retrying cannot help, the
-// attempts run out, or ctx ends.
+// attempts run out, or the next wait would outlast ctx's deadline. It returns
+// the last failure itself, so the rows and the breaker see what went wrong, not
+// just that time ran out.
 func (g *Guarded) retry(ctx context.Context, b producer.Batch) error {
 	tries := 0
+	var last error
 	_, err := backoff.Retry(ctx, func() (struct{}, error) {
 		tries++
-		err := g.Producer.Send(ctx, b)
-		if err == nil {
+		last = g.Producer.Send(ctx, b)
+		if last == nil {
 			return struct{}{}, nil
 		}
-		if producer.ClassOf(err) != producer.ClassTransient {
-			return struct{}{}, backoff.Permanent(err)
+		if producer.ClassOf(last) != producer.ClassTransient {
+			return struct{}{}, backoff.Permanent(last)
 		}
-		return struct{}{}, err
-	}, backoff.WithBackOff(NewFullJitter(g.cfg.RetryInitial, g.cfg.RetryMax, g.cfg.Rand)),
+		return struct{}{}, last
+	}, backoff.WithBackOff(untilDeadline{NewFullJitter(g.cfg.RetryInitial, g.cfg.RetryMax, g.cfg.Rand), ctx}),
 		backoff.WithMaxTries(uint(g.cfg.RetryAttempts)),
 		backoff.WithMaxElapsedTime(0))
-	if err != nil && tries > 1 && producer.ClassOf(err) == producer.ClassTransient {
-		return fmt.Errorf("after %d tries: %w", tries, err)
+	switch {
+	case err == nil:
+		return nil
+	case last != nil && producer.ClassOf(last) != producer.ClassTransient:
+		return last // not retried; also unwraps backoff's Permanent on the last try
+	case last != nil && ctx.Err() != nil && !errors.Is(last, ctx.Err()):
+		if errors.Is(ctx.Err(), context.Canceled) {
+			return ctx.Err() // stopping: local
+		}
+		return fmt.Errorf("send deadline reached after %d tries: %w", tries, last)
+	case last != nil && tries > 1:
+		return fmt.Errorf("after %d tries: %w", tries, last)
+	case last != nil:
+		return last
+	default:
+		return err
 	}
-	return err
 }
 
-// Close stops the notifier and closes the producer.
-func (g *Guarded) Close(ctx context.Context) error {
-	select {
-	case <-g.done:
-	default:
-		close(g.done)
+// untilDeadline stops a backoff whose next wait would end after ctx's deadline:
+// waiting out the send's time to then not try again helps nobody.
+type untilDeadline struct {
+	backoff.BackOff
+	ctx context.Context
+}
+
+func (u untilDeadline) NextBackOff() time.Duration {
+	next := u.BackOff.NextBackOff()
+	if dl, ok := u.ctx.Deadline(); ok && next != backoff.Stop && time.Until(dl) < next {
+		return backoff.Stop
 	}
-	g.wg.Wait()
-	return g.Producer.Close(ctx)
+	return next
+}
+
+// Close stops the notifier, after it has delivered the changes already made,
+// and closes the producer. Later calls do nothing.
+func (g *Guarded) Close(ctx context.Context) error {
+	var err error
+	g.closeOnce.Do(func() {
+		close(g.done)
+		waited := make(chan struct{})
+		go func() { g.wg.Wait(); close(waited) }()
+		select {
+		case <-waited:
+		case <-ctx.Done():
+		}
+		err = g.Producer.Close(ctx)
+	})
+	return err
 }
 
 // FullJitter is exponential backoff with full jitter: the n-th delay is random

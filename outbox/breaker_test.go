@@ -72,7 +72,7 @@ func TestCooldownThroughTheSweeper(t *testing.T) {
 	tbl := dbtest.Table(t)
 	writeMessages(t, tbl, topicMessages("A", 30)...)
 	prod := memory.New(memory.Config{MaxBatch: 10})
-	prod.FailTopic("A", errors.New("down"))
+	prod.FailTopic("A", producer.NewTopicError("not_found", errors.New("no entity A")))
 	b := breaker.New(breaker.Settings{CooldownTicks: 3})
 	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, TopicBreaker: b})
 	sweep := func() outbox.SweepResult {
@@ -209,7 +209,7 @@ func TestTwoSweepersShareTheTopicBreakerThroughRedis(t *testing.T) {
 		require.NoError(t, err)
 		p := memory.New(memory.Config{MaxBatch: 10})
 		p.SetSendFunc(calls.hook)
-		p.FailTopic("A", errors.New("A is down"))
+		p.FailTopic("A", producer.NewTopicError("not_found", errors.New("A is gone")))
 		return newSweeper(t, dbtest.NewPool(t, 6), p, outbox.Config{Table: tbl, TopicBreaker: b, PageSize: 20}), p
 	}
 	one, p1 := newInstance("one")
@@ -397,4 +397,37 @@ func TestDependencyBreakerThroughTheSweeper(t *testing.T) {
 	require.Equal(t, 5, prod.Calls(), "the trial, then the two other topics")
 	require.Equal(t, 12, res.Dispatched)
 	require.Zero(t, dbtest.Outstanding(t, tbl), "every row delivered once the broker is back")
+}
+
+// The broker is down for every topic: with the topic breaker at its defaults
+// (threshold 1), the failures are the broker's, not the topics': no topic trips,
+// the dependency breaker opens, and once the broker is back nothing waits out a
+// topic cooldown.
+func TestBrokerOutageDoesNotTripTheTopics(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	for _, topic := range []string{"a", "b", "c"} {
+		writeMessages(t, tbl, topicMessages(topic, 2)...)
+	}
+	prod := memory.New(memory.Config{})
+	for _, topic := range []string{"a", "b", "c"} {
+		prod.FailTopic(topic, errors.New("connection refused"))
+	}
+	guarded := breaker.Guard(prod, breaker.DependencyConfig{Failures: 3, RetryAttempts: 1, OpenDuration: 100 * time.Millisecond})
+	t.Cleanup(func() { _ = guarded.Close(context.Background()) })
+	s := newSweeper(t, dbtest.Pool(t), guarded, outbox.Config{Table: tbl})
+	_, err := s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, breaker.DependencyOpen, guarded.State())
+	require.Empty(t, s.TopicBreaker().Tripped(), "the outage is the broker's")
+
+	for _, topic := range []string{"a", "b", "c"} { // the broker is back
+		prod.HealTopic(topic)
+	}
+	require.Eventually(t, func() bool { return guarded.State() == breaker.DependencyHalfOpen }, 5*time.Second, 10*time.Millisecond)
+	for range 3 {
+		_, err = s.Sweep(context.Background())
+		require.NoError(t, err)
+	}
+	require.Zero(t, dbtest.Outstanding(t, tbl))
 }

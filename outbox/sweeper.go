@@ -369,11 +369,13 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time) (SweepResult,
 // topics that stopped for the rest of the sweep.
 func (s *Sweeper) sendPage(stop, work context.Context, groups []topicGroup, plan breaker.Plan, res *SweepResult) ([]string, error) {
 	var (
-		mu      sync.Mutex
-		dbErr   error
-		stopped []string
-		wg      sync.WaitGroup
-		sem     = make(chan struct{}, s.cfg.Concurrency)
+		mu         sync.Mutex
+		dbErr      error
+		stopped    []string
+		dispatched int
+		transient  = map[string]error{}
+		wg         sync.WaitGroup
+		sem        = make(chan struct{}, s.cfg.Concurrency)
 	)
 	for _, g := range groups {
 		if stop.Err() != nil {
@@ -385,6 +387,10 @@ func (s *Sweeper) sendPage(stop, work context.Context, groups []topicGroup, plan
 			tr, err := s.sendTopic(stop, work, g, plan)
 			mu.Lock()
 			defer mu.Unlock()
+			dispatched += tr.dispatched
+			if tr.transient != nil {
+				transient[g.topic] = tr.transient
+			}
 			res.Dispatched += tr.dispatched
 			res.Batches += tr.batches
 			res.FailedBatches += tr.failedBatches
@@ -401,11 +407,25 @@ func (s *Sweeper) sendPage(stop, work context.Context, groups []topicGroup, plan
 		})
 	}
 	wg.Wait()
+	// A transient failure says something of its topic only if the broker took
+	// other batches meanwhile; when every send of the page failed, the broker
+	// (the dependency breaker's business) is the likelier cause, and tripping
+	// every topic would keep them all out long after it is back.
+	if dispatched > 0 {
+		for topic, err := range transient {
+			s.breaker.Failure(topic, plan.Gen(topic), false, truncate(err.Error(), maxErrorText))
+		}
+	} else if len(transient) > 0 {
+		s.logger.Debug("every send of the page failed: not counted against the topics", "topics", len(transient))
+	}
 	return stopped, dbErr
 }
 
 type topicResult struct {
 	batches, failedBatches, dispatched, skipped int
+	// transient is the topic's transient failure, reported to the topic breaker
+	// once the page shows whether the broker took anything (see sendPage).
+	transient error
 	// failed and contended say why the topic stopped, if it did.
 	failed, contended bool
 }
@@ -439,7 +459,7 @@ func (s *Sweeper) sendTopic(stop, work context.Context, g topicGroup, plan break
 		tr.failedBatches++
 		s.logFailure(rejected, err)
 		if tr.failed {
-			s.reportFailure(topic, gen, err)
+			s.reportFailure(topic, gen, err, &tr)
 			return tr, nil
 		}
 		// Some messages can never be sent; the others go on.
@@ -461,12 +481,16 @@ func (s *Sweeper) sendTopic(stop, work context.Context, g topicGroup, plan break
 	return tr, nil
 }
 
-// reportFailure tells the topic breaker about a failed batch. Message-class
-// failures are the messages' and local ones nobody's: neither counts.
-func (s *Sweeper) reportFailure(topic string, gen uint64, err error) {
-	switch class := producer.ClassOf(err); class {
-	case producer.ClassTransient, producer.ClassTopic:
-		s.breaker.Failure(topic, gen, class == producer.ClassTopic, truncate(err.Error(), maxErrorText))
+// reportFailure tells the topic breaker about a failed batch: a topic-class
+// failure at once; a transient one is kept in tr for sendPage to weigh.
+// Message-class failures are the messages' and local ones nobody's: neither
+// counts.
+func (s *Sweeper) reportFailure(topic string, gen uint64, err error, tr *topicResult) {
+	switch producer.ClassOf(err) {
+	case producer.ClassTopic:
+		s.breaker.Failure(topic, gen, true, truncate(err.Error(), maxErrorText))
+	case producer.ClassTransient:
+		tr.transient = err
 	}
 }
 
@@ -499,7 +523,7 @@ func (s *Sweeper) sendBatch(work context.Context, b producer.Batch, gen uint64, 
 		tr.failedBatches++
 		s.logFailure(b, out.sendErr)
 		if producer.ClassOf(out.sendErr) != producer.ClassMessage {
-			s.reportFailure(b.Topic, gen, out.sendErr)
+			s.reportFailure(b.Topic, gen, out.sendErr, tr)
 			tr.failed = true
 			return nil
 		}

@@ -424,6 +424,15 @@ func TestBrokerDownOpensTheDependencyBreakerAndNothingIsLost(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			require.NoError(t, <-done)
+			require.NoError(t, guarded.Close(context.Background()))
+		})
+	}
+	t.Cleanup(stop)
 
 	// The application writes 30 rows every 20 ms throughout.
 	written := 0
@@ -444,15 +453,14 @@ func TestBrokerDownOpensTheDependencyBreakerAndNothingIsLost(t *testing.T) {
 	acceptsAtOpen := proxy.Accepts()
 	write(1200 * time.Millisecond) // three open durations
 	during := proxy.Accepts() - acceptsAtOpen
-	require.Less(t, during, 20, "connection attempts while the broker is down are paced by the breaker: %d in 1.2s", during)
+	// Each trial, one per open duration (400ms), may dial twice (two tries).
+	require.LessOrEqual(t, during, 10, "connection attempts while the broker is down are paced by the breaker: %d in 1.2s", during)
 
 	proxy.Refuse(false)
 	write(300 * time.Millisecond)
 	dbtest.Eventually(t, 30*time.Second, "every row dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
 	dbtest.Eventually(t, 30*time.Second, "every row received", func() bool { return rc.distinct() >= written })
-	cancel()
-	require.NoError(t, <-done)
-	require.NoError(t, guarded.Close(context.Background()))
+	stop()
 	require.Equal(t, breaker.DependencyClosed, guarded.State())
 	t.Logf("%d rows written, %d received (%d distinct); %d connection attempts during 1.2s of outage",
 		written, rc.count(), rc.distinct(), during)

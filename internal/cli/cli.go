@@ -257,12 +257,14 @@ func runCommand(ctx context.Context, args []string, out, errOut io.Writer, env E
 	}
 	p, err := o.producerOptions.guard(f, raw, logger)
 	if err != nil {
+		_ = raw.Close(ctx)
 		return err
 	}
 	connectEarly(ctx, raw, o.name, logger)
 
 	s, err := outbox.NewSweeper(pool, p, cfg)
 	if err != nil {
+		_ = p.Close(ctx)
 		return &usageError{msg: err.Error()}
 	}
 	logger.Info("starting", "version", version(), "producer", o.name,

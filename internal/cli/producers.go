@@ -104,7 +104,8 @@ func (o *producerOptions) build(f *flags, out io.Writer) (producer.Producer, err
 }
 
 // guard validates the breaker and retry flags and puts p behind them. State
-// changes are logged and alerted (to the log, until the webhook alerter exists).
+// changes are alerted, to the log until the webhook alerter exists; the
+// metrics observer comes with the admin API.
 func (o *producerOptions) guard(f *flags, p producer.Producer, logger *slog.Logger) (*breaker.Guarded, error) {
 	for _, c := range []struct {
 		v    int
@@ -131,23 +132,20 @@ func (o *producerOptions) guard(f *flags, p producer.Producer, logger *slog.Logg
 		RetryAttempts: o.retryAttempts,
 		RetryInitial:  o.retryInitial,
 		RetryMax:      o.retryMax,
-		OnStateChange: func(from, to breaker.DependencyState, reason string) {
-			level := slog.LevelInfo
-			if to == breaker.DependencyOpen {
-				level = slog.LevelError
-			}
-			logger.Log(context.Background(), level, "broker circuit breaker: "+to.String(),
-				"from", from.String(), "to", to.String(), "state_value", int(to), "reason", reason)
-		},
-		Alerter: logAlerter{logger},
+		Alerter:       logAlerter{logger},
 	}), nil
 }
 
-// logAlerter "sends" alerts to the log, until the webhook alerter exists.
+// logAlerter "sends" alerts to the log, until the webhook alerter exists. It is
+// the one log line of each breaker change: critical ones at error level.
 type logAlerter struct{ logger *slog.Logger }
 
-func (a logAlerter) Alert(_ context.Context, al breaker.Alert) error {
-	a.logger.Warn("alert", "severity", al.Severity, "component", al.Component, "summary", al.Summary)
+func (a logAlerter) Alert(ctx context.Context, al breaker.Alert) error {
+	level := slog.LevelInfo
+	if al.Severity == "critical" {
+		level = slog.LevelError
+	}
+	a.logger.Log(ctx, level, al.Summary, "alert", true, "severity", al.Severity, "component", al.Component)
 	return nil
 }
 

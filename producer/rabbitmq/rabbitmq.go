@@ -199,14 +199,20 @@ func (p *Producer) connection(ctx context.Context) (*amqp.Connection, *corkConn,
 	// The dial and the AMQP handshake end by DialTimeout, or by the send's own
 	// deadline if sooner: a broker that accepts and then says nothing must not
 	// hold a send past --send-timeout.
-	timeout := p.cfg.DialTimeout
-	if dl, ok := ctx.Deadline(); ok {
-		timeout = max(min(timeout, time.Until(dl)), time.Millisecond)
+	deadline := time.Now().Add(p.cfg.DialTimeout)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+		deadline = dl
 	}
 	conn, err := amqp.DialConfig(p.cfg.URL, amqp.Config{
 		Dial: func(network, addr string) (net.Conn, error) {
-			c, err := amqp.DefaultDial(timeout)(network, addr)
+			// One deadline for the TCP dial and the AMQP handshake together;
+			// the client clears it once the connection is open.
+			c, err := (&net.Dialer{Deadline: deadline}).Dial(network, addr)
 			if err != nil {
+				return nil, err
+			}
+			if err := c.SetDeadline(deadline); err != nil {
+				_ = c.Close()
 				return nil, err
 			}
 			cork = newCorkConn(c)
