@@ -27,29 +27,6 @@ func newSweeper(t *testing.T, pool *pgxpool.Pool, p producer.Producer, cfg outbo
 	return s
 }
 
-// runSweeper runs s in the background until the returned stop is called, which
-// waits for Run to return and checks it returned nil.
-func runSweeper(t *testing.T, s *outbox.Sweeper) (stop func()) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				require.NoError(t, err)
-			case <-time.After(30 * time.Second):
-				t.Fatal("Run did not return within 30s of its context ending")
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
-}
-
 // The first scenario: concurrent application transactions, a tenth of
 // them rolled back, with a sweeper running all along.
 //
@@ -67,7 +44,7 @@ func TestConcurrentWritersAreDeliveredExactlyOnceInOrder(t *testing.T) {
 	tbl := dbtest.Table(t)
 	pool := dbtest.Pool(t)
 	prod := memory.New(memory.Config{MaxBatch: 50})
-	stop := runSweeper(t, newSweeper(t, pool, prod, outbox.Config{Table: tbl, Tick: 5 * time.Millisecond, PageSize: 200}))
+	stop := dbtest.RunSweeper(t, newSweeper(t, pool, prod, outbox.Config{Table: tbl, Tick: 5 * time.Millisecond, PageSize: 200}))
 
 	w, err := outbox.NewWriter(tbl)
 	require.NoError(t, err)
@@ -367,8 +344,8 @@ func TestTwoSweepersNeverSendARowTwice(t *testing.T) {
 
 	cfg := outbox.Config{Table: tbl, Tick: 5 * time.Millisecond, PageSize: 300}
 	p1, p2 := memory.New(memory.Config{MaxBatch: 20}), memory.New(memory.Config{MaxBatch: 20})
-	stop1 := runSweeper(t, newSweeper(t, dbtest.NewPool(t, 6), p1, cfg))
-	stop2 := runSweeper(t, newSweeper(t, dbtest.NewPool(t, 6), p2, cfg))
+	stop1 := dbtest.RunSweeper(t, newSweeper(t, dbtest.NewPool(t, 6), p1, cfg))
+	stop2 := dbtest.RunSweeper(t, newSweeper(t, dbtest.NewPool(t, 6), p2, cfg))
 	dbtest.Eventually(t, 60*time.Second, "every row dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
 	stop1()
 	stop2()
@@ -394,8 +371,8 @@ func TestTwoSweepersKeepPerTopicOrder(t *testing.T) {
 	writeMessages(t, tbl, topicMessages("A", 2000)...)
 	prod := memory.New(memory.Config{MaxBatch: 20})
 	cfg := outbox.Config{Table: tbl, Tick: 2 * time.Millisecond, PageSize: 100}
-	stop1 := runSweeper(t, newSweeper(t, dbtest.NewPool(t, 4), prod, cfg))
-	stop2 := runSweeper(t, newSweeper(t, dbtest.NewPool(t, 4), prod, cfg))
+	stop1 := dbtest.RunSweeper(t, newSweeper(t, dbtest.NewPool(t, 4), prod, cfg))
+	stop2 := dbtest.RunSweeper(t, newSweeper(t, dbtest.NewPool(t, 4), prod, cfg))
 	dbtest.Eventually(t, 60*time.Second, "every row dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
 	stop1()
 	stop2()

@@ -180,24 +180,17 @@ func (rc *rabbitConsumers) snapshot() map[string][]received {
 	return out
 }
 
-// runSweeper runs an in-process sweeper until stop is called.
+// runSweeper runs an in-process sweeper relaying tbl to p until stop is called,
+// which also closes p.
 func runSweeper(t *testing.T, tbl outbox.Table, p producer.Producer) (stop func()) {
 	t.Helper()
 	s, err := outbox.NewSweeper(dbtest.Pool(t), p, outbox.Config{Table: tbl, Tick: 10 * time.Millisecond})
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			require.NoError(t, <-done)
-			require.NoError(t, p.Close(context.Background()))
-		})
+	stopRun := dbtest.RunSweeper(t, s)
+	return func() {
+		stopRun()
+		require.NoError(t, p.Close(context.Background()))
 	}
-	t.Cleanup(stop)
-	return stop
 }
 
 func TestRoundTripRabbitMQ(t *testing.T) {
@@ -306,9 +299,7 @@ func TestRabbitMQConnectionForceClosedByBrokerLosesNothing(t *testing.T) {
 	slow := slowProducer{Producer: p, delay: 30 * time.Millisecond}
 	s, err := outbox.NewSweeper(dbtest.Pool(t), slow, outbox.Config{Table: tbl, Tick: 10 * time.Millisecond, PageSize: 60})
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
+	stop := dbtest.RunSweeper(t, s)
 
 	closes := 0
 	for closes < 3 && dbtest.Outstanding(t, tbl) > 0 {
@@ -326,8 +317,7 @@ func TestRabbitMQConnectionForceClosedByBrokerLosesNothing(t *testing.T) {
 	}
 	dbtest.Eventually(t, 60*time.Second, "every row dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
 	dbtest.Eventually(t, 30*time.Second, "every message consumed", func() bool { return rc.distinct() >= n })
-	cancel()
-	require.NoError(t, <-done)
+	stop()
 	require.NoError(t, p.Close(context.Background()))
 
 	seen := map[string]bool{}
@@ -421,18 +411,11 @@ func TestBrokerDownOpensTheDependencyBreakerAndNothingIsLost(t *testing.T) {
 	s, err := outbox.NewSweeper(dbtest.Pool(t), guarded, outbox.Config{Table: tbl, Tick: 20 * time.Millisecond,
 		SendTimeout: time.Second, TopicBreaker: breaker.New(breaker.Settings{FailureThreshold: 1_000_000})})
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	var once sync.Once
+	stopRun := dbtest.RunSweeper(t, s)
 	stop := func() {
-		once.Do(func() {
-			cancel()
-			require.NoError(t, <-done)
-			require.NoError(t, guarded.Close(context.Background()))
-		})
+		stopRun()
+		require.NoError(t, guarded.Close(context.Background()))
 	}
-	t.Cleanup(stop)
 
 	// The application writes 30 rows every 20 ms throughout.
 	written := 0

@@ -243,3 +243,29 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// RunSweeper runs s in the background until the returned stop is called (or the
+// test ends), which waits for Run to return and fails t if Run returned an
+// error or took more than 30s to stop.
+func RunSweeper(t testing.TB, s *outbox.Sweeper) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("sweeper Run: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Error("sweeper Run did not return within 30s of its context ending")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
