@@ -65,3 +65,30 @@ func topicMessages(topic string, n int) []outbox.Message {
 	}
 	return msgs
 }
+
+// deadLetter is a dead-letter row as the tests read it back.
+type deadLetter struct {
+	ID          int64
+	MessageID   string
+	Topic       string
+	Payload     []byte
+	Attempts    int
+	Reason      string
+	Error       string
+	Correlation *string
+}
+
+func readDeadLetters(t *testing.T, tbl outbox.Table) []deadLetter {
+	t.Helper()
+	rows, err := dbtest.Pool(t).Query(context.Background(), fmt.Sprintf(
+		`SELECT id, message_id::text, topic, payload, attempts, reason, coalesce(error, ''), correlation_id
+		 FROM %s ORDER BY id`, pgx.Identifier{tbl.Schema, tbl.DeadLetterName()}.Sanitize()))
+	require.NoError(t, err)
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (deadLetter, error) {
+		var d deadLetter
+		err := r.Scan(&d.ID, &d.MessageID, &d.Topic, &d.Payload, &d.Attempts, &d.Reason, &d.Error, &d.Correlation)
+		return d, err
+	})
+	require.NoError(t, err)
+	return out
+}

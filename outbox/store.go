@@ -21,23 +21,36 @@ const dbTimeout = 30 * time.Second
 
 // store runs the sweeper's statements against one outbox table.
 type store struct {
-	pool  *pgxpool.Pool
-	table Table
+	pool   *pgxpool.Pool
+	table  Table
+	policy deadLetterPolicy
 
 	claimBatch        string
+	deadLetter        string
 	outstandingTopics string
 	pageOutstanding   string
+	recentDeadLetters string
 	recordFailure     string
 }
 
-func newStore(pool *pgxpool.Pool, t Table) *store {
+// deadLetterPolicy says when rows leave the outbox for the dead-letter table.
+type deadLetterPolicy struct {
+	maxAttempts int           // transient failures a row may have
+	stormLimit  int           // rows of one topic dead-lettered within stormWindow
+	stormWindow time.Duration // … above which the storm guard stops it
+}
+
+func newStore(pool *pgxpool.Pool, t Table, policy deadLetterPolicy) *store {
 	stmt := func(name string) string { return outboxsql.Statement(name, t.ident(), t.deadLetterIdent()) }
 	return &store{
 		pool:              pool,
 		table:             t,
+		policy:            policy,
 		claimBatch:        stmt("claim_batch"),
+		deadLetter:        stmt("dead_letter"),
 		outstandingTopics: stmt("outstanding_topics"),
 		pageOutstanding:   stmt("page_outstanding"),
+		recentDeadLetters: stmt("recent_dead_letters"),
 		recordFailure:     stmt("record_failure"),
 	}
 }
@@ -113,10 +126,19 @@ type batchOutcome struct {
 	// sendErr is the producer's error; nil when the batch was accepted or nothing
 	// was sent.
 	sendErr error
-	// failed lists the rows that counted an attempt: all claimed rows, or for a
-	// message-class error the rows it names. Empty on success and for local
-	// failures.
+	// failed lists the rows the failure concerned: all claimed rows, or for a
+	// message-class error the rows it names (which are dead-lettered). Empty on
+	// success and for local failures.
 	failed []int64
+	// attempted says the failure counted an attempt on the claimed rows (any
+	// failure but a local one, or a message-class one naming its rows).
+	attempted bool
+	// deadLettered counts the rows moved to the dead-letter table.
+	deadLettered int
+	// storm is set when dead-lettering the named rows would pass the storm
+	// guard's limit for the topic: nothing was dead-lettered, and the topic
+	// must stop.
+	storm bool
 }
 
 // dispatch claims the rows of b, sends them with send, and records the outcome,
@@ -190,27 +212,83 @@ func (s *store) dispatch(ctx context.Context, b producer.Batch, sendTimeout time
 		return out, nil
 	}
 
+	errText := truncate(out.sendErr.Error(), maxErrorText)
 	out.failed = claimed
-	switch producer.ClassOf(out.sendErr) {
+	class := producer.ClassOf(out.sendErr)
+	switch class {
 	case producer.ClassLocal:
 		// Not the rows' fault: the rollback leaves them as they were.
 		out.failed = nil
 		return out, nil
 	case producer.ClassMessage:
-		// Only the rows the error names count an attempt; their neighbours were
-		// not rejected, merely not sent. An error that names none of the batch's
-		// rows cannot be pinned on any, so it counts for all.
+		// The rows the error names leave the outbox now, with the producer's
+		// reason; their neighbours were not rejected, merely not sent. An error
+		// that names none of the batch's rows cannot be pinned on one: it counts
+		// as an attempt of every row, as a transient failure does.
 		if named := intersect(claimed, producer.MessageIDs(out.sendErr)); len(named) > 0 {
 			out.failed = named
+			if err := s.deadLetterNamed(recordCtx, tx, b.Topic, claimed, named, out.sendErr, errText, &out); err != nil {
+				return out, err
+			}
+			if err := tx.Commit(recordCtx); err != nil {
+				return out, fmt.Errorf("dead-letter %d rows of topic %q: %w", len(named), b.Topic, err)
+			}
+			return out, nil
 		}
+		class = producer.ClassTransient
 	}
-	if _, err := tx.Exec(recordCtx, s.recordFailure, claimed, out.failed, truncate(out.sendErr.Error(), maxErrorText)); err != nil {
+	if _, err := tx.Exec(recordCtx, s.recordFailure, claimed, out.failed, errText); err != nil {
 		return out, fmt.Errorf("record failed send of %d rows of topic %q: %w", len(claimed), b.Topic, err)
+	}
+	out.attempted = true
+	if class == producer.ClassTransient && s.policy.maxAttempts > 0 {
+		// Rows that have now failed --max-attempts times leave the outbox.
+		// Topic-class failures never dead-letter: the topic breaker deals with
+		// the topic, and its rows are good.
+		tag, err := tx.Exec(recordCtx, s.deadLetter, claimed, s.policy.maxAttempts, ReasonMaxRetriesExceeded, errText)
+		if err != nil {
+			return out, fmt.Errorf("dead-letter exhausted rows of topic %q: %w", b.Topic, err)
+		}
+		out.deadLettered = int(tag.RowsAffected())
 	}
 	if err := tx.Commit(recordCtx); err != nil {
 		return out, fmt.Errorf("record failed send of %d rows of topic %q: %w", len(claimed), b.Topic, err)
 	}
 	return out, nil
+}
+
+// ReasonMaxRetriesExceeded is the dead-letter reason of a row that failed
+// --max-attempts times.
+const ReasonMaxRetriesExceeded = "max_retries_exceeded"
+
+// deadLetterNamed moves the rows a message-class error named to the dead-letter
+// table, unless that would pass the storm guard's limit for the topic: then it
+// moves none, and sets out.storm. The other claimed rows go back to outstanding
+// either way, with no attempt counted.
+func (s *store) deadLetterNamed(ctx context.Context, tx pgx.Tx, topic string, claimed, named []int64, sendErr error, errText string, out *batchOutcome) error {
+	if _, err := tx.Exec(ctx, s.recordFailure, claimed, []int64{}, errText); err != nil {
+		return fmt.Errorf("release %d rows of topic %q: %w", len(claimed), topic, err)
+	}
+	if s.policy.stormLimit > 0 {
+		var recent int
+		if err := tx.QueryRow(ctx, s.recentDeadLetters, topic, s.policy.stormWindow).Scan(&recent); err != nil {
+			return fmt.Errorf("count recent dead letters of topic %q: %w", topic, err)
+		}
+		if recent+len(named) > s.policy.stormLimit {
+			out.storm = true
+			return nil
+		}
+	}
+	reason := producer.ReasonOf(sendErr)
+	if reason == "" {
+		reason = producer.ReasonInvalidMessage
+	}
+	tag, err := tx.Exec(ctx, s.deadLetter, named, 0, reason, errText)
+	if err != nil {
+		return fmt.Errorf("dead-letter %d rows of topic %q: %w", len(named), topic, err)
+	}
+	out.deadLettered = int(tag.RowsAffected())
+	return nil
 }
 
 // maxErrorText bounds last_error, so a broker that returns a page of HTML cannot

@@ -18,8 +18,11 @@ import (
 
 // Defaults for [Config].
 const (
-	ConcurrencyDefault     = 4
-	PageSizeDefault        = 500
+	ConcurrencyDefault      = 4
+	DeadLetterLimitDefault  = 100
+	DeadLetterWindowDefault = 5 * time.Minute
+	MaxAttemptsDefault      = 10
+	PageSizeDefault         = 500
 	SendTimeoutDefault     = 15 * time.Second
 	ShutdownTimeoutDefault = 10 * time.Second
 	TickDefault            = time.Second
@@ -52,8 +55,27 @@ type Config struct {
 	// ConcurrencyDefault.
 	Concurrency int
 
+	// Alerter receives an alert when the dead-letter storm guard stops a topic.
+	// Optional.
+	Alerter breaker.Alerter
+
+	// DeadLetterLimit and DeadLetterWindow are the storm guard: when more than
+	// DeadLetterLimit rows of one topic would be dead-lettered within
+	// DeadLetterWindow, something is wrong beyond single messages (a broker
+	// error misclassified as the messages' fault would otherwise empty the
+	// outbox into the dead-letter table). The sweeper then stops dead-lettering
+	// the topic, trips it, and alerts. Default to DeadLetterLimitDefault and
+	// DeadLetterWindowDefault; a negative limit disables the guard.
+	DeadLetterLimit  int
+	DeadLetterWindow time.Duration
+
 	// Logger receives the sweeper's logs. Defaults to discarding them.
 	Logger *slog.Logger
+
+	// MaxAttempts is how many transient failures a row may have: the row that
+	// reaches it is dead-lettered with reason max_retries_exceeded. Defaults to
+	// MaxAttemptsDefault; a negative value keeps rows forever.
+	MaxAttempts int
 
 	// PageSize is the most rows read per page. Memory use is bounded by it, not by
 	// the backlog. Defaults to PageSizeDefault.
@@ -91,6 +113,15 @@ type Config struct {
 func (c Config) WithDefaults() Config {
 	if c.Concurrency == 0 {
 		c.Concurrency = ConcurrencyDefault
+	}
+	if c.DeadLetterLimit == 0 {
+		c.DeadLetterLimit = DeadLetterLimitDefault
+	}
+	if c.DeadLetterWindow == 0 {
+		c.DeadLetterWindow = DeadLetterWindowDefault
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = MaxAttemptsDefault
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -140,6 +171,9 @@ func (c Config) Validate() error {
 	if c.PageSize < 1 || c.PageSize > PageSizeMax {
 		return &ConfigError{"page size", "page-size", fmt.Sprint(c.PageSize), fmt.Sprintf("it must be between 1 and %d", PageSizeMax)}
 	}
+	if c.DeadLetterWindow < time.Second {
+		return &ConfigError{"dead-letter window", "dead-letter-window", c.DeadLetterWindow.String(), "it must be at least 1s"}
+	}
 	if c.SendTimeout < time.Millisecond {
 		return &ConfigError{"send timeout", "send-timeout", c.SendTimeout.String(), "it must be at least 1ms"}
 	}
@@ -168,6 +202,8 @@ type SweepResult struct {
 	FailedTopics []string
 	// Blocked says the dependency breaker was open: the sweep read nothing.
 	Blocked bool
+	// DeadLettered counts the rows moved to the dead-letter table.
+	DeadLettered int
 }
 
 // Sweeper relays outstanding outbox rows to a producer.
@@ -204,7 +240,11 @@ func NewSweeper(pool *pgxpool.Pool, p producer.Producer, cfg Config) (*Sweeper, 
 		cfg:      cfg,
 		logger:   cfg.Logger,
 		producer: p,
-		store:    newStore(pool, cfg.Table),
+		store: newStore(pool, cfg.Table, deadLetterPolicy{
+			maxAttempts: max(cfg.MaxAttempts, 0),
+			stormLimit:  max(cfg.DeadLetterLimit, 0),
+			stormWindow: cfg.DeadLetterWindow,
+		}),
 	}, nil
 }
 
@@ -395,6 +435,7 @@ func (s *Sweeper) sendPage(stop, work context.Context, groups []topicGroup, plan
 			res.Batches += tr.batches
 			res.FailedBatches += tr.failedBatches
 			res.Skipped += tr.skipped
+			res.DeadLettered += tr.deadLettered
 			if tr.failed {
 				res.FailedTopics = append(res.FailedTopics, g.topic)
 			}
@@ -422,7 +463,7 @@ func (s *Sweeper) sendPage(stop, work context.Context, groups []topicGroup, plan
 }
 
 type topicResult struct {
-	batches, failedBatches, dispatched, skipped int
+	batches, deadLettered, failedBatches, dispatched, skipped int
 	// transient is the topic's transient failure, reported to the topic breaker
 	// once the page shows whether the broker took anything (see sendPage).
 	transient error
@@ -521,8 +562,20 @@ func (s *Sweeper) sendBatch(work context.Context, b producer.Batch, gen uint64, 
 			return nil
 		}
 		tr.failedBatches++
+		tr.deadLettered += out.deadLettered
 		s.logFailure(b, out.sendErr)
-		if producer.ClassOf(out.sendErr) != producer.ClassMessage {
+		if out.deadLettered > 0 {
+			s.logDeadLettered(b, out)
+		}
+		if out.storm {
+			s.stopStorm(b.Topic, len(out.failed), out.sendErr)
+			tr.failed = true
+			return nil
+		}
+		// Failures that count an attempt, and local ones (nothing was sent),
+		// stop the topic; a message-class one that dead-lettered its rows does
+		// not: the rest of the batch goes on at once.
+		if out.attempted || producer.ClassOf(out.sendErr) != producer.ClassMessage {
 			s.reportFailure(b.Topic, gen, out.sendErr, tr)
 			tr.failed = true
 			return nil
@@ -534,6 +587,37 @@ func (s *Sweeper) sendBatch(work context.Context, b producer.Batch, gen uint64, 
 
 // maxLoggedIDs bounds the correlation ids on one log line.
 const maxLoggedIDs = 10
+
+// logDeadLettered logs rows moved to the dead-letter table: topic, reason, row
+// ids and correlation ids, never a payload.
+func (s *Sweeper) logDeadLettered(b producer.Batch, out batchOutcome) {
+	dead := subset(b, out.failed)
+	if len(dead.Messages) == 0 { // max_retries_exceeded: the rows that reached the limit are not named
+		dead = b
+	}
+	reason := producer.ReasonOf(out.sendErr)
+	if producer.ClassOf(out.sendErr) != producer.ClassMessage {
+		reason = ReasonMaxRetriesExceeded
+	}
+	s.logger.Warn("rows dead-lettered", "topic", b.Topic, "num_rows", out.deadLettered, "reason", reason,
+		"correlation_ids", correlationIDs(dead, maxLoggedIDs), "table", s.cfg.Table.DeadLetterName())
+}
+
+// stopStorm trips a topic whose messages are being rejected faster than the
+// storm guard allows, and alerts: a broker error misread as the messages' fault
+// must not empty the outbox into the dead-letter table.
+func (s *Sweeper) stopStorm(topic string, n int, err error) {
+	summary := fmt.Sprintf("dead-letter storm on topic %q: %d more rows rejected (%s) with more than %d dead-lettered within %s; "+
+		"dead-lettering stopped and the topic tripped. Check the producer's error, fix it, then reset the topic",
+		topic, n, producer.ReasonOf(err), s.cfg.DeadLetterLimit, s.cfg.DeadLetterWindow)
+	s.breaker.Trip(topic, summary)
+	s.logger.Error(summary, "topic", topic, "err", err)
+	if s.cfg.Alerter != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = s.cfg.Alerter.Alert(ctx, breaker.Alert{Time: time.Now().UTC(), Severity: "critical", Component: "dead-letter-storm-guard", Summary: summary})
+	}
+}
 
 // logFailure logs a failed batch. b is never empty: every caller sent or
 // rejected at least one row.

@@ -193,9 +193,9 @@ func TestFailedBatchKeepsItsRowsAndOtherTopicsGoOn(t *testing.T) {
 	require.True(t, slices.IsSorted(aIDs), "A delivered out of order: %v", aIDs)
 }
 
-// A message-class failure counts an attempt on the rows it names only, and the
-// rest of the batch and of the topic go on in the same sweep: one poison message
-// must not hold its topic.
+// A message-class failure dead-letters the rows it names, and the rest of the
+// batch and of the topic go on in the same sweep: one poison message must not
+// hold its topic.
 func TestPoisonMessageDoesNotHoldItsTopic(t *testing.T) {
 	t.Parallel()
 	tbl := dbtest.Table(t)
@@ -208,19 +208,20 @@ func TestPoisonMessageDoesNotHoldItsTopic(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, res.FailedTopics)
 	require.Equal(t, 8, res.Dispatched)
-	require.Equal(t, 2, res.FailedBatches)
+	require.Equal(t, 2, res.DeadLettered)
 	require.Equal(t, []int64{1, 2, 4, 5, 7, 8, 9, 10}, ids(prod.Messages()), "neighbours delivered in order")
 	for _, r := range readRows(t, tbl) {
-		switch r.ID {
-		case 3, 6:
-			require.False(t, r.Dispatched)
-			require.Equal(t, 1, r.Attempts)
-		default:
-			require.True(t, r.Dispatched, "row %d", r.ID)
-			require.Zero(t, r.Attempts, "row %d", r.ID)
-		}
+		require.True(t, r.Dispatched, "row %d", r.ID)
+		require.Zero(t, r.Attempts, "row %d", r.ID)
 	}
-	require.Contains(t, *readRows(t, tbl)[2].LastError, "message_too_large")
+	dead := readDeadLetters(t, tbl)
+	require.Len(t, dead, 2)
+	require.Equal(t, int64(3), dead[0].ID)
+	require.Equal(t, producer.ReasonMessageTooLarge, dead[0].Reason)
+	require.Equal(t, []byte("A-2"), dead[0].Payload, "every byte kept")
+	require.Equal(t, int64(6), dead[1].ID)
+	require.Equal(t, producer.ReasonInvalidMessage, dead[1].Reason)
+	require.Contains(t, dead[1].Error, "bad header")
 }
 
 // A message-class error that names no row of the batch cannot be pinned on one:
