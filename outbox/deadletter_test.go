@@ -143,4 +143,3 @@ func TestDeadLetteringIsAtomic(t *testing.T) {
 	require.Len(t, rows, 1, "still in the outbox")
 	require.False(t, rows[0].Dispatched)
 }
-

@@ -23,9 +23,9 @@ const (
 	DeadLetterWindowDefault = 5 * time.Minute
 	MaxAttemptsDefault      = 10
 	PageSizeDefault         = 500
-	SendTimeoutDefault     = 15 * time.Second
-	ShutdownTimeoutDefault = 10 * time.Second
-	TickDefault            = time.Second
+	SendTimeoutDefault      = 15 * time.Second
+	ShutdownTimeoutDefault  = 10 * time.Second
+	TickDefault             = time.Second
 )
 
 // Bounds that Config.Validate enforces. They catch typos (a page of 5,000,000
@@ -170,6 +170,12 @@ func (c Config) Validate() error {
 	}
 	if c.PageSize < 1 || c.PageSize > PageSizeMax {
 		return &ConfigError{"page size", "page-size", fmt.Sprint(c.PageSize), fmt.Sprintf("it must be between 1 and %d", PageSizeMax)}
+	}
+	if c.MaxAttempts == 0 || c.MaxAttempts < -1 {
+		return &ConfigError{"max attempts", "max-attempts", fmt.Sprint(c.MaxAttempts), "it must be at least 1, or -1 to never dead-letter for attempts"}
+	}
+	if c.DeadLetterLimit == 0 || c.DeadLetterLimit < -1 {
+		return &ConfigError{"dead-letter limit", "dead-letter-limit", fmt.Sprint(c.DeadLetterLimit), "it must be at least 1, or -1 to turn the storm guard off"}
 	}
 	if c.DeadLetterWindow < time.Second {
 		return &ConfigError{"dead-letter window", "dead-letter-window", c.DeadLetterWindow.String(), "it must be at least 1s"}

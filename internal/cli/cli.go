@@ -171,12 +171,15 @@ type runOptions struct {
 	logOptions
 	producerOptions
 	topicBreakerOptions
-	concurrency     int
-	pageSize        int
-	schedule        string
-	sendTimeout     time.Duration
-	shutdownTimeout time.Duration
-	tick            time.Duration
+	concurrency      int
+	deadLetterLimit  int
+	deadLetterWindow time.Duration
+	maxAttempts      int
+	pageSize         int
+	schedule         string
+	sendTimeout      time.Duration
+	shutdownTimeout  time.Duration
+	tick             time.Duration
 }
 
 func (o *runOptions) flags() *flags {
@@ -186,6 +189,9 @@ func (o *runOptions) flags() *flags {
 	o.producerOptions.register(f)
 	o.topicBreakerOptions.register(f)
 	f.Int(&o.concurrency, "concurrency", outbox.ConcurrencyDefault, "topics sent at once; the batches of one topic go in order")
+	f.Int(&o.deadLetterLimit, "dead-letter-limit", outbox.DeadLetterLimitDefault, "storm guard: more rows of one topic dead-lettered within --dead-letter-window stop dead-lettering, trip the topic and alert (-1: off)")
+	f.Duration(&o.deadLetterWindow, "dead-letter-window", outbox.DeadLetterWindowDefault, "the storm guard's window")
+	f.Int(&o.maxAttempts, "max-attempts", outbox.MaxAttemptsDefault, "transient failures after which a row is dead-lettered as max_retries_exceeded (-1: never)")
 	f.Int(&o.pageSize, "page-size", outbox.PageSizeDefault, "most outstanding rows read per page; memory use is bounded by it")
 	f.String(&o.schedule, "schedule", "", "spec", `cron spec for ticks instead of --tick, e.g. "*/10 * * * * *" or "@every 2s"`)
 	f.Duration(&o.sendTimeout, "send-timeout", outbox.SendTimeoutDefault, "longest a broker may take to accept one batch; then the batch fails as transient")
@@ -205,12 +211,15 @@ func runCommand(ctx context.Context, args []string, out, errOut io.Writer, env E
 		return err
 	}
 	cfg := outbox.Config{
-		Concurrency:     o.concurrency,
-		PageSize:        o.pageSize,
-		SendTimeout:     o.sendTimeout,
-		ShutdownTimeout: o.shutdownTimeout,
-		Table:           tbl,
-		Tick:            o.tick,
+		DeadLetterLimit:  o.deadLetterLimit,
+		DeadLetterWindow: o.deadLetterWindow,
+		MaxAttempts:      o.maxAttempts,
+		Concurrency:      o.concurrency,
+		PageSize:         o.pageSize,
+		SendTimeout:      o.sendTimeout,
+		ShutdownTimeout:  o.shutdownTimeout,
+		Table:            tbl,
+		Tick:             o.tick,
 	}
 	if o.schedule != "" {
 		if f.set("tick") {
@@ -236,6 +245,7 @@ func runCommand(ctx context.Context, args []string, out, errOut io.Writer, env E
 
 	logger := o.logger(errOut)
 	cfg.Logger = logger
+	cfg.Alerter = logAlerter{logger}
 	tick := o.tick
 	if cfg.Schedule != nil {
 		now := time.Now()
