@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -142,4 +143,123 @@ func TestDeadLetteringIsAtomic(t *testing.T) {
 	rows := readRows(t, tbl)
 	require.Len(t, rows, 1, "still in the outbox")
 	require.False(t, rows[0].Dispatched)
+}
+
+// deadLetterAll dead-letters every row of tbl through the sweeper (the producer
+// rejects them all as invalid) and returns the operator's view.
+func deadLetterAll(t *testing.T, tbl outbox.Table, msgs ...outbox.Message) *outbox.DeadLetters {
+	t.Helper()
+	writeMessages(t, tbl, msgs...)
+	prod := memory.New(memory.Config{})
+	for _, r := range readRows(t, tbl) {
+		prod.FailMessage(r.ID, producer.NewMessageError(producer.ReasonInvalidMessage, nil, errors.New("schema mismatch")))
+	}
+	res, err := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl}).Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, len(msgs), res.DeadLettered)
+	d, err := outbox.NewDeadLetters(dbtest.Pool(t), tbl)
+	require.NoError(t, err)
+	return d
+}
+
+func TestListDeadLettersFiltersAndHidesPayloads(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	d := deadLetterAll(t, tbl, append(topicMessages("A", 2), topicMessages("B", 1)...)...)
+	ctx := context.Background()
+
+	all, err := d.List(ctx, outbox.DeadLetterFilter{}, 50, false)
+	require.NoError(t, err)
+	require.Len(t, all, 3)
+	for _, x := range all {
+		require.Nil(t, x.Payload, "no payload unless asked")
+		require.Nil(t, x.Headers)
+		require.Equal(t, producer.ReasonInvalidMessage, x.Reason)
+		require.NotNil(t, x.CorrelationID)
+	}
+	b, err := d.List(ctx, outbox.DeadLetterFilter{Topic: "B"}, 50, true)
+	require.NoError(t, err)
+	require.Len(t, b, 1)
+	require.Equal(t, []byte("B-0"), b[0].Payload)
+	none, err := d.List(ctx, outbox.DeadLetterFilter{Reason: producer.ReasonMessageTooLarge}, 50, false)
+	require.NoError(t, err)
+	require.Empty(t, none)
+	one, err := d.List(ctx, outbox.DeadLetterFilter{}, 1, false)
+	require.NoError(t, err)
+	require.Len(t, one, 1)
+}
+
+// Replay by id and by filter restores the rows with their message_id, and they
+// are delivered; replaying an id that is not there says so and changes nothing.
+func TestReplayDeadLetters(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	d := deadLetterAll(t, tbl, append(topicMessages("A", 2), topicMessages("B", 2)...)...)
+	ctx := context.Background()
+	before, err := d.List(ctx, outbox.DeadLetterFilter{}, 50, false)
+	require.NoError(t, err)
+	messageIDs := map[int64]string{}
+	for _, x := range before {
+		messageIDs[x.ID] = x.MessageID
+	}
+
+	_, err = d.Replay(ctx, outbox.DeadLetterFilter{IDs: []int64{1, 999}})
+	require.ErrorContains(t, err, "no dead letters with ids [999]")
+	left, _ := d.List(ctx, outbox.DeadLetterFilter{}, 50, false)
+	require.Len(t, left, 4, "nothing replayed")
+
+	_, err = d.Replay(ctx, outbox.DeadLetterFilter{})
+	require.ErrorIs(t, err, outbox.ErrNoFilter)
+
+	n, err := d.Replay(ctx, outbox.DeadLetterFilter{IDs: []int64{1}})
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	n, err = d.Replay(ctx, outbox.DeadLetterFilter{Topic: "B"})
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+
+	rows := readRows(t, tbl)
+	require.Len(t, rows, 3)
+	got := map[string]bool{}
+	for _, r := range rows {
+		require.Zero(t, r.Attempts)
+		require.False(t, r.Dispatched)
+		got[r.MessageID] = true
+	}
+	for _, id := range []int64{1, 3, 4} {
+		require.True(t, got[messageIDs[id]], "dead letter %d came back with its message id", id)
+	}
+	prod := memory.New(memory.Config{})
+	res, err := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl}).Sweep(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 3, res.Dispatched)
+
+	n, err = d.Replay(ctx, outbox.DeadLetterFilter{All: true})
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "all: the one left")
+}
+
+// Purge removes only the rows older than the cut; a dry run removes none.
+func TestPurgeDeadLetters(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	d := deadLetterAll(t, tbl, topicMessages("A", 4)...)
+	ctx := context.Background()
+	_, err := dbtest.Pool(t).Exec(ctx, fmt.Sprintf("UPDATE %s SET dead_lettered_at = now() - interval '40 days' WHERE id <= 2",
+		pgx.Identifier{tbl.Schema, tbl.DeadLetterName()}.Sanitize()))
+	require.NoError(t, err)
+
+	cut := outbox.DeadLetterFilter{Before: time.Now().Add(-720 * time.Hour)}
+	n, err := d.Purge(ctx, cut, true)
+	require.NoError(t, err)
+	require.Equal(t, 2, n, "the dry run counts")
+	require.Len(t, readDeadLetters(t, tbl), 4, "and deletes nothing")
+	n, err = d.Purge(ctx, cut, false)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	left := readDeadLetters(t, tbl)
+	require.Len(t, left, 2)
+	require.Equal(t, int64(3), left[0].ID, "only the older rows went")
+	_, err = d.Purge(ctx, outbox.DeadLetterFilter{}, false)
+	require.ErrorIs(t, err, outbox.ErrNoFilter)
 }

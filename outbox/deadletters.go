@@ -1,0 +1,173 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	outboxsql "github.com/outbox-sweeper/sweeper/sql"
+)
+
+// DeadLetter is a row of the dead-letter table. Payload and Headers are empty
+// unless asked for: they may hold personal data.
+type DeadLetter struct {
+	ID             int64           `json:"id"`
+	MessageID      string          `json:"message_id"`
+	Topic          string          `json:"topic"`
+	Payload        []byte          `json:"payload,omitempty"`
+	Headers        json.RawMessage `json:"headers,omitempty"`
+	ContentType    *string         `json:"content_type"`
+	CorrelationID  *string         `json:"correlation_id"`
+	PartitionKey   *string         `json:"partition_key"`
+	CreatedAt      time.Time       `json:"created_at"`
+	Attempts       int             `json:"attempts"`
+	LastError      *string         `json:"last_error"`
+	Reason         string          `json:"reason"`
+	Error          *string         `json:"error"`
+	DeadLetteredAt time.Time       `json:"dead_lettered_at"`
+}
+
+// DeadLetterFilter selects dead letters. Zero fields select everything; at
+// least one must be set for Replay and Purge, unless All is.
+type DeadLetterFilter struct {
+	// IDs are dead-letter ids (the rows' outbox ids).
+	IDs []int64
+	// Topic and Reason match exactly.
+	Topic, Reason string
+	// Since keeps rows dead-lettered at or after it; Before those before it.
+	Since, Before time.Time
+	// All selects every dead letter, for Replay and Purge.
+	All bool
+}
+
+func (f DeadLetterFilter) empty() bool {
+	return len(f.IDs) == 0 && f.Topic == "" && f.Reason == "" && f.Since.IsZero() && f.Before.IsZero()
+}
+
+// args returns the filter as the statements' $1–$5; nil leaves a filter off.
+func (f DeadLetterFilter) args() []any {
+	opt := func(s string) any {
+		if s == "" {
+			return nil
+		}
+		return s
+	}
+	optTime := func(t time.Time) any {
+		if t.IsZero() {
+			return nil
+		}
+		return t
+	}
+	var ids any
+	if len(f.IDs) > 0 {
+		ids = f.IDs
+	}
+	return []any{ids, opt(f.Topic), opt(f.Reason), optTime(f.Since), optTime(f.Before)}
+}
+
+// DeadLetters is the operator's view of an outbox's dead-letter table: list,
+// replay and purge. The sweeper binary's `dlq` commands use it, and so will the
+// admin API.
+type DeadLetters struct {
+	pool   *pgxpool.Pool
+	table  Table
+	list   string
+	replay string
+	purge  string
+}
+
+// NewDeadLetters returns the dead letters of table t.
+func NewDeadLetters(pool *pgxpool.Pool, t Table) (*DeadLetters, error) {
+	t = t.WithDefaults()
+	if err := t.Validate(); err != nil {
+		return nil, err
+	}
+	stmt := func(name string) string { return outboxsql.Statement(name, t.ident(), t.deadLetterIdent()) }
+	return &DeadLetters{pool: pool, table: t, list: stmt("dead_letters_list"),
+		replay: stmt("dead_letters_replay"), purge: stmt("dead_letters_purge")}, nil
+}
+
+// List returns up to limit dead letters matching f, newest first, with payloads
+// and headers only when withPayload is set.
+func (d *DeadLetters) List(ctx context.Context, f DeadLetterFilter, limit int, withPayload bool) ([]DeadLetter, error) {
+	args := append(f.args(), limit, withPayload)
+	rows, err := d.pool.Query(ctx, d.list, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters of %s: %w", d.table, err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadLetter, error) {
+		var x DeadLetter
+		var headers []byte
+		err := r.Scan(&x.ID, &x.MessageID, &x.Topic, &x.Payload, &headers, &x.ContentType, &x.CorrelationID,
+			&x.PartitionKey, &x.CreatedAt, &x.Attempts, &x.LastError, &x.Reason, &x.Error, &x.DeadLetteredAt)
+		if len(headers) > 0 {
+			x.Headers = headers
+		}
+		return x, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters of %s: %w", d.table, err)
+	}
+	return out, nil
+}
+
+// ErrNoFilter is returned by Replay and Purge given neither a filter nor All:
+// an operator who meant everything must say so.
+var ErrNoFilter = errors.New("no dead letters selected: give ids or a filter, or select all explicitly")
+
+// Replay moves the dead letters matching f back to the outbox, in one
+// transaction, and returns how many. Each returns with attempts 0 and its
+// original message_id, as a new row after those outstanding. When f names ids
+// and some are not dead letters, nothing is replayed and the error lists them.
+func (d *DeadLetters) Replay(ctx context.Context, f DeadLetterFilter) (int, error) {
+	if f.empty() && !f.All {
+		return 0, ErrNoFilter
+	}
+	var replayed []int64
+	err := pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, d.replay, f.args()...)
+		if err != nil {
+			return err
+		}
+		if replayed, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil {
+			return err
+		}
+		if missing := missingIDs(f.IDs, replayed); len(missing) > 0 {
+			return fmt.Errorf("no dead letters with ids %v in %s: nothing replayed (list them with `sweeper dlq list`)", missing, d.table.DeadLetterName())
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("replay dead letters of %s: %w", d.table, err)
+	}
+	return len(replayed), nil
+}
+
+// Purge deletes the dead letters matching f for good and returns how many;
+// with dryRun it deletes nothing and returns how many it would.
+func (d *DeadLetters) Purge(ctx context.Context, f DeadLetterFilter, dryRun bool) (int, error) {
+	if f.empty() && !f.All {
+		return 0, ErrNoFilter
+	}
+	var n int
+	if err := d.pool.QueryRow(ctx, d.purge, append(f.args(), dryRun)...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("purge dead letters of %s: %w", d.table, err)
+	}
+	return n, nil
+}
+
+func missingIDs(want, got []int64) []int64 {
+	var missing []int64
+	for _, id := range want {
+		if !slices.Contains(got, id) {
+			missing = append(missing, id)
+		}
+	}
+	return missing
+}
