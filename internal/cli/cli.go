@@ -56,12 +56,14 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, env Env)
 		err = runCommand(ctx, args, stdout, stderr, env)
 	case "migrate":
 		err = migrateCommand(ctx, args, stdout, env)
+	case "dlq":
+		err = dlqCommand(ctx, args, stdout, env)
 	case "version":
 		fmt.Fprintln(stdout, "sweeper", version())
 	case "help":
 		printHelp(stdout)
 	default:
-		err = usagef("unknown command %q: the commands are run (the default), migrate, version and help", name)
+		err = usagef("unknown command %q: the commands are run (the default), migrate, dlq, version and help", name)
 	}
 
 	var ue *usageError
@@ -336,6 +338,9 @@ func printHelp(w io.Writer) {
 Usage:
   sweeper [run] [flags]     relay outstanding rows until SIGINT or SIGTERM (the default command)
   sweeper migrate [flags]   create or upgrade the outbox tables; idempotent, safe to run concurrently
+  sweeper dlq list [flags]  list dead letters (--topic, --reason, --since, --limit, --json, --show-payload)
+  sweeper dlq replay [flags]  move dead letters back to the outbox (--id 1,2 or a filter, or --all)
+  sweeper dlq purge [flags]   delete dead letters (--older-than 720h or a filter, or --all; --dry-run)
   sweeper version           print the version
   sweeper help              print this help
 
@@ -348,4 +353,11 @@ Flags of run:
 	f := o.flags()
 	f.usage(w)
 	fmt.Fprint(w, "\nFlags of migrate: --database-url, --schema, --table, as above.\n")
+	for _, cmd := range []string{"list", "replay", "purge"} {
+		fmt.Fprintf(w, "\nFlags of dlq %s (and --database-url, --schema, --table):\n", cmd)
+		var d dlqOptions
+		fd := d.flags(cmd)
+		fd.help = fd.help[3:] // the common ones are listed above
+		fd.usage(w)
+	}
 }

@@ -38,6 +38,9 @@ type flags struct {
 	// the phase that set it last, so errors can name the variable or the flag.
 	phase  string
 	source map[string]string
+	// noEnv names flags that take no variable: a command's selectors, such as
+	// dlq purge --all, must never come from an environment left set.
+	noEnv map[string]bool
 }
 
 type flagHelp struct{ name, value, def, usage string }
@@ -45,7 +48,7 @@ type flagHelp struct{ name, value, def, usage string }
 func newFlags(cmd string) *flags {
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // errors are printed once, by Main
-	return &flags{fs: fs, source: make(map[string]string)}
+	return &flags{fs: fs, source: make(map[string]string), noEnv: make(map[string]bool)}
 }
 
 func (f *flags) add(v flag.Value, name, placeholder, usage string) {
@@ -68,6 +71,12 @@ func (f *flags) Duration(p *time.Duration, name string, def time.Duration, usage
 	f.add((*durationValue)(p), name, "duration", usage)
 }
 
+// bool registers a switch: present (or "true") sets it.
+func (f *flags) bool(p *bool, name, usage string) {
+	f.fs.Var(tracked{(*boolValue)(p), f, name}, name, usage)
+	f.help = append(f.help, flagHelp{name: name, value: "", def: "false", usage: usage})
+}
+
 // Enum registers a string flag that takes one of choices.
 func (f *flags) Enum(p *string, name, def string, choices []string, usage string) {
 	*p = def
@@ -81,7 +90,7 @@ func (f *flags) parse(args []string, lookupEnv func(string) (string, bool)) erro
 	var envErr error
 	f.phase = "env"
 	f.fs.VisitAll(func(fl *flag.Flag) {
-		if envErr != nil {
+		if envErr != nil || f.noEnv[fl.Name] {
 			return
 		}
 		v, ok := lookupEnv(envName(fl.Name))
@@ -149,6 +158,13 @@ type tracked struct {
 	name string
 }
 
+// IsBoolFlag passes on the wrapped value's: the flag package lets a switch
+// stand without a value only if it says so.
+func (t tracked) IsBoolFlag() bool {
+	b, ok := t.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
+}
+
 func (t tracked) Set(v string) error {
 	if err := t.Value.Set(v); err != nil {
 		return err
@@ -165,6 +181,10 @@ func (f *flags) usage(w io.Writer) {
 		def := h.def
 		if def == "" {
 			def = `""`
+		}
+		if f.noEnv[h.name] {
+			fmt.Fprintf(w, "        no variable, default %s\n", def)
+			continue
 		}
 		fmt.Fprintf(w, "        env %s, default %s\n", envName(h.name), def)
 	}
@@ -220,3 +240,16 @@ func (e *enumValue) String() string {
 	}
 	return *e.p
 }
+
+type boolValue bool
+
+func (b *boolValue) Set(v string) error {
+	x, err := strconv.ParseBool(strings.TrimSpace(v))
+	if err != nil {
+		return errors.New("not true or false")
+	}
+	*b = boolValue(x)
+	return nil
+}
+func (b *boolValue) String() string   { return strconv.FormatBool(bool(*b)) }
+func (b *boolValue) IsBoolFlag() bool { return true }

@@ -1,0 +1,195 @@
+package cli
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-sweeper/sweeper/outbox"
+)
+
+// dlqOptions are the flags of the dlq commands.
+type dlqOptions struct {
+	common
+	all         bool
+	dryRun      bool
+	ids         string
+	jsonOut     bool
+	limit       int
+	olderThan   time.Duration
+	reason      string
+	showPayload bool
+	since       time.Duration
+	topic       string
+}
+
+func (o *dlqOptions) flags(cmd string) *flags {
+	f := newFlags("dlq " + cmd)
+	o.common.register(f)
+	f.String(&o.topic, "topic", "", "topic", "only dead letters of this topic")
+	f.String(&o.reason, "reason", "", "reason", "only dead letters with this reason (max_retries_exceeded, message_too_large, invalid_message, …)")
+	f.Duration(&o.since, "since", 0, "only dead letters from the last duration, e.g. 24h (0: any age)")
+	switch cmd {
+	case "list":
+		f.Int(&o.limit, "limit", 50, "most dead letters listed, newest first")
+		f.bool(&o.jsonOut, "json", "one JSON object per line instead of a table")
+		f.bool(&o.showPayload, "show-payload", "include payloads (base64) and headers: they may hold personal data")
+	case "replay":
+		f.String(&o.ids, "id", "", "ids", "dead-letter ids to replay, comma-separated")
+		f.bool(&o.all, "all", "replay every dead letter")
+	case "purge":
+		f.String(&o.ids, "id", "", "ids", "dead-letter ids to purge, comma-separated")
+		f.Duration(&o.olderThan, "older-than", 0, "purge dead letters older than this, e.g. 720h")
+		f.bool(&o.all, "all", "purge every dead letter")
+		f.bool(&o.dryRun, "dry-run", "print how many would be purged, purge nothing")
+	}
+	for _, name := range []string{"topic", "reason", "since", "limit", "json", "show-payload", "id", "all", "older-than", "dry-run"} {
+		f.noEnv[name] = true
+	}
+	return f
+}
+
+// filter builds the library's filter from the flags.
+func (o *dlqOptions) filter(f *flags) (outbox.DeadLetterFilter, error) {
+	flt := outbox.DeadLetterFilter{Topic: o.topic, Reason: o.reason, All: o.all}
+	if o.since < 0 || o.olderThan < 0 {
+		return flt, usagef("durations must not be negative")
+	}
+	if o.since > 0 {
+		flt.Since = time.Now().Add(-o.since)
+	}
+	if o.olderThan > 0 {
+		flt.Before = time.Now().Add(-o.olderThan)
+	}
+	if strings.TrimSpace(o.ids) != "" {
+		for _, s := range strings.Split(o.ids, ",") {
+			id, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+			if err != nil || id < 1 {
+				return flt, usagef("invalid value %q for %s: write ids as whole numbers separated by commas", o.ids, f.origin("id"))
+			}
+			flt.IDs = append(flt.IDs, id)
+		}
+	}
+	return flt, nil
+}
+
+// dlqCommand runs `sweeper dlq list|replay|purge`.
+func dlqCommand(ctx context.Context, args []string, out io.Writer, env Env) error {
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		return usagef("dlq needs a command: list, replay or purge")
+	}
+	cmd, args := args[0], args[1:]
+	if cmd != "list" && cmd != "replay" && cmd != "purge" {
+		return usagef("unknown dlq command %q: the dlq commands are list, replay and purge", cmd)
+	}
+	var o dlqOptions
+	f := o.flags(cmd)
+	if err := f.parse(args, env); err != nil {
+		return err
+	}
+	tbl, err := o.tableName(f)
+	if err != nil {
+		return err
+	}
+	flt, err := o.filter(f)
+	if err != nil {
+		return err
+	}
+	if cmd == "list" && (o.limit < 1 || o.limit > 100_000) {
+		return usagef("%s is %d: it must be between 1 and 100000", f.origin("limit"), o.limit)
+	}
+	poolCfg, err := o.poolConfig(f.origin("database-url"))
+	if err != nil {
+		return err
+	}
+	poolCfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+	if err != nil {
+		return fmt.Errorf("database pool: %w", err)
+	}
+	defer pool.Close()
+	d, err := outbox.NewDeadLetters(pool, tbl)
+	if err != nil {
+		return &usageError{msg: err.Error()}
+	}
+
+	switch cmd {
+	case "list":
+		rows, err := d.List(ctx, flt, o.limit, o.showPayload)
+		if err != nil {
+			return err
+		}
+		if o.jsonOut {
+			enc := json.NewEncoder(out)
+			for _, r := range rows {
+				if err := enc.Encode(r); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		return printDeadLetters(out, rows, o.showPayload)
+	case "replay":
+		n, err := d.Replay(ctx, flt)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "replayed %d dead letters into %s\n", n, tbl)
+	case "purge":
+		n, err := d.Purge(ctx, flt, o.dryRun)
+		if err != nil {
+			return err
+		}
+		if o.dryRun {
+			fmt.Fprintf(out, "would purge %d dead letters from %s (dry run: nothing purged)\n", n, tbl.Schema+"."+tbl.DeadLetterName())
+		} else {
+			fmt.Fprintf(out, "purged %d dead letters from %s\n", n, tbl.Schema+"."+tbl.DeadLetterName())
+		}
+	}
+	return nil
+}
+
+func printDeadLetters(out io.Writer, rows []outbox.DeadLetter, payload bool) error {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	header := "ID\tTOPIC\tREASON\tATTEMPTS\tDEAD-LETTERED\tCORRELATION ID\tMESSAGE ID\tERROR"
+	if payload {
+		header += "\tPAYLOAD (base64)"
+	}
+	fmt.Fprintln(w, header)
+	for _, r := range rows {
+		line := fmt.Sprintf("%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s", r.ID, r.Topic, r.Reason, r.Attempts,
+			r.DeadLetteredAt.UTC().Format(time.DateTime), deref(r.CorrelationID), r.MessageID, oneLine(deref(r.Error), 80))
+		if payload {
+			line += "\t" + base64.StdEncoding.EncodeToString(r.Payload)
+		}
+		fmt.Fprintln(w, line)
+	}
+	if len(rows) == 0 {
+		fmt.Fprintln(w, "(no dead letters)")
+	}
+	return w.Flush()
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return "-"
+	}
+	return *s
+}
+
+// oneLine shortens s to n runes on one line, for a table cell.
+func oneLine(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return s
+}
