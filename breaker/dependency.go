@@ -11,6 +11,7 @@ import (
 	"github.com/cenkalti/backoff/v5"
 	"github.com/sony/gobreaker/v2"
 
+	"github.com/outbox-sweeper/sweeper/alert"
 	"github.com/outbox-sweeper/sweeper/producer"
 )
 
@@ -46,20 +47,6 @@ func (s DependencyState) String() string {
 	}
 }
 
-// Alert is what an [Alerter] sends. It never holds a payload or headers.
-type Alert struct {
-	Time      time.Time `json:"timestamp"`
-	Severity  string    `json:"severity"` // "critical" or "info"
-	Component string    `json:"component"`
-	Summary   string    `json:"summary"`
-}
-
-// Alerter sends alerts to a person. The webhook alerter comes with the
-// dead-letter work; until then the sweeper logs them.
-type Alerter interface {
-	Alert(ctx context.Context, a Alert) error
-}
-
 // DependencyConfig configures [Guard]. Zero fields mean their defaults.
 type DependencyConfig struct {
 	// Failures is how many sends in a row must fail to open the breaker. A send
@@ -82,7 +69,7 @@ type DependencyConfig struct {
 	// outside the breaker's lock.
 	OnStateChange func(from, to DependencyState, reason string)
 	// Alerter receives an alert at every change of state. Optional.
-	Alerter Alerter
+	Alerter alert.Alerter
 }
 
 func (c DependencyConfig) withDefaults() DependencyConfig {
@@ -216,13 +203,13 @@ func (g *Guarded) deliver(c stateChange) {
 	if g.cfg.Alerter == nil {
 		return
 	}
-	severity := "info"
+	severity := alert.Info
 	if c.to == DependencyOpen {
-		severity = "critical"
+		severity = alert.Critical
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_ = g.cfg.Alerter.Alert(ctx, Alert{Time: time.Now().UTC(), Severity: severity, Component: "dependency-breaker",
+	_ = g.cfg.Alerter.Alert(ctx, alert.Alert{Time: time.Now().UTC(), Severity: severity, Component: "dependency-breaker",
 		Summary: fmt.Sprintf("broker circuit breaker %s: %s", c.to, reason)})
 }
 

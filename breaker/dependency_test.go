@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/outbox-sweeper/sweeper/alert"
 	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/producer"
 	"github.com/outbox-sweeper/sweeper/producer/memory"
@@ -86,7 +87,7 @@ func TestTopicAndMessageErrorsAreNotRetriedNorCounted(t *testing.T) {
 type recorder struct {
 	mu      sync.Mutex
 	changes []string
-	alerts  []breaker.Alert
+	alerts  []alert.Alert
 }
 
 func (r *recorder) change(from, to breaker.DependencyState, reason string) {
@@ -95,17 +96,17 @@ func (r *recorder) change(from, to breaker.DependencyState, reason string) {
 	r.changes = append(r.changes, from.String()+"→"+to.String()+": "+reason)
 }
 
-func (r *recorder) Alert(_ context.Context, a breaker.Alert) error {
+func (r *recorder) Alert(_ context.Context, a alert.Alert) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.alerts = append(r.alerts, a)
 	return nil
 }
 
-func (r *recorder) snapshot() ([]string, []breaker.Alert) {
+func (r *recorder) snapshot() ([]string, []alert.Alert) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]string(nil), r.changes...), append([]breaker.Alert(nil), r.alerts...)
+	return append([]string(nil), r.changes...), append([]alert.Alert(nil), r.alerts...)
 }
 
 // The breaker opens after exactly Failures failed sends; while open the

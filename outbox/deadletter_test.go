@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outbox-sweeper/sweeper/alert"
 	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
 	"github.com/outbox-sweeper/sweeper/outbox"
@@ -94,9 +95,9 @@ func TestTopicFailuresNeverDeadLetter(t *testing.T) {
 	require.Equal(t, 2, dbtest.Outstanding(t, tbl))
 }
 
-type alerts struct{ got []breaker.Alert }
+type alerts struct{ got []alert.Alert }
 
-func (a *alerts) Alert(_ context.Context, al breaker.Alert) error {
+func (a *alerts) Alert(_ context.Context, al alert.Alert) error {
 	a.got = append(a.got, al)
 	return nil
 }

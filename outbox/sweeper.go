@@ -12,6 +12,7 @@ import (
 	"github.com/cenkalti/backoff/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-sweeper/sweeper/alert"
 	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/producer"
 )
@@ -57,7 +58,7 @@ type Config struct {
 
 	// Alerter receives an alert when the dead-letter storm guard stops a topic.
 	// Optional.
-	Alerter breaker.Alerter
+	Alerter alert.Alerter
 
 	// DeadLetterLimit and DeadLetterWindow are the storm guard: when more than
 	// DeadLetterLimit rows of one topic would be dead-lettered within
@@ -621,7 +622,7 @@ func (s *Sweeper) stopStorm(topic string, n int, err error) {
 	if s.cfg.Alerter != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_ = s.cfg.Alerter.Alert(ctx, breaker.Alert{Time: time.Now().UTC(), Severity: "critical", Component: "dead-letter-storm-guard", Summary: summary})
+		_ = s.cfg.Alerter.Alert(ctx, alert.Alert{Time: time.Now().UTC(), Severity: "critical", Component: "dead-letter-storm-guard", Summary: summary})
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/lmittmann/tint"
 	"github.com/robfig/cron/v3"
 
+	"github.com/outbox-sweeper/sweeper/alert"
 	"github.com/outbox-sweeper/sweeper/outbox"
 )
 
@@ -247,7 +248,8 @@ func runCommand(ctx context.Context, args []string, out, errOut io.Writer, env E
 
 	logger := o.logger(errOut)
 	cfg.Logger = logger
-	cfg.Alerter = logAlerter{logger}
+	alerter := alert.Alerter(alert.Log{Logger: logger})
+	cfg.Alerter = alerter
 	tick := o.tick
 	if cfg.Schedule != nil {
 		now := time.Now()
@@ -267,7 +269,7 @@ func runCommand(ctx context.Context, args []string, out, errOut io.Writer, env E
 	if err != nil {
 		return err
 	}
-	p, err := o.producerOptions.guard(f, raw, logger)
+	p, err := o.producerOptions.guard(f, raw, alerter)
 	if err != nil {
 		_ = raw.Close(ctx)
 		return err

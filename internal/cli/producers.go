@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outbox-sweeper/sweeper/alert"
 	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/producer"
 	"github.com/outbox-sweeper/sweeper/producer/nats"
@@ -106,7 +107,7 @@ func (o *producerOptions) build(f *flags, out io.Writer) (producer.Producer, err
 // guard validates the breaker and retry flags and puts p behind them. State
 // changes are alerted, to the log until the webhook alerter exists; the
 // metrics observer comes with the admin API.
-func (o *producerOptions) guard(f *flags, p producer.Producer, logger *slog.Logger) (*breaker.Guarded, error) {
+func (o *producerOptions) guard(f *flags, p producer.Producer, alerter alert.Alerter) (*breaker.Guarded, error) {
 	for _, c := range []struct {
 		v    int
 		name string
@@ -132,21 +133,8 @@ func (o *producerOptions) guard(f *flags, p producer.Producer, logger *slog.Logg
 		RetryAttempts: o.retryAttempts,
 		RetryInitial:  o.retryInitial,
 		RetryMax:      o.retryMax,
-		Alerter:       logAlerter{logger},
+		Alerter:       alerter,
 	}), nil
-}
-
-// logAlerter "sends" alerts to the log, until the webhook alerter exists. It is
-// the one log line of each breaker change: critical ones at error level.
-type logAlerter struct{ logger *slog.Logger }
-
-func (a logAlerter) Alert(ctx context.Context, al breaker.Alert) error {
-	level := slog.LevelInfo
-	if al.Severity == "critical" {
-		level = slog.LevelError
-	}
-	a.logger.Log(ctx, level, al.Summary, "alert", true, "severity", al.Severity, "component", al.Component)
-	return nil
 }
 
 // connector is a producer that can connect ahead of the first send.

@@ -1,0 +1,108 @@
+// Package alert tells a person that something needs them: the dependency
+// breaker opening, a topic tripping, dead letters piling up. An [Alerter]
+// delivers; [Webhook] posts JSON to a URL, [Log] writes to the sweeper's log.
+//
+// Alerts never carry a payload or headers: they may hold personal data. They
+// name topics, counts, reasons and correlation ids.
+package alert
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"time"
+)
+
+// Severities.
+const (
+	Critical = "critical"
+	Info     = "info"
+)
+
+// Alert is one alert, as the webhook receives it.
+type Alert struct {
+	Time      time.Time `json:"timestamp"`
+	Severity  string    `json:"severity"`
+	Component string    `json:"component"`
+	Summary   string    `json:"summary"`
+	// Table, Count, CorrelationIDs and Reasons describe dead letters; Action
+	// tells the operator what to do. Empty when they do not apply.
+	Table          string   `json:"table,omitempty"`
+	Count          int      `json:"count,omitempty"`
+	CorrelationIDs []string `json:"correlation_ids,omitempty"`
+	Reasons        []string `json:"reasons,omitempty"`
+	Action         string   `json:"action,omitempty"`
+}
+
+// Alerter delivers alerts. Implementations must be safe for concurrent use.
+type Alerter interface {
+	Alert(ctx context.Context, a Alert) error
+}
+
+// Log writes alerts to a logger: critical ones at error level.
+type Log struct{ Logger *slog.Logger }
+
+// Alert logs a.
+func (l Log) Alert(ctx context.Context, a Alert) error {
+	level := slog.LevelInfo
+	if a.Severity == Critical {
+		level = slog.LevelError
+	}
+	attrs := []any{"alert", true, "severity", a.Severity, "component", a.Component}
+	if a.Count > 0 {
+		attrs = append(attrs, "count", a.Count, "correlation_ids", a.CorrelationIDs, "reasons", a.Reasons)
+	}
+	l.Logger.Log(ctx, level, a.Summary, attrs...)
+	return nil
+}
+
+// Webhook posts each alert as JSON to URL.
+type Webhook struct {
+	URL    string
+	Client *http.Client // defaults to a client with a 10s timeout
+}
+
+// Alert posts a; any answer but 2xx is an error naming the status.
+func (w Webhook) Alert(ctx context.Context, a Alert) error {
+	body, err := json.Marshal(a)
+	if err != nil {
+		return fmt.Errorf("encode alert: %w", err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.URL, bytes.NewReader(body))
+	if err != nil {
+		return fmt.Errorf("alert webhook %s: %w", w.URL, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	client := w.Client
+	if client == nil {
+		client = &http.Client{Timeout: 10 * time.Second}
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return fmt.Errorf("post alert to %s: %w", w.URL, err)
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("post alert to %s: %s", w.URL, resp.Status)
+	}
+	return nil
+}
+
+// Both sends every alert to each of its alerters, and returns the first error.
+type Both []Alerter
+
+// Alert sends a to every alerter.
+func (b Both) Alert(ctx context.Context, a Alert) error {
+	var first error
+	for _, x := range b {
+		if err := x.Alert(ctx, a); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
