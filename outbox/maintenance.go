@@ -1,0 +1,282 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-sweeper/sweeper/alert"
+	outboxsql "github.com/outbox-sweeper/sweeper/sql"
+)
+
+// Defaults for the maintenance services.
+const (
+	RetentionDefault           = 168 * time.Hour
+	RetentionBatchDefault      = 1000
+	DeadLetterThresholdDefault = 1
+	maxAlertCorrelationIDs     = 20
+)
+
+// RetentionConfig configures a [Retention] cleaner.
+type RetentionConfig struct {
+	// Table names the outbox.
+	Table Table
+	// Dispatched is how long dispatched rows are kept. Defaults to
+	// RetentionDefault; negative keeps them forever.
+	Dispatched time.Duration
+	// DeadLetters is how long dead letters are kept. Zero keeps them until an
+	// operator purges them.
+	DeadLetters time.Duration
+	// Batch is the most rows one delete removes. Defaults to
+	// RetentionBatchDefault.
+	Batch int
+	// Logger receives a line per run that deleted something.
+	Logger *slog.Logger
+}
+
+// Retention deletes dispatched rows, and optionally dead letters, past their
+// retention, in bounded batches so no delete holds locks for long.
+type Retention struct {
+	cfg               RetentionConfig
+	pool              *pgxpool.Pool
+	lockKey           int64
+	deleteDispatched  string
+	deleteDeadLetters string
+}
+
+// NewRetention returns a cleaner for cfg.Table.
+func NewRetention(pool *pgxpool.Pool, cfg RetentionConfig) (*Retention, error) {
+	cfg.Table = cfg.Table.WithDefaults()
+	if err := cfg.Table.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Dispatched == 0 {
+		cfg.Dispatched = RetentionDefault
+	}
+	if cfg.Batch <= 0 {
+		cfg.Batch = RetentionBatchDefault
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	t := cfg.Table
+	stmt := func(name string) string { return outboxsql.Statement(name, t.ident(), t.deadLetterIdent()) }
+	return &Retention{cfg: cfg, pool: pool, lockKey: advisoryKey("outbox-sweeper retention " + t.String()),
+		deleteDispatched: stmt("delete_dispatched"), deleteDeadLetters: stmt("delete_dead_letters")}, nil
+}
+
+// RetentionResult counts what one run deleted.
+type RetentionResult struct {
+	Dispatched, DeadLetters int
+	// Skipped is set when another instance holds the run's lock.
+	Skipped bool
+}
+
+// RunOnce deletes what is past retention, batch after batch, unless another
+// sweeper instance is running retention on the same table right now (one
+// instance is enough; an advisory lock decides).
+func (r *Retention) RunOnce(ctx context.Context) (RetentionResult, error) {
+	var res RetentionResult
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return res, fmt.Errorf("retention of %s: %w", r.cfg.Table, err)
+	}
+	defer conn.Release()
+	var locked bool
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", r.lockKey).Scan(&locked); err != nil {
+		return res, fmt.Errorf("retention of %s: %w", r.cfg.Table, err)
+	}
+	if !locked {
+		res.Skipped = true
+		return res, nil
+	}
+	defer func() { _, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", r.lockKey) }()
+
+	if r.cfg.Dispatched > 0 {
+		if res.Dispatched, err = r.deleteAll(ctx, conn.Conn(), r.deleteDispatched, r.cfg.Dispatched); err != nil {
+			return res, fmt.Errorf("delete dispatched rows of %s older than %s: %w", r.cfg.Table, r.cfg.Dispatched, err)
+		}
+	}
+	if r.cfg.DeadLetters > 0 {
+		if res.DeadLetters, err = r.deleteAll(ctx, conn.Conn(), r.deleteDeadLetters, r.cfg.DeadLetters); err != nil {
+			return res, fmt.Errorf("delete dead letters of %s older than %s: %w", r.cfg.Table, r.cfg.DeadLetters, err)
+		}
+	}
+	if res.Dispatched+res.DeadLetters > 0 {
+		r.cfg.Logger.Info("retention", "table", r.cfg.Table.String(), "dispatched_deleted", res.Dispatched, "dead_letters_deleted", res.DeadLetters)
+	}
+	return res, nil
+}
+
+// deleteAll runs a bounded delete until it deletes less than a batch.
+func (r *Retention) deleteAll(ctx context.Context, conn *pgx.Conn, stmt string, age time.Duration) (int, error) {
+	total := 0
+	for {
+		tag, err := conn.Exec(ctx, stmt, age, r.cfg.Batch)
+		if err != nil {
+			return total, err
+		}
+		total += int(tag.RowsAffected())
+		if tag.RowsAffected() < int64(r.cfg.Batch) || ctx.Err() != nil {
+			return total, nil
+		}
+	}
+}
+
+// ProbeConfig configures a dead-letter [Probe].
+type ProbeConfig struct {
+	// Table names the outbox.
+	Table Table
+	// Threshold is the dead-letter count at which the probe alerts. Defaults
+	// to DeadLetterThresholdDefault.
+	Threshold int
+	// Alerter receives the alerts. Required.
+	Alerter alert.Alerter
+	// Logger receives failed posts.
+	Logger *slog.Logger
+}
+
+// Probe watches the dead-letter table and alerts when it holds at least
+// Threshold rows and has grown since the last alert that went out: one alert
+// per growth, naming the count and the new rows' correlation ids and reasons,
+// never their payloads. A post that fails is retried at the next run. A run
+// that cannot read the database alerts about that instead, once per outage.
+type Probe struct {
+	cfg  ProbeConfig
+	pool *pgxpool.Pool
+	stmt string
+
+	alerted   int       // the count the last delivered alert reported
+	since     time.Time // dead letters after this are new to the next alert
+	dbAlerted bool      // the database outage was alerted
+	lockKey   int64
+}
+
+// NewProbe returns a probe for cfg.Table.
+func NewProbe(pool *pgxpool.Pool, cfg ProbeConfig) (*Probe, error) {
+	cfg.Table = cfg.Table.WithDefaults()
+	if err := cfg.Table.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Alerter == nil {
+		return nil, fmt.Errorf("dead-letter probe: no alerter")
+	}
+	if cfg.Threshold <= 0 {
+		cfg.Threshold = DeadLetterThresholdDefault
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	t := cfg.Table
+	return &Probe{cfg: cfg, pool: pool, stmt: outboxsql.Statement("dead_letter_probe", t.ident(), t.deadLetterIdent()),
+		lockKey: advisoryKey("outbox-sweeper probe " + t.String())}, nil
+}
+
+// ProbeResult says what one run saw and did.
+type ProbeResult struct {
+	Count   int
+	Alerted bool
+	Skipped bool // another instance runs the probe
+}
+
+// RunOnce looks at the dead-letter table once, and alerts if it must.
+func (p *Probe) RunOnce(ctx context.Context) (ProbeResult, error) {
+	var res ProbeResult
+	type newRow struct {
+		correlationID *string
+		reason        string
+		at            time.Time
+	}
+	var fresh []newRow
+	now := time.Now()
+	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
+		// One instance probes: the others would repeat its alerts.
+		var locked bool
+		if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1)", p.lockKey).Scan(&locked); err != nil {
+			return err
+		}
+		if !locked {
+			res.Skipped = true
+			return nil
+		}
+		rows, err := tx.Query(ctx, p.stmt, p.since, maxAlertCorrelationIDs)
+		if err != nil {
+			return err
+		}
+		var (
+			id            *int64
+			correlationID *string
+			reason        *string
+			at            *time.Time
+		)
+		_, err = pgx.ForEachRow(rows, []any{&res.Count, &id, &correlationID, &reason, &at}, func() error {
+			if id != nil {
+				fresh = append(fresh, newRow{correlationID, *reason, *at})
+			}
+			return nil
+		})
+		return err
+	})
+	if err != nil {
+		if !p.dbAlerted {
+			aerr := p.cfg.Alerter.Alert(ctx, alert.Alert{Time: now.UTC(), Severity: alert.Critical, Component: "dead-letter-probe",
+				Summary: fmt.Sprintf("the dead-letter probe cannot read %s: %v", p.cfg.Table, err),
+				Table:   p.cfg.Table.DeadLetterName(), Action: "check that the database is up and the sweeper can reach it"})
+			p.dbAlerted = aerr == nil
+		}
+		return res, fmt.Errorf("dead-letter probe of %s: %w", p.cfg.Table, err)
+	}
+	p.dbAlerted = false
+	if res.Skipped || res.Count < p.cfg.Threshold || res.Count <= p.alerted {
+		if res.Count < p.alerted {
+			p.alerted = res.Count // purged or replayed: a later growth alerts again
+		}
+		return res, nil
+	}
+
+	a := alert.Alert{Time: now.UTC(), Severity: alert.Critical, Component: "dead-letter-probe", Table: p.cfg.Table.DeadLetterName(),
+		Count: res.Count,
+		Summary: fmt.Sprintf("%d dead letters in %s.%s (%d new)", res.Count, p.cfg.Table.Schema, p.cfg.Table.DeadLetterName(),
+			res.Count-p.alerted),
+		Action: "find out why with `sweeper dlq list --schema " + p.cfg.Table.Schema + " --table " + p.cfg.Table.Name +
+			"`, fix the cause, then `sweeper dlq replay` the rows (or purge them)",
+	}
+	latest := p.since
+	for _, r := range fresh {
+		if r.correlationID != nil {
+			a.CorrelationIDs = append(a.CorrelationIDs, *r.correlationID)
+		}
+		if !slices.Contains(a.Reasons, r.reason) {
+			a.Reasons = append(a.Reasons, r.reason)
+		}
+		if r.at.After(latest) {
+			latest = r.at
+		}
+	}
+	if err := p.cfg.Alerter.Alert(ctx, a); err != nil {
+		p.cfg.Logger.Warn("dead-letter alert not delivered; the next probe tries again", "err", err, "count", res.Count)
+		return res, nil
+	}
+	res.Alerted = true
+	p.alerted, p.since = res.Count, latest
+	return res, nil
+}
+
+// RunOnSchedule calls run at every time sched gives until ctx is done, logging
+// errors; the maintenance services run this way beside the sweeper.
+func RunOnSchedule(ctx context.Context, sched Schedule, logger *slog.Logger, name string, run func(context.Context) error) {
+	for {
+		next := sched.Next(time.Now())
+		if !sleepUntil(ctx, next) {
+			return
+		}
+		if err := run(ctx); err != nil && ctx.Err() == nil {
+			logger.Error(name+" failed; it runs again at its next time", "err", err)
+		}
+	}
+}
