@@ -3,6 +3,9 @@ package test
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"syscall"
@@ -296,4 +299,38 @@ func TestDLQCommands(t *testing.T) {
 	code, _, stderr = runOnce(t, append([]string{"dlq", "purge", "--id", "x"}, db...)...)
 	require.Equal(t, 2, code)
 	require.Contains(t, stderr, `invalid value "x" for --id`)
+}
+
+// The binary's dead-letter probe posts to the webhook: an outbox whose rows the
+// stdout producer rejects (headers that are not an object cannot be written
+// there) ends in the dead-letter table, and the receiver gets one alert with
+// their correlation ids and no payload.
+func TestBinaryProbeAlertsTheWebhook(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var bodies []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		bodies = append(bodies, string(b))
+		mu.Unlock()
+	}))
+	t.Cleanup(srv.Close)
+	tbl := migrated(t)
+	_, err := dbtest.Pool(t).Exec(context.Background(), fmt.Sprintf(
+		`INSERT INTO %s (id, message_id, topic, payload, correlation_id, created_at, reason, error)
+		 VALUES (1, gen_random_uuid(), 'orders', 'SECRET', 'corr-x', now(), 'invalid_message', 'bad')`,
+		pgx.Identifier{tbl.Schema, tbl.DeadLetterName()}.Sanitize()))
+	require.NoError(t, err)
+	p := start(t, nil, "run", "--database-url", dbtest.URL(t), "--schema", tbl.Schema,
+		"--alert-webhook-url", srv.URL, "--dlq-probe-schedule", "@every 1s")
+	dbtest.Eventually(t, 20*time.Second, "an alert", func() bool { mu.Lock(); defer mu.Unlock(); return len(bodies) > 0 })
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	require.Equal(t, 0, p.wait(t, 20*time.Second))
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, bodies, 1, "one alert per growth")
+	require.Contains(t, bodies[0], `"correlation_ids":["corr-x"]`)
+	require.NotContains(t, bodies[0], "SECRET")
+	require.Contains(t, p.Stderr(), "dead letters in")
 }

@@ -21,7 +21,6 @@ import (
 	"github.com/lmittmann/tint"
 	"github.com/robfig/cron/v3"
 
-	"github.com/outbox-sweeper/sweeper/alert"
 	"github.com/outbox-sweeper/sweeper/outbox"
 )
 
@@ -174,6 +173,7 @@ type runOptions struct {
 	logOptions
 	producerOptions
 	topicBreakerOptions
+	maintenanceOptions
 	concurrency      int
 	deadLetterLimit  int
 	deadLetterWindow time.Duration
@@ -191,6 +191,7 @@ func (o *runOptions) flags() *flags {
 	o.logOptions.register(f)
 	o.producerOptions.register(f)
 	o.topicBreakerOptions.register(f)
+	o.maintenanceOptions.register(f)
 	f.Int(&o.concurrency, "concurrency", outbox.ConcurrencyDefault, "topics sent at once; the batches of one topic go in order")
 	f.Int(&o.deadLetterLimit, "dead-letter-limit", outbox.DeadLetterLimitDefault, "storm guard: more rows of one topic dead-lettered within --dead-letter-window stop dead-lettering, trip the topic and alert (-1: off)")
 	f.Duration(&o.deadLetterWindow, "dead-letter-window", outbox.DeadLetterWindowDefault, "the storm guard's window")
@@ -243,19 +244,23 @@ func runCommand(ctx context.Context, args []string, out, errOut io.Writer, env E
 	if err != nil {
 		return err
 	}
-	// One connection per topic in flight, one to read pages, one spare.
-	poolCfg.MaxConns = int32(o.concurrency + 2)
+	// One connection per topic in flight, one to read pages, one each for
+	// retention and the probe, and one spare.
+	poolCfg.MaxConns = int32(o.concurrency + 4)
 
 	logger := o.logger(errOut)
 	cfg.Logger = logger
-	alerter := alert.Alerter(alert.Log{Logger: logger})
+	alerter, err := o.maintenanceOptions.alerter(f, logger)
+	if err != nil {
+		return err
+	}
 	cfg.Alerter = alerter
 	tick := o.tick
 	if cfg.Schedule != nil {
 		now := time.Now()
 		tick = cfg.Schedule.Next(now).Sub(now)
 	}
-	if cfg.TopicBreaker, err = o.topicBreakerOptions.build(f, logger, tbl, tick, o.sendTimeout); err != nil {
+	if cfg.TopicBreaker, err = o.topicBreakerOptions.build(f, logger, alerter, tbl, tick, o.sendTimeout); err != nil {
 		return err
 	}
 
@@ -264,6 +269,10 @@ func runCommand(ctx context.Context, args []string, out, errOut io.Writer, env E
 		return fmt.Errorf("database pool: %w", err)
 	}
 	defer pool.Close()
+	svc, err := o.maintenanceOptions.services(f, pool, tbl, alerter, logger)
+	if err != nil {
+		return err
+	}
 
 	raw, err := o.producerOptions.build(f, out)
 	if err != nil {
@@ -283,6 +292,8 @@ func runCommand(ctx context.Context, args []string, out, errOut io.Writer, env E
 	}
 	logger.Info("starting", "version", version(), "producer", o.name,
 		"database", redact(poolCfg.ConnConfig), "table", tbl.String())
+	waitServices := svc.start(ctx)
+	defer waitServices()
 	if err := s.Run(ctx); err != nil {
 		return err
 	}

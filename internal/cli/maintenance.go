@@ -1,0 +1,123 @@
+package cli
+
+import (
+	"context"
+	"log/slog"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-sweeper/sweeper/alert"
+	"github.com/outbox-sweeper/sweeper/breaker"
+	"github.com/outbox-sweeper/sweeper/outbox"
+)
+
+// maintenanceOptions are the flags of the services that run beside the sweeper:
+// retention, the dead-letter probe, and where alerts go.
+type maintenanceOptions struct {
+	alertWebhookURL   string
+	dlqAlertThreshold int
+	dlqProbeSchedule  string
+	dlqRetention      time.Duration
+	retention         time.Duration
+	retentionSchedule string
+}
+
+func (o *maintenanceOptions) register(f *flags) {
+	f.String(&o.alertWebhookURL, "alert-webhook-url", "", "url", "POST alerts (dead letters, breaker changes, storms) as JSON to this URL; they are logged either way")
+	f.Int(&o.dlqAlertThreshold, "dlq-alert-threshold", outbox.DeadLetterThresholdDefault, "dead letters at which the probe alerts (once per growth)")
+	f.String(&o.dlqProbeSchedule, "dlq-probe-schedule", "@every 1m", "spec", "cron spec of the dead-letter probe")
+	f.Duration(&o.dlqRetention, "dlq-retention", 0, "delete dead letters older than this (0: keep until purged)")
+	f.Duration(&o.retention, "retention", outbox.RetentionDefault, "delete dispatched rows older than this (-1ns or any negative: keep)")
+	f.String(&o.retentionSchedule, "retention-schedule", "@every 1m", "spec", "cron spec of retention")
+}
+
+// alerter returns the alerter: the log, and the webhook if one is set.
+func (o *maintenanceOptions) alerter(f *flags, logger *slog.Logger) (alert.Alerter, error) {
+	log := alert.Log{Logger: logger}
+	if o.alertWebhookURL == "" {
+		return log, nil
+	}
+	u, err := url.Parse(o.alertWebhookURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, usagef("invalid value %q for %s: write an http:// or https:// URL", redactURL(o.alertWebhookURL), f.origin("alert-webhook-url"))
+	}
+	return alert.Both{log, alert.Webhook{URL: o.alertWebhookURL}}, nil
+}
+
+// services validates the flags and returns the maintenance services, ready to
+// start with start.
+type services struct {
+	retention      *outbox.Retention
+	retentionSched outbox.Schedule
+	probe          *outbox.Probe
+	probeSched     outbox.Schedule
+	logger         *slog.Logger
+}
+
+func (o *maintenanceOptions) services(f *flags, pool *pgxpool.Pool, tbl outbox.Table, alerter alert.Alerter, logger *slog.Logger) (*services, error) {
+	if o.dlqAlertThreshold < 1 {
+		return nil, usagef("%s is %d: it must be at least 1", f.origin("dlq-alert-threshold"), o.dlqAlertThreshold)
+	}
+	if o.dlqRetention < 0 {
+		return nil, usagef("%s is %s: it must not be negative (0 keeps dead letters until purged)", f.origin("dlq-retention"), o.dlqRetention)
+	}
+	retentionSched, err := cronParser.Parse(o.retentionSchedule)
+	if err != nil {
+		return nil, usagef("invalid value %q for %s: %v", o.retentionSchedule, f.origin("retention-schedule"), err)
+	}
+	probeSched, err := cronParser.Parse(o.dlqProbeSchedule)
+	if err != nil {
+		return nil, usagef("invalid value %q for %s: %v", o.dlqProbeSchedule, f.origin("dlq-probe-schedule"), err)
+	}
+	dispatched := o.retention
+	if dispatched == 0 {
+		return nil, usagef("%s is 0s: give a duration, or a negative one to keep dispatched rows", f.origin("retention"))
+	}
+	r, err := outbox.NewRetention(pool, outbox.RetentionConfig{Table: tbl, Dispatched: dispatched, DeadLetters: o.dlqRetention, Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	p, err := outbox.NewProbe(pool, outbox.ProbeConfig{Table: tbl, Threshold: o.dlqAlertThreshold, Alerter: alerter, Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	return &services{retention: r, retentionSched: retentionSched, probe: p, probeSched: probeSched, logger: logger}, nil
+}
+
+// start runs the services until ctx is done; the returned wait blocks until
+// they have stopped.
+func (s *services) start(ctx context.Context) (wait func()) {
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		outbox.RunOnSchedule(ctx, s.retentionSched, s.logger, "retention", func(ctx context.Context) error {
+			_, err := s.retention.RunOnce(ctx)
+			return err
+		})
+	})
+	wg.Go(func() {
+		outbox.RunOnSchedule(ctx, s.probeSched, s.logger, "dead-letter probe", func(ctx context.Context) error {
+			_, err := s.probe.RunOnce(ctx)
+			return err
+		})
+	})
+	return wg.Wait
+}
+
+// alertTopicChanges wraps a topic breaker hook so every change of a topic's
+// state is alerted too: one alert per change, not per tick.
+func alertTopicChanges(hook func(string, breaker.State, breaker.State, string), alerter alert.Alerter) func(string, breaker.State, breaker.State, string) {
+	return func(topic string, from, to breaker.State, reason string) {
+		hook(topic, from, to, reason)
+		severity := alert.Info
+		if to == breaker.StateTripped {
+			severity = alert.Critical
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = alerter.Alert(ctx, alert.Alert{Time: time.Now().UTC(), Severity: severity, Component: "topic-breaker",
+			Summary: "topic " + topic + " " + to.String() + ": " + reason})
+	}
+}
