@@ -264,3 +264,62 @@ func TestPurgeDeadLetters(t *testing.T) {
 	_, err = d.Purge(ctx, outbox.DeadLetterFilter{}, false)
 	require.ErrorIs(t, err, outbox.ErrNoFilter)
 }
+
+// rejectingBatches rejects some rows already when cutting batches, as a
+// producer's own size check does.
+type rejectingBatches struct {
+	*memory.Producer
+	reject map[int64]bool
+}
+
+func (r rejectingBatches) Batches(ctx context.Context, topic string, msgs []producer.Message) ([]producer.Batch, error) {
+	var keep []producer.Message
+	var bad []int64
+	for _, m := range msgs {
+		if r.reject[m.ID] {
+			bad = append(bad, m.ID)
+		} else {
+			keep = append(keep, m)
+		}
+	}
+	batches, _ := r.Producer.Batches(ctx, topic, keep)
+	if len(bad) > 0 {
+		return batches, producer.NewMessageError(producer.ReasonMessageTooLarge, bad, errors.New("over the size limit"))
+	}
+	return batches, nil
+}
+
+// The storm guard holds also for rows rejected while cutting batches, and for
+// rows reaching --max-attempts.
+func TestStormGuardCoversEveryDeadLetterPath(t *testing.T) {
+	t.Parallel()
+	t.Run("rejected while cutting batches", func(t *testing.T) {
+		t.Parallel()
+		tbl := dbtest.Table(t)
+		writeMessages(t, tbl, topicMessages("A", 10)...)
+		p := rejectingBatches{memory.New(memory.Config{}), map[int64]bool{2: true, 4: true, 6: true, 8: true, 10: true}}
+		al := &alerts{}
+		s := newSweeper(t, dbtest.Pool(t), p, outbox.Config{Table: tbl, DeadLetterLimit: 2, Alerter: al})
+		_, err := s.Sweep(context.Background())
+		require.NoError(t, err)
+		require.Empty(t, readDeadLetters(t, tbl))
+		require.Equal(t, breaker.StateTripped, s.TopicBreaker().State("A"))
+		require.Len(t, al.got, 1)
+		require.Equal(t, 10, dbtest.Outstanding(t, tbl), "nothing of A sent past the rejected rows")
+	})
+	t.Run("max attempts", func(t *testing.T) {
+		t.Parallel()
+		tbl := dbtest.Table(t)
+		writeMessages(t, tbl, topicMessages("A", 10)...)
+		prod := memory.New(memory.Config{})
+		prod.FailTopic("A", errors.New("misread broker error"))
+		al := &alerts{}
+		s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, MaxAttempts: 1, DeadLetterLimit: 2, Alerter: al})
+		res, err := s.Sweep(context.Background())
+		require.NoError(t, err)
+		require.Zero(t, res.DeadLettered)
+		require.Empty(t, readDeadLetters(t, tbl))
+		require.Equal(t, breaker.StateTripped, s.TopicBreaker().State("A"))
+		require.Len(t, al.got, 1)
+	})
+}

@@ -26,6 +26,7 @@ type store struct {
 	policy deadLetterPolicy
 
 	claimBatch        string
+	countExhausted    string
 	deadLetter        string
 	outstandingTopics string
 	pageOutstanding   string
@@ -47,6 +48,7 @@ func newStore(pool *pgxpool.Pool, t Table, policy deadLetterPolicy) *store {
 		table:             t,
 		policy:            policy,
 		claimBatch:        stmt("claim_batch"),
+		countExhausted:    stmt("count_exhausted"),
 		deadLetter:        stmt("dead_letter"),
 		outstandingTopics: stmt("outstanding_topics"),
 		pageOutstanding:   stmt("page_outstanding"),
@@ -133,8 +135,11 @@ type batchOutcome struct {
 	// attempted says the failure counted an attempt on the claimed rows (any
 	// failure but a local one, or a message-class one naming its rows).
 	attempted bool
-	// deadLettered counts the rows moved to the dead-letter table.
-	deadLettered int
+	// deadLettered counts the rows moved to the dead-letter table, with their
+	// reason and correlation ids (for the log).
+	deadLettered       int
+	deadReason         string
+	deadCorrelationIDs []string
 	// storm is set when dead-lettering the named rows would pass the storm
 	// guard's limit for the topic: nothing was dead-lettered, and the topic
 	// must stop.
@@ -242,14 +247,23 @@ func (s *store) dispatch(ctx context.Context, b producer.Batch, sendTimeout time
 	}
 	out.attempted = true
 	if class == producer.ClassTransient && s.policy.maxAttempts > 0 {
-		// Rows that have now failed --max-attempts times leave the outbox.
-		// Topic-class failures never dead-letter: the topic breaker deals with
-		// the topic, and its rows are good.
-		tag, err := tx.Exec(recordCtx, s.deadLetter, claimed, s.policy.maxAttempts, ReasonMaxRetriesExceeded, errText)
-		if err != nil {
-			return out, fmt.Errorf("dead-letter exhausted rows of topic %q: %w", b.Topic, err)
+		// Rows that have now failed --max-attempts times leave the outbox,
+		// within the storm guard. Topic-class failures never dead-letter: the
+		// topic breaker deals with the topic, and its rows are good.
+		var exhausted int
+		if err := tx.QueryRow(recordCtx, s.countExhausted, claimed, s.policy.maxAttempts).Scan(&exhausted); err != nil {
+			return out, fmt.Errorf("count exhausted rows of topic %q: %w", b.Topic, err)
 		}
-		out.deadLettered = int(tag.RowsAffected())
+		if exhausted > 0 {
+			if out.storm, err = s.stormy(recordCtx, tx, b.Topic, exhausted); err != nil {
+				return out, err
+			}
+			if !out.storm {
+				if err := s.moveToDeadLetters(recordCtx, tx, b.Topic, claimed, s.policy.maxAttempts, ReasonMaxRetriesExceeded, errText, &out); err != nil {
+					return out, err
+				}
+			}
+		}
 	}
 	if err := tx.Commit(recordCtx); err != nil {
 		return out, fmt.Errorf("record failed send of %d rows of topic %q: %w", len(claimed), b.Topic, err)
@@ -265,29 +279,50 @@ const ReasonMaxRetriesExceeded = "max_retries_exceeded"
 // table, unless that would pass the storm guard's limit for the topic: then it
 // moves none, and sets out.storm. The other claimed rows go back to outstanding
 // either way, with no attempt counted.
-func (s *store) deadLetterNamed(ctx context.Context, tx pgx.Tx, topic string, claimed, named []int64, sendErr error, errText string, out *batchOutcome) error {
+func (s *store) deadLetterNamed(ctx context.Context, tx pgx.Tx, topic string, claimed, named []int64, sendErr error, errText string, out *batchOutcome) (err error) {
 	if _, err := tx.Exec(ctx, s.recordFailure, claimed, []int64{}, errText); err != nil {
 		return fmt.Errorf("release %d rows of topic %q: %w", len(claimed), topic, err)
 	}
-	if s.policy.stormLimit > 0 {
-		var recent int
-		if err := tx.QueryRow(ctx, s.recentDeadLetters, topic, s.policy.stormWindow).Scan(&recent); err != nil {
-			return fmt.Errorf("count recent dead letters of topic %q: %w", topic, err)
-		}
-		if recent+len(named) > s.policy.stormLimit {
-			out.storm = true
-			return nil
-		}
+	if out.storm, err = s.stormy(ctx, tx, topic, len(named)); err != nil || out.storm {
+		return err
 	}
 	reason := producer.ReasonOf(sendErr)
 	if reason == "" {
 		reason = producer.ReasonInvalidMessage
 	}
-	tag, err := tx.Exec(ctx, s.deadLetter, named, 0, reason, errText)
-	if err != nil {
-		return fmt.Errorf("dead-letter %d rows of topic %q: %w", len(named), topic, err)
+	return s.moveToDeadLetters(ctx, tx, topic, named, 0, reason, errText, out)
+}
+
+// stormy reports whether dead-lettering n more rows of topic would pass the
+// storm guard's limit within its window.
+func (s *store) stormy(ctx context.Context, tx pgx.Tx, topic string, n int) (bool, error) {
+	if s.policy.stormLimit <= 0 {
+		return false, nil
 	}
-	out.deadLettered = int(tag.RowsAffected())
+	var recent int
+	if err := tx.QueryRow(ctx, s.recentDeadLetters, topic, s.policy.stormWindow).Scan(&recent); err != nil {
+		return false, fmt.Errorf("count recent dead letters of topic %q: %w", topic, err)
+	}
+	return recent+n > s.policy.stormLimit, nil
+}
+
+// moveToDeadLetters moves the rows of ids with at least minAttempts attempts to
+// the dead-letter table, noting in out what moved.
+func (s *store) moveToDeadLetters(ctx context.Context, tx pgx.Tx, topic string, ids []int64, minAttempts int, reason, errText string, out *batchOutcome) error {
+	rows, err := tx.Query(ctx, s.deadLetter, ids, minAttempts, reason, errText)
+	if err != nil {
+		return fmt.Errorf("dead-letter rows of topic %q: %w", topic, err)
+	}
+	correlationIDs, err := pgx.CollectRows(rows, pgx.RowTo[*string])
+	if err != nil {
+		return fmt.Errorf("dead-letter rows of topic %q: %w", topic, err)
+	}
+	out.deadLettered, out.deadReason = len(correlationIDs), reason
+	for _, c := range correlationIDs {
+		if c != nil && len(out.deadCorrelationIDs) < maxLoggedIDs {
+			out.deadCorrelationIDs = append(out.deadCorrelationIDs, *c)
+		}
+	}
 	return nil
 }
 

@@ -505,7 +505,16 @@ func (s *Sweeper) sendTopic(stop, work context.Context, g topicGroup, plan break
 			return tr, nil
 		}
 		tr.failedBatches++
+		tr.deadLettered += out.deadLettered
 		s.logFailure(rejected, err)
+		if out.deadLettered > 0 {
+			s.logDeadLettered(topic, out)
+		}
+		if out.storm {
+			s.stopStorm(topic, len(out.failed), err)
+			tr.failed = true
+			return tr, nil
+		}
 		if tr.failed {
 			s.reportFailure(topic, gen, err, &tr)
 			return tr, nil
@@ -572,7 +581,7 @@ func (s *Sweeper) sendBatch(work context.Context, b producer.Batch, gen uint64, 
 		tr.deadLettered += out.deadLettered
 		s.logFailure(b, out.sendErr)
 		if out.deadLettered > 0 {
-			s.logDeadLettered(b, out)
+			s.logDeadLettered(b.Topic, out)
 		}
 		if out.storm {
 			s.stopStorm(b.Topic, len(out.failed), out.sendErr)
@@ -595,19 +604,11 @@ func (s *Sweeper) sendBatch(work context.Context, b producer.Batch, gen uint64, 
 // maxLoggedIDs bounds the correlation ids on one log line.
 const maxLoggedIDs = 10
 
-// logDeadLettered logs rows moved to the dead-letter table: topic, reason, row
-// ids and correlation ids, never a payload.
-func (s *Sweeper) logDeadLettered(b producer.Batch, out batchOutcome) {
-	dead := subset(b, out.failed)
-	if len(dead.Messages) == 0 { // max_retries_exceeded: the rows that reached the limit are not named
-		dead = b
-	}
-	reason := producer.ReasonOf(out.sendErr)
-	if producer.ClassOf(out.sendErr) != producer.ClassMessage {
-		reason = ReasonMaxRetriesExceeded
-	}
-	s.logger.Warn("rows dead-lettered", "topic", b.Topic, "num_rows", out.deadLettered, "reason", reason,
-		"correlation_ids", correlationIDs(dead, maxLoggedIDs), "table", s.cfg.Table.DeadLetterName())
+// logDeadLettered logs rows moved to the dead-letter table: topic, reason and
+// the rows' correlation ids as the move returned them, never a payload.
+func (s *Sweeper) logDeadLettered(topic string, out batchOutcome) {
+	s.logger.Warn("rows dead-lettered", "topic", topic, "num_rows", out.deadLettered, "reason", out.deadReason,
+		"correlation_ids", out.deadCorrelationIDs, "table", s.cfg.Table.DeadLetterName())
 }
 
 // stopStorm trips a topic whose messages are being rejected faster than the
