@@ -142,10 +142,15 @@ type ProbeConfig struct {
 }
 
 // Probe watches the dead-letter table and alerts when it holds at least
-// Threshold rows and has grown since the last alert that went out: one alert
-// per growth, naming the count and the new rows' correlation ids and reasons,
-// never their payloads. A post that fails is retried at the next run. A run
-// that cannot read the database alerts about that instead, once per outage.
+// Threshold rows and has rows dead-lettered after the last alert that went out:
+// one alert per growth (a replay or purge in between does not hide new rows),
+// naming the count and the new rows' correlation ids and reasons, never their
+// payloads. A post that fails is retried at the next run. A run that cannot
+// read the database alerts about that instead, once per outage.
+//
+// The watermark is kept in memory: a restarted sweeper alerts once more about
+// the dead letters it finds, and with several instances each keeps its own
+// (one probes at a time, by an advisory lock).
 type Probe struct {
 	cfg  ProbeConfig
 	pool *pgxpool.Pool
@@ -179,7 +184,8 @@ func NewProbe(pool *pgxpool.Pool, cfg ProbeConfig) (*Probe, error) {
 
 // ProbeResult says what one run saw and did.
 type ProbeResult struct {
-	Count   int
+	Count   int // dead letters in all
+	New     int // dead-lettered since the last alert that went out
 	Alerted bool
 	Skipped bool // another instance runs the probe
 }
@@ -214,7 +220,7 @@ func (p *Probe) RunOnce(ctx context.Context) (ProbeResult, error) {
 			reason        *string
 			at            *time.Time
 		)
-		_, err = pgx.ForEachRow(rows, []any{&res.Count, &id, &correlationID, &reason, &at}, func() error {
+		_, err = pgx.ForEachRow(rows, []any{&res.Count, &res.New, &id, &correlationID, &reason, &at}, func() error {
 			if id != nil {
 				fresh = append(fresh, newRow{correlationID, *reason, *at})
 			}
@@ -232,17 +238,14 @@ func (p *Probe) RunOnce(ctx context.Context) (ProbeResult, error) {
 		return res, fmt.Errorf("dead-letter probe of %s: %w", p.cfg.Table, err)
 	}
 	p.dbAlerted = false
-	if res.Skipped || res.Count < p.cfg.Threshold || res.Count <= p.alerted {
-		if res.Count < p.alerted {
-			p.alerted = res.Count // purged or replayed: a later growth alerts again
-		}
+	if res.Skipped || res.Count < p.cfg.Threshold || res.New == 0 {
 		return res, nil
 	}
 
 	a := alert.Alert{Time: now.UTC(), Severity: alert.Critical, Component: "dead-letter-probe", Table: p.cfg.Table.DeadLetterName(),
 		Count: res.Count,
 		Summary: fmt.Sprintf("%d dead letters in %s.%s (%d new)", res.Count, p.cfg.Table.Schema, p.cfg.Table.DeadLetterName(),
-			res.Count-p.alerted),
+			res.New),
 		Action: "find out why with `sweeper dlq list --schema " + p.cfg.Table.Schema + " --table " + p.cfg.Table.Name +
 			"`, fix the cause, then `sweeper dlq replay` the rows (or purge them)",
 	}
@@ -263,7 +266,7 @@ func (p *Probe) RunOnce(ctx context.Context) (ProbeResult, error) {
 		return res, nil
 	}
 	res.Alerted = true
-	p.alerted, p.since = res.Count, latest
+	p.since = latest
 	return res, nil
 }
 

@@ -195,3 +195,34 @@ func TestProbeThresholdAndDatabaseOutage(t *testing.T) {
 	require.Len(t, bodies, 1)
 	require.True(t, strings.Contains(bodies[0], "cannot read"), bodies[0])
 }
+
+// New dead letters after a replay alert again, though the count did not grow.
+func TestProbeSeesGrowthAfterReplay(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	rcv := &receiver{}
+	srv := httptest.NewServer(rcv)
+	t.Cleanup(srv.Close)
+	p, err := outbox.NewProbe(dbtest.Pool(t), outbox.ProbeConfig{Table: tbl, Alerter: alert.Webhook{URL: srv.URL}})
+	require.NoError(t, err)
+	ctx := context.Background()
+	deadLetterMore(t, tbl, 1, 2)
+	res, err := p.RunOnce(ctx)
+	require.NoError(t, err)
+	require.True(t, res.Alerted)
+
+	d, err := outbox.NewDeadLetters(dbtest.Pool(t), tbl)
+	require.NoError(t, err)
+	_, err = d.Replay(ctx, outbox.DeadLetterFilter{All: true})
+	require.NoError(t, err)
+	_, err = dbtest.Pool(t).Exec(ctx, "DELETE FROM "+pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize())
+	require.NoError(t, err)
+	deadLetterMore(t, tbl, 3, 2)
+	res, err = p.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, res.Count, "the count is back where it was")
+	require.True(t, res.Alerted, "but the rows are new")
+	var a alert.Alert
+	require.NoError(t, json.Unmarshal([]byte(rcv.got()[1]), &a))
+	require.ElementsMatch(t, []string{"corr-3", "corr-4"}, a.CorrelationIDs)
+}

@@ -1,7 +1,8 @@
--- The probe's look at the dead-letter table: how many rows, and the newest ones
--- dead-lettered after $1 (their correlation ids and reasons only, never a
--- payload), at most $2 of them.
+-- The probe's look at the dead-letter table: how many rows in all, how many
+-- dead-lettered after $1 (the last alert's newest row), and the newest of
+-- those, at most $2 (their correlation ids and reasons only, never a payload).
 SELECT (SELECT count(*) FROM {{dead_letter}}) AS total,
+       (SELECT count(*) FROM {{dead_letter}} WHERE dead_lettered_at > $1) AS fresh,
        d.id, d.correlation_id, d.reason, d.dead_lettered_at
 FROM (SELECT 1) one
 LEFT JOIN LATERAL (
