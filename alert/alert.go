@@ -10,10 +10,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"time"
 )
 
@@ -74,7 +76,7 @@ func (w Webhook) Alert(ctx context.Context, a Alert) error {
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.URL, bytes.NewReader(body))
 	if err != nil {
-		return fmt.Errorf("alert webhook %s: %w", w.URL, err)
+		return fmt.Errorf("alert webhook %s: %w", w.where(), err)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	client := w.Client
@@ -83,14 +85,30 @@ func (w Webhook) Alert(ctx context.Context, a Alert) error {
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return fmt.Errorf("post alert to %s: %w", w.URL, err)
+		// The client's error repeats the URL, which may hold a token: say where
+		// only.
+		var uerr *url.Error
+		if errors.As(err, &uerr) {
+			err = uerr.Err
+		}
+		return fmt.Errorf("post alert to %s: %w", w.where(), err)
 	}
 	defer resp.Body.Close()
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("post alert to %s: %s", w.URL, resp.Status)
+		return fmt.Errorf("post alert to %s: %s", w.where(), resp.Status)
 	}
 	return nil
+}
+
+// where names the receiver without its path and query, which often carry a
+// token (chat and paging services put it there).
+func (w Webhook) where() string {
+	u, err := url.Parse(w.URL)
+	if err != nil {
+		return "the alert webhook"
+	}
+	return u.Scheme + "://" + u.Host
 }
 
 // Both sends every alert to each of its alerters, and returns the first error.
@@ -105,4 +123,54 @@ func (b Both) Alert(ctx context.Context, a Alert) error {
 		}
 	}
 	return first
+}
+
+// Queue delivers alerts in the background, so that whoever raises one (a
+// breaker changing state in the middle of a sweep) never waits on a slow
+// receiver. Alerts beyond its buffer are logged and dropped. Close delivers
+// what is queued, within its context.
+type Queue struct {
+	next   Alerter
+	logger *slog.Logger
+	ch     chan Alert
+	done   chan struct{}
+}
+
+// NewQueue starts a queue in front of next.
+func NewQueue(next Alerter, logger *slog.Logger) *Queue {
+	q := &Queue{next: next, logger: logger, ch: make(chan Alert, 256), done: make(chan struct{})}
+	go q.loop()
+	return q
+}
+
+// Alert queues a and returns at once.
+func (q *Queue) Alert(_ context.Context, a Alert) error {
+	select {
+	case q.ch <- a:
+		return nil
+	default:
+		q.logger.Error("alert queue full: alert dropped", "severity", a.Severity, "component", a.Component, "summary", a.Summary)
+		return fmt.Errorf("alert queue full")
+	}
+}
+
+func (q *Queue) loop() {
+	defer close(q.done)
+	for a := range q.ch {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := q.next.Alert(ctx, a); err != nil {
+			q.logger.Warn("alert not delivered", "component", a.Component, "err", err)
+		}
+		cancel()
+	}
+}
+
+// Close stops taking alerts and waits, at most until ctx ends, for the queued
+// ones to be delivered. Call it once.
+func (q *Queue) Close(ctx context.Context) {
+	close(q.ch)
+	select {
+	case <-q.done:
+	case <-ctx.Done():
+	}
 }

@@ -95,7 +95,16 @@ func (r *Retention) RunOnce(ctx context.Context) (RetentionResult, error) {
 		res.Skipped = true
 		return res, nil
 	}
-	defer func() { _, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", r.lockKey) }()
+	defer func() {
+		// The lock belongs to the session: a connection that could not give it
+		// back must not return to the pool holding it, or retention would skip
+		// for as long as that connection lives.
+		var unlocked bool
+		err := conn.QueryRow(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", r.lockKey).Scan(&unlocked)
+		if err != nil || !unlocked {
+			_ = conn.Conn().Close(context.WithoutCancel(ctx))
+		}
+	}()
 
 	if r.cfg.Dispatched > 0 {
 		if res.Dispatched, err = r.deleteAll(ctx, conn.Conn(), r.deleteDispatched, r.cfg.Dispatched); err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/lmittmann/tint"
 	"github.com/robfig/cron/v3"
 
+	"github.com/outbox-sweeper/sweeper/alert"
 	"github.com/outbox-sweeper/sweeper/outbox"
 )
 
@@ -250,10 +251,20 @@ func runCommand(ctx context.Context, args []string, out, errOut io.Writer, env E
 
 	logger := o.logger(errOut)
 	cfg.Logger = logger
-	alerter, err := o.maintenanceOptions.alerter(f, logger)
+	syncAlerter, err := o.maintenanceOptions.alerter(f, logger)
 	if err != nil {
 		return err
 	}
+	// Alerts raised in the middle of a sweep (breaker changes, storms) go
+	// through a queue: a slow receiver must not hold the relay. The probe posts
+	// directly, since it retries what did not go out.
+	queue := alert.NewQueue(syncAlerter, logger)
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		queue.Close(ctx)
+	}()
+	alerter := alert.Alerter(queue)
 	cfg.Alerter = alerter
 	tick := o.tick
 	if cfg.Schedule != nil {
@@ -269,7 +280,7 @@ func runCommand(ctx context.Context, args []string, out, errOut io.Writer, env E
 		return fmt.Errorf("database pool: %w", err)
 	}
 	defer pool.Close()
-	svc, err := o.maintenanceOptions.services(f, pool, tbl, alerter, logger)
+	svc, err := o.maintenanceOptions.services(f, pool, tbl, syncAlerter, logger)
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -36,7 +37,9 @@ func (o *dlqOptions) flags(cmd string) *flags {
 	o.common.register(f)
 	f.String(&o.topic, "topic", "", "topic", "only dead letters of this topic")
 	f.String(&o.reason, "reason", "", "reason", "only dead letters with this reason (max_retries_exceeded, message_too_large, invalid_message, …)")
-	f.Duration(&o.since, "since", 0, "only dead letters from the last duration, e.g. 24h (0: any age)")
+	if cmd != "purge" { // purge selects by age with --older-than only: --since would purge the newest
+		f.Duration(&o.since, "since", 0, "only dead letters from the last duration, e.g. 24h (0: any age)")
+	}
 	switch cmd {
 	case "list":
 		f.Int(&o.limit, "limit", 50, "most dead letters listed, newest first")
@@ -139,12 +142,18 @@ func dlqCommand(ctx context.Context, args []string, out io.Writer, env Env) erro
 		return printDeadLetters(out, rows, o.showPayload)
 	case "replay":
 		n, err := d.Replay(ctx, flt)
+		if errors.Is(err, outbox.ErrNoFilter) {
+			return &usageError{msg: err.Error()}
+		}
 		if err != nil {
 			return err
 		}
 		fmt.Fprintf(out, "replayed %d dead letters into %s\n", n, tbl)
 	case "purge":
 		n, err := d.Purge(ctx, flt, o.dryRun)
+		if errors.Is(err, outbox.ErrNoFilter) {
+			return &usageError{msg: err.Error()}
+		}
 		if err != nil {
 			return err
 		}
