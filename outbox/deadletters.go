@@ -139,7 +139,7 @@ func (d *DeadLetters) Replay(ctx context.Context, f DeadLetterFilter) (int, erro
 			return err
 		}
 		if missing := missingIDs(f.IDs, replayed); len(missing) > 0 {
-			return fmt.Errorf("no dead letters with ids %v in %s: nothing replayed (list them with `sweeper dlq list`)", missing, d.table.DeadLetterName())
+			return &MissingDeadLettersError{IDs: missing, Table: d.table.DeadLetterName()}
 		}
 		return nil
 	})
@@ -160,6 +160,17 @@ func (d *DeadLetters) Purge(ctx context.Context, f DeadLetterFilter, dryRun bool
 		return 0, fmt.Errorf("purge dead letters of %s: %w", d.table, err)
 	}
 	return n, nil
+}
+
+// MissingDeadLettersError is a replay of ids that are not all dead letters:
+// nothing was replayed.
+type MissingDeadLettersError struct {
+	IDs   []int64
+	Table string
+}
+
+func (e *MissingDeadLettersError) Error() string {
+	return fmt.Sprintf("no dead letters with ids %v in %s: nothing replayed (list them with `sweeper dlq list`)", e.IDs, e.Table)
 }
 
 func missingIDs(want, got []int64) []int64 {

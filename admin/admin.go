@@ -1,0 +1,357 @@
+// Package admin is the sweeper's admin HTTP API: health and readiness, the
+// topic breaker (list, trip, reset), the dependency breaker's state, and dead
+// letters (list, replay, purge). JSON in and out, standard library routing.
+//
+// With a token set, every call but /healthz, /readyz and /metrics needs
+// "Authorization: Bearer <token>". Without one, the server refuses to listen on
+// anything but a loopback address: these calls change what the sweeper sends.
+package admin
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-sweeper/sweeper/breaker"
+	"github.com/outbox-sweeper/sweeper/outbox"
+)
+
+// Config configures the admin API.
+type Config struct {
+	// Addr is where to listen, e.g. 127.0.0.1:8080.
+	Addr string
+	// Token, when set, is required as a bearer token on every call but the
+	// health, readiness and metrics endpoints.
+	Token string
+	// Pool and Table serve /readyz (database reachable, migrations current).
+	Pool  *pgxpool.Pool
+	Table outbox.Table
+	// Topics is the topic breaker.
+	Topics breaker.Breaker
+	// Dependency is the dependency breaker; nil if there is none.
+	Dependency *breaker.Guarded
+	// DeadLetters serves the /dlq endpoints.
+	DeadLetters *outbox.DeadLetters
+	// Metrics serves /metrics; nil leaves it out.
+	Metrics http.Handler
+	// Logger receives the causes of internal errors, which callers do not see.
+	Logger *slog.Logger
+}
+
+// Handler returns the API's handler.
+func Handler(cfg Config) http.Handler {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	a := &api{cfg: cfg}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", a.healthz)
+	mux.HandleFunc("GET /readyz", a.readyz)
+	if cfg.Metrics != nil {
+		mux.Handle("GET /metrics", cfg.Metrics)
+	}
+	mux.Handle("GET /breaker", a.auth(a.breakerState))
+	mux.Handle("GET /dlq", a.auth(a.dlqList))
+	mux.Handle("POST /dlq/purge", a.auth(a.dlqPurge))
+	mux.Handle("POST /dlq/replay", a.auth(a.dlqReplay))
+	mux.Handle("GET /topics/tripped", a.auth(a.tripped))
+	mux.Handle("POST /topics/{topic}/reset", a.auth(a.reset))
+	mux.Handle("POST /topics/{topic}/trip", a.auth(a.trip))
+	return mux
+}
+
+// Serve listens on cfg.Addr and serves the API until ctx is done. It refuses a
+// non-loopback address without a token, with an error saying what to do.
+func Serve(ctx context.Context, cfg Config) error {
+	if err := CheckAddr(cfg.Addr, cfg.Token); err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("admin API: listen on %s: %w", cfg.Addr, err)
+	}
+	srv := &http.Server{
+		Handler:           Handler(cfg),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       60 * time.Second,
+	}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("admin API: %w", err)
+	}
+	return nil
+}
+
+// CheckAddr refuses to serve without a token anywhere but on loopback.
+func CheckAddr(addr, token string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("admin address %q (--admin-addr): %w", addr, err)
+	}
+	if token != "" {
+		return nil
+	}
+	if host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return nil
+	}
+	return fmt.Errorf("admin address %q (--admin-addr) is reachable from other hosts and no --admin-token (OUTBOX_ADMIN_TOKEN) is set: "+
+		"set a token, or listen on 127.0.0.1", addr)
+}
+
+type api struct{ cfg Config }
+
+// auth requires the bearer token, when one is configured, compared in
+// constant time.
+func (a *api) auth(h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if a.cfg.Token != "" {
+			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+			if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(a.cfg.Token)) != 1 {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="outbox-sweeper"`)
+				writeJSON(w, http.StatusUnauthorized, errorBody{"missing or wrong bearer token"})
+				return
+			}
+		}
+		h(w, r)
+	})
+}
+
+type errorBody struct {
+	Error string `json:"error"`
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func badRequest(w http.ResponseWriter, format string, args ...any) {
+	writeJSON(w, http.StatusBadRequest, errorBody{fmt.Sprintf(format, args...)})
+}
+
+// internal answers 500 without the cause, which goes to the log.
+func (a *api) internal(w http.ResponseWriter, r *http.Request, err error) {
+	a.cfg.Logger.Error("admin API call failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	writeJSON(w, http.StatusInternalServerError, errorBody{"internal error: see the sweeper's log"})
+}
+
+func (a *api) healthz(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (a *api) readyz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	if err := a.cfg.Pool.Ping(ctx); err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": "database unreachable: " + err.Error()})
+		return
+	}
+	v, err := outbox.CurrentSchemaVersion(ctx, a.cfg.Pool, a.cfg.Table)
+	if err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": "cannot read the schema version: " + err.Error()})
+		return
+	}
+	if want := outbox.SchemaVersion(); v != want {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable",
+			"reason": fmt.Sprintf("schema version %d, want %d: run `sweeper migrate`", v, want)})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+func (a *api) tripped(w http.ResponseWriter, _ *http.Request) {
+	list := a.cfg.Topics.Tripped()
+	if list == nil {
+		list = []breaker.TopicStatus{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"tripped": list})
+}
+
+func (a *api) trip(w http.ResponseWriter, r *http.Request) {
+	topic := r.PathValue("topic")
+	var body struct {
+		Reason string `json:"reason"`
+	}
+	if r.ContentLength != 0 {
+		if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+			badRequest(w, "body is not JSON like {\"reason\": \"…\"}: %v", err)
+			return
+		}
+	}
+	if body.Reason == "" {
+		body.Reason = "tripped through the admin API"
+	}
+	a.cfg.Topics.Trip(topic, body.Reason)
+	writeJSON(w, http.StatusOK, map[string]string{"topic": topic, "state": a.cfg.Topics.State(topic).String()})
+}
+
+func (a *api) reset(w http.ResponseWriter, r *http.Request) {
+	topic := r.PathValue("topic")
+	a.cfg.Topics.Reset(topic)
+	writeJSON(w, http.StatusOK, map[string]string{"topic": topic, "state": a.cfg.Topics.State(topic).String()})
+}
+
+func (a *api) breakerState(w http.ResponseWriter, _ *http.Request) {
+	if a.cfg.Dependency == nil {
+		writeJSON(w, http.StatusOK, map[string]any{"state": "none"})
+		return
+	}
+	st, c := a.cfg.Dependency.State(), a.cfg.Dependency.Counts()
+	writeJSON(w, http.StatusOK, map[string]any{"state": st.String(), "state_value": int(st), "counts": map[string]uint32{
+		"requests": c.Requests, "total_successes": c.TotalSuccesses, "total_failures": c.TotalFailures,
+		"consecutive_successes": c.ConsecutiveSuccesses, "consecutive_failures": c.ConsecutiveFailures}})
+}
+
+// filter reads the dead-letter filter from the query string: topic, reason,
+// since (a duration), id (comma-separated).
+func filterFromQuery(r *http.Request) (outbox.DeadLetterFilter, error) {
+	q := r.URL.Query()
+	f := outbox.DeadLetterFilter{Topic: q.Get("topic"), Reason: q.Get("reason")}
+	if s := q.Get("since"); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil || d < 0 {
+			return f, fmt.Errorf("since=%q is not a duration like 24h", s)
+		}
+		f.Since = time.Now().Add(-d)
+	}
+	if s := q.Get("id"); s != "" {
+		ids, err := parseIDs(s)
+		if err != nil {
+			return f, err
+		}
+		f.IDs = ids
+	}
+	return f, nil
+}
+
+func parseIDs(s string) ([]int64, error) {
+	var ids []int64
+	for _, p := range strings.Split(s, ",") {
+		id, err := strconv.ParseInt(strings.TrimSpace(p), 10, 64)
+		if err != nil || id < 1 {
+			return nil, fmt.Errorf("id=%q: ids are whole numbers separated by commas", s)
+		}
+		ids = append(ids, id)
+	}
+	return ids, nil
+}
+
+func (a *api) dlqList(w http.ResponseWriter, r *http.Request) {
+	f, err := filterFromQuery(r)
+	if err != nil {
+		badRequest(w, "%v", err)
+		return
+	}
+	limit := 50
+	if s := r.URL.Query().Get("limit"); s != "" {
+		if limit, err = strconv.Atoi(s); err != nil || limit < 1 || limit > 10_000 {
+			badRequest(w, "limit=%q: a whole number from 1 to 10000", s)
+			return
+		}
+	}
+	showPayload := r.URL.Query().Get("show_payload") == "true"
+	list, err := a.cfg.DeadLetters.List(r.Context(), f, limit, showPayload)
+	if err != nil {
+		a.internal(w, r, err)
+		return
+	}
+	if list == nil {
+		list = []outbox.DeadLetter{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"dead_letters": list})
+}
+
+// selection is the body of replay and purge.
+type selection struct {
+	IDs       []int64 `json:"ids"`
+	Topic     string  `json:"topic"`
+	Reason    string  `json:"reason"`
+	Since     string  `json:"since"`      // replay: a duration
+	OlderThan string  `json:"older_than"` // purge: a duration
+	All       bool    `json:"all"`
+	DryRun    bool    `json:"dry_run"` // purge
+}
+
+func decodeSelection(r *http.Request) (selection, outbox.DeadLetterFilter, error) {
+	var s selection
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&s); err != nil {
+		return s, outbox.DeadLetterFilter{}, fmt.Errorf("body is not the JSON expected (ids, topic, reason, since, older_than, all, dry_run): %v", err)
+	}
+	f := outbox.DeadLetterFilter{IDs: s.IDs, Topic: s.Topic, Reason: s.Reason, All: s.All}
+	for _, d := range []struct {
+		v   string
+		set func(time.Duration)
+	}{{s.Since, func(d time.Duration) { f.Since = time.Now().Add(-d) }}, {s.OlderThan, func(d time.Duration) { f.Before = time.Now().Add(-d) }}} {
+		if d.v == "" {
+			continue
+		}
+		dur, err := time.ParseDuration(d.v)
+		if err != nil || dur < 0 {
+			return s, f, fmt.Errorf("%q is not a duration like 720h", d.v)
+		}
+		d.set(dur)
+	}
+	return s, f, nil
+}
+
+func (a *api) dlqReplay(w http.ResponseWriter, r *http.Request) {
+	_, f, err := decodeSelection(r)
+	if err != nil {
+		badRequest(w, "%v", err)
+		return
+	}
+	n, err := a.cfg.DeadLetters.Replay(r.Context(), f)
+	var missing *outbox.MissingDeadLettersError
+	switch {
+	case errors.Is(err, outbox.ErrNoFilter), errors.As(err, &missing):
+		badRequest(w, "%v", err)
+	case err != nil:
+		a.internal(w, r, err)
+	default:
+		writeJSON(w, http.StatusOK, map[string]int{"replayed": n})
+	}
+}
+
+func (a *api) dlqPurge(w http.ResponseWriter, r *http.Request) {
+	s, f, err := decodeSelection(r)
+	if err != nil {
+		badRequest(w, "%v", err)
+		return
+	}
+	if !f.Since.IsZero() {
+		badRequest(w, "purge selects by age with older_than, not since (since would purge the newest)")
+		return
+	}
+	n, err := a.cfg.DeadLetters.Purge(r.Context(), f, s.DryRun)
+	switch {
+	case errors.Is(err, outbox.ErrNoFilter):
+		badRequest(w, "%v", err)
+	case err != nil:
+		a.internal(w, r, err)
+	default:
+		writeJSON(w, http.StatusOK, map[string]any{"purged": n, "dry_run": s.DryRun})
+	}
+}

@@ -1,0 +1,226 @@
+package admin_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-sweeper/sweeper/admin"
+	"github.com/outbox-sweeper/sweeper/breaker"
+	"github.com/outbox-sweeper/sweeper/internal/dbtest"
+	"github.com/outbox-sweeper/sweeper/outbox"
+	"github.com/outbox-sweeper/sweeper/producer"
+	"github.com/outbox-sweeper/sweeper/producer/memory"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+type bundle struct {
+	srv    *httptest.Server
+	tbl    outbox.Table
+	topics *breaker.Topics
+	dep    *breaker.Guarded
+}
+
+// setup serves the API over a migrated outbox with three dead letters (two of
+// topic "orders", one of "invoices") and a token unless token is empty.
+func setup(t *testing.T, token string) *bundle {
+	t.Helper()
+	tbl := dbtest.Table(t)
+	ctx := context.Background()
+	w, err := outbox.NewWriter(tbl)
+	require.NoError(t, err)
+	require.NoError(t, w.Write(ctx, dbtest.Pool(t),
+		outbox.Message{Topic: "orders", Payload: []byte("SECRET-1"), CorrelationID: "c1"},
+		outbox.Message{Topic: "orders", Payload: []byte("SECRET-2"), CorrelationID: "c2"},
+		outbox.Message{Topic: "invoices", Payload: []byte("SECRET-3"), CorrelationID: "c3"}))
+	prod := memory.New(memory.Config{})
+	for id := int64(1); id <= 3; id++ {
+		prod.FailMessage(id, producer.NewMessageError(producer.ReasonInvalidMessage, nil, errors.New("rejected")))
+	}
+	s, err := outbox.NewSweeper(dbtest.Pool(t), prod, outbox.Config{Table: tbl})
+	require.NoError(t, err)
+	_, err = s.Sweep(ctx)
+	require.NoError(t, err)
+
+	d, err := outbox.NewDeadLetters(dbtest.Pool(t), tbl)
+	require.NoError(t, err)
+	b := &bundle{tbl: tbl, topics: breaker.New(breaker.Settings{}),
+		dep: breaker.Guard(memory.New(memory.Config{}), breaker.DependencyConfig{})}
+	t.Cleanup(func() { _ = b.dep.Close(context.Background()) })
+	b.srv = httptest.NewServer(admin.Handler(admin.Config{Token: token, Pool: dbtest.Pool(t), Table: tbl, Topics: b.topics,
+		Dependency: b.dep, DeadLetters: d}))
+	t.Cleanup(b.srv.Close)
+	return b
+}
+
+func (b *bundle) call(t *testing.T, method, path, token, body string) (int, map[string]any) {
+	t.Helper()
+	req, err := http.NewRequest(method, b.srv.URL+path, strings.NewReader(body))
+	require.NoError(t, err)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+	var out map[string]any
+	require.NoError(t, json.Unmarshal(raw, &out), "%s", raw)
+	return resp.StatusCode, out
+}
+
+func TestHealthAndReadiness(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "tok")
+	code, body := b.call(t, "GET", "/healthz", "", "")
+	require.Equal(t, 200, code)
+	require.Equal(t, "ok", body["status"])
+	code, body = b.call(t, "GET", "/readyz", "", "")
+	require.Equal(t, 200, code, "%v", body)
+
+	// An outbox that was never migrated is not ready, and says why.
+	notMigrated := httptest.NewServer(admin.Handler(admin.Config{Pool: dbtest.Pool(t), Table: outbox.Table{Schema: "no_such_schema"}}))
+	defer notMigrated.Close()
+	resp, err := http.Get(notMigrated.URL + "/readyz")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, 503, resp.StatusCode)
+	raw, _ := io.ReadAll(resp.Body)
+	require.Contains(t, string(raw), "run `sweeper migrate`")
+}
+
+func TestTokenIsRequiredWhenSet(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "s3cret")
+	for _, tok := range []string{"", "wrong"} {
+		code, body := b.call(t, "GET", "/topics/tripped", tok, "")
+		require.Equal(t, 401, code)
+		require.Contains(t, body["error"], "bearer token")
+	}
+	code, _ := b.call(t, "GET", "/topics/tripped", "s3cret", "")
+	require.Equal(t, 200, code)
+	code, _ = b.call(t, "GET", "/healthz", "", "")
+	require.Equal(t, 200, code, "health needs no token")
+}
+
+func TestRefusesANonLoopbackAddressWithoutAToken(t *testing.T) {
+	t.Parallel()
+	require.ErrorContains(t, admin.CheckAddr("0.0.0.0:8080", ""), "no --admin-token (OUTBOX_ADMIN_TOKEN) is set")
+	require.ErrorContains(t, admin.CheckAddr(":8080", ""), "reachable from other hosts")
+	require.NoError(t, admin.CheckAddr("0.0.0.0:8080", "tok"))
+	require.NoError(t, admin.CheckAddr("127.0.0.1:8080", ""))
+	require.NoError(t, admin.CheckAddr("[::1]:8080", ""))
+	require.NoError(t, admin.CheckAddr("localhost:8080", ""))
+	err := admin.Serve(context.Background(), admin.Config{Addr: "0.0.0.0:0"})
+	require.ErrorContains(t, err, "set a token, or listen on 127.0.0.1")
+}
+
+// Trip, list and reset a topic whose name holds quotes and semicolons: it is
+// data, never SQL.
+func TestTopicsTripListReset(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "")
+	topic := `orders'; DROP TABLE outbox; --"`
+	path := "/topics/" + url.PathEscape(topic)
+	code, body := b.call(t, "POST", path+"/trip", "", `{"reason":"maintenance"}`)
+	require.Equal(t, 200, code, "%v", body)
+	require.Equal(t, topic, body["topic"])
+	require.Equal(t, "tripped", body["state"])
+
+	code, body = b.call(t, "GET", "/topics/tripped", "", "")
+	require.Equal(t, 200, code)
+	list := body["tripped"].([]any)
+	require.Len(t, list, 1)
+	st := list[0].(map[string]any)
+	require.Equal(t, topic, st["topic"])
+	require.Equal(t, float64(10), st["cooldown_ticks_left"])
+	require.Equal(t, float64(1), st["trips"])
+	require.Equal(t, "maintenance", st["last_error"])
+	require.NotEmpty(t, st["tripped_at"])
+
+	code, body = b.call(t, "POST", path+"/reset", "", "")
+	require.Equal(t, 200, code)
+	require.Equal(t, "closed", body["state"])
+	_, body = b.call(t, "GET", "/topics/tripped", "", "")
+	require.Empty(t, body["tripped"])
+	require.Len(t, readOutbox(t, b.tbl), 0, "the table is still there, and empty")
+
+	code, body = b.call(t, "POST", path+"/trip", "", `{not json`)
+	require.Equal(t, 400, code)
+	require.Contains(t, body["error"], "not JSON")
+}
+
+func readOutbox(t *testing.T, tbl outbox.Table) []int64 {
+	rows, err := dbtest.Pool(t).Query(context.Background(), "SELECT id FROM "+pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize())
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	return ids
+}
+
+func TestBreakerState(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "")
+	code, body := b.call(t, "GET", "/breaker", "", "")
+	require.Equal(t, 200, code)
+	require.Equal(t, "closed", body["state"])
+	require.Equal(t, float64(0), body["state_value"])
+	require.Contains(t, body["counts"], "consecutive_failures")
+}
+
+func TestDeadLettersListReplayPurge(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "")
+	code, body := b.call(t, "GET", "/dlq?topic=orders", "", "")
+	require.Equal(t, 200, code)
+	list := body["dead_letters"].([]any)
+	require.Len(t, list, 2)
+	raw, _ := json.Marshal(body)
+	require.NotContains(t, string(raw), "payload", "no payload unless asked")
+	_, body = b.call(t, "GET", "/dlq?show_payload=true&id=3", "", "")
+	require.Len(t, body["dead_letters"].([]any), 1)
+	require.Contains(t, fmt.Sprint(body), "U0VDUkVULTM=") // base64 of SECRET-3
+
+	for _, bad := range []string{"/dlq?limit=0", "/dlq?since=yesterday", "/dlq?id=x"} {
+		code, _ = b.call(t, "GET", bad, "", "")
+		require.Equal(t, 400, code, bad)
+	}
+
+	code, body = b.call(t, "POST", "/dlq/replay", "", `{"ids":[1,99]}`)
+	require.Equal(t, 400, code)
+	require.Contains(t, body["error"], "no dead letters with ids [99]")
+	code, body = b.call(t, "POST", "/dlq/replay", "", `{}`)
+	require.Equal(t, 400, code)
+	code, body = b.call(t, "POST", "/dlq/replay", "", `{"ids":[1]}`)
+	require.Equal(t, 200, code)
+	require.Equal(t, float64(1), body["replayed"])
+	require.Len(t, readOutbox(t, b.tbl), 1)
+
+	code, body = b.call(t, "POST", "/dlq/purge", "", `{"topic":"invoices","dry_run":true}`)
+	require.Equal(t, 200, code)
+	require.Equal(t, float64(1), body["purged"])
+	require.Equal(t, true, body["dry_run"])
+	code, body = b.call(t, "POST", "/dlq/purge", "", `{"older_than":"720h"}`)
+	require.Equal(t, 200, code)
+	require.Equal(t, float64(0), body["purged"])
+	code, _ = b.call(t, "POST", "/dlq/purge", "", `{"since":"1h"}`)
+	require.Equal(t, 400, code)
+	code, _ = b.call(t, "POST", "/dlq/purge", "", `{"unknown":1}`)
+	require.Equal(t, 400, code)
+	code, body = b.call(t, "POST", "/dlq/purge", "", `{"all":true}`)
+	require.Equal(t, 200, code)
+	require.Equal(t, float64(2), body["purged"])
+}
