@@ -70,15 +70,17 @@ func Handler(cfg Config) http.Handler {
 	return mux
 }
 
-// Serve listens on cfg.Addr and serves the API until ctx is done. It refuses a
-// non-loopback address without a token, with an error saying what to do.
-func Serve(ctx context.Context, cfg Config) error {
+// Start listens on cfg.Addr, so that a taken port fails the start-up, and
+// serves the API in the background until ctx is done. It refuses a
+// non-loopback address without a token, with an error saying what to do. wait
+// blocks until the server has stopped.
+func Start(ctx context.Context, cfg Config) (wait func(), err error) {
 	if err := CheckAddr(cfg.Addr, cfg.Token); err != nil {
-		return err
+		return nil, err
 	}
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
-		return fmt.Errorf("admin API: listen on %s: %w", cfg.Addr, err)
+		return nil, fmt.Errorf("admin API: listen on %s (--admin-addr): %w", cfg.Addr, err)
 	}
 	srv := &http.Server{
 		Handler:           Handler(cfg),
@@ -87,16 +89,20 @@ func Serve(ctx context.Context, cfg Config) error {
 		WriteTimeout:      30 * time.Second,
 		IdleTimeout:       60 * time.Second,
 	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) && cfg.Logger != nil {
+			cfg.Logger.Error("admin API stopped", "err", err)
+		}
+	}()
 	go func() {
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(sctx)
 	}()
-	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("admin API: %w", err)
-	}
-	return nil
+	return func() { <-done }, nil
 }
 
 // CheckAddr refuses to serve without a token anywhere but on loopback.

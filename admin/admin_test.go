@@ -124,7 +124,7 @@ func TestRefusesANonLoopbackAddressWithoutAToken(t *testing.T) {
 	require.NoError(t, admin.CheckAddr("127.0.0.1:8080", ""))
 	require.NoError(t, admin.CheckAddr("[::1]:8080", ""))
 	require.NoError(t, admin.CheckAddr("localhost:8080", ""))
-	err := admin.Serve(context.Background(), admin.Config{Addr: "0.0.0.0:0"})
+	_, err := admin.Start(context.Background(), admin.Config{Addr: "0.0.0.0:0"})
 	require.ErrorContains(t, err, "set a token, or listen on 127.0.0.1")
 }
 

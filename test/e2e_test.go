@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -333,4 +334,50 @@ func TestBinaryProbeAlertsTheWebhook(t *testing.T) {
 	require.Contains(t, bodies[0], `"correlation_ids":["corr-x"]`)
 	require.NotContains(t, bodies[0], "SECRET")
 	require.Contains(t, p.Stderr(), "dead letters in")
+}
+
+// The binary serves the admin API: readiness, and a topic tripped and reset
+// over HTTP with the token.
+func TestBinaryAdminAPI(t *testing.T) {
+	t.Parallel()
+	tbl := migrated(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	p := start(t, []string{"OUTBOX_ADMIN_ADDR=" + addr, "OUTBOX_ADMIN_TOKEN=t0ken"},
+		"run", "--database-url", dbtest.URL(t), "--schema", tbl.Schema)
+	base := "http://" + addr
+	dbtest.Eventually(t, 20*time.Second, "ready", func() bool {
+		resp, err := http.Get(base + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
+	call := func(method, path, token string) (int, string) {
+		req, err := http.NewRequest(method, base+path, nil)
+		require.NoError(t, err)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	code, _ := call("GET", "/topics/tripped", "")
+	require.Equal(t, 401, code)
+	code, body := call("POST", "/topics/orders/trip", "t0ken")
+	require.Equal(t, 200, code, body)
+	code, body = call("GET", "/topics/tripped", "t0ken")
+	require.Equal(t, 200, code)
+	require.Contains(t, body, `"topic":"orders"`)
+	code, body = call("GET", "/breaker", "t0ken")
+	require.Equal(t, 200, code)
+	require.Contains(t, body, `"state":"closed"`)
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	require.Equal(t, 0, p.wait(t, 20*time.Second))
 }

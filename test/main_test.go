@@ -61,7 +61,8 @@ type proc struct {
 func start(t *testing.T, extraEnv []string, args ...string) *proc {
 	t.Helper()
 	p := &proc{cmd: exec.Command(sweeperBin, args...), done: make(chan struct{})}
-	p.cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, extraEnv...)
+	// Tests run many binaries at once: the admin API stays off unless asked.
+	p.cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "OUTBOX_ADMIN_ADDR="}, extraEnv...)
 	stdout, err := p.cmd.StdoutPipe()
 	require.NoError(t, err)
 	p.cmd.Stderr = lockedWriter{&p.mu, &p.stderr}
@@ -134,7 +135,7 @@ func (p *proc) wait(t *testing.T, timeout time.Duration) int {
 func runOnce(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
 	cmd := exec.Command(sweeperBin, args...)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "OUTBOX_ADMIN_ADDR="}
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	err := cmd.Run()

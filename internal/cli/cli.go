@@ -21,6 +21,7 @@ import (
 	"github.com/lmittmann/tint"
 	"github.com/robfig/cron/v3"
 
+	"github.com/outbox-sweeper/sweeper/admin"
 	"github.com/outbox-sweeper/sweeper/alert"
 	"github.com/outbox-sweeper/sweeper/outbox"
 )
@@ -170,6 +171,8 @@ var cronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | 
 
 // runOptions are the flags of run.
 type runOptions struct {
+	adminAddr  string
+	adminToken string
 	common
 	logOptions
 	producerOptions
@@ -193,6 +196,8 @@ func (o *runOptions) flags() *flags {
 	o.producerOptions.register(f)
 	o.topicBreakerOptions.register(f)
 	o.maintenanceOptions.register(f)
+	f.String(&o.adminAddr, "admin-addr", "127.0.0.1:8080", "host:port", "where the admin HTTP API listens (health, readiness, tripped topics, breaker, dead letters); empty turns it off")
+	f.String(&o.adminToken, "admin-token", "", "token", "bearer token the admin API requires (but for /healthz, /readyz, /metrics); required to listen beyond loopback")
 	f.Int(&o.concurrency, "concurrency", outbox.ConcurrencyDefault, "topics sent at once; the batches of one topic go in order")
 	f.Int(&o.deadLetterLimit, "dead-letter-limit", outbox.DeadLetterLimitDefault, "storm guard: more rows of one topic dead-lettered within --dead-letter-window stop dead-lettering, trip the topic and alert (-1: off)")
 	f.Duration(&o.deadLetterWindow, "dead-letter-window", outbox.DeadLetterWindowDefault, "the storm guard's window")
@@ -241,13 +246,18 @@ func runCommand(ctx context.Context, args []string, out, errOut io.Writer, env E
 	if err := cfg.Validate(); err != nil {
 		return f.configError(err)
 	}
+	if o.adminAddr != "" {
+		if err := admin.CheckAddr(o.adminAddr, o.adminToken); err != nil {
+			return usagef("%s: %v", f.origin("admin-addr"), err)
+		}
+	}
 	poolCfg, err := o.poolConfig(f.origin("database-url"))
 	if err != nil {
 		return err
 	}
 	// One connection per topic in flight, one to read pages, one each for
 	// retention and the probe, and one spare.
-	poolCfg.MaxConns = int32(o.concurrency + 4)
+	poolCfg.MaxConns = int32(o.concurrency + 6) // and two for the admin API
 
 	logger := o.logger(errOut)
 	cfg.Logger = logger
@@ -303,6 +313,20 @@ func runCommand(ctx context.Context, args []string, out, errOut io.Writer, env E
 	}
 	logger.Info("starting", "version", version(), "producer", o.name,
 		"database", redact(poolCfg.ConnConfig), "table", tbl.String())
+	if o.adminAddr != "" {
+		dead, err := outbox.NewDeadLetters(pool, tbl)
+		if err != nil {
+			return err
+		}
+		waitAdmin, err := admin.Start(ctx, admin.Config{Addr: o.adminAddr, Token: o.adminToken, Pool: pool, Table: tbl,
+			Topics: s.TopicBreaker(), Dependency: p, DeadLetters: dead, Logger: logger})
+		if err != nil {
+			_ = p.Close(ctx)
+			return err
+		}
+		defer waitAdmin()
+		logger.Info("admin API listening", "addr", o.adminAddr, "token", o.adminToken != "")
+	}
 	waitServices := svc.start(ctx)
 	defer waitServices()
 	if err := s.Run(ctx); err != nil {

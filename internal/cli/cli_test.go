@@ -43,6 +43,8 @@ func TestEveryFlagRejectsABadValue(t *testing.T) {
 		{"run", "dead-letter-window", "10ms", "dead-letter window (--dead-letter-window) is 10ms: it must be at least 1s"},
 		{"run", "max-attempts", "0", "max attempts (--max-attempts) is 0: it must be at least 1, or -1"},
 		{"run", "max-attempts", "-2", "max attempts (--max-attempts) is -2"},
+		{"run", "admin-addr", "0.0.0.0:8080", "is reachable from other hosts and no --admin-token (OUTBOX_ADMIN_TOKEN) is set"},
+		{"run", "admin-addr", "nonsense", `admin address "nonsense" (--admin-addr)`},
 		{"run", "alert-webhook-url", "ftp://x", `invalid value "ftp://x" for --alert-webhook-url`},
 		{"run", "dlq-alert-threshold", "0", "--dlq-alert-threshold is 0: it must be at least 1"},
 		{"run", "dlq-probe-schedule", "often", `invalid value "often" for --dlq-probe-schedule`},
