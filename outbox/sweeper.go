@@ -73,6 +73,9 @@ type Config struct {
 	// Logger receives the sweeper's logs. Defaults to discarding them.
 	Logger *slog.Logger
 
+	// Observer is told what each sweep does, for metrics. Optional.
+	Observer Observer
+
 	// MaxAttempts is how many transient failures a row may have: the row that
 	// reaches it is dead-lettered with reason max_retries_exceeded. Defaults to
 	// MaxAttemptsDefault; a negative value keeps rows forever.
@@ -160,6 +163,20 @@ func LogTopicStateChange(logger *slog.Logger) func(topic string, from, to breake
 		logger.Log(context.Background(), level, "topic breaker: "+to.String(),
 			"topic", topic, "from", from.String(), "to", to.String(), "reason", reason)
 	}
+}
+
+// Observer is told what the sweeper does; the metrics package implements it.
+// Its methods are called from the sweep's goroutines and must be quick.
+type Observer interface {
+	// BatchDispatched reports a batch the broker accepted, with each message's
+	// time from the application's write to the broker's acceptance.
+	BatchDispatched(topic string, size int, latencies []time.Duration)
+	// BatchFailed reports a failed batch and its failure class.
+	BatchFailed(topic string, class producer.Class)
+	// DeadLettered reports rows moved to the dead-letter table.
+	DeadLettered(topic string, n int)
+	// SweepDone reports a tick's sweep and how long it took.
+	SweepDone(d time.Duration)
 }
 
 // Validate reports the first field out of range as a [*ConfigError]. Call it on
@@ -286,6 +303,9 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		start := time.Now()
 		due := s.cfg.Schedule.Next(start)
 		res, err := s.sweep(ctx, work, due)
+		if s.cfg.Observer != nil && !res.Blocked {
+			s.cfg.Observer.SweepDone(time.Since(start))
+		}
 		if ctx.Err() != nil {
 			s.logger.Info("sweeper stopped", "dispatched_in_last_sweep", res.Dispatched)
 			return nil
@@ -506,6 +526,7 @@ func (s *Sweeper) sendTopic(stop, work context.Context, g topicGroup, plan break
 		}
 		tr.failedBatches++
 		tr.deadLettered += out.deadLettered
+		s.observeFailure(topic, out)
 		s.logFailure(rejected, err)
 		if out.deadLettered > 0 {
 			s.logDeadLettered(topic, out)
@@ -570,6 +591,14 @@ func (s *Sweeper) sendBatch(work context.Context, b producer.Batch, gen uint64, 
 		if out.sendErr == nil {
 			s.breaker.Success(b.Topic, gen)
 			tr.dispatched += out.claimed
+			if s.cfg.Observer != nil {
+				now := time.Now()
+				lat := make([]time.Duration, len(b.Messages))
+				for i := range b.Messages {
+					lat[i] = now.Sub(b.Messages[i].CreatedAt)
+				}
+				s.cfg.Observer.BatchDispatched(b.Topic, len(b.Messages), lat)
+			}
 			if s.logger.Enabled(work, slog.LevelDebug) {
 				s.logger.Debug("batch dispatched", "topic", b.Topic, "num_rows", out.claimed,
 					"first_id", b.Messages[0].ID, "last_id", b.Messages[len(b.Messages)-1].ID,
@@ -579,6 +608,7 @@ func (s *Sweeper) sendBatch(work context.Context, b producer.Batch, gen uint64, 
 		}
 		tr.failedBatches++
 		tr.deadLettered += out.deadLettered
+		s.observeFailure(b.Topic, out)
 		s.logFailure(b, out.sendErr)
 		if out.deadLettered > 0 {
 			s.logDeadLettered(b.Topic, out)
@@ -603,6 +633,17 @@ func (s *Sweeper) sendBatch(work context.Context, b producer.Batch, gen uint64, 
 
 // maxLoggedIDs bounds the correlation ids on one log line.
 const maxLoggedIDs = 10
+
+// observeFailure tells the observer about a failed batch and its dead letters.
+func (s *Sweeper) observeFailure(topic string, out batchOutcome) {
+	if s.cfg.Observer == nil {
+		return
+	}
+	s.cfg.Observer.BatchFailed(topic, producer.ClassOf(out.sendErr))
+	if out.deadLettered > 0 {
+		s.cfg.Observer.DeadLettered(topic, out.deadLettered)
+	}
+}
 
 // logDeadLettered logs rows moved to the dead-letter table: topic, reason and
 // the rows' correlation ids as the move returned them, never a payload.

@@ -378,6 +378,10 @@ func TestBinaryAdminAPI(t *testing.T) {
 	code, body = call("GET", "/breaker", "t0ken")
 	require.Equal(t, 200, code)
 	require.Contains(t, body, `"state":"closed"`)
+	code, body = call("GET", "/metrics", "") // no token needed
+	require.Equal(t, 200, code)
+	require.Contains(t, body, "outbox_dependency_circuit_breaker_state 0")
+	require.Contains(t, body, `outbox_topic_tripped{topic="orders"} 1`)
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
 	require.Equal(t, 0, p.wait(t, 20*time.Second))
 }

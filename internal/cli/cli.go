@@ -19,10 +19,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/lmittmann/tint"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/robfig/cron/v3"
 
 	"github.com/outbox-sweeper/sweeper/admin"
 	"github.com/outbox-sweeper/sweeper/alert"
+	"github.com/outbox-sweeper/sweeper/metrics"
 	"github.com/outbox-sweeper/sweeper/outbox"
 )
 
@@ -276,12 +280,16 @@ func runCommand(ctx context.Context, args []string, out, errOut io.Writer, env E
 	}()
 	alerter := alert.Alerter(queue)
 	cfg.Alerter = alerter
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m := metrics.New(reg)
+	cfg.Observer = m
 	tick := o.tick
 	if cfg.Schedule != nil {
 		now := time.Now()
 		tick = cfg.Schedule.Next(now).Sub(now)
 	}
-	if cfg.TopicBreaker, err = o.topicBreakerOptions.build(f, logger, alerter, tbl, tick, o.sendTimeout); err != nil {
+	if cfg.TopicBreaker, err = o.topicBreakerOptions.build(f, logger, alerter, m, tbl, tick, o.sendTimeout); err != nil {
 		return err
 	}
 
@@ -299,7 +307,7 @@ func runCommand(ctx context.Context, args []string, out, errOut io.Writer, env E
 	if err != nil {
 		return err
 	}
-	p, err := o.producerOptions.guard(f, raw, alerter)
+	p, err := o.producerOptions.guard(f, raw, alerter, m)
 	if err != nil {
 		_ = raw.Close(ctx)
 		return err
@@ -319,7 +327,8 @@ func runCommand(ctx context.Context, args []string, out, errOut io.Writer, env E
 			return err
 		}
 		waitAdmin, err := admin.Start(ctx, admin.Config{Addr: o.adminAddr, Token: o.adminToken, Pool: pool, Table: tbl,
-			Topics: s.TopicBreaker(), Dependency: p, DeadLetters: dead, Logger: logger})
+			Topics: s.TopicBreaker(), Dependency: p, DeadLetters: dead, Logger: logger,
+			Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})})
 		if err != nil {
 			_ = p.Close(ctx)
 			return err
@@ -327,7 +336,7 @@ func runCommand(ctx context.Context, args []string, out, errOut io.Writer, env E
 		defer waitAdmin()
 		logger.Info("admin API listening", "addr", o.adminAddr, "token", o.adminToken != "")
 	}
-	waitServices := svc.start(ctx)
+	waitServices := svc.start(ctx, m, pool, tbl)
 	defer waitServices()
 	if err := s.Run(ctx); err != nil {
 		return err

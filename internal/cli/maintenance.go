@@ -11,6 +11,7 @@ import (
 
 	"github.com/outbox-sweeper/sweeper/alert"
 	"github.com/outbox-sweeper/sweeper/breaker"
+	"github.com/outbox-sweeper/sweeper/metrics"
 	"github.com/outbox-sweeper/sweeper/outbox"
 )
 
@@ -87,10 +88,16 @@ func (o *maintenanceOptions) services(f *flags, pool *pgxpool.Pool, tbl outbox.T
 	return &services{retention: r, retentionSched: retentionSched, probe: p, probeSched: probeSched, logger: logger}, nil
 }
 
-// start runs the services until ctx is done; the returned wait blocks until
-// they have stopped.
-func (s *services) start(ctx context.Context) (wait func()) {
+// start runs the services, and the refresh of the metrics that need a query
+// (every 15 s), until ctx is done; the returned wait blocks until they have
+// stopped.
+func (s *services) start(ctx context.Context, m *metrics.Metrics, pool *pgxpool.Pool, tbl outbox.Table) (wait func()) {
 	var wg sync.WaitGroup
+	wg.Go(func() {
+		outbox.RunOnSchedule(ctx, outbox.Every(15*time.Second), s.logger, "metrics refresh", func(ctx context.Context) error {
+			return m.Refresh(ctx, pool, tbl)
+		})
+	})
 	wg.Go(func() {
 		outbox.RunOnSchedule(ctx, s.retentionSched, s.logger, "retention", func(ctx context.Context) error {
 			_, err := s.retention.RunOnce(ctx)
@@ -108,9 +115,11 @@ func (s *services) start(ctx context.Context) (wait func()) {
 
 // alertTopicChanges wraps a topic breaker hook so every change of a topic's
 // state is alerted too: one alert per change, not per tick.
-func alertTopicChanges(hook func(string, breaker.State, breaker.State, string), alerter alert.Alerter) func(string, breaker.State, breaker.State, string) {
+func alertTopicChanges(log func(string, breaker.State, breaker.State, string), alerter alert.Alerter,
+	observe func(string, breaker.State, breaker.State, string)) func(string, breaker.State, breaker.State, string) {
 	return func(topic string, from, to breaker.State, reason string) {
-		hook(topic, from, to, reason)
+		log(topic, from, to, reason)
+		observe(topic, from, to, reason)
 		severity := alert.Info
 		if to == breaker.StateTripped {
 			severity = alert.Critical

@@ -11,6 +11,7 @@ import (
 
 	"github.com/outbox-sweeper/sweeper/alert"
 	"github.com/outbox-sweeper/sweeper/breaker"
+	"github.com/outbox-sweeper/sweeper/metrics"
 	"github.com/outbox-sweeper/sweeper/producer"
 	"github.com/outbox-sweeper/sweeper/producer/nats"
 	"github.com/outbox-sweeper/sweeper/producer/rabbitmq"
@@ -107,7 +108,7 @@ func (o *producerOptions) build(f *flags, out io.Writer) (producer.Producer, err
 // guard validates the breaker and retry flags and puts p behind them. State
 // changes are alerted, to the log until the webhook alerter exists; the
 // metrics observer comes with the admin API.
-func (o *producerOptions) guard(f *flags, p producer.Producer, alerter alert.Alerter) (*breaker.Guarded, error) {
+func (o *producerOptions) guard(f *flags, p producer.Producer, alerter alert.Alerter, m *metrics.Metrics) (*breaker.Guarded, error) {
 	for _, c := range []struct {
 		v    int
 		name string
@@ -134,6 +135,7 @@ func (o *producerOptions) guard(f *flags, p producer.Producer, alerter alert.Ale
 		RetryInitial:  o.retryInitial,
 		RetryMax:      o.retryMax,
 		Alerter:       alerter,
+		OnStateChange: m.OnDependencyChange,
 	}), nil
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/outbox-sweeper/sweeper/alert"
 	"github.com/outbox-sweeper/sweeper/breaker"
+	"github.com/outbox-sweeper/sweeper/metrics"
 	"github.com/outbox-sweeper/sweeper/outbox"
 )
 
@@ -36,7 +37,7 @@ func (o *topicBreakerOptions) register(f *flags) {
 // build validates the flags and returns the breaker, logging its state changes:
 // in memory, or shared through Redis with --redis-url. tick is the interval
 // between ticks and sendTimeout the longest send, which size the Redis leases.
-func (o *topicBreakerOptions) build(f *flags, logger *slog.Logger, alerter alert.Alerter, tbl outbox.Table, tick, sendTimeout time.Duration) (breaker.Breaker, error) {
+func (o *topicBreakerOptions) build(f *flags, logger *slog.Logger, alerter alert.Alerter, m *metrics.Metrics, tbl outbox.Table, tick, sendTimeout time.Duration) (breaker.Breaker, error) {
 	positive := func(v int, name string) error {
 		if v < 1 {
 			return usagef("%s is %d: it must be at least 1", f.origin(name), v)
@@ -75,7 +76,7 @@ func (o *topicBreakerOptions) build(f *flags, logger *slog.Logger, alerter alert
 		FailureThreshold: o.failureThreshold,
 		FailureWindow:    o.failureWindow,
 		MaxCooldownTicks: o.cooldownMaxTicks,
-		OnStateChange:    alertTopicChanges(outbox.LogTopicStateChange(logger), alerter),
+		OnStateChange:    alertTopicChanges(outbox.LogTopicStateChange(logger), alerter, m.OnTopicChange),
 	}
 	if o.redisURL == "" {
 		return breaker.New(settings), nil

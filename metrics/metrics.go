@@ -1,0 +1,143 @@
+// Package metrics exports the sweeper's Prometheus metrics on a registry the
+// caller passes in (no global registry). Label cardinality is bounded by the
+// topics: never a message or row id.
+package metrics
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outbox-sweeper/sweeper/breaker"
+	"github.com/outbox-sweeper/sweeper/outbox"
+	"github.com/outbox-sweeper/sweeper/producer"
+	outboxsql "github.com/outbox-sweeper/sweeper/sql"
+)
+
+// Metrics holds the sweeper's metrics. It implements outbox.Observer, and its
+// OnTopicChange and OnDependencyChange methods fit the breakers' hooks.
+type Metrics struct {
+	dispatched      *prometheus.CounterVec
+	batches         *prometheus.CounterVec
+	errors          *prometheus.CounterVec
+	deadLettered    *prometheus.CounterVec
+	tripped         *prometheus.GaugeVec
+	dependency      prometheus.Gauge
+	outstanding     prometheus.Gauge
+	oldestAge       prometheus.Gauge
+	deadLetters     prometheus.Gauge
+	sweepDuration   prometheus.Histogram
+	dispatchLatency prometheus.Histogram
+	batchSize       prometheus.Histogram
+}
+
+var _ outbox.Observer = (*Metrics)(nil)
+
+// New registers the metrics on reg.
+func New(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		dispatched: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_messages_dispatched_total",
+			Help: "Messages the broker accepted."}, []string{"topic"}),
+		batches: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_batches_total",
+			Help: "Batches sent, by result: ok or failed."}, []string{"topic", "result"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_dispatch_errors_total",
+			Help: "Failed batches by failure class: transient, topic, message, local."}, []string{"topic", "class"}),
+		deadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_dead_lettered_total",
+			Help: "Rows moved to the dead-letter table."}, []string{"topic"}),
+		tripped: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outbox_topic_tripped",
+			Help: "1 while the topic's breaker is tripped or half-open, else 0."}, []string{"topic"}),
+		dependency: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_dependency_circuit_breaker_state",
+			Help: "The broker circuit breaker: 0 closed, 1 open, 2 half-open."}),
+		outstanding: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_outstanding_messages",
+			Help: "Rows not yet dispatched (refreshed on a schedule)."}),
+		oldestAge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_oldest_outstanding_age_seconds",
+			Help: "Age of the oldest outstanding row: the relay's lag (refreshed on a schedule)."}),
+		deadLetters: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_dead_letter_messages",
+			Help: "Rows in the dead-letter table (refreshed on a schedule)."}),
+		sweepDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "outbox_sweep_duration_seconds",
+			Help: "Duration of a tick's sweep.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 15)}),
+		dispatchLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "outbox_dispatch_latency_seconds",
+			Help: "Time from the application's write to the broker's acceptance.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 18)}),
+		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "outbox_batch_size",
+			Help: "Messages per batch the broker accepted.", Buckets: prometheus.ExponentialBuckets(1, 2, 12)}),
+	}
+	reg.MustRegister(m.dispatched, m.batches, m.errors, m.deadLettered, m.tripped, m.dependency, m.outstanding,
+		m.oldestAge, m.deadLetters, m.sweepDuration, m.dispatchLatency, m.batchSize)
+	return m
+}
+
+// BatchDispatched implements outbox.Observer.
+func (m *Metrics) BatchDispatched(topic string, size int, latencies []time.Duration) {
+	m.dispatched.WithLabelValues(topic).Add(float64(size))
+	m.batches.WithLabelValues(topic, "ok").Inc()
+	m.batchSize.Observe(float64(size))
+	for _, l := range latencies {
+		m.dispatchLatency.Observe(l.Seconds())
+	}
+}
+
+// BatchFailed implements outbox.Observer.
+func (m *Metrics) BatchFailed(topic string, class producer.Class) {
+	m.batches.WithLabelValues(topic, "failed").Inc()
+	m.errors.WithLabelValues(topic, class.String()).Inc()
+}
+
+// DeadLettered implements outbox.Observer.
+func (m *Metrics) DeadLettered(topic string, n int) {
+	m.deadLettered.WithLabelValues(topic).Add(float64(n))
+}
+
+// SweepDone implements outbox.Observer.
+func (m *Metrics) SweepDone(d time.Duration) { m.sweepDuration.Observe(d.Seconds()) }
+
+// OnTopicChange fits breaker.Settings.OnStateChange.
+func (m *Metrics) OnTopicChange(topic string, _, to breaker.State, _ string) {
+	v := 0.0
+	if to != breaker.StateClosed {
+		v = 1
+	}
+	m.tripped.WithLabelValues(topic).Set(v)
+}
+
+// OnDependencyChange fits breaker.DependencyConfig.OnStateChange.
+func (m *Metrics) OnDependencyChange(_, to breaker.DependencyState, _ string) {
+	m.dependency.Set(float64(to))
+}
+
+// Refresh sets the gauges that need a query: outstanding rows, the oldest
+// one's age, dead letters. Run it on a schedule, not per scrape.
+func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool, t outbox.Table) error {
+	t = t.WithDefaults()
+	var outstanding, dead int64
+	var age float64
+	stmt := outboxsql.Statement("metrics_refresh", pgx.Identifier{t.Schema, t.Name}.Sanitize(),
+		pgx.Identifier{t.Schema, t.DeadLetterName()}.Sanitize())
+	err := pool.QueryRow(ctx, stmt).Scan(&outstanding, &age, &dead)
+	if err != nil {
+		return fmt.Errorf("refresh metrics of %s: %w", t, err)
+	}
+	m.outstanding.Set(float64(outstanding))
+	m.oldestAge.Set(age)
+	m.deadLetters.Set(float64(dead))
+	return nil
+}
+
+// Dispatched, Errors, Tripped and DeadLetteredTotal return single series, for
+// tests.
+func (m *Metrics) Dispatched(topic string) prometheus.Counter {
+	return m.dispatched.WithLabelValues(topic)
+}
+
+func (m *Metrics) Errors(topic, class string) prometheus.Counter {
+	return m.errors.WithLabelValues(topic, class)
+}
+
+func (m *Metrics) Tripped(topic string) prometheus.Gauge { return m.tripped.WithLabelValues(topic) }
+
+func (m *Metrics) DeadLetteredTotal(topic string) prometheus.Counter {
+	return m.deadLettered.WithLabelValues(topic)
+}

@@ -1,0 +1,84 @@
+package metrics_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-sweeper/sweeper/breaker"
+	"github.com/outbox-sweeper/sweeper/internal/dbtest"
+	"github.com/outbox-sweeper/sweeper/metrics"
+	"github.com/outbox-sweeper/sweeper/outbox"
+	"github.com/outbox-sweeper/sweeper/producer"
+	"github.com/outbox-sweeper/sweeper/producer/memory"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+// After a run with a failing topic and a dead letter, the metrics hold the
+// expected numbers.
+func TestMetricsAfterARunWithAFailingTopicAndADeadLetter(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	ctx := context.Background()
+	w, err := outbox.NewWriter(tbl)
+	require.NoError(t, err)
+	var msgs []outbox.Message
+	for range 5 {
+		msgs = append(msgs, outbox.Message{Topic: "good", Payload: []byte("x")})
+	}
+	msgs = append(msgs, outbox.Message{Topic: "bad", Payload: []byte("y")}, outbox.Message{Topic: "poison", Payload: []byte("z")})
+	require.NoError(t, w.Write(ctx, dbtest.Pool(t), msgs...))
+
+	reg := prometheus.NewRegistry()
+	m := metrics.New(reg)
+	prod := memory.New(memory.Config{})
+	prod.FailTopic("bad", producer.NewTopicError("not_found", errors.New("no entity")))
+	prod.FailMessage(7, producer.NewMessageError(producer.ReasonMessageTooLarge, nil, errors.New("413")))
+	topics := breaker.New(breaker.Settings{OnStateChange: m.OnTopicChange})
+	s, err := outbox.NewSweeper(dbtest.Pool(t), prod, outbox.Config{Table: tbl, Observer: m, TopicBreaker: topics})
+	require.NoError(t, err)
+	_, err = s.Sweep(ctx)
+	require.NoError(t, err)
+	require.NoError(t, m.Refresh(ctx, dbtest.Pool(t), tbl))
+
+	require.Equal(t, 5.0, testutil.ToFloat64(m.Dispatched("good")))
+	require.Equal(t, 1.0, testutil.ToFloat64(m.Errors("bad", "topic")))
+	require.Equal(t, 1.0, testutil.ToFloat64(m.Errors("poison", "message")))
+	require.Equal(t, 1.0, testutil.ToFloat64(m.Tripped("bad")))
+	require.Equal(t, 1.0, testutil.ToFloat64(m.DeadLetteredTotal("poison")))
+
+	// The exposition format, parsed, as a scrape sees it.
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	values := map[string]float64{}
+	for _, f := range families {
+		for _, metric := range f.GetMetric() {
+			key := f.GetName()
+			for _, l := range metric.GetLabel() {
+				key += "," + l.GetName() + "=" + l.GetValue()
+			}
+			switch {
+			case metric.Counter != nil:
+				values[key] = metric.GetCounter().GetValue()
+			case metric.Gauge != nil:
+				values[key] = metric.GetGauge().GetValue()
+			case metric.Histogram != nil:
+				values[key+",count"] = float64(metric.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	require.Equal(t, 5.0, values["outbox_messages_dispatched_total,topic=good"])
+	require.Equal(t, 1.0, values["outbox_batches_total,result=ok,topic=good"])
+	require.Equal(t, 1.0, values["outbox_batches_total,result=failed,topic=bad"])
+	require.Equal(t, 1.0, values["outbox_topic_tripped,topic=bad"])
+	require.Equal(t, 1.0, values["outbox_outstanding_messages"], "bad's row waits")
+	require.Equal(t, 1.0, values["outbox_dead_letter_messages"])
+	require.Greater(t, values["outbox_oldest_outstanding_age_seconds"], 0.0)
+	require.Equal(t, 5.0, values["outbox_dispatch_latency_seconds,count"])
+	require.Equal(t, 1.0, values["outbox_batch_size,count"])
+}

@@ -1,0 +1,7 @@
+-- The gauges that need a query, read on a schedule: outstanding rows (an
+-- index-only count of the partial index), the age of the oldest outstanding row
+-- (the lowest id's, through the same index), and dead letters.
+SELECT (SELECT count(*) FROM {{outbox}} WHERE dispatched_at IS NULL),
+       coalesce((SELECT extract(epoch FROM now() - created_at)::float8
+                 FROM {{outbox}} WHERE dispatched_at IS NULL ORDER BY id LIMIT 1), 0),
+       (SELECT count(*) FROM {{dead_letter}})
