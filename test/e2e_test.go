@@ -382,6 +382,27 @@ func TestBinaryAdminAPI(t *testing.T) {
 	require.Equal(t, 200, code)
 	require.Contains(t, body, "outbox_dependency_circuit_breaker_state 0")
 	require.Contains(t, body, `outbox_topic_tripped{topic="orders"} 1`)
+
+	// The topics CLI against the same running API.
+	cli := []string{"--admin-url", base}
+	code, out, stderr := runOnce(t, append([]string{"topics", "list"}, cli...)...)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "give --admin-token")
+	cli = append(cli, "--admin-token", "t0ken")
+	code, out, stderr = runOnce(t, append([]string{"topics", "trip", "pay'ments;", "--reason", "by hand"}, cli...)...)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, out, `topic "pay'ments;" is tripped`)
+	code, out, _ = runOnce(t, append([]string{"topics", "list"}, cli...)...)
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "pay'ments;")
+	require.Contains(t, out, "by hand")
+	code, out, _ = runOnce(t, append([]string{"topics", "list", "--json"}, cli...)...)
+	require.Equal(t, 0, code)
+	require.Contains(t, out, `"tripped":[`)
+	code, out, _ = runOnce(t, append([]string{"topics", "reset", "pay'ments;"}, cli...)...)
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "is closed")
+
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
 	require.Equal(t, 0, p.wait(t, 20*time.Second))
 }

@@ -64,12 +64,14 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, env Env)
 		err = migrateCommand(ctx, args, stdout, env)
 	case "dlq":
 		err = dlqCommand(ctx, args, stdout, env)
+	case "topics":
+		err = topicsCommand(ctx, args, stdout, env)
 	case "version":
 		fmt.Fprintln(stdout, "sweeper", version())
 	case "help":
 		printHelp(stdout)
 	default:
-		err = usagef("unknown command %q: the commands are run (the default), migrate, dlq, version and help", name)
+		err = usagef("unknown command %q: the commands are run (the default), migrate, dlq, topics, version and help", name)
 	}
 
 	var ue *usageError
@@ -398,6 +400,8 @@ Usage:
   sweeper dlq list [flags]  list dead letters (--topic, --reason, --since, --limit, --json, --show-payload)
   sweeper dlq replay [flags]  move dead letters back to the outbox (--id 1,2 or a filter, or --all)
   sweeper dlq purge [flags]   delete dead letters (--older-than 720h or a filter, or --all; --dry-run)
+  sweeper topics list|trip TOPIC|reset TOPIC [flags]   tripped topics, through a running sweeper's admin API
+                            (--admin-url, default http://127.0.0.1:8080; --admin-token; --json; trip --reason)
   sweeper version           print the version
   sweeper help              print this help
 

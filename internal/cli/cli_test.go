@@ -188,3 +188,20 @@ func TestProducerSettingsAreValidatedAtStart(t *testing.T) {
 		})
 	}
 }
+
+func TestTopicsCommandUsage(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"topics"}, "topics needs a command"},
+		{[]string{"topics", "trip"}, "topics trip needs the topic"},
+		{[]string{"topics", "drop", "x"}, `unknown topics command "drop"`},
+		{[]string{"topics", "list", "--admin-url", "localhost:8080"}, `invalid value "localhost:8080" for --admin-url`},
+	} {
+		code, _, stderr := runMain(t, noEnv, tc.args...)
+		require.Equal(t, ExitUsage, code, stderr)
+		require.Contains(t, stderr, tc.want)
+	}
+}

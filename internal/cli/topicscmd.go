@@ -1,0 +1,130 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/outbox-sweeper/sweeper/breaker"
+)
+
+// topicsOptions are the flags of `sweeper topics`, which talks to a running
+// sweeper's admin API.
+type topicsOptions struct {
+	adminToken string
+	adminURL   string
+	jsonOut    bool
+	reason     string
+}
+
+func (o *topicsOptions) flags(cmd string) *flags {
+	f := newFlags("topics " + cmd)
+	f.String(&o.adminURL, "admin-url", "http://127.0.0.1:8080", "url", "the running sweeper's admin API")
+	f.String(&o.adminToken, "admin-token", "", "token", "its bearer token, if it has one")
+	f.bool(&o.jsonOut, "json", "print the API's JSON instead of a table")
+	f.noEnv["json"] = true
+	if cmd == "trip" {
+		f.String(&o.reason, "reason", "", "text", "why, shown in the list and the alert")
+		f.noEnv["reason"] = true
+	}
+	return f
+}
+
+// topicsCommand runs `sweeper topics list|trip TOPIC|reset TOPIC`.
+func topicsCommand(ctx context.Context, args []string, out io.Writer, env Env) error {
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		return usagef("topics needs a command: list, trip TOPIC or reset TOPIC")
+	}
+	cmd, args := args[0], args[1:]
+	var topic string
+	switch cmd {
+	case "list":
+	case "trip", "reset":
+		if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+			return usagef("topics %s needs the topic: sweeper topics %s TOPIC [flags]", cmd, cmd)
+		}
+		topic, args = args[0], args[1:]
+	default:
+		return usagef("unknown topics command %q: the topics commands are list, trip and reset", cmd)
+	}
+	var o topicsOptions
+	f := o.flags(cmd)
+	if err := f.parse(args, env); err != nil {
+		return err
+	}
+	base, err := url.Parse(o.adminURL)
+	if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
+		return usagef("invalid value %q for %s: write http://host:port", o.adminURL, f.origin("admin-url"))
+	}
+
+	method, path, body := http.MethodGet, "/topics/tripped", ""
+	if cmd != "list" {
+		method, path = http.MethodPost, "/topics/"+url.PathEscape(topic)+"/"+cmd
+		if o.reason != "" {
+			b, _ := json.Marshal(map[string]string{"reason": o.reason})
+			body = string(b)
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(o.adminURL, "/")+path, strings.NewReader(body))
+	if err != nil {
+		return err
+	}
+	if o.adminToken != "" {
+		req.Header.Set("Authorization", "Bearer "+o.adminToken)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("reach the admin API at %s: %w (is the sweeper running with --admin-addr?)", o.adminURL, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 10<<20))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		var e struct {
+			Error string `json:"error"`
+		}
+		_ = json.Unmarshal(raw, &e)
+		if resp.StatusCode == http.StatusUnauthorized {
+			return fmt.Errorf("admin API: %s (give --admin-token or OUTBOX_ADMIN_TOKEN)", e.Error)
+		}
+		return fmt.Errorf("admin API answered %s: %s", resp.Status, e.Error)
+	}
+	if o.jsonOut {
+		_, err := out.Write(raw)
+		return err
+	}
+	if cmd != "list" {
+		var r struct{ Topic, State string }
+		if err := json.Unmarshal(raw, &r); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "topic %q is %s\n", r.Topic, r.State)
+		return nil
+	}
+	var list struct {
+		Tripped []breaker.TopicStatus `json:"tripped"`
+	}
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return fmt.Errorf("admin API answered something else than a topic list: %w", err)
+	}
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "TOPIC\tSTATE\tCOOLDOWN TICKS LEFT\tTRIPS\tTRIPPED AT\tLAST ERROR")
+	for _, t := range list.Tripped {
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\t%s\n", t.Topic, t.State, t.CooldownTicksLeft, t.Trips,
+			t.TrippedAt.UTC().Format(time.DateTime), oneLine(t.LastError, 80))
+	}
+	if len(list.Tripped) == 0 {
+		fmt.Fprintln(w, "(no tripped topics)")
+	}
+	return w.Flush()
+}
