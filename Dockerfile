@@ -15,6 +15,9 @@ RUN CGO_ENABLED=0 go build -trimpath \
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/sweeper /usr/local/bin/sweeper
 ENV OUTBOX_LOG_FORMAT=json
+# The admin API (health, readiness, metrics). Set OUTBOX_ADMIN_ADDR=0.0.0.0:8080
+# and OUTBOX_ADMIN_TOKEN to reach it from outside the container (see deploy/).
+EXPOSE 8080
 USER nonroot:nonroot
 ENTRYPOINT ["/usr/local/bin/sweeper"]
 CMD ["run"]

@@ -10,7 +10,7 @@ LDFLAGS      := -s -w -X github.com/outbox-sweeper/sweeper/internal/cli.Version=
 DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 BENCHSTAT    := golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
 
-.PHONY: build run test bench vet clean
+.PHONY: build run test bench vet check-deploy clean
 
 build:
 	go build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/sweeper
@@ -26,7 +26,14 @@ vet:
 	go vet ./...
 	@test -z "$$(gofmt -l .)" || { echo "gofmt would change:"; gofmt -l .; exit 1; }
 
-test: vet
+# The Prometheus rules must load and the dashboard must be JSON. promtool comes
+# with Debian's prometheus package (.ci/run installs it).
+check-deploy:
+	@command -v promtool >/dev/null || { echo "check-deploy needs promtool: apt-get install prometheus (bash .ci/run does)"; exit 1; }
+	promtool check rules deploy/prometheus/alerts.yml
+	python3 -m json.tool deploy/grafana/outbox-sweeper.json >/dev/null
+
+test: vet check-deploy
 	go test -race -count=1 -timeout 20m ./...
 
 # Drain: each run loads a fresh backlog and drains it once (-benchtime 1x), three
