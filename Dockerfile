@@ -18,6 +18,7 @@ ENV OUTBOX_LOG_FORMAT=json
 # The admin API (health, readiness, metrics). Set OUTBOX_ADMIN_ADDR=0.0.0.0:8080
 # and OUTBOX_ADMIN_TOKEN to reach it from outside the container (see deploy/).
 EXPOSE 8080
-USER nonroot:nonroot
+# Numeric, so Kubernetes can check runAsNonRoot (distroless "nonroot" is 65532).
+USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/sweeper"]
 CMD ["run"]

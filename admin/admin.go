@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -97,7 +98,11 @@ func Start(ctx context.Context, cfg Config) (wait func(), err error) {
 		}
 	}()
 	go func() {
-		<-ctx.Done()
+		select {
+		case <-ctx.Done():
+		case <-done: // the server failed by itself
+			return
+		}
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(sctx)
@@ -130,9 +135,10 @@ type api struct{ cfg Config }
 // constant time.
 func (a *api) auth(h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Body = http.MaxBytesReader(w, r.Body, 1<<20)
 		if a.cfg.Token != "" {
-			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-			if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(a.cfg.Token)) != 1 {
+			scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+			if !ok || !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare([]byte(got), []byte(a.cfg.Token)) != 1 {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="outbox-sweeper"`)
 				writeJSON(w, http.StatusUnauthorized, errorBody{"missing or wrong bearer token"})
 				return
@@ -169,13 +175,17 @@ func (a *api) healthz(w http.ResponseWriter, _ *http.Request) {
 func (a *api) readyz(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
+	// Reasons are short: /readyz needs no token, and database errors name
+	// hosts and users. The full error goes to the log.
 	if err := a.cfg.Pool.Ping(ctx); err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": "database unreachable: " + err.Error()})
+		a.cfg.Logger.Warn("not ready: database unreachable", "err", err)
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": "database unreachable (see the sweeper's log)"})
 		return
 	}
 	v, err := outbox.CurrentSchemaVersion(ctx, a.cfg.Pool, a.cfg.Table)
 	if err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": "cannot read the schema version: " + err.Error()})
+		a.cfg.Logger.Warn("not ready: cannot read the schema version", "err", err)
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": "cannot read the schema version (see the sweeper's log)"})
 		return
 	}
 	if want := outbox.SchemaVersion(); v != want {
@@ -199,11 +209,9 @@ func (a *api) trip(w http.ResponseWriter, r *http.Request) {
 	var body struct {
 		Reason string `json:"reason"`
 	}
-	if r.ContentLength != 0 {
-		if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
-			badRequest(w, "body is not JSON like {\"reason\": \"…\"}: %v", err)
-			return
-		}
+	if err := json.NewDecoder(r.Body).Decode(&body); err != nil && !errors.Is(err, io.EOF) {
+		badRequest(w, "body is not JSON like {\"reason\": \"…\"}: %v", err)
+		return
 	}
 	if body.Reason == "" {
 		body.Reason = "tripped through the admin API"

@@ -105,11 +105,17 @@ func TestHealthAndReadiness(t *testing.T) {
 func TestTokenIsRequiredWhenSet(t *testing.T) {
 	t.Parallel()
 	b := setup(t, "s3cret")
-	for _, tok := range []string{"", "wrong"} {
-		code, body := b.call(t, "GET", "/topics/tripped", tok, "")
-		require.Equal(t, 401, code)
-		require.Contains(t, body["error"], "bearer token")
+	for _, route := range []struct{ method, path string }{
+		{"GET", "/topics/tripped"}, {"POST", "/topics/x/trip"}, {"POST", "/topics/x/reset"}, {"GET", "/breaker"},
+		{"GET", "/dlq"}, {"POST", "/dlq/replay"}, {"POST", "/dlq/purge"},
+	} {
+		for _, tok := range []string{"", "wrong"} {
+			code, body := b.call(t, route.method, route.path, tok, `{"all":true}`)
+			require.Equal(t, 401, code, "%s %s with token %q", route.method, route.path, tok)
+			require.Contains(t, body["error"], "bearer token")
+		}
 	}
+	require.Len(t, readDead(t, b.tbl), 3, "nothing was purged or replayed without the token")
 	code, _ := b.call(t, "GET", "/topics/tripped", "s3cret", "")
 	require.Equal(t, 200, code)
 	code, _ = b.call(t, "GET", "/healthz", "", "")
@@ -223,4 +229,12 @@ func TestDeadLettersListReplayPurge(t *testing.T) {
 	code, body = b.call(t, "POST", "/dlq/purge", "", `{"all":true}`)
 	require.Equal(t, 200, code)
 	require.Equal(t, float64(2), body["purged"])
+}
+
+func readDead(t *testing.T, tbl outbox.Table) []int64 {
+	rows, err := dbtest.Pool(t).Query(context.Background(), "SELECT id FROM "+pgx.Identifier{tbl.Schema, tbl.DeadLetterName()}.Sanitize())
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	return ids
 }

@@ -109,8 +109,16 @@ func (m *Metrics) OnDependencyChange(_, to breaker.DependencyState, _ string) {
 }
 
 // Refresh sets the gauges that need a query: outstanding rows, the oldest
-// one's age, dead letters. Run it on a schedule, not per scrape.
-func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool, t outbox.Table) error {
+// one's age, dead letters; and sets outbox_topic_tripped from the topic
+// breaker's list, so that changes made by other instances (a shared breaker)
+// show too. Run it on a schedule, not per scrape.
+func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool, t outbox.Table, topics breaker.Breaker) error {
+	if topics != nil {
+		m.tripped.Reset()
+		for _, st := range topics.Tripped() {
+			m.tripped.WithLabelValues(st.Topic).Set(1)
+		}
+	}
 	t = t.WithDefaults()
 	var outstanding, dead int64
 	var age float64

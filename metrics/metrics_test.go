@@ -44,7 +44,7 @@ func TestMetricsAfterARunWithAFailingTopicAndADeadLetter(t *testing.T) {
 	require.NoError(t, err)
 	_, err = s.Sweep(ctx)
 	require.NoError(t, err)
-	require.NoError(t, m.Refresh(ctx, dbtest.Pool(t), tbl))
+	require.NoError(t, m.Refresh(ctx, dbtest.Pool(t), tbl, topics))
 
 	require.Equal(t, 5.0, testutil.ToFloat64(m.Dispatched("good")))
 	require.Equal(t, 1.0, testutil.ToFloat64(m.Errors("bad", "topic")))
@@ -72,6 +72,13 @@ func TestMetricsAfterARunWithAFailingTopicAndADeadLetter(t *testing.T) {
 			}
 		}
 	}
+	for _, key := range []string{"outbox_messages_dispatched_total,topic=good", "outbox_batches_total,result=ok,topic=good",
+		"outbox_batches_total,result=failed,topic=bad", "outbox_topic_tripped,topic=bad", "outbox_outstanding_messages",
+		"outbox_dead_letter_messages", "outbox_oldest_outstanding_age_seconds", "outbox_dispatch_latency_seconds,count",
+		"outbox_batch_size,count", "outbox_dependency_circuit_breaker_state"} {
+		require.Contains(t, values, key, "series %s is exported", key)
+	}
+	require.Equal(t, 0.0, values["outbox_dependency_circuit_breaker_state"])
 	require.Equal(t, 5.0, values["outbox_messages_dispatched_total,topic=good"])
 	require.Equal(t, 1.0, values["outbox_batches_total,result=ok,topic=good"])
 	require.Equal(t, 1.0, values["outbox_batches_total,result=failed,topic=bad"])

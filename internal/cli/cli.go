@@ -263,7 +263,7 @@ func runCommand(ctx context.Context, args []string, out, errOut io.Writer, env E
 	}
 	// One connection per topic in flight, one to read pages, one each for
 	// retention and the probe, and one spare.
-	poolCfg.MaxConns = int32(o.concurrency + 6) // and two for the admin API
+	poolCfg.MaxConns = int32(o.concurrency + 7) // two for the admin API, one for the metrics refresh
 
 	logger := o.logger(errOut)
 	cfg.Logger = logger
@@ -338,7 +338,7 @@ func runCommand(ctx context.Context, args []string, out, errOut io.Writer, env E
 		defer waitAdmin()
 		logger.Info("admin API listening", "addr", o.adminAddr, "token", o.adminToken != "")
 	}
-	waitServices := svc.start(ctx, m, pool, tbl)
+	waitServices := svc.start(ctx, m, pool, tbl, s.TopicBreaker())
 	defer waitServices()
 	if err := s.Run(ctx); err != nil {
 		return err

@@ -91,11 +91,11 @@ func (o *maintenanceOptions) services(f *flags, pool *pgxpool.Pool, tbl outbox.T
 // start runs the services, and the refresh of the metrics that need a query
 // (every 15 s), until ctx is done; the returned wait blocks until they have
 // stopped.
-func (s *services) start(ctx context.Context, m *metrics.Metrics, pool *pgxpool.Pool, tbl outbox.Table) (wait func()) {
+func (s *services) start(ctx context.Context, m *metrics.Metrics, pool *pgxpool.Pool, tbl outbox.Table, topics breaker.Breaker) (wait func()) {
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		outbox.RunOnSchedule(ctx, outbox.Every(15*time.Second), s.logger, "metrics refresh", func(ctx context.Context) error {
-			return m.Refresh(ctx, pool, tbl)
+			return m.Refresh(ctx, pool, tbl, topics)
 		})
 	})
 	wg.Go(func() {
