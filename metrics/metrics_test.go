@@ -3,10 +3,15 @@ package metrics_test
 import (
 	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-sweeper/sweeper/breaker"
@@ -52,13 +57,19 @@ func TestMetricsAfterARunWithAFailingTopicAndADeadLetter(t *testing.T) {
 	require.Equal(t, 1.0, testutil.ToFloat64(m.Tripped("bad")))
 	require.Equal(t, 1.0, testutil.ToFloat64(m.DeadLetteredTotal("poison")))
 
-	// The exposition format, parsed, as a scrape sees it.
-	families, err := reg.Gather()
+	// The exposition format, scraped over HTTP and parsed, as Prometheus sees it.
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
 	require.NoError(t, err)
 	values := map[string]float64{}
-	for _, f := range families {
+	for name, f := range families {
 		for _, metric := range f.GetMetric() {
-			key := f.GetName()
+			key := name
 			for _, l := range metric.GetLabel() {
 				key += "," + l.GetName() + "=" + l.GetValue()
 			}
