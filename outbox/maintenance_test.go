@@ -74,9 +74,22 @@ func TestRetentionOfDeadLettersOnlyWhenSet(t *testing.T) {
 
 // receiver is a local HTTP webhook receiver that can be made to fail.
 type receiver struct {
+	url    string
 	mu     sync.Mutex
 	bodies []string
 	down   bool
+}
+
+// newProbe returns a probe of tbl alerting a receiver of the test's own.
+func newProbe(t *testing.T, tbl outbox.Table, threshold int) (*outbox.Probe, *receiver) {
+	t.Helper()
+	rcv := &receiver{}
+	srv := httptest.NewServer(rcv)
+	t.Cleanup(srv.Close)
+	rcv.url = srv.URL
+	p, err := outbox.NewProbe(dbtest.Pool(t), outbox.ProbeConfig{Table: tbl, Threshold: threshold, Alerter: alert.Webhook{URL: srv.URL}})
+	require.NoError(t, err)
+	return p, rcv
 }
 
 func (r *receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
@@ -127,11 +140,7 @@ func deadLetterMore(t *testing.T, tbl outbox.Table, from, n int) {
 func TestProbeAlertsOncePerGrowthWithoutPayloads(t *testing.T) {
 	t.Parallel()
 	tbl := dbtest.Table(t)
-	rcv := &receiver{}
-	srv := httptest.NewServer(rcv)
-	t.Cleanup(srv.Close)
-	p, err := outbox.NewProbe(dbtest.Pool(t), outbox.ProbeConfig{Table: tbl, Alerter: alert.Webhook{URL: srv.URL}})
-	require.NoError(t, err)
+	p, rcv := newProbe(t, tbl, 0)
 	ctx := context.Background()
 	probe := func() outbox.ProbeResult {
 		res, err := p.RunOnce(ctx)
@@ -173,11 +182,7 @@ func TestProbeAlertsOncePerGrowthWithoutPayloads(t *testing.T) {
 func TestProbeThresholdAndDatabaseOutage(t *testing.T) {
 	t.Parallel()
 	tbl := dbtest.Table(t)
-	rcv := &receiver{}
-	srv := httptest.NewServer(rcv)
-	t.Cleanup(srv.Close)
-	p, err := outbox.NewProbe(dbtest.Pool(t), outbox.ProbeConfig{Table: tbl, Threshold: 2, Alerter: alert.Webhook{URL: srv.URL}})
-	require.NoError(t, err)
+	p, rcv := newProbe(t, tbl, 2)
 	deadLetterMore(t, tbl, 1, 1)
 	res, err := p.RunOnce(context.Background())
 	require.NoError(t, err)
@@ -185,7 +190,7 @@ func TestProbeThresholdAndDatabaseOutage(t *testing.T) {
 
 	// A probe that cannot read the database alerts about that, once.
 	broken, err := outbox.NewProbe(dbtest.Pool(t), outbox.ProbeConfig{Table: outbox.Table{Schema: "no_such_schema"},
-		Alerter: alert.Webhook{URL: srv.URL}})
+		Alerter: alert.Webhook{URL: rcv.url}})
 	require.NoError(t, err)
 	for range 2 {
 		_, err = broken.RunOnce(context.Background())
@@ -200,11 +205,7 @@ func TestProbeThresholdAndDatabaseOutage(t *testing.T) {
 func TestProbeSeesGrowthAfterReplay(t *testing.T) {
 	t.Parallel()
 	tbl := dbtest.Table(t)
-	rcv := &receiver{}
-	srv := httptest.NewServer(rcv)
-	t.Cleanup(srv.Close)
-	p, err := outbox.NewProbe(dbtest.Pool(t), outbox.ProbeConfig{Table: tbl, Alerter: alert.Webhook{URL: srv.URL}})
-	require.NoError(t, err)
+	p, rcv := newProbe(t, tbl, 0)
 	ctx := context.Background()
 	deadLetterMore(t, tbl, 1, 2)
 	res, err := p.RunOnce(ctx)
