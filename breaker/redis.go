@@ -485,7 +485,7 @@ func (r *Redis) Trip(topic, reason string) {
 		r.remember(topic)
 		return
 	}
-	r.tell(topic, StateClosed, StateTripped, "tripped by an operator: "+reason)
+	r.tell(topic, StateClosed, StateTripped, reason)
 }
 
 // Reset closes topic in the shared state (and locally).

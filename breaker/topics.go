@@ -263,13 +263,14 @@ func (b *Topics) Failure(name string, gen uint64, topicClass bool, errText strin
 	b.notify(changes)
 }
 
-// Trip trips topic by hand, for its configured cooldown.
+// Trip trips topic by hand, for its configured cooldown. reason is what the
+// state change reports and the list shows as its last error.
 func (b *Topics) Trip(name, reason string) {
 	b.mu.Lock()
 	t := b.topic(name)
 	var changes []change
 	t.lastError = reason
-	changes = append(changes, b.trip(name, t, b.s.Now(), b.cooldownOf(name), "tripped by an operator: "+reason))
+	changes = append(changes, b.trip(name, t, b.s.Now(), b.cooldownOf(name), reason))
 	b.mu.Unlock()
 	b.notify(changes)
 }
