@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -157,18 +158,17 @@ type ProbeConfig struct {
 // payloads. A post that fails is retried at the next run. A run that cannot
 // read the database alerts about that instead, once per outage.
 //
-// The watermark is kept in memory: a restarted sweeper alerts once more about
-// the dead letters it finds, and with several instances each keeps its own
-// (one probes at a time, by an advisory lock).
+// The watermark lives in the database (<table>_probe), read and moved in the
+// transaction that holds the probe's advisory lock, the alert posted in
+// between: a restart or another instance does not alert twice about the same
+// dead letters.
 type Probe struct {
-	cfg  ProbeConfig
-	pool *pgxpool.Pool
-	stmt string
+	cfg                           ProbeConfig
+	pool                          *pgxpool.Pool
+	stmt, watermark, setWatermark string
+	lockKey                       int64
 
-	alerted   int       // the count the last delivered alert reported
-	since     time.Time // dead letters after this are new to the next alert
-	dbAlerted bool      // the database outage was alerted
-	lockKey   int64
+	dbAlerted bool // the database outage was alerted
 }
 
 // NewProbe returns a probe for cfg.Table.
@@ -187,8 +187,11 @@ func NewProbe(pool *pgxpool.Pool, cfg ProbeConfig) (*Probe, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	t := cfg.Table
+	probe := pgx.Identifier{t.Schema, t.Name + "_probe"}.Sanitize()
 	return &Probe{cfg: cfg, pool: pool, stmt: outboxsql.Statement("dead_letter_probe", t.ident(), t.deadLetterIdent()),
-		lockKey: advisoryKey("outbox-sweeper probe " + t.String())}, nil
+		watermark:    strings.ReplaceAll(outboxsql.Statement("probe_watermark", t.ident(), t.deadLetterIdent()), "{{probe}}", probe),
+		setWatermark: strings.ReplaceAll(outboxsql.Statement("probe_watermark_set", t.ident(), t.deadLetterIdent()), "{{probe}}", probe),
+		lockKey:      advisoryKey("outbox-sweeper probe " + t.String())}, nil
 }
 
 // ProbeResult says what one run saw and did.
@@ -202,13 +205,8 @@ type ProbeResult struct {
 // RunOnce looks at the dead-letter table once, and alerts if it must.
 func (p *Probe) RunOnce(ctx context.Context) (ProbeResult, error) {
 	var res ProbeResult
-	type newRow struct {
-		correlationID *string
-		reason        string
-		at            time.Time
-	}
-	var fresh []newRow
 	now := time.Now()
+	var postErr error
 	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
 		// One instance probes: the others would repeat its alerts.
 		var locked bool
@@ -219,7 +217,11 @@ func (p *Probe) RunOnce(ctx context.Context) (ProbeResult, error) {
 			res.Skipped = true
 			return nil
 		}
-		rows, err := tx.Query(ctx, p.stmt, p.since, maxAlertCorrelationIDs)
+		var since time.Time
+		if err := tx.QueryRow(ctx, p.watermark).Scan(&since); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, p.stmt, since, maxAlertCorrelationIDs)
 		if err != nil {
 			return err
 		}
@@ -228,16 +230,47 @@ func (p *Probe) RunOnce(ctx context.Context) (ProbeResult, error) {
 			correlationID *string
 			reason        *string
 			at            *time.Time
+			a             = alert.Alert{Time: now.UTC(), Severity: alert.Critical, Component: "dead-letter-probe", Table: p.cfg.Table.DeadLetterName()}
+			latest        = since
 		)
 		_, err = pgx.ForEachRow(rows, []any{&res.Count, &res.New, &id, &correlationID, &reason, &at}, func() error {
-			if id != nil {
-				fresh = append(fresh, newRow{correlationID, *reason, *at})
+			if id == nil {
+				return nil
+			}
+			if correlationID != nil {
+				a.CorrelationIDs = append(a.CorrelationIDs, *correlationID)
+			}
+			if !slices.Contains(a.Reasons, *reason) {
+				a.Reasons = append(a.Reasons, *reason)
+			}
+			if at.After(latest) {
+				latest = *at
 			}
 			return nil
 		})
-		return err
+		if err != nil {
+			return err
+		}
+		if res.Count < p.cfg.Threshold || res.New == 0 {
+			return nil
+		}
+		a.Count = res.Count
+		a.Summary = fmt.Sprintf("%d dead letters in %s.%s (%d new)", res.Count, p.cfg.Table.Schema, p.cfg.Table.DeadLetterName(), res.New)
+		a.Action = "find out why with `sweeper dlq list --schema " + p.cfg.Table.Schema + " --table " + p.cfg.Table.Name +
+			"`, fix the cause, then `sweeper dlq replay` the rows (or purge them)"
+		// Posted while the lock is held, so no other instance alerts the same
+		// rows meanwhile; the watermark moves only if the post went out.
+		if postErr = p.cfg.Alerter.Alert(ctx, a); postErr != nil {
+			return nil
+		}
+		if _, err := tx.Exec(ctx, p.setWatermark, latest); err != nil {
+			return err
+		}
+		res.Alerted = true
+		return nil
 	})
 	if err != nil {
+		res.Alerted = false
 		if !p.dbAlerted {
 			aerr := p.cfg.Alerter.Alert(ctx, alert.Alert{Time: now.UTC(), Severity: alert.Critical, Component: "dead-letter-probe",
 				Summary: fmt.Sprintf("the dead-letter probe cannot read %s: %v", p.cfg.Table, err),
@@ -247,35 +280,9 @@ func (p *Probe) RunOnce(ctx context.Context) (ProbeResult, error) {
 		return res, fmt.Errorf("dead-letter probe of %s: %w", p.cfg.Table, err)
 	}
 	p.dbAlerted = false
-	if res.Skipped || res.Count < p.cfg.Threshold || res.New == 0 {
-		return res, nil
+	if postErr != nil {
+		p.cfg.Logger.Warn("dead-letter alert not delivered; the next probe tries again", "err", postErr, "count", res.Count)
 	}
-
-	a := alert.Alert{Time: now.UTC(), Severity: alert.Critical, Component: "dead-letter-probe", Table: p.cfg.Table.DeadLetterName(),
-		Count: res.Count,
-		Summary: fmt.Sprintf("%d dead letters in %s.%s (%d new)", res.Count, p.cfg.Table.Schema, p.cfg.Table.DeadLetterName(),
-			res.New),
-		Action: "find out why with `sweeper dlq list --schema " + p.cfg.Table.Schema + " --table " + p.cfg.Table.Name +
-			"`, fix the cause, then `sweeper dlq replay` the rows (or purge them)",
-	}
-	latest := p.since
-	for _, r := range fresh {
-		if r.correlationID != nil {
-			a.CorrelationIDs = append(a.CorrelationIDs, *r.correlationID)
-		}
-		if !slices.Contains(a.Reasons, r.reason) {
-			a.Reasons = append(a.Reasons, r.reason)
-		}
-		if r.at.After(latest) {
-			latest = r.at
-		}
-	}
-	if err := p.cfg.Alerter.Alert(ctx, a); err != nil {
-		p.cfg.Logger.Warn("dead-letter alert not delivered; the next probe tries again", "err", err, "count", res.Count)
-		return res, nil
-	}
-	res.Alerted = true
-	p.since = latest
 	return res, nil
 }
 

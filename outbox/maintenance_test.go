@@ -179,6 +179,39 @@ func TestProbeAlertsOncePerGrowthWithoutPayloads(t *testing.T) {
 	}
 }
 
+// The watermark is the database's: a restarted sweeper, or another instance
+// taking over the probe, does not alert again about dead letters already
+// alerted, and does alert about the ones after them.
+func TestProbeWatermarkSurvivesRestart(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	ctx := context.Background()
+	first, rcv := newProbe(t, tbl, 0)
+	deadLetterMore(t, tbl, 1, 2)
+	res, err := first.RunOnce(ctx)
+	require.NoError(t, err)
+	require.True(t, res.Alerted)
+
+	restarted, err := outbox.NewProbe(dbtest.Pool(t), outbox.ProbeConfig{Table: tbl, Alerter: alert.Webhook{URL: rcv.url}})
+	require.NoError(t, err)
+	res, err = restarted.RunOnce(ctx)
+	require.NoError(t, err)
+	require.False(t, res.Alerted, "already alerted before the restart")
+	require.Zero(t, res.New)
+	require.Len(t, rcv.got(), 1)
+
+	deadLetterMore(t, tbl, 3, 1)
+	res, err = restarted.RunOnce(ctx)
+	require.NoError(t, err)
+	require.True(t, res.Alerted)
+	require.Equal(t, 1, res.New)
+	bodies := rcv.got()
+	require.Len(t, bodies, 2)
+	var a alert.Alert
+	require.NoError(t, json.Unmarshal([]byte(bodies[1]), &a))
+	require.Equal(t, []string{"corr-3"}, a.CorrelationIDs)
+}
+
 func TestProbeThresholdAndDatabaseOutage(t *testing.T) {
 	t.Parallel()
 	tbl := dbtest.Table(t)

@@ -1,0 +1,2 @@
+-- Moves the probe's watermark after an alert went out.
+UPDATE {{probe}} SET watermark = $1
