@@ -122,8 +122,8 @@ func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool, t outbox.Tabl
 	t = t.WithDefaults()
 	var outstanding, dead int64
 	var age float64
-	stmt := outboxsql.Statement("metrics_refresh", pgx.Identifier{t.Schema, t.Name}.Sanitize(),
-		pgx.Identifier{t.Schema, t.DeadLetterName()}.Sanitize())
+	stmt := outboxsql.Statement("metrics_refresh", outboxsql.Tables{
+		Outbox: pgx.Identifier{t.Schema, t.Name}.Sanitize(), DeadLetter: pgx.Identifier{t.Schema, t.DeadLetterName()}.Sanitize()})
 	err := pool.QueryRow(ctx, stmt).Scan(&outstanding, &age, &dead)
 	if err != nil {
 		return fmt.Errorf("refresh metrics of %s: %w", t, err)

@@ -63,13 +63,13 @@ func BenchmarkPageQuery(b *testing.B) {
 			ctx := context.Background()
 			ident, excluded := pageQuerySetup(b, tc)
 			pool := dbtest.Pool(b)
-			rows, err := pool.Query(ctx, outboxsql.Statement("outstanding_topics", ident, ""), excluded)
+			rows, err := pool.Query(ctx, outboxsql.Statement("outstanding_topics", outboxsql.Tables{Outbox: ident}), excluded)
 			require.NoError(b, err)
 			live, err := pgx.CollectRows(rows, pgx.RowTo[string])
 			require.NoError(b, err)
 			require.Len(b, live, 10)
 
-			query := outboxsql.Statement("page_outstanding", ident, "")
+			query := outboxsql.Statement("page_outstanding", outboxsql.Tables{Outbox: ident})
 			args := []any{live, make([]int64, len(live)), outbox.PageSizeDefault / len(live)}
 			rows, err = pool.Query(ctx, "EXPLAIN "+query, args...)
 			require.NoError(b, err)
@@ -99,7 +99,7 @@ func BenchmarkTopicsQuery(b *testing.B) {
 		b.Run(tc.name, func(b *testing.B) {
 			ctx := context.Background()
 			ident, excluded := pageQuerySetup(b, tc)
-			query := outboxsql.Statement("outstanding_topics", ident, "")
+			query := outboxsql.Statement("outstanding_topics", outboxsql.Tables{Outbox: ident})
 			for b.Loop() {
 				rows, err := dbtest.Pool(b).Query(ctx, query, excluded)
 				require.NoError(b, err)

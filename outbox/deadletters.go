@@ -10,8 +10,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	outboxsql "github.com/outbox-sweeper/sweeper/sql"
 )
 
 // DeadLetter is a row of the dead-letter table. Payload and Headers are empty
@@ -88,9 +86,8 @@ func NewDeadLetters(pool *pgxpool.Pool, t Table) (*DeadLetters, error) {
 	if err := t.Validate(); err != nil {
 		return nil, err
 	}
-	stmt := func(name string) string { return outboxsql.Statement(name, t.ident(), t.deadLetterIdent()) }
-	return &DeadLetters{pool: pool, table: t, list: stmt("dead_letters_list"),
-		replay: stmt("dead_letters_replay"), purge: stmt("dead_letters_purge")}, nil
+	return &DeadLetters{pool: pool, table: t, list: t.statement("dead_letters_list"),
+		replay: t.statement("dead_letters_replay"), purge: t.statement("dead_letters_purge")}, nil
 }
 
 // List returns up to limit dead letters matching f, newest first, with payloads

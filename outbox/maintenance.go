@@ -5,14 +5,12 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-sweeper/sweeper/alert"
-	outboxsql "github.com/outbox-sweeper/sweeper/sql"
 )
 
 // Defaults for the maintenance services.
@@ -66,9 +64,8 @@ func NewRetention(pool *pgxpool.Pool, cfg RetentionConfig) (*Retention, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	t := cfg.Table
-	stmt := func(name string) string { return outboxsql.Statement(name, t.ident(), t.deadLetterIdent()) }
 	return &Retention{cfg: cfg, pool: pool, lockKey: advisoryKey("outbox-sweeper retention " + t.String()),
-		deleteDispatched: stmt("delete_dispatched"), deleteDeadLetters: stmt("delete_dead_letters")}, nil
+		deleteDispatched: t.statement("delete_dispatched"), deleteDeadLetters: t.statement("delete_dead_letters")}, nil
 }
 
 // RetentionResult counts what one run deleted.
@@ -187,11 +184,9 @@ func NewProbe(pool *pgxpool.Pool, cfg ProbeConfig) (*Probe, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	t := cfg.Table
-	probe := pgx.Identifier{t.Schema, t.Name + "_probe"}.Sanitize()
-	return &Probe{cfg: cfg, pool: pool, stmt: outboxsql.Statement("dead_letter_probe", t.ident(), t.deadLetterIdent()),
-		watermark:    strings.ReplaceAll(outboxsql.Statement("probe_watermark", t.ident(), t.deadLetterIdent()), "{{probe}}", probe),
-		setWatermark: strings.ReplaceAll(outboxsql.Statement("probe_watermark_set", t.ident(), t.deadLetterIdent()), "{{probe}}", probe),
-		lockKey:      advisoryKey("outbox-sweeper probe " + t.String())}, nil
+	return &Probe{cfg: cfg, pool: pool, stmt: t.statement("dead_letter_probe"),
+		watermark: t.statement("probe_watermark"), setWatermark: t.statement("probe_watermark_set"),
+		lockKey: advisoryKey("outbox-sweeper probe " + t.String())}, nil
 }
 
 // ProbeResult says what one run saw and did.

@@ -60,7 +60,7 @@ func Migrate(ctx context.Context, conn *pgx.Conn, t Table) (MigrateResult, error
 		"dead_letter": t.deadLetterIdent(),
 		"prefix":      t.Name,
 		"schema":      pgx.Identifier{t.Schema}.Sanitize(),
-		"probe":       pgx.Identifier{t.Schema, t.Name + "_probe"}.Sanitize(),
+		"probe":       t.probeIdent(),
 	}
 	if err := m.LoadMigrations(migrations.FS); err != nil {
 		return MigrateResult{}, fmt.Errorf("load embedded migrations: %w", err)

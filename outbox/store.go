@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-sweeper/sweeper/producer"
-	outboxsql "github.com/outbox-sweeper/sweeper/sql"
 )
 
 // dbTimeout bounds each statement the sweeper runs for one batch. It is counted
@@ -42,18 +41,17 @@ type deadLetterPolicy struct {
 }
 
 func newStore(pool *pgxpool.Pool, t Table, policy deadLetterPolicy) *store {
-	stmt := func(name string) string { return outboxsql.Statement(name, t.ident(), t.deadLetterIdent()) }
 	return &store{
 		pool:              pool,
 		table:             t,
 		policy:            policy,
-		claimBatch:        stmt("claim_batch"),
-		countExhausted:    stmt("count_exhausted"),
-		deadLetter:        stmt("dead_letter"),
-		outstandingTopics: stmt("outstanding_topics"),
-		pageOutstanding:   stmt("page_outstanding"),
-		recentDeadLetters: stmt("recent_dead_letters"),
-		recordFailure:     stmt("record_failure"),
+		claimBatch:        t.statement("claim_batch"),
+		countExhausted:    t.statement("count_exhausted"),
+		deadLetter:        t.statement("dead_letter"),
+		outstandingTopics: t.statement("outstanding_topics"),
+		pageOutstanding:   t.statement("page_outstanding"),
+		recentDeadLetters: t.statement("recent_dead_letters"),
+		recordFailure:     t.statement("record_failure"),
 	}
 }
 

@@ -5,6 +5,8 @@ import (
 	"regexp"
 
 	"github.com/jackc/pgx/v5"
+
+	outboxsql "github.com/outbox-sweeper/sweeper/sql"
 )
 
 // Defaults for [Table].
@@ -67,6 +69,15 @@ func (t Table) ident() string { return pgx.Identifier{t.Schema, t.Name}.Sanitize
 // deadLetterIdent returns the quoted dead-letter table name for SQL.
 func (t Table) deadLetterIdent() string {
 	return pgx.Identifier{t.Schema, t.DeadLetterName()}.Sanitize()
+}
+
+// probeIdent returns the quoted name of the table that holds the dead-letter
+// probe's watermark.
+func (t Table) probeIdent() string { return pgx.Identifier{t.Schema, t.Name + "_probe"}.Sanitize() }
+
+// statement returns the named statement of package sql for t's tables.
+func (t Table) statement(name string) string {
+	return outboxsql.Statement(name, outboxsql.Tables{Outbox: t.ident(), DeadLetter: t.deadLetterIdent(), Probe: t.probeIdent()})
 }
 
 // versionTable returns the name of the table where the migrations record the

@@ -10,8 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
-
-	outboxsql "github.com/outbox-sweeper/sweeper/sql"
 )
 
 // Message is a message an application writes to the outbox.
@@ -64,8 +62,8 @@ func NewWriter(t Table) (*Writer, error) {
 	}
 	return &Writer{
 		table:      t,
-		insertOne:  outboxsql.Statement("insert_message", t.ident(), t.deadLetterIdent()),
-		insertMany: outboxsql.Statement("insert_messages", t.ident(), t.deadLetterIdent()),
+		insertOne:  t.statement("insert_message"),
+		insertMany: t.statement("insert_messages"),
 	}, nil
 }
 
