@@ -244,10 +244,14 @@ end
 return opened
 `)
 
-// ARGV: prefix, topic, cooldown, now ms, reason. Trips whatever the state.
+// ARGV: prefix, topic, cooldown, now ms, reason. Trips whatever the state, and
+// returns the state it was in.
 var tripScript = redis.NewScript(luaHelpers + `
 local raw = redis.call('HGET', topics, ARGV[2])
-return trip(ARGV[2], raw and cjson.decode(raw), tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5])
+local st = raw and cjson.decode(raw)
+local from = st and st.state or 'closed'
+trip(ARGV[2], st, tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5])
+return from
 `)
 
 // ARGV: prefix, topic, cooldown, ticks left, trips, tripped at ms, last error.
@@ -263,9 +267,13 @@ redis.call('HINCRBY', gens, ARGV[2], 1)
 return 'tripped'
 `)
 
-// ARGV: prefix, topic.
+// ARGV: prefix, topic. Returns the state the topic was in, ” if closed.
 var resetScript = redis.NewScript(luaHelpers + `
-if redis.call('HEXISTS', topics, ARGV[2]) == 1 then return close(ARGV[2]) end
+local raw = redis.call('HGET', topics, ARGV[2])
+if raw then
+  close(ARGV[2])
+  return cjson.decode(raw).state
+end
 redis.call('DEL', prefix .. ':failures:' .. ARGV[2])
 return ''
 `)
@@ -317,9 +325,19 @@ func (r *Redis) reconcile(ctx context.Context) error {
 		}
 	}
 	r.mu.Lock()
-	r.degraded = false
-	clear(r.pending)
+	// A trip or reset made while this ran is still local only: it stays
+	// pending, and the instance stays degraded until the next tick copies it.
+	for topic, tripped := range pending {
+		if now, ok := r.pending[topic]; ok && now == tripped {
+			delete(r.pending, topic)
+		}
+	}
+	r.degraded = len(r.pending) > 0
+	degraded := r.degraded
 	r.mu.Unlock()
+	if degraded {
+		return nil
+	}
 	if r.cfg.OnRedisError != nil {
 		r.cfg.OnRedisError(nil)
 	}
@@ -478,14 +496,14 @@ func (r *Redis) Trip(topic, reason string) {
 	}
 	ctx, cancel := r.ctx()
 	defer cancel()
-	err := tripScript.Run(ctx, r.cfg.Client, r.keys(), r.cfg.Prefix, topic, r.local.cooldownOf(topic),
-		r.cfg.Settings.Now().UnixMilli(), reason).Err()
+	from, err := tripScript.Run(ctx, r.cfg.Client, r.keys(), r.cfg.Prefix, topic, r.local.cooldownOf(topic),
+		r.cfg.Settings.Now().UnixMilli(), reason).Text()
 	if err != nil {
 		r.fail(fmt.Errorf("topic breaker trip of %q: %w", topic, err))
 		r.remember(topic)
 		return
 	}
-	r.tell(topic, StateClosed, StateTripped, reason)
+	r.tell(topic, parseState(from), StateTripped, reason)
 }
 
 // Reset closes topic in the shared state (and locally).
@@ -507,8 +525,8 @@ func (r *Redis) Reset(topic string) {
 		r.mu.Unlock()
 		return
 	}
-	if res == "closed" {
-		r.tell(topic, StateTripped, StateClosed, "reset by an operator")
+	if res != "" {
+		r.tell(topic, parseState(res), StateClosed, "reset by an operator")
 	}
 }
 
@@ -539,13 +557,22 @@ func (r *Redis) Tripped() []TopicStatus {
 func (r *Redis) State(topic string) State {
 	for _, st := range r.Tripped() {
 		if st.Topic == topic {
-			if st.State == StateHalfOpen.String() {
-				return StateHalfOpen
-			}
-			return StateTripped
+			return parseState(st.State)
 		}
 	}
 	return StateClosed
+}
+
+// parseState reads a state as Redis holds it, the names State.String gives.
+func parseState(s string) State {
+	switch s {
+	case StateTripped.String():
+		return StateTripped
+	case StateHalfOpen.String():
+		return StateHalfOpen
+	default:
+		return StateClosed
+	}
 }
 
 // localGen returns the generation to report to the local shadow: gen itself

@@ -225,3 +225,30 @@ func TestHungRedisCostsOnlyTheTimeout(t *testing.T) {
 	require.True(t, b.Degraded())
 	require.Contains(t, b.Plan().Excluded, "A")
 }
+
+// An operator's trip or reset reports the state the topic really left, as the
+// in-memory breaker does: a half-open topic tripped again is half-open→tripped.
+func TestRedisOperatorChangesReportTheirRealFromState(t *testing.T) {
+	t.Parallel()
+	var (
+		mu      sync.Mutex
+		changes []string
+	)
+	s := breaker.Settings{CooldownTicks: 1, OnStateChange: func(topic string, from, to breaker.State, _ string) {
+		mu.Lock()
+		defer mu.Unlock()
+		changes = append(changes, topic+" "+from.String()+"→"+to.String())
+	}}
+	one, _ := sharedPair(t, s, time.Minute)
+	one.Trip("A", "operator")
+	for range 2 { // the cooldown of one tick is counted, then over: half-open
+		one.OnTick()
+	}
+	require.Equal(t, breaker.StateHalfOpen, one.State("A"))
+	one.Trip("A", "operator again")
+	one.Reset("A")
+	one.Reset("A") // closed already: no change
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []string{"A closed→tripped", "A tripped→half-open", "A half-open→tripped", "A tripped→closed"}, changes)
+}

@@ -299,8 +299,7 @@ func (b *Topics) Tripped() []TopicStatus {
 		if t.state == StateClosed {
 			continue
 		}
-		out = append(out, TopicStatus{Topic: name, State: t.state.String(), CooldownTicksLeft: t.ticksLeft,
-			Trips: t.trips, TrippedAt: t.trippedAt, LastError: t.lastError})
+		out = append(out, t.status(name))
 	}
 	return out
 }
@@ -350,8 +349,12 @@ func (b *Topics) status(name string) (TopicStatus, int, bool) {
 	if !ok || t.state == StateClosed {
 		return TopicStatus{}, 0, false
 	}
+	return t.status(name), t.cooldown, true
+}
+
+func (t *topic) status(name string) TopicStatus {
 	return TopicStatus{Topic: name, State: t.state.String(), CooldownTicksLeft: t.ticksLeft, Trips: t.trips,
-		TrippedAt: t.trippedAt, LastError: t.lastError}, t.cooldown, true
+		TrippedAt: t.trippedAt, LastError: t.lastError}
 }
 
 func (b *Topics) trip(name string, t *topic, now time.Time, cooldown int, reason string) change {
