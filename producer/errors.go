@@ -141,3 +141,30 @@ func MessageIDs(err error) []int64 {
 	}
 	return nil
 }
+
+// PinOn names row id in a message-class error that names no row, so the sweeper
+// charges that row and sends its neighbours; other errors are returned as they
+// are. A producer uses it when the broker rejects a whole send for one message
+// it can tell.
+func PinOn(err error, id int64) error {
+	if err != nil && ClassOf(err) == ClassMessage && len(MessageIDs(err)) == 0 {
+		return NewMessageError(ReasonOf(err), []int64{id}, err)
+	}
+	return err
+}
+
+// PinOnLargest pins a message-class error the broker raised for a whole batch
+// (content too large) on the batch's largest payload, the one that must have
+// caused it.
+func PinOnLargest(err error, b Batch) error {
+	if err == nil || len(b.Messages) == 0 {
+		return err
+	}
+	largest := b.Messages[0]
+	for _, m := range b.Messages[1:] {
+		if len(m.Payload) > len(largest.Payload) {
+			largest = m
+		}
+	}
+	return PinOn(err, largest.ID)
+}

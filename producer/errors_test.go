@@ -80,3 +80,20 @@ func TestBatchIDs(t *testing.T) {
 	b := producer.Batch{Messages: []producer.Message{{ID: 3}, {ID: 5}}}
 	require.Equal(t, []int64{3, 5}, b.IDs())
 }
+
+func TestPinOnNamesOnlyUnnamedMessageErrors(t *testing.T) {
+	t.Parallel()
+	cause := errors.New("too large")
+	b := producer.Batch{Topic: "t", Messages: []producer.Message{{ID: 1, Payload: []byte("ab")}, {ID: 2, Payload: []byte("abcd")}, {ID: 3}}}
+
+	err := producer.PinOnLargest(producer.NewMessageError(producer.ReasonMessageTooLarge, nil, cause), b)
+	require.Equal(t, []int64{2}, producer.MessageIDs(err))
+	require.Equal(t, producer.ReasonMessageTooLarge, producer.ReasonOf(err))
+	require.ErrorIs(t, err, cause)
+
+	named := producer.NewMessageError(producer.ReasonInvalidMessage, []int64{3}, cause)
+	require.Equal(t, []int64{3}, producer.MessageIDs(producer.PinOnLargest(named, b)), "a named row stays named")
+	topic := producer.NewTopicError("not_found", cause)
+	require.Equal(t, topic, producer.PinOn(topic, 1), "other classes are left alone")
+	require.NoError(t, producer.PinOnLargest(nil, b))
+}

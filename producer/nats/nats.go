@@ -193,7 +193,7 @@ func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 	for i, m := range msgs {
 		f, err := js.PublishMsgAsync(m, jetstream.WithMsgID(b.Messages[i].MessageID))
 		if err != nil {
-			return nameRow(classify(fmt.Errorf("publish to subject %q: %w", b.Topic, err)), b.Messages[i].ID)
+			return producer.PinOn(classify(fmt.Errorf("publish to subject %q: %w", b.Topic, err)), b.Messages[i].ID)
 		}
 		futures[i] = f
 	}
@@ -277,14 +277,6 @@ func toMsg(m *producer.Message) (*natsgo.Msg, error) {
 		msg.Header.Set(headerPartitionKey, m.PartitionKey)
 	}
 	return msg, nil
-}
-
-// nameRow names id in a message-class error that names no row.
-func nameRow(err error, id int64) error {
-	if producer.ClassOf(err) == producer.ClassMessage && len(producer.MessageIDs(err)) == 0 {
-		return producer.NewMessageError(producer.ReasonOf(err), []int64{id}, err)
-	}
-	return err
 }
 
 // classify maps NATS errors onto the failure classes.

@@ -301,7 +301,8 @@ func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 	if err != nil {
 		return err
 	}
-	err = nameLargest(p.publish(ctx, c, b, pubs), b)
+	// RabbitMQ closes the whole channel for content too large.
+	err = producer.PinOnLargest(p.publish(ctx, c, b, pubs), b)
 	if err != nil && producer.ClassOf(err) != producer.ClassTopic {
 		// The channel's state is unknown (confirms or returns may still come):
 		// never reuse it. Closing waits for the broker, so not here.
@@ -498,22 +499,6 @@ func classify(err error) error {
 		return producer.NewTransientError("connection_lost", err)
 	}
 	return err
-}
-
-// nameLargest pins a message-class error RabbitMQ raised for the whole channel
-// (content too large) on the batch's largest message, the one that must have
-// caused it, so the sweeper charges that row and sends the others.
-func nameLargest(err error, b producer.Batch) error {
-	if err == nil || producer.ClassOf(err) != producer.ClassMessage || len(producer.MessageIDs(err)) > 0 {
-		return err
-	}
-	largest := b.Messages[0]
-	for _, m := range b.Messages[1:] {
-		if len(m.Payload) > len(largest.Payload) {
-			largest = m
-		}
-	}
-	return producer.NewMessageError(producer.ReasonOf(err), []int64{largest.ID}, err)
 }
 
 func cmpOr(a, b error) error {

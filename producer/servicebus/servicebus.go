@@ -254,8 +254,11 @@ func (p *Producer) Batches(ctx context.Context, topic string, msgs []producer.Me
 	return out, nil
 }
 
-// Send builds the batch again from its messages and sends it. A batch Batches
-// cut always fits; should a subset somehow not, it goes as several SDK batches.
+// Send builds the batch again from its messages and sends it as one SDK batch,
+// all or nothing: a batch Batches cut always fits. Should it not (the entity's
+// size limit changed between the two), nothing is sent and the rows wait for
+// the next tick, which cuts them again; sending part of it would send that part
+// twice.
 func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 	s, err := p.sender(b.Topic)
 	if err != nil {
@@ -266,29 +269,29 @@ func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 		return p.failed(ctx, b.Topic, s, fmt.Errorf("new message batch for %q: %w", b.Topic, err))
 	}
 	for i := range b.Messages {
+		id := b.Messages[i].ID
 		m, err := toMessage(&b.Messages[i])
 		if err != nil {
-			return producer.NewMessageError(producer.ReasonInvalidMessage, []int64{b.Messages[i].ID}, err)
+			return producer.NewMessageError(producer.ReasonInvalidMessage, []int64{id}, err)
 		}
 		err = sdkBatch.AddMessage(m, nil)
-		if errors.Is(err, azservicebus.ErrMessageTooLarge) && sdkBatch.NumMessages() > 0 {
-			if err := s.SendMessageBatch(ctx, sdkBatch); err != nil {
-				return p.failed(ctx, b.Topic, s, fmt.Errorf("send %d messages to %q: %w", sdkBatch.NumMessages(), b.Topic, err))
-			}
-			if sdkBatch, err = s.NewMessageBatch(ctx); err != nil {
-				return p.failed(ctx, b.Topic, s, fmt.Errorf("new message batch for %q: %w", b.Topic, err))
-			}
-			err = sdkBatch.AddMessage(m, nil)
-		}
-		if errors.Is(err, azservicebus.ErrMessageTooLarge) {
-			return producer.NewMessageError(producer.ReasonMessageTooLarge, []int64{b.Messages[i].ID}, err)
-		}
-		if err != nil {
-			return producer.NewMessageError(producer.ReasonInvalidMessage, []int64{b.Messages[i].ID}, err)
+		switch {
+		case errors.Is(err, azservicebus.ErrMessageTooLarge) && sdkBatch.NumMessages() > 0:
+			return producer.NewTransientError("batch_too_large",
+				fmt.Errorf("the batch of %d rows for %q no longer fits one Service Bus batch at row %d; it is cut again at the next tick: %w",
+					len(b.Messages), b.Topic, id, err))
+		case errors.Is(err, azservicebus.ErrMessageTooLarge):
+			return producer.NewMessageError(producer.ReasonMessageTooLarge, []int64{id}, err)
+		case err != nil:
+			return producer.NewMessageError(producer.ReasonInvalidMessage, []int64{id}, err)
 		}
 	}
 	if err := s.SendMessageBatch(ctx, sdkBatch); err != nil {
-		return p.failed(ctx, b.Topic, s, fmt.Errorf("send %d messages to %q: %w", sdkBatch.NumMessages(), b.Topic, err))
+		// The service rejects a whole batch for one message too large
+		// (amqp:link:message-size-exceeded): pin it on the largest, so its
+		// neighbours are not charged with it.
+		return producer.PinOnLargest(p.failed(ctx, b.Topic, s,
+			fmt.Errorf("send %d messages to %q: %w", sdkBatch.NumMessages(), b.Topic, err)), b)
 	}
 	return nil
 }

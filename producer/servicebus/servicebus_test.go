@@ -280,3 +280,36 @@ func TestNewNeedsOneWayToAuthenticate(t *testing.T) {
 	require.NoError(t, err, "a well-formed string creates a client without connecting")
 	require.NoError(t, p.Close(context.Background()))
 }
+
+// A batch that no longer fits one SDK batch when it is sent (the entity's limit
+// shrank after Batches cut it) sends nothing, so no part of it goes twice, and
+// fails transiently for the next tick to cut it again.
+func TestSendOfABatchThatNoLongerFitsSendsNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(1000, 100)
+	ctx := context.Background()
+	batches, err := b.p.Batches(ctx, "orders", msgs("orders", 5, 100))
+	require.NoError(t, err)
+	require.Len(t, batches, 1)
+	b.senders["orders"].maxBytes = 500 // holds two of the five now
+	err = b.p.Send(ctx, batches[0])
+	require.Equal(t, producer.ClassTransient, producer.ClassOf(err))
+	require.ErrorContains(t, err, "row 3")
+	require.Empty(t, b.senders["orders"].sent, "nothing sent")
+}
+
+// The service's rejection of a whole batch for size names the batch's largest
+// row, so the sweeper dead-letters that row alone and sends its neighbours.
+func TestServiceRejectionForSizeNamesTheLargestRow(t *testing.T) {
+	t.Parallel()
+	b := setup(1<<20, 100)
+	ctx := context.Background()
+	rows := msgs("orders", 3, 10)
+	rows[1].Payload = make([]byte, 500)
+	require.NoError(t, b.p.Send(ctx, producer.Batch{Topic: "orders", Messages: rows[:1]}))
+	b.senders["orders"].sendErr = &amqp.LinkError{RemoteErr: &amqp.Error{Condition: amqp.ErrCondMessageSizeExceeded}}
+	err := b.p.Send(ctx, producer.Batch{Topic: "orders", Messages: rows})
+	require.Equal(t, producer.ClassMessage, producer.ClassOf(err))
+	require.Equal(t, producer.ReasonMessageTooLarge, producer.ReasonOf(err))
+	require.Equal(t, []int64{2}, producer.MessageIDs(err))
+}
