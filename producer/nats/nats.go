@@ -35,7 +35,6 @@ const (
 	MaxBatchDefault     = 500
 	ConnectTimeDefault  = 10 * time.Second
 	AckTimeoutDefault   = 30 * time.Second
-	headerMsgID         = "Nats-Msg-Id"
 	headerContentType   = "Content-Type"
 	headerCorrelationID = "Correlation-Id"
 	headerPartitionKey  = "Partition-Key"
@@ -293,9 +292,6 @@ func classify(err error) error {
 		switch apiErr.ErrorCode {
 		case jetstream.JSErrCodeStreamMessageExceedsMaximum:
 			return producer.NewMessageError(producer.ReasonMessageTooLarge, nil, err)
-		case jetstream.JSErrCodeStreamWrongLastSequence, jetstream.JSErrCodeStreamWrongLastSequenceConstant:
-			// A condition of this message, not of the stream.
-			return producer.NewMessageError(producer.ReasonInvalidMessage, nil, err)
 		case jetstream.JSErrCodeJetStreamNotEnabled, jetstream.JSErrCodeJetStreamNotEnabledForAccount:
 			return producer.NewTopicError("jetstream_disabled", err)
 		}
