@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -23,6 +24,9 @@ type store struct {
 	pool   *pgxpool.Pool
 	table  Table
 	policy deadLetterPolicy
+	// topicLocks is set for OrderingTopic: a batch's claim takes its topic's
+	// advisory lock.
+	topicLocks bool
 
 	claimBatch        string
 	countExhausted    string
@@ -40,11 +44,12 @@ type deadLetterPolicy struct {
 	stormWindow time.Duration // … above which the storm guard stops it
 }
 
-func newStore(pool *pgxpool.Pool, t Table, policy deadLetterPolicy) *store {
+func newStore(pool *pgxpool.Pool, t Table, policy deadLetterPolicy, ordering Ordering) *store {
 	return &store{
 		pool:              pool,
 		table:             t,
 		policy:            policy,
+		topicLocks:        ordering == OrderingTopic,
 		claimBatch:        t.statement("claim_batch"),
 		countExhausted:    t.statement("count_exhausted"),
 		deadLetter:        t.statement("dead_letter"),
@@ -116,12 +121,15 @@ func (s *store) explain(err error) error {
 
 // batchOutcome is what became of one batch.
 type batchOutcome struct {
-	// claimed is how many rows were claimed and handed to the producer: all of
-	// the batch, or none.
+	// sent is what was claimed and handed to the producer: the whole batch,
+	// nothing, or under OrderingNone the part of it that was claimable.
+	sent producer.Batch
+	// claimed is len(sent.Messages).
 	claimed int
-	// contended is set when part of the batch was not claimable: another sweeper
-	// has those rows in flight, or dispatched them since the page was read.
-	// Nothing was sent.
+	// contended is set when rows of the batch were not claimable: another
+	// sweeper has them in flight (or holds the topic's lock), or dispatched them
+	// since the page was read. Under OrderingTopic nothing was sent then; under
+	// OrderingNone only when none of the batch was claimable.
 	contended bool
 	// sendErr is the producer's error; nil when the batch was accepted or nothing
 	// was sent.
@@ -158,9 +166,10 @@ type batchOutcome struct {
 // follows the broker's acceptance. The price is one pooled connection per batch
 // in flight, which --concurrency bounds.
 //
-// A batch is sent whole or not at all. When part of it cannot be claimed, the
-// missing rows may be in flight in another sweeper, and sending the rest could
-// overtake them; the claim is rolled back and the outcome says contended.
+// Under OrderingTopic a batch is sent whole or not at all. When part of it
+// cannot be claimed, the missing rows may be in flight in another sweeper, and
+// sending the rest could overtake them; the claim is rolled back and the
+// outcome says contended. Under OrderingNone the claimable part is sent.
 //
 // send gets ctx bounded by sendTimeout; each statement gets its own dbTimeout on
 // a context detached from ctx, so the outcome of a send is recorded even while
@@ -185,7 +194,7 @@ func (s *store) dispatch(ctx context.Context, b producer.Batch, sendTimeout time
 		_ = tx.Rollback(rollbackCtx) // a no-op after Commit
 	}()
 
-	rows, err := tx.Query(claimCtx, s.claimBatch, b.IDs())
+	rows, err := tx.Query(claimCtx, s.claimBatch, b.IDs(), s.topicLocks, s.table.TopicLockKey(b.Topic))
 	if err != nil {
 		return out, fmt.Errorf("claim batch of topic %q, %d rows: %w", b.Topic, len(b.Messages), err)
 	}
@@ -195,9 +204,13 @@ func (s *store) dispatch(ctx context.Context, b producer.Batch, sendTimeout time
 	}
 	if len(claimed) < len(b.Messages) {
 		out.contended = true
-		return out, nil
+		if s.topicLocks || len(claimed) == 0 {
+			return out, nil
+		}
+		slices.Sort(claimed)
+		b = subset(b, claimed)
 	}
-	out.claimed = len(claimed)
+	out.sent, out.claimed = b, len(claimed)
 
 	sendCtx, cancelSend := context.WithTimeout(ctx, sendTimeout)
 	out.sendErr = send(sendCtx, b)

@@ -36,6 +36,23 @@ const (
 	PageSizeMax    = 100_000
 )
 
+// Ordering is what order several sweepers on one table keep.
+type Ordering string
+
+const (
+	// OrderingTopic keeps each topic's rows in id order across sweepers: at
+	// most one sweeper sends a topic's batch at a time (a transaction-scoped
+	// advisory lock per topic, taken by the batch's claim), and a batch is sent
+	// whole or not at all, so no batch overtakes an earlier one. Sweepers
+	// spread over the topics; one topic is sent by one sweeper at a time.
+	OrderingTopic Ordering = "topic"
+	// OrderingNone lets sweepers share a topic: a batch sends the rows it could
+	// claim and skips those another sweeper holds, so a single busy topic
+	// drains with every sweeper, and its messages may arrive out of id order.
+	// One sweeper on its own still sends each topic in order.
+	OrderingNone Ordering = "none"
+)
+
 // Schedule says when the next tick starts. robfig/cron's Schedule satisfies it.
 type Schedule interface {
 	// Next returns the first tick time after t.
@@ -55,6 +72,17 @@ type Config struct {
 	// are always sent one after another, in id order. Defaults to
 	// ConcurrencyDefault.
 	Concurrency int
+
+	// DisableNotify turns off wake-ups on commit. By default the sweeper holds
+	// one connection of its own that LISTENs for the outbox's trigger
+	// (migration 4), and sweeps as soon as rows are committed; scheduled ticks
+	// run all the same, and carry the sweeper while that connection is down.
+	// The connection is opened with the pool's connection config.
+	DisableNotify bool
+
+	// Ordering says what order holds among sweepers on one table. Defaults to
+	// OrderingTopic.
+	Ordering Ordering
 
 	// Alerter receives an alert when the dead-letter storm guard stops a topic.
 	// Optional.
@@ -148,6 +176,9 @@ func (c Config) WithDefaults() Config {
 	if c.TopicBreaker == nil {
 		c.TopicBreaker = breaker.New(breaker.Settings{OnStateChange: LogTopicStateChange(c.Logger)})
 	}
+	if c.Ordering == "" {
+		c.Ordering = OrderingTopic
+	}
 	c.Table = c.Table.WithDefaults()
 	return c
 }
@@ -203,6 +234,9 @@ func (c Config) Validate() error {
 	}
 	if c.ShutdownTimeout < time.Millisecond {
 		return &ConfigError{"shutdown timeout", "shutdown-timeout", c.ShutdownTimeout.String(), "it must be at least 1ms (the time batches in flight get to finish)"}
+	}
+	if c.Ordering != OrderingTopic && c.Ordering != OrderingNone {
+		return &ConfigError{"ordering", "ordering", fmt.Sprintf("%q", c.Ordering), `it must be "topic" (per-topic id order across sweepers) or "none"`}
 	}
 	if c.Tick < time.Millisecond {
 		return &ConfigError{"tick", "tick", c.Tick.String(), "it must be at least 1ms"}
@@ -268,11 +302,12 @@ func NewSweeper(pool *pgxpool.Pool, p producer.Producer, cfg Config) (*Sweeper, 
 			maxAttempts: max(cfg.MaxAttempts, 0),
 			stormLimit:  max(cfg.DeadLetterLimit, 0),
 			stormWindow: cfg.DeadLetterWindow,
-		}),
+		}, cfg.Ordering),
 	}, nil
 }
 
-// Run sweeps on the schedule until ctx is done, then stops reading pages, lets
+// Run sweeps on the schedule, and on every commit to the outbox unless
+// DisableNotify is set, until ctx is done; then it stops reading pages, lets
 // batches in flight finish for up to ShutdownTimeout, and returns nil. Database
 // errors do not end it: it logs them and tries again with exponential backoff
 // (up to 30s), so a database that is down at start or restarts is waited for.
@@ -288,21 +323,44 @@ func (s *Sweeper) Run(ctx context.Context) error {
 	})
 	defer stopGrace()
 
+	var wake <-chan struct{}
+	if !s.cfg.DisableNotify {
+		l := newListener(s.store.pool.Config().ConnConfig.Copy(), s.cfg.Table, s.logger)
+		listenCtx, stopListening := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		wg.Go(func() { l.run(listenCtx) })
+		defer wg.Wait()
+		defer stopListening()
+		wake = l.wake
+	}
+
 	retry := backoff.NewExponentialBackOff()
 	retry.InitialInterval = 500 * time.Millisecond
 	retry.MaxInterval = 30 * time.Second
 	failing := 0
 
-	s.logger.Info("sweeper started", "table", s.cfg.Table.String(), "page_size", s.cfg.PageSize, "concurrency", s.cfg.Concurrency)
+	s.logger.Info("sweeper started", "table", s.cfg.Table.String(), "page_size", s.cfg.PageSize,
+		"concurrency", s.cfg.Concurrency, "ordering", string(s.cfg.Ordering), "notify", !s.cfg.DisableNotify)
 	next := time.Now()
 	for {
-		if !sleepUntil(ctx, next) {
+		// While sweeps fail, only the backoff decides when to try again.
+		woken := wake
+		if failing > 0 {
+			woken = nil
+		}
+		tick, ok := waitFor(ctx, next, woken)
+		if !ok {
 			s.logger.Info("sweeper stopped")
 			return nil
 		}
 		start := time.Now()
-		due := s.cfg.Schedule.Next(start)
-		res, err := s.sweep(ctx, work, due)
+		// A wake-up sweeps in between ticks: it leaves the cooldowns alone and
+		// pages until the next tick is due, as a tick does.
+		due := next
+		if tick {
+			due = s.cfg.Schedule.Next(start)
+		}
+		res, err := s.sweep(ctx, work, due, tick)
 		if s.cfg.Observer != nil && !res.Blocked {
 			s.cfg.Observer.SweepDone(time.Since(start))
 		}
@@ -324,26 +382,35 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		}
 		if res.Dispatched > 0 || res.FailedBatches > 0 {
 			s.logger.Debug("swept", "dispatched", res.Dispatched, "batches", res.Batches,
-				"failed_batches", res.FailedBatches, "pages", res.Pages, "duration", time.Since(start))
+				"failed_batches", res.FailedBatches, "pages", res.Pages, "duration", time.Since(start), "tick", tick)
 		}
 		next = due
 	}
 }
 
-// sleepUntil waits until t and reports whether ctx is still live.
-func sleepUntil(ctx context.Context, t time.Time) bool {
+// waitFor waits until t (tick) or a wake-up, whichever comes first, and reports
+// which, and whether ctx is still live. A nil wake waits for t alone.
+func waitFor(ctx context.Context, t time.Time, wake <-chan struct{}) (tick, ok bool) {
 	d := time.Until(t)
 	if d <= 0 {
-		return ctx.Err() == nil
+		return true, ctx.Err() == nil
 	}
 	timer := time.NewTimer(d)
 	defer timer.Stop()
 	select {
 	case <-ctx.Done():
-		return false
+		return false, false
 	case <-timer.C:
-		return true
+		return true, true
+	case <-wake:
+		return false, true
 	}
+}
+
+// sleepUntil waits until t and reports whether ctx is still live.
+func sleepUntil(ctx context.Context, t time.Time) bool {
+	_, ok := waitFor(ctx, t, nil)
+	return ok
 }
 
 // TopicBreaker returns the per-topic breaker, for operators to list, trip and
@@ -356,10 +423,11 @@ func (s *Sweeper) TopicBreaker() breaker.Breaker { return s.breaker }
 // database error; broker failures are recorded on the rows, counted in the
 // result, and reported to the topic breaker.
 func (s *Sweeper) Sweep(ctx context.Context) (SweepResult, error) {
-	return s.sweep(ctx, ctx, time.Time{})
+	return s.sweep(ctx, ctx, time.Time{}, true)
 }
 
-// sweep runs one tick: lists the topics with outstanding rows that the topic
+// sweep runs one sweep, a tick's (which first advances the topic breaker's
+// cooldowns) or a wake-up's: lists the topics with outstanding rows that the topic
 // breaker allows, then reads and sends pages while stop is live, topics may hold
 // more, and the next tick (due; zero for none) has not come. Sends use work,
 // which outlives stop during a graceful shutdown.
@@ -369,8 +437,10 @@ func (s *Sweeper) Sweep(ctx context.Context) (SweepResult, error) {
 // pages, and every page moves on. Rows left behind (poison, held by another
 // sweeper) wait for the next tick, which starts each topic from its lowest id.
 // Topics that appear during a tick are read from the next one.
-func (s *Sweeper) sweep(stop, work context.Context, due time.Time) (SweepResult, error) {
-	s.breaker.OnTick()
+func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (SweepResult, error) {
+	if tick {
+		s.breaker.OnTick()
+	}
 	var res SweepResult
 	// An open dependency breaker (breaker.Guarded) fails the tick fast: no page,
 	// no call to the broker, and the rows keep their attempts.
@@ -507,40 +577,9 @@ func (s *Sweeper) sendTopic(stop, work context.Context, g topicGroup, plan break
 	topic, msgs, gen := g.topic, g.msgs, plan.Gen(g.topic)
 	batches, err := s.producer.Batches(work, topic, msgs)
 	if err != nil {
-		page := producer.Batch{Topic: topic, Messages: msgs}
-		rejected := subset(page, slices.Sorted(slices.Values(producer.MessageIDs(err))))
-		if len(rejected.Messages) == 0 {
-			// Nothing of the topic can be cut: count it as a failed send of all
-			// its rows in the page, so they carry the error.
-			rejected = page
-			tr.failed = true
-		}
-		out, dbErr := s.store.dispatch(work, rejected, s.cfg.SendTimeout, func(context.Context, producer.Batch) error { return err })
-		if dbErr != nil {
+		if stopTopic, dbErr := s.reject(work, g, gen, err, &tr); stopTopic || dbErr != nil {
 			return tr, dbErr
 		}
-		if out.contended {
-			tr.contended, tr.failed = true, false
-			tr.skipped += len(msgs)
-			return tr, nil
-		}
-		tr.failedBatches++
-		tr.deadLettered += out.deadLettered
-		s.observeFailure(topic, out)
-		s.logFailure(rejected, err)
-		if out.deadLettered > 0 {
-			s.logDeadLettered(topic, out)
-		}
-		if out.storm {
-			s.stopStorm(topic, len(out.failed), err)
-			tr.failed = true
-			return tr, nil
-		}
-		if tr.failed {
-			s.reportFailure(topic, gen, err, &tr)
-			return tr, nil
-		}
-		// Some messages can never be sent; the others go on.
 	}
 
 	for _, b := range batches {
@@ -557,6 +596,55 @@ func (s *Sweeper) sendTopic(stop, work context.Context, g topicGroup, plan break
 		}
 	}
 	return tr, nil
+}
+
+// reject records the failure of the rows of g that the producer could not cut
+// into batches (err from Batches) as a failed send: message-class rows are
+// dead-lettered, and when the producer named no row, all of g fails and the
+// topic stops. It reports whether the topic stops for this sweep.
+func (s *Sweeper) reject(work context.Context, g topicGroup, gen uint64, err error, tr *topicResult) (stopTopic bool, dbErr error) {
+	page := producer.Batch{Topic: g.topic, Messages: g.msgs}
+	rejected := subset(page, slices.Sorted(slices.Values(producer.MessageIDs(err))))
+	whole := len(rejected.Messages) == 0
+	if whole {
+		// Nothing of the topic can be cut: count it as a failed send of all
+		// its rows in the page, so they carry the error.
+		rejected = page
+	}
+	out, dbErr := s.store.dispatch(work, rejected, s.cfg.SendTimeout, func(context.Context, producer.Batch) error { return err })
+	if dbErr != nil {
+		return true, dbErr
+	}
+	if out.contended {
+		if s.cfg.Ordering == OrderingTopic {
+			tr.contended = true
+			tr.skipped += len(g.msgs)
+			return true, nil
+		}
+		tr.skipped += len(rejected.Messages) - out.claimed
+		if out.claimed == 0 {
+			return whole, nil // another sweeper has them
+		}
+	}
+	rejected = out.sent
+	tr.failedBatches++
+	tr.deadLettered += out.deadLettered
+	s.observeFailure(g.topic, out)
+	s.logFailure(rejected, err)
+	if out.deadLettered > 0 {
+		s.logDeadLettered(g.topic, out)
+	}
+	if out.storm {
+		s.stopStorm(g.topic, len(out.failed), err)
+		tr.failed = true
+		return true, nil
+	}
+	if whole {
+		s.reportFailure(g.topic, gen, err, tr)
+		tr.failed = true
+		return true, nil
+	}
+	return false, nil // some messages can never be sent; the others go on
 }
 
 // reportFailure tells the topic breaker about a failed batch: a topic-class
@@ -583,10 +671,16 @@ func (s *Sweeper) sendBatch(work context.Context, b producer.Batch, gen uint64, 
 			return err
 		}
 		if out.contended {
-			tr.contended = true
-			tr.skipped += len(b.Messages)
-			return nil
+			tr.skipped += len(b.Messages) - out.claimed
+			if out.claimed == 0 {
+				// Under OrderingNone another sweeper has the rows: go on with
+				// the next batch. Under OrderingTopic the topic stops here, so
+				// that no later batch overtakes this one.
+				tr.contended = s.cfg.Ordering == OrderingTopic
+				return nil
+			}
 		}
+		b = out.sent
 		tr.batches++
 		if out.sendErr == nil {
 			s.breaker.Success(b.Topic, gen)

@@ -57,6 +57,14 @@ func (t Table) Validate() error {
 	return nil
 }
 
+// TopicLockKey returns the advisory lock key that a sweeper holds, under
+// OrderingTopic, while it sends a batch of topic from t. An operator finds who
+// sends a topic in pg_locks (locktype 'advisory', with classid and objid the
+// key's high and low 32 bits).
+func (t Table) TopicLockKey(topic string) int64 {
+	return advisoryKey("outbox-sweeper topic " + t.String() + " " + topic)
+}
+
 // String returns the schema-qualified outbox table name, as in logs.
 func (t Table) String() string { return t.Schema + "." + t.Name }
 

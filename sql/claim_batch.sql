@@ -5,13 +5,27 @@
 -- The mark becomes visible only when the transaction commits, after the broker
 -- has accepted the batch; a failed send undoes it (record_failure.sql) and a
 -- crash rolls it back. RETURNING order is unspecified: the caller sorts.
+--
+--   $1  the batch's ids
+--   $2  whether to take the topic's lock first (--ordering topic)
+--   $3  the topic's advisory lock key
+--
+-- With $2 set, the claim first tries the topic's transaction-scoped advisory
+-- lock, and claims nothing when another sweeper's batch of the topic holds it:
+-- at most one sweeper sends a topic at a time. The lock goes with the
+-- transaction, so a sweeper that dies frees it at once. CASE keeps the lock
+-- from being taken when $2 is not set; MATERIALIZED takes it once, not per row.
+WITH topic_lock AS MATERIALIZED (
+    SELECT CASE WHEN $2::boolean THEN pg_try_advisory_xact_lock($3::bigint) ELSE true END AS held
+)
 UPDATE {{outbox}}
 SET dispatched_at = now()
 WHERE id IN (
-    SELECT id
-    FROM {{outbox}}
-    WHERE id = ANY($1::bigint[])
-      AND dispatched_at IS NULL
-    FOR UPDATE SKIP LOCKED
+    SELECT o.id
+    FROM {{outbox}} o, topic_lock
+    WHERE topic_lock.held
+      AND o.id = ANY($1::bigint[])
+      AND o.dispatched_at IS NULL
+    FOR UPDATE OF o SKIP LOCKED
 )
 RETURNING id

@@ -188,6 +188,8 @@ type runOptions struct {
 	deadLetterLimit  int
 	deadLetterWindow time.Duration
 	maxAttempts      int
+	notify           bool
+	ordering         string
 	pageSize         int
 	schedule         string
 	sendTimeout      time.Duration
@@ -208,6 +210,9 @@ func (o *runOptions) flags() *flags {
 	f.Int(&o.deadLetterLimit, "dead-letter-limit", outbox.DeadLetterLimitDefault, "storm guard: more rows of one topic dead-lettered within --dead-letter-window stop dead-lettering, trip the topic and alert (-1: off)")
 	f.Duration(&o.deadLetterWindow, "dead-letter-window", outbox.DeadLetterWindowDefault, "the storm guard's window")
 	f.Int(&o.maxAttempts, "max-attempts", outbox.MaxAttemptsDefault, "transient failures after which a row is dead-lettered as max_retries_exceeded (-1: never)")
+	f.Bool(&o.notify, "notify", true, "sweep as soon as rows are committed (LISTEN for the outbox's trigger on a connection of its own); --notify=false polls on the schedule only")
+	f.Enum(&o.ordering, "ordering", string(outbox.OrderingTopic), []string{string(outbox.OrderingTopic), string(outbox.OrderingNone)},
+		"topic: each topic is sent by one sweeper at a time, in id order, across instances; none: instances share a topic, which may then arrive out of order")
 	f.Int(&o.pageSize, "page-size", outbox.PageSizeDefault, "most outstanding rows read per page; memory use is bounded by it")
 	f.String(&o.schedule, "schedule", "", "spec", `cron spec for ticks instead of --tick, e.g. "*/10 * * * * *" or "@every 2s"`)
 	f.Duration(&o.sendTimeout, "send-timeout", outbox.SendTimeoutDefault, "longest a broker may take to accept one batch; then the batch fails as transient")
@@ -231,6 +236,8 @@ func runCommand(ctx context.Context, args []string, out, errOut io.Writer, env E
 		DeadLetterWindow: o.deadLetterWindow,
 		MaxAttempts:      o.maxAttempts,
 		Concurrency:      o.concurrency,
+		DisableNotify:    !o.notify,
+		Ordering:         outbox.Ordering(o.ordering),
 		PageSize:         o.pageSize,
 		SendTimeout:      o.sendTimeout,
 		ShutdownTimeout:  o.shutdownTimeout,
@@ -264,6 +271,14 @@ func runCommand(ctx context.Context, args []string, out, errOut io.Writer, env E
 	// One connection per topic in flight, one to read pages, one each for
 	// retention and the probe, and one spare.
 	poolCfg.MaxConns = int32(o.concurrency + 7) // two for the admin API, one for the metrics refresh
+	// A batch's transaction holds its rows while the broker answers. If this
+	// process freezes or its host vanishes without closing the connection,
+	// Postgres ends the session after this long and the rows go to the other
+	// sweepers; a live sweeper never sits idle in a transaction longer than a
+	// send. Set in the URL's options to override.
+	if _, ok := poolCfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"]; !ok {
+		poolCfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = fmt.Sprint((o.sendTimeout + idleInTransactionMargin).Milliseconds())
+	}
 
 	logger := o.logger(errOut)
 	cfg.Logger = logger
@@ -351,6 +366,10 @@ func runCommand(ctx context.Context, args []string, out, errOut io.Writer, env E
 	}
 	return nil
 }
+
+// idleInTransactionMargin is what a batch's transaction may sit idle beyond
+// --send-timeout (recording the outcome) before Postgres ends its session.
+const idleInTransactionMargin = 5 * time.Second
 
 // redact names the database without its password.
 func redact(c *pgx.ConnConfig) string {

@@ -72,9 +72,13 @@ func (f *flags) Duration(p *time.Duration, name string, def time.Duration, usage
 }
 
 // bool registers a switch: present (or "true") sets it.
-func (f *flags) bool(p *bool, name, usage string) {
+func (f *flags) bool(p *bool, name, usage string) { f.Bool(p, name, false, usage) }
+
+// Bool registers a switch with a default; --name=false turns off one that is on.
+func (f *flags) Bool(p *bool, name string, def bool, usage string) {
+	*p = def
 	f.fs.Var(tracked{(*boolValue)(p), f, name}, name, usage)
-	f.help = append(f.help, flagHelp{name: name, value: "", def: "false", usage: usage})
+	f.help = append(f.help, flagHelp{name: name, value: "", def: strconv.FormatBool(def), usage: usage})
 }
 
 // Enum registers a string flag that takes one of choices.

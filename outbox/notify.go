@@ -1,0 +1,129 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"github.com/jackc/pgx/v5"
+)
+
+// NotifyChannel is the channel the outbox's trigger (migration 4) notifies on
+// commit, with the schema-qualified table name as payload.
+const NotifyChannel = "outbox_sweeper"
+
+// listenCheckInterval is how long the listener waits for a notification before
+// it pings its connection: a connection to a host that vanished without closing
+// it would otherwise wait for good, and polling alone would carry the sweeper.
+const listenCheckInterval = 30 * time.Second
+
+// listener holds a dedicated connection that LISTENs for the outbox's trigger
+// and signals wake, which holds at most one signal: notifications that arrive
+// while a sweep runs fold into one more sweep, which is the debounce.
+//
+// Why a connection of its own rather than one from the pool: LISTEN belongs to
+// a session, and a pooled session is handed to other work between uses.
+type listener struct {
+	connConfig *pgx.ConnConfig
+	payload    string // the table, as the trigger names it
+	logger     *slog.Logger
+	wake       chan struct{}
+	// backoff paces reconnections; tests shorten it.
+	initialBackoff, maxBackoff time.Duration
+}
+
+func newListener(connConfig *pgx.ConnConfig, t Table, logger *slog.Logger) *listener {
+	return &listener{
+		connConfig:     connConfig,
+		payload:        t.String(),
+		logger:         logger,
+		wake:           make(chan struct{}, 1),
+		initialBackoff: 250 * time.Millisecond,
+		maxBackoff:     10 * time.Second,
+	}
+}
+
+func (l *listener) signal() {
+	select {
+	case l.wake <- struct{}{}:
+	default: // a sweep is already due
+	}
+}
+
+// run listens until ctx is done, reconnecting with backoff whenever the
+// connection is lost. Each (re)connection signals once: rows committed while
+// no one listened would otherwise wait for the next tick.
+func (l *listener) run(ctx context.Context) {
+	retry := backoff.NewExponentialBackOff()
+	retry.InitialInterval, retry.MaxInterval = l.initialBackoff, l.maxBackoff
+	lost := false
+	for ctx.Err() == nil {
+		err := l.listen(ctx, func() {
+			if lost {
+				l.logger.Info("listening for commits again; wake-ups resume")
+				lost = false
+			}
+			retry.Reset()
+			l.signal()
+		})
+		if ctx.Err() != nil {
+			return
+		}
+		delay := retry.NextBackOff()
+		if !lost {
+			l.logger.Warn("lost the connection that listens for commits; sweeps follow the schedule until it is back",
+				"err", err, "retry_in", delay.Round(time.Millisecond))
+			lost = true
+		} else {
+			l.logger.Debug("listen connection still down", "err", err, "retry_in", delay.Round(time.Millisecond))
+		}
+		if !sleepUntil(ctx, time.Now().Add(delay)) {
+			return
+		}
+	}
+}
+
+// listen connects, LISTENs, calls connected, and signals for every notification
+// of this table until the connection fails or ctx is done.
+func (l *listener) listen(ctx context.Context, connected func()) error {
+	connectCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(connectCtx, l.connConfig)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_ = conn.Close(closeCtx)
+	}()
+	if _, err := conn.Exec(connectCtx, "LISTEN "+NotifyChannel); err != nil {
+		return err
+	}
+	connected()
+	for {
+		waitCtx, cancel := context.WithTimeout(ctx, listenCheckInterval)
+		n, err := conn.WaitForNotification(waitCtx)
+		cancel()
+		switch {
+		case err == nil:
+			if n.Payload == l.payload {
+				l.signal()
+			}
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case errors.Is(err, context.DeadlineExceeded) && !conn.IsClosed():
+			// Quiet for a while: make sure the connection still answers.
+			pingCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			err := conn.Ping(pingCtx)
+			cancel()
+			if err != nil {
+				return err
+			}
+		default:
+			return err
+		}
+	}
+}

@@ -1,0 +1,232 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-sweeper/sweeper/internal/dbtest"
+	"github.com/outbox-sweeper/sweeper/outbox"
+	"github.com/outbox-sweeper/sweeper/producer/memory"
+)
+
+// namedPool returns a pool whose sessions carry application_name name, so a
+// test can find its sweeper's sessions among those of tests running alongside.
+func namedPool(t *testing.T, name string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dbtest.URL(t))
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["application_name"] = name
+	cfg.MaxConns = 6
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// With ticks an hour apart, only a wake-up on commit can deliver a row within
+// seconds; with notify off, the same row waits for the tick.
+func TestCommitWakesTheSweeper(t *testing.T) {
+	t.Parallel()
+	for _, notify := range []bool{true, false} {
+		t.Run(fmt.Sprintf("notify=%v", notify), func(t *testing.T) {
+			t.Parallel()
+			tbl := dbtest.Table(t)
+			app := "wake-test-" + tbl.Schema
+			// A row written before Run: its delivery shows the first tick,
+			// which comes at once, is over.
+			writeMessages(t, tbl, topicMessages("first", 1)...)
+			prod := memory.New(memory.Config{})
+			stop := dbtest.RunSweeper(t, newSweeper(t, namedPool(t, app), prod,
+				outbox.Config{Table: tbl, Tick: time.Hour, DisableNotify: !notify}))
+			defer stop()
+			dbtest.Eventually(t, 5*time.Second, "the first tick", func() bool { return len(prod.Messages()) == 1 })
+			if notify {
+				dbtest.Eventually(t, 5*time.Second, "the sweeper listening", func() bool { return len(listenerSessions(t, app)) == 1 })
+			}
+
+			start := time.Now()
+			writeMessages(t, tbl, topicMessages("woken", 3)...)
+			if !notify {
+				time.Sleep(time.Second)
+				require.Equal(t, 3, dbtest.Outstanding(t, tbl), "without notify, rows wait for the tick")
+				require.Empty(t, listenerSessions(t, app), "no listen connection")
+				return
+			}
+			dbtest.Eventually(t, 5*time.Second, "the rows sent", func() bool { return len(prod.Messages()) == 4 })
+			t.Logf("commit to broker: %s", time.Since(start))
+			require.Zero(t, dbtest.Outstanding(t, tbl))
+		})
+	}
+}
+
+// listenerSessions returns the pids of sessions named app (any, if empty) that
+// LISTEN for the outbox.
+func listenerSessions(t *testing.T, app string) []int32 {
+	t.Helper()
+	rows, err := dbtest.Pool(t).Query(context.Background(),
+		`SELECT pid FROM pg_stat_activity WHERE query = 'LISTEN '||$1 AND ($2 = '' OR application_name = $2)`,
+		outbox.NotifyChannel, app)
+	require.NoError(t, err)
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	require.NoError(t, err)
+	return pids
+}
+
+// The trigger fires per statement and Postgres folds a transaction's
+// notifications into one: 1,000 rows written at once, or three inserts in one
+// transaction, make one notification; a rollback makes none.
+func TestOneNotificationPerCommit(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dbtest.URL(t))
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "LISTEN "+outbox.NotifyChannel)
+	require.NoError(t, err)
+
+	count := func() int {
+		n := 0
+		for {
+			waitCtx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+			note, err := conn.WaitForNotification(waitCtx)
+			cancel()
+			if err != nil {
+				return n
+			}
+			if note.Payload == tbl.String() {
+				n++
+			}
+		}
+	}
+
+	writeMessages(t, tbl, topicMessages("bulk", 1000)...) // COPY: one statement
+	require.Equal(t, 1, count(), "a 1,000-row write")
+
+	w, err := outbox.NewWriter(tbl)
+	require.NoError(t, err)
+	pool := dbtest.Pool(t)
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		for range 3 {
+			if err := w.Write(ctx, tx, topicMessages("three", 1)...); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	require.Equal(t, 1, count(), "three inserts in one transaction")
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, w.Write(ctx, tx, topicMessages("rolled-back", 1)...))
+	require.NoError(t, tx.Rollback(ctx))
+	require.Equal(t, 0, count(), "a rolled-back insert")
+}
+
+// A listen connection that Postgres ends is opened again, and commits wake the
+// sweeper again; the ticks, an hour apart here, play no part.
+func TestLostListenConnectionIsReestablished(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	app := "notify-test-" + tbl.Schema
+	prod := memory.New(memory.Config{})
+	stop := dbtest.RunSweeper(t, newSweeper(t, namedPool(t, app), prod, outbox.Config{Table: tbl, Tick: time.Hour}))
+	defer stop()
+
+	var first []int32
+	dbtest.Eventually(t, 5*time.Second, "the sweeper listening", func() bool {
+		first = listenerSessions(t, app)
+		return len(first) == 1
+	})
+	var ok bool
+	require.NoError(t, dbtest.Pool(t).QueryRow(context.Background(), "SELECT pg_terminate_backend($1)", first[0]).Scan(&ok))
+	require.True(t, ok)
+	dbtest.Eventually(t, 10*time.Second, "a new listen connection", func() bool {
+		now := listenerSessions(t, app)
+		return len(now) == 1 && now[0] != first[0]
+	})
+
+	writeMessages(t, tbl, topicMessages("after-reconnect", 5)...)
+	dbtest.Eventually(t, 5*time.Second, "the rows sent", func() bool { return len(prod.Messages()) == 5 })
+}
+
+// Under OrderingTopic a topic whose lock another sweeper holds is not sent at
+// all, while other topics go on; once the lock is free, it is.
+func TestTopicOrderingSendsATopicFromOneSweeperAtATime(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, append(topicMessages("held", 50), topicMessages("free", 50)...)...)
+	ctx := context.Background()
+
+	// Another sweeper, as far as Postgres can tell, sending a batch of "held".
+	other, err := dbtest.Pool(t).Begin(ctx)
+	require.NoError(t, err)
+	defer other.Rollback(ctx)
+	_, err = other.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", tbl.TopicLockKey("held"))
+	require.NoError(t, err)
+
+	prod := memory.New(memory.Config{MaxBatch: 10})
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl})
+	res, err := s.Sweep(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 50, res.Dispatched, "only the free topic")
+	require.Positive(t, res.Skipped)
+	for _, m := range prod.Messages() {
+		require.Equal(t, "free", m.Topic)
+	}
+
+	require.NoError(t, other.Rollback(ctx))
+	res, err = s.Sweep(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 50, res.Dispatched)
+	require.Zero(t, dbtest.Outstanding(t, tbl))
+}
+
+// Rows another sweeper holds: under OrderingTopic the topic waits for them, so
+// nothing overtakes them; under OrderingNone the rest of the topic is sent.
+func TestOrderingNoneSendsAroundRowsHeldElsewhere(t *testing.T) {
+	t.Parallel()
+	for _, ordering := range []outbox.Ordering{outbox.OrderingTopic, outbox.OrderingNone} {
+		t.Run(string(ordering), func(t *testing.T) {
+			t.Parallel()
+			tbl := dbtest.Table(t)
+			writeMessages(t, tbl, topicMessages("shared", 100)...)
+			ctx := context.Background()
+
+			other, err := dbtest.Pool(t).Begin(ctx)
+			require.NoError(t, err)
+			defer other.Rollback(ctx)
+			_, err = other.Exec(ctx, fmt.Sprintf("SELECT id FROM %s ORDER BY id LIMIT 10 FOR UPDATE",
+				pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()))
+			require.NoError(t, err)
+
+			prod := memory.New(memory.Config{MaxBatch: 25})
+			s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, Ordering: ordering})
+			res, err := s.Sweep(ctx)
+			require.NoError(t, err)
+			if ordering == outbox.OrderingTopic {
+				require.Zero(t, res.Dispatched, "the first batch waits for the held rows, and the rest waits for it")
+			} else {
+				require.Equal(t, 90, res.Dispatched)
+				require.Equal(t, 10, res.Skipped)
+			}
+
+			require.NoError(t, other.Rollback(ctx))
+			_, err = s.Sweep(ctx)
+			require.NoError(t, err)
+			require.Zero(t, dbtest.Outstanding(t, tbl))
+			seen := map[int64]bool{}
+			for _, m := range prod.Messages() {
+				require.False(t, seen[m.ID], "row %d sent twice", m.ID)
+				seen[m.ID] = true
+			}
+			require.Len(t, seen, 100)
+		})
+	}
+}
