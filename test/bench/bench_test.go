@@ -6,6 +6,7 @@ package bench_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -125,4 +126,34 @@ func benchmarkDrainNATS(b *testing.B, cfg outbox.Config) {
 		}
 		return p
 	})
+}
+
+// BenchmarkLatencyNATS: the application commits 1,000 single-row transactions
+// a second for 20s while a sweeper with the defaults (wake-up on commit on)
+// relays them to NATS JetStream; the figures are each row's time from just
+// before its commit to its arrival at a subscriber.
+func BenchmarkLatencyNATS(b *testing.B) {
+	url := brokertest.NATSURL(b)
+	for range b.N {
+		prefix := brokertest.Name("latency")
+		topics := benchutil.NATSStream(b, url, prefix, 10)
+		tbl := dbtest.Table(b)
+		p, err := outboxnats.New(outboxnats.Config{URL: url})
+		if err != nil {
+			b.Fatal(err)
+		}
+		s, err := outbox.NewSweeper(dbtest.NewPool(b, 8), p, outbox.Config{Table: tbl})
+		if err != nil {
+			b.Fatal(err)
+		}
+		stop := dbtest.RunSweeper(b, s)
+		res := benchutil.Latency(b, tbl, url, prefix, topics, 1000, 20*time.Second)
+		stop()
+		_ = p.Close(context.Background())
+		b.ReportMetric(float64(res.Quantile(0.5).Microseconds())/1000, "p50-ms")
+		b.ReportMetric(float64(res.Quantile(0.99).Microseconds())/1000, "p99-ms")
+		b.ReportMetric(float64(res.Quantile(1).Microseconds())/1000, "max-ms")
+		b.ReportMetric(res.WriteRate, "commits/s")
+		b.ReportMetric(0, "ns/op")
+	}
 }

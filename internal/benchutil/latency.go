@@ -1,0 +1,152 @@
+package benchutil
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outbox-sweeper/sweeper/internal/brokertest"
+	"github.com/outbox-sweeper/sweeper/internal/dbtest"
+	"github.com/outbox-sweeper/sweeper/outbox"
+)
+
+// LatencyResult is what Latency measured: every row's time from just before its
+// transaction's commit to its arrival at a NATS subscriber, sorted.
+type LatencyResult struct {
+	Rows       int
+	Latencies  []time.Duration
+	WriteRate  float64 // rows per second the writers achieved
+	Duplicates int
+}
+
+// Quantile returns the q-quantile (0 < q ≤ 1) of the latencies.
+func (r LatencyResult) Quantile(q float64) time.Duration {
+	if len(r.Latencies) == 0 {
+		return 0
+	}
+	i := min(len(r.Latencies)-1, int(q*float64(len(r.Latencies))))
+	return r.Latencies[i]
+}
+
+// NATSStream creates a JetStream stream capturing prefix.> for a test, so the
+// sweeper's publishes are acknowledged, and returns the topics to write.
+func NATSStream(tb testing.TB, url, prefix string, topics int) []string {
+	tb.Helper()
+	nc, err := natsgo.Connect(url)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	brokertest.CreateStream(tb, js, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}, MaxMsgs: 100_000})
+	return Topics(prefix, topics)
+}
+
+// Latency writes rate single-row transactions a second for d into tbl, spread
+// over topics, from enough goroutines to keep the pace, while a sweeper someone
+// else runs relays them to NATS. A subscriber on prefix.> takes each message's
+// arrival; the clock starts just before each commit is sent, so a figure
+// includes the commit's round trip and never flatters. It fails tb if a row has
+// not arrived 30s after the last write.
+func Latency(tb testing.TB, tbl outbox.Table, natsURL, prefix string, topics []string, rate int, d time.Duration) LatencyResult {
+	tb.Helper()
+	n := int(d.Seconds() * float64(rate))
+	committing := make([]atomic.Int64, n) // unix nanos just before each row's commit
+	arrived := make([]atomic.Int64, n)    // unix nanos of its first arrival
+	var received, dups atomic.Int64
+
+	nc, err := natsgo.Connect(natsURL)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer nc.Close()
+	sub, err := nc.Subscribe(prefix+".>", func(m *natsgo.Msg) {
+		now := time.Now().UnixNano()
+		seq, err := strconv.Atoi(string(m.Data))
+		if err != nil || seq < 0 || seq >= n {
+			tb.Errorf("unexpected message %q on %s", m.Data, m.Subject)
+			return
+		}
+		if arrived[seq].CompareAndSwap(0, now) {
+			received.Add(1)
+		} else {
+			dups.Add(1)
+		}
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := sub.SetPendingLimits(-1, -1); err != nil {
+		tb.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		tb.Fatal(err)
+	}
+
+	w, err := outbox.NewWriter(tbl)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	pool := dbtest.NewPool(tb, 16)
+	seqs := make(chan int, rate)
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			ctx := context.Background()
+			for seq := range seqs {
+				tx, err := pool.Begin(ctx)
+				if err == nil {
+					err = w.Write(ctx, tx, outbox.Message{Topic: topics[seq%len(topics)], Payload: strconv.AppendInt(nil, int64(seq), 10)})
+				}
+				if err != nil {
+					tb.Errorf("write row %d: %v", seq, err)
+					return
+				}
+				committing[seq].Store(time.Now().UnixNano())
+				if err := tx.Commit(ctx); err != nil {
+					tb.Errorf("commit row %d: %v", seq, err)
+					return
+				}
+			}
+		})
+	}
+	begin := time.Now()
+	interval := time.Second / time.Duration(rate)
+	for seq := range n {
+		if wait := time.Until(begin.Add(time.Duration(seq) * interval)); wait > 0 {
+			time.Sleep(wait)
+		}
+		seqs <- seq
+	}
+	close(seqs)
+	wg.Wait()
+	writeRate := float64(n) / time.Since(begin).Seconds()
+	if tb.Failed() {
+		tb.FailNow()
+	}
+
+	deadline := time.Now().Add(30 * time.Second)
+	for received.Load() < int64(n) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := received.Load(); got < int64(n) {
+		tb.Fatalf("%d of %d rows arrived within 30s of the last write", got, n)
+	}
+	res := LatencyResult{Rows: n, WriteRate: writeRate, Duplicates: int(dups.Load()), Latencies: make([]time.Duration, n)}
+	for i := range n {
+		res.Latencies[i] = time.Duration(arrived[i].Load() - committing[i].Load())
+	}
+	slices.Sort(res.Latencies)
+	return res
+}
