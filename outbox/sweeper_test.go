@@ -6,18 +6,22 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-sweeper/sweeper/breaker"
+	"github.com/outbox-sweeper/sweeper/internal/benchutil"
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
 	"github.com/outbox-sweeper/sweeper/outbox"
 	"github.com/outbox-sweeper/sweeper/producer"
 	"github.com/outbox-sweeper/sweeper/producer/memory"
+	outboxsql "github.com/outbox-sweeper/sweeper/sql"
 )
 
 func newSweeper(t *testing.T, pool *pgxpool.Pool, p producer.Producer, cfg outbox.Config) *outbox.Sweeper {
@@ -504,4 +508,30 @@ func TestConfigValidateNamesTheFlagAndValue(t *testing.T) {
 		_, err := outbox.NewSweeper(dbtest.Pool(t), memory.New(memory.Config{}), tc.cfg)
 		require.ErrorContains(t, err, tc.want)
 	}
+}
+
+// The page query must read each topic through the (topic, id) index, whatever
+// the planner's statistics say: here they predate a drain that dispatched most
+// rows, the case in which a plainly written query walked the primary key and
+// filtered every dispatched row, a second per page at this size.
+func TestPageQueryReadsTheTopicIndexWhenStatisticsAreStale(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	benchutil.Load(t, tbl, 100_000, 512, benchutil.Topics("topic", 20)) // ends with VACUUM ANALYZE
+	ctx := context.Background()
+	ident := pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()
+	pool := dbtest.Pool(t)
+	_, err := pool.Exec(ctx, "ALTER TABLE "+ident+" SET (autovacuum_enabled = false)")
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "UPDATE "+ident+" SET dispatched_at = now() WHERE id % 100 < 95")
+	require.NoError(t, err)
+
+	query := outboxsql.Statement("page_outstanding", outboxsql.Tables{Outbox: ident})
+	rows, err := pool.Query(ctx, "EXPLAIN "+query, benchutil.Topics("topic", 20), make([]int64, 20), 25)
+	require.NoError(t, err)
+	plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	text := strings.Join(plan, "\n")
+	require.Contains(t, text, tbl.Name+"_outstanding_topic_idx", text)
+	require.NotContains(t, text, "pkey", text)
 }
