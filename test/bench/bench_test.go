@@ -5,6 +5,13 @@ package bench_test
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -154,6 +161,59 @@ func BenchmarkLatencyNATS(b *testing.B) {
 		b.ReportMetric(float64(res.Quantile(0.99).Microseconds())/1000, "p99-ms")
 		b.ReportMetric(float64(res.Quantile(1).Microseconds())/1000, "max-ms")
 		b.ReportMetric(res.WriteRate, "commits/s")
+		b.ReportMetric(0, "ns/op")
+	}
+}
+
+// BenchmarkPeakRSSBacklog runs the sweeper binary, built without the race
+// detector, with the defaults on a backlog of 1,000,000 rows of 512 bytes over
+// 10 topics, relaying to stdout (into /dev/null), and reports the process's
+// peak RSS (VmHWM) over the whole drain, and the drain rate.
+func BenchmarkPeakRSSBacklog(b *testing.B) {
+	const backlog = 1_000_000
+	bin := filepath.Join(b.TempDir(), "sweeper")
+	build := exec.Command("go", "build", "-o", bin, "../../cmd/sweeper")
+	if out, err := build.CombinedOutput(); err != nil {
+		b.Fatalf("build the sweeper: %v\n%s", err, out)
+	}
+	for range b.N {
+		tbl := dbtest.Table(b)
+		benchutil.Load(b, tbl, backlog, 512, benchutil.Topics("topic", 10))
+		cmd := exec.Command(bin, "run", "--database-url", dbtest.URL(b), "--schema", tbl.Schema,
+			"--admin-addr", "", "--log-level", "warn")
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+		cmd.Stderr = os.Stderr
+		start := time.Now()
+		if err := cmd.Start(); err != nil {
+			b.Fatal(err)
+		}
+		for dbtest.Outstanding(b, tbl) > 0 {
+			if time.Since(start) > 10*time.Minute {
+				_ = cmd.Process.Kill()
+				b.Fatal("the backlog did not drain in 10 minutes")
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		elapsed := time.Since(start)
+		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", cmd.Process.Pid))
+		if err != nil {
+			b.Fatal(err)
+		}
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		if err := cmd.Wait(); err != nil {
+			b.Fatalf("sweeper exit: %v", err)
+		}
+		var peakKB int64
+		for _, line := range strings.Split(string(status), "\n") {
+			if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+				peakKB, _ = strconv.ParseInt(strings.Fields(rest)[0], 10, 64)
+			}
+		}
+		if peakKB == 0 {
+			b.Fatal("no VmHWM in /proc/<pid>/status")
+		}
+		b.ReportMetric(float64(peakKB)/1024, "peak-RSS-MB")
+		b.ReportMetric(backlog/elapsed.Seconds(), "msg/s")
 		b.ReportMetric(0, "ns/op")
 	}
 }
