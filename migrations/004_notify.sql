@@ -5,10 +5,19 @@
 -- payload names the table, so sweepers of other outboxes in this database
 -- ignore it.
 --
--- Cost to the application: a transaction that notifies takes a database-wide
--- lock for a moment at commit, so commits that insert into the outbox are
--- serialized there. A sweeper run with --notify=false still polls; drop the
--- trigger too if writes must not pay it.
+-- Cost to the application: at commit, a transaction that notified takes a lock
+-- that is cluster-wide and holds it until its commit record is flushed (and,
+-- with synchronous replication, acknowledged), so such commits are serialized
+-- at the disk's flush latency. A sweeper run with --notify=false still polls;
+-- drop this trigger too if writes must not pay for it (README, "Wake-up on
+-- commit").
+--
+-- Creating the trigger locks the outbox against writes until running batch
+-- transactions end. Wait at most 10s for that, then fail (nothing changes, and
+-- migrate can be run again) rather than holding the application's inserts
+-- behind a long wait.
+SET LOCAL lock_timeout = '10s';
+
 CREATE FUNCTION {{.schema}}.{{.prefix}}_notify() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN

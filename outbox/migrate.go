@@ -76,6 +76,10 @@ func Migrate(ctx context.Context, conn *pgx.Conn, t Table) (MigrateResult, error
 		if errors.As(err, &pgErr) && pgErr.Code == "42P07" {
 			return res, fmt.Errorf("migrate %s: a table of that name exists but %s does not record it: %w (move the old table away or pick another --table)", t, t.versionTable(), err)
 		}
+		if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
+			return res, fmt.Errorf("migrate %s: the table stayed locked (batches of running sweepers, or a long transaction of the application) longer than the migration waits: %w; "+
+				"nothing was changed: run migrate again, or stop the sweepers while it runs", t, err)
+		}
 		return res, fmt.Errorf("migrate %s: %w", t, err)
 	}
 	if res.To, err = m.GetCurrentVersion(ctx); err != nil {

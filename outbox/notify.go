@@ -58,13 +58,14 @@ func (l *listener) signal() {
 func (l *listener) run(ctx context.Context) {
 	retry := backoff.NewExponentialBackOff()
 	retry.InitialInterval, retry.MaxInterval = l.initialBackoff, l.maxBackoff
-	lost := false
+	lost, connected := false, false
 	for ctx.Err() == nil {
 		err := l.listen(ctx, func() {
 			if lost {
 				l.logger.Info("listening for commits again; wake-ups resume")
 				lost = false
 			}
+			connected = true
 			retry.Reset()
 			l.signal()
 		})
@@ -73,8 +74,11 @@ func (l *listener) run(ctx context.Context) {
 		}
 		delay := retry.NextBackOff()
 		if !lost {
-			l.logger.Warn("lost the connection that listens for commits; sweeps follow the schedule until it is back",
-				"err", err, "retry_in", delay.Round(time.Millisecond))
+			msg := "lost the connection that listens for commits; sweeps follow the schedule until it is back"
+			if !connected {
+				msg = "cannot open the connection that listens for commits; sweeps follow the schedule until it opens"
+			}
+			l.logger.Warn(msg, "err", err, "retry_in", delay.Round(time.Millisecond))
 			lost = true
 		} else {
 			l.logger.Debug("listen connection still down", "err", err, "retry_in", delay.Round(time.Millisecond))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -13,6 +14,20 @@ import (
 
 	"github.com/outbox-sweeper/sweeper/producer"
 )
+
+// IdleInTransactionTimeout is how long a batch's transaction may sit idle,
+// waiting for the broker, before Postgres ends its session: sendTimeout plus
+// 5s, at most Postgres's limit (about 24 days). A live sweeper never waits
+// longer than a send; a frozen one loses its rows to the other sweepers after
+// it, so it bounds how long a dead instance holds rows.
+func IdleInTransactionTimeout(sendTimeout time.Duration) time.Duration {
+	const pgMax = time.Duration(math.MaxInt32) * time.Millisecond
+	return min(sendTimeout+idleMargin, pgMax)
+}
+
+// idleMargin leaves a batch's transaction time to record the outcome after a
+// send that took all of its timeout.
+const idleMargin = 5 * time.Second
 
 // dbTimeout bounds each statement the sweeper runs for one batch. It is counted
 // on a context detached from shutdown, so that a batch the broker has accepted is
@@ -27,6 +42,8 @@ type store struct {
 	// topicLocks is set for OrderingTopic: a batch's claim takes its topic's
 	// advisory lock.
 	topicLocks bool
+	// idleTimeout is the batch transaction's idle_in_transaction_session_timeout.
+	idleTimeout string
 
 	claimBatch        string
 	countExhausted    string
@@ -44,12 +61,13 @@ type deadLetterPolicy struct {
 	stormWindow time.Duration // … above which the storm guard stops it
 }
 
-func newStore(pool *pgxpool.Pool, t Table, policy deadLetterPolicy, ordering Ordering) *store {
+func newStore(pool *pgxpool.Pool, t Table, policy deadLetterPolicy, ordering Ordering, sendTimeout time.Duration) *store {
 	return &store{
 		pool:              pool,
 		table:             t,
 		policy:            policy,
 		topicLocks:        ordering == OrderingTopic,
+		idleTimeout:       fmt.Sprintf("%dms", IdleInTransactionTimeout(sendTimeout).Milliseconds()),
 		claimBatch:        t.statement("claim_batch"),
 		countExhausted:    t.statement("count_exhausted"),
 		deadLetter:        t.statement("dead_letter"),
@@ -194,7 +212,7 @@ func (s *store) dispatch(ctx context.Context, b producer.Batch, sendTimeout time
 		_ = tx.Rollback(rollbackCtx) // a no-op after Commit
 	}()
 
-	rows, err := tx.Query(claimCtx, s.claimBatch, b.IDs(), s.topicLocks, s.table.TopicLockKey(b.Topic))
+	rows, err := tx.Query(claimCtx, s.claimBatch, b.IDs(), s.topicLocks, s.table.TopicLockKey(b.Topic), s.idleTimeout)
 	if err != nil {
 		return out, fmt.Errorf("claim batch of topic %q, %d rows: %w", b.Topic, len(b.Messages), err)
 	}

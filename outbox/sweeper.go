@@ -272,7 +272,7 @@ type SweepResult struct {
 // claimed, sent and marked dispatched in its own transaction (see store.dispatch),
 // so a later failure never undoes an earlier success and a second sweeper on the
 // same table never sends a row this one has in flight. A failed batch raises its
-// rows' attempts, records the error, and stops its topic until the next tick;
+// rows' attempts, records the error, and stops its topic until the next sweep;
 // other topics go on. A message-class failure stops nothing: the rows it names
 // count an attempt and the rest of the batch is sent at once, so one poison
 // message cannot hold its topic. While pages come back full, the sweep reads the
@@ -302,7 +302,7 @@ func NewSweeper(pool *pgxpool.Pool, p producer.Producer, cfg Config) (*Sweeper, 
 			maxAttempts: max(cfg.MaxAttempts, 0),
 			stormLimit:  max(cfg.DeadLetterLimit, 0),
 			stormWindow: cfg.DeadLetterWindow,
-		}, cfg.Ordering),
+		}, cfg.Ordering, cfg.SendTimeout),
 	}, nil
 }
 
@@ -435,7 +435,7 @@ func (s *Sweeper) Sweep(ctx context.Context) (SweepResult, error) {
 // A page gives each live topic an equal share, read in id order from where the
 // topic's previous page ended, so a deep backlog in one topic cannot fill the
 // pages, and every page moves on. Rows left behind (poison, held by another
-// sweeper) wait for the next tick, which starts each topic from its lowest id.
+// sweeper) wait for the next sweep, which starts each topic from its lowest id.
 // Topics that appear during a tick are read from the next one.
 func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (SweepResult, error) {
 	if tick {
@@ -471,7 +471,7 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (S
 			return res, err
 		}
 		// Topics that stopped, or returned less than a share (nothing more
-		// behind it), are done for this tick; the others page on, after the
+		// behind it), are done for this sweep; the others page on, after the
 		// topics that waited.
 		done := make(map[string]bool, window)
 		for _, t := range stopped {
@@ -623,7 +623,10 @@ func (s *Sweeper) reject(work context.Context, g topicGroup, gen uint64, err err
 		}
 		tr.skipped += len(rejected.Messages) - out.claimed
 		if out.claimed == 0 {
-			return whole, nil // another sweeper has them
+			// Another sweeper has them; if that was all the topic had, the
+			// topic is done for this sweep.
+			tr.contended = whole
+			return whole, nil
 		}
 	}
 	rejected = out.sent
@@ -766,7 +769,7 @@ func (s *Sweeper) stopStorm(topic string, n int, err error) {
 // rejected at least one row.
 func (s *Sweeper) logFailure(b producer.Batch, err error) {
 	class := producer.ClassOf(err)
-	level, msg := slog.LevelWarn, "batch failed; topic stops until the next tick"
+	level, msg := slog.LevelWarn, "batch failed; topic stops until the next sweep"
 	switch class {
 	case producer.ClassLocal:
 		level, msg = slog.LevelInfo, "batch cancelled; its rows stay outstanding" // shutting down: nothing is wrong

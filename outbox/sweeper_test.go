@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -534,4 +535,21 @@ func TestPageQueryReadsTheTopicIndexWhenStatisticsAreStale(t *testing.T) {
 	text := strings.Join(plan, "\n")
 	require.Contains(t, text, tbl.Name+"_outstanding_topic_idx", text)
 	require.NotContains(t, text, "pkey", text)
+}
+
+// A batch's transaction may sit idle for the send timeout plus 5s; a send
+// timeout beyond Postgres's limit for that setting is capped rather than
+// failing every claim.
+func TestBatchIdleTimeoutFollowsTheSendTimeoutWithinPostgresLimit(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, 20*time.Second, outbox.IdleInTransactionTimeout(15*time.Second))
+	require.Equal(t, time.Duration(math.MaxInt32)*time.Millisecond, outbox.IdleInTransactionTimeout(600*time.Hour))
+
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("long", 3)...)
+	prod := memory.New(memory.Config{})
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, SendTimeout: 600 * time.Hour})
+	res, err := s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 3, res.Dispatched)
 }

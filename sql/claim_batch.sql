@@ -9,14 +9,23 @@
 --   $1  the batch's ids
 --   $2  whether to take the topic's lock first (--ordering topic)
 --   $3  the topic's advisory lock key
+--   $4  idle_in_transaction_session_timeout for this transaction, e.g. '20000ms'
 --
 -- With $2 set, the claim first tries the topic's transaction-scoped advisory
 -- lock, and claims nothing when another sweeper's batch of the topic holds it:
 -- at most one sweeper sends a topic at a time. The lock goes with the
 -- transaction, so a sweeper that dies frees it at once. CASE keeps the lock
 -- from being taken when $2 is not set; MATERIALIZED takes it once, not per row.
+--
+-- The transaction then sits idle while the broker answers. $4 bounds that for
+-- this transaction only (set_config(…, true) is SET LOCAL): if this sweeper
+-- freezes or its host vanishes without closing the connection, Postgres ends
+-- the session after $4 and the rows and the lock go to other sweepers. Set here
+-- rather than per session so it reaches nothing else the pool's sessions do,
+-- and passes through connection poolers.
 WITH topic_lock AS MATERIALIZED (
-    SELECT CASE WHEN $2::boolean THEN pg_try_advisory_xact_lock($3::bigint) ELSE true END AS held
+    SELECT set_config('idle_in_transaction_session_timeout', $4::text, true) AS idle_timeout,
+           CASE WHEN $2::boolean THEN pg_try_advisory_xact_lock($3::bigint) ELSE true END AS held
 )
 UPDATE {{outbox}}
 SET dispatched_at = now()

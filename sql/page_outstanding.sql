@@ -10,8 +10,8 @@
 -- returned its whole share may have more: the sweeper pages again.
 --
 -- The topic's range is written as row comparisons on (topic, id), not as
--- topic = … AND id > …, and ordered by (topic, id), so that only the (topic, id)
--- index can serve it. Written plainly, the planner may walk the primary key in
+-- topic = … AND id > …, and ordered by (topic, id), so that the (topic, id)
+-- index is the one that serves it without a sort. Written plainly, the planner may walk the primary key in
 -- id order and filter, betting that the LIMIT stops it early; when its
 -- statistics predate a drain, that bet reads every dispatched row in each page
 -- (a second a page at 100,000 rows).

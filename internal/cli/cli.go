@@ -271,15 +271,6 @@ func runCommand(ctx context.Context, args []string, out, errOut io.Writer, env E
 	// One connection per topic in flight, one to read pages, one each for
 	// retention and the probe, and one spare.
 	poolCfg.MaxConns = int32(o.concurrency + 7) // two for the admin API, one for the metrics refresh
-	// A batch's transaction holds its rows while the broker answers. If this
-	// process freezes or its host vanishes without closing the connection,
-	// Postgres ends the session after this long and the rows go to the other
-	// sweepers; a live sweeper never sits idle in a transaction longer than a
-	// send. Set in the URL's options to override.
-	if _, ok := poolCfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"]; !ok {
-		poolCfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = fmt.Sprint((o.sendTimeout + idleInTransactionMargin).Milliseconds())
-	}
-
 	logger := o.logger(errOut)
 	cfg.Logger = logger
 	syncAlerter, err := o.maintenanceOptions.alerter(f, logger)
@@ -366,10 +357,6 @@ func runCommand(ctx context.Context, args []string, out, errOut io.Writer, env E
 	}
 	return nil
 }
-
-// idleInTransactionMargin is what a batch's transaction may sit idle beyond
-// --send-timeout (recording the outcome) before Postgres ends its session.
-const idleInTransactionMargin = 5 * time.Second
 
 // redact names the database without its password.
 func redact(c *pgx.ConnConfig) string {
