@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
 	"github.com/outbox-sweeper/sweeper/outbox"
 	"github.com/outbox-sweeper/sweeper/producer/memory"
@@ -236,4 +237,29 @@ func TestOrderingNoneSendsAroundRowsHeldElsewhere(t *testing.T) {
 			require.Len(t, seen, 100)
 		})
 	}
+}
+
+// Wake-up sweeps leave the cooldowns to the ticks: a topic tripped for one tick
+// stays out however many commits wake the sweeper, while the other topics go.
+func TestWakeUpsDoNotShortenCooldowns(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	app := "cooldown-test-" + tbl.Schema
+	topics := breaker.New(breaker.Settings{CooldownTicks: 1})
+	prod := memory.New(memory.Config{})
+	stop := dbtest.RunSweeper(t, newSweeper(t, namedPool(t, app), prod,
+		outbox.Config{Table: tbl, Tick: time.Hour, TopicBreaker: topics}))
+	defer stop()
+	dbtest.Eventually(t, 5*time.Second, "the sweeper listening", func() bool { return len(listenerSessions(t, app)) == 1 })
+	topics.Trip("held", "test")
+
+	for i := range 5 {
+		writeMessages(t, tbl, append(topicMessages("held", 1), topicMessages("free", 1)...)...)
+		dbtest.Eventually(t, 5*time.Second, "the free row sent", func() bool { return len(prod.Messages()) == i+1 })
+	}
+	for _, m := range prod.Messages() {
+		require.Equal(t, "free", m.Topic)
+	}
+	require.Equal(t, breaker.StateTripped, topics.State("held"))
+	require.Equal(t, 5, dbtest.Outstanding(t, tbl))
 }
