@@ -2,7 +2,7 @@
 #
 #   make run     migrate the local database, write demo messages, relay them to stdout
 #   make test    every test, with the race detector, against the local Postgres
-#   make bench   the drain benchmark (see BENCHMARKS.md)
+#   make bench   the benchmarks: drains, instances, page query, latency, RSS (see BENCHMARKS.md)
 
 BIN          := bin/sweeper
 VERSION      ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)

@@ -205,8 +205,9 @@ type pageQueryCase struct {
 	dispatched int
 }
 
-// BenchmarkPageQueryRetained times the page query on 10,000 outstanding rows
-// alone, and with 10,000,000 dispatched rows kept in the table before them:
+// BenchmarkPageQueryRetained times the page query on 10,000 rows, half of them
+// outstanding, alone and with 10,000,000 dispatched rows kept in the table
+// before them:
 // the partial indexes hold outstanding rows only, so the second should cost
 // what the first does. Loading the 10,000,000 rows takes a few minutes.
 func BenchmarkPageQueryRetained(b *testing.B) {

@@ -118,8 +118,9 @@ type Config struct {
 
 	// SendTimeout bounds one batch's send, from the producer's call to its
 	// answer. A send that runs out fails as transient, and its rows count an
-	// attempt. The batch's transaction stays open meanwhile, so Postgres's
-	// idle_in_transaction_session_timeout, if set, must be longer. Defaults to
+	// attempt. The batch's transaction stays open meanwhile; it sets its own
+	// idle_in_transaction_session_timeout to IdleInTransactionTimeout of this,
+	// which overrides the server's for that transaction. Defaults to
 	// SendTimeoutDefault.
 	SendTimeout time.Duration
 

@@ -80,12 +80,19 @@ func TestChaosKilledInstancesLoseNothing(t *testing.T) {
 	w, err := outbox.NewWriter(tbl)
 	require.NoError(t, err)
 	var written atomic.Int64
-	writerDone := make(chan struct{})
+	writerDone, stopWriting := make(chan struct{}), make(chan struct{})
+	// A test that fails midway must stop the writer before its schema goes.
+	t.Cleanup(func() { close(stopWriting); <-writerDone })
 	go func() {
 		defer close(writerDone)
 		rng := rand.New(rand.NewPCG(1, 2))
 		begin := time.Now()
 		for i := 0; i < n; {
+			select {
+			case <-stopWriting:
+				return
+			default:
+			}
 			size := min(1+rng.IntN(50), n-i)
 			msgs := make([]outbox.Message, size)
 			for j := range msgs {
@@ -110,6 +117,11 @@ func TestChaosKilledInstancesLoseNothing(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	for kills < minKills || written.Load() < n {
 		require.True(t, time.Now().Before(deadline), "chaos did not finish in time: %d kills, %d rows written", kills, written.Load())
+		select {
+		case <-writerDone:
+			require.False(t, t.Failed(), "the application's writes failed")
+		default:
+		}
 		time.Sleep(time.Duration(100+rng.IntN(900)) * time.Millisecond)
 		i := rng.IntN(len(procs))
 		require.NoError(t, procs[i].cmd.Process.Kill())

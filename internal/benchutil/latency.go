@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -16,6 +17,21 @@ import (
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
 	"github.com/outbox-sweeper/sweeper/outbox"
 )
+
+// writeOne commits one row in a transaction of its own, storing the time just
+// before the commit in committing.
+func writeOne(ctx context.Context, pool *pgxpool.Pool, w *outbox.Writer, topic string, seq int, committing *atomic.Int64) error {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(ctx) }() // a no-op after the commit
+	if err := w.Write(ctx, tx, outbox.Message{Topic: topic, Payload: strconv.AppendInt(nil, int64(seq), 10)}); err != nil {
+		return err
+	}
+	committing.Store(time.Now().UnixNano())
+	return tx.Commit(ctx)
+}
 
 // LatencyResult is what Latency measured: every row's time from just before its
 // transaction's commit to its arrival at a NATS subscriber, sorted.
@@ -101,22 +117,19 @@ func Latency(tb testing.TB, tbl outbox.Table, natsURL, prefix string, topics []s
 	pool := dbtest.NewPool(tb, 16)
 	seqs := make(chan int, rate)
 	var wg sync.WaitGroup
+	var failed atomic.Bool
 	for range 16 {
 		wg.Go(func() {
 			ctx := context.Background()
+			// After a failure the workers drain the queue without writing,
+			// so the pacing loop never blocks on a full channel.
 			for seq := range seqs {
-				tx, err := pool.Begin(ctx)
-				if err == nil {
-					err = w.Write(ctx, tx, outbox.Message{Topic: topics[seq%len(topics)], Payload: strconv.AppendInt(nil, int64(seq), 10)})
+				if failed.Load() {
+					continue
 				}
-				if err != nil {
+				if err := writeOne(ctx, pool, w, topics[seq%len(topics)], seq, &committing[seq]); err != nil {
 					tb.Errorf("write row %d: %v", seq, err)
-					return
-				}
-				committing[seq].Store(time.Now().UnixNano())
-				if err := tx.Commit(ctx); err != nil {
-					tb.Errorf("commit row %d: %v", seq, err)
-					return
+					failed.Store(true)
 				}
 			}
 		})

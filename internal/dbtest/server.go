@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -46,8 +47,11 @@ func StartServer(t testing.TB) *Server {
 		}
 	}
 	s.run("initdb", "-D", s.dir, "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8")
-	s.Start()
+	// Registered before the start: a start that times out may have left a
+	// postmaster behind. Cleanups run last-registered first, so this stop
+	// comes before the directory's removal.
 	t.Cleanup(func() { _ = s.command("pg_ctl", "-D", s.dir, "-m", "immediate", "-w", "stop").Run() })
+	s.Start()
 	return s
 }
 
@@ -95,7 +99,11 @@ func serverBinDir() (string, error) {
 		}
 	}
 	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	sort.Strings(dirs)
+	version := func(dir string) int {
+		v, _ := strconv.Atoi(filepath.Base(filepath.Dir(dir)))
+		return v
+	}
+	sort.Slice(dirs, func(i, j int) bool { return version(dirs[i]) < version(dirs[j]) })
 	for i := len(dirs) - 1; i >= 0; i-- {
 		if _, err := os.Stat(filepath.Join(dirs[i], "initdb")); err == nil {
 			return dirs[i], nil

@@ -187,6 +187,7 @@ func BenchmarkPeakRSSBacklog(b *testing.B) {
 		if err := cmd.Start(); err != nil {
 			b.Fatal(err)
 		}
+		b.Cleanup(func() { _ = cmd.Process.Kill() }) // after a failure; a no-op once it has exited
 		for dbtest.Outstanding(b, tbl) > 0 {
 			if time.Since(start) > 10*time.Minute {
 				_ = cmd.Process.Kill()
