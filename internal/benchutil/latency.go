@@ -36,19 +36,28 @@ func writeOne(ctx context.Context, pool *pgxpool.Pool, w *outbox.Writer, topic s
 // LatencyResult is what Latency measured: every row's time from just before its
 // transaction's commit to its arrival at a NATS subscriber, sorted.
 type LatencyResult struct {
-	Rows       int
-	Latencies  []time.Duration
+	Rows      int
+	Latencies []time.Duration
+	// FromAck is every row's time from the moment its commit returned to the
+	// writer, sorted; negative when the row arrived first. The true commit lies
+	// between the two clocks, so Latencies is an upper bound and FromAck a
+	// lower one; their difference in the tail is time spent committing.
+	FromAck    []time.Duration
 	WriteRate  float64 // rows per second the writers achieved
 	Duplicates int
 }
 
 // Quantile returns the q-quantile (0 < q ≤ 1) of the latencies.
-func (r LatencyResult) Quantile(q float64) time.Duration {
-	if len(r.Latencies) == 0 {
+func (r LatencyResult) Quantile(q float64) time.Duration { return quantile(r.Latencies, q) }
+
+// QuantileFromAck returns the q-quantile of FromAck.
+func (r LatencyResult) QuantileFromAck(q float64) time.Duration { return quantile(r.FromAck, q) }
+
+func quantile(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
 		return 0
 	}
-	i := min(len(r.Latencies)-1, int(q*float64(len(r.Latencies))))
-	return r.Latencies[i]
+	return sorted[min(len(sorted)-1, int(q*float64(len(sorted))))]
 }
 
 // NATSStream creates a JetStream stream capturing prefix.> for a test, so the
@@ -78,6 +87,7 @@ func Latency(tb testing.TB, tbl outbox.Table, natsURL, prefix string, topics []s
 	tb.Helper()
 	n := int(d.Seconds() * float64(rate))
 	committing := make([]atomic.Int64, n) // unix nanos just before each row's commit
+	committed := make([]atomic.Int64, n)  // unix nanos when its commit returned
 	arrived := make([]atomic.Int64, n)    // unix nanos of its first arrival
 	var received, dups atomic.Int64
 
@@ -130,7 +140,9 @@ func Latency(tb testing.TB, tbl outbox.Table, natsURL, prefix string, topics []s
 				if err := writeOne(ctx, pool, w, topics[seq%len(topics)], seq, &committing[seq]); err != nil {
 					tb.Errorf("write row %d: %v", seq, err)
 					failed.Store(true)
+					continue
 				}
+				committed[seq].Store(time.Now().UnixNano())
 			}
 		})
 	}
@@ -156,10 +168,13 @@ func Latency(tb testing.TB, tbl outbox.Table, natsURL, prefix string, topics []s
 	if got := received.Load(); got < int64(n) {
 		tb.Fatalf("%d of %d rows arrived within 30s of the last write", got, n)
 	}
-	res := LatencyResult{Rows: n, WriteRate: writeRate, Duplicates: int(dups.Load()), Latencies: make([]time.Duration, n)}
+	res := LatencyResult{Rows: n, WriteRate: writeRate, Duplicates: int(dups.Load()),
+		Latencies: make([]time.Duration, n), FromAck: make([]time.Duration, n)}
 	for i := range n {
 		res.Latencies[i] = time.Duration(arrived[i].Load() - committing[i].Load())
+		res.FromAck[i] = time.Duration(arrived[i].Load() - committed[i].Load())
 	}
 	slices.Sort(res.Latencies)
+	slices.Sort(res.FromAck)
 	return res
 }

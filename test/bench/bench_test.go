@@ -160,6 +160,8 @@ func BenchmarkLatencyNATS(b *testing.B) {
 		b.ReportMetric(float64(res.Quantile(0.5).Microseconds())/1000, "p50-ms")
 		b.ReportMetric(float64(res.Quantile(0.99).Microseconds())/1000, "p99-ms")
 		b.ReportMetric(float64(res.Quantile(1).Microseconds())/1000, "max-ms")
+		b.ReportMetric(float64(res.QuantileFromAck(0.5).Microseconds())/1000, "p50-from-ack-ms")
+		b.ReportMetric(float64(res.QuantileFromAck(0.99).Microseconds())/1000, "p99-from-ack-ms")
 		b.ReportMetric(res.WriteRate, "commits/s")
 		b.ReportMetric(0, "ns/op")
 	}
