@@ -60,6 +60,7 @@ type Config struct {
 type Producer struct {
 	cfg Config
 
+	dialMu sync.Mutex // one connect at a time, outside mu so Close never waits for it
 	mu     sync.Mutex
 	nc     *natsgo.Conn
 	js     jetstream.JetStream
@@ -87,32 +88,47 @@ func New(cfg Config) (*Producer, error) {
 }
 
 // Connect connects, so that a start-up can report a server it cannot reach.
-func (p *Producer) Connect(context.Context) error {
-	_, _, err := p.conn()
+func (p *Producer) Connect(ctx context.Context) error {
+	_, _, err := p.conn(ctx)
 	return err
 }
 
-// conn returns the connection, connecting first if needed. Once connected, the
-// client reconnects by itself, buffering publishes meanwhile.
-func (p *Producer) conn() (*natsgo.Conn, jetstream.JetStream, error) {
+// conn returns the connection, connecting first if needed, within
+// ConnectTimeout or ctx's deadline, whichever comes first: a server that is down
+// or hangs must not hold a send past --send-timeout. Once connected, the client
+// reconnects by itself, buffering publishes meanwhile.
+func (p *Producer) conn(ctx context.Context) (*natsgo.Conn, jetstream.JetStream, error) {
+	p.dialMu.Lock()
+	defer p.dialMu.Unlock()
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
+	closed, nc, js := p.closed, p.nc, p.js
+	p.mu.Unlock()
+	if closed {
 		return nil, nil, producer.NewLocalError(errors.New("nats producer is closed"))
 	}
-	if p.nc != nil && !p.nc.IsClosed() {
-		return p.nc, p.js, nil
+	if nc != nil && !nc.IsClosed() {
+		return nc, js, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	timeout := p.cfg.ConnectTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = min(timeout, time.Until(dl))
+	}
+	if timeout <= 0 {
+		return nil, nil, producer.NewTransientError("connection_lost", fmt.Errorf("connect to NATS at %s: no time left before the send's deadline", p.cfg.URL))
 	}
 	nc, err := natsgo.Connect(p.cfg.URL,
 		natsgo.Name("outbox-sweeper"),
-		natsgo.Timeout(p.cfg.ConnectTimeout),
+		natsgo.Timeout(timeout),
 		natsgo.MaxReconnects(-1),
 		natsgo.ReconnectWait(500*time.Millisecond),
 	)
 	if err != nil {
 		return nil, nil, producer.NewTransientError("connection_lost", fmt.Errorf("connect to NATS at %s: %w", p.cfg.URL, err))
 	}
-	js, err := jetstream.New(nc,
+	js, err = jetstream.New(nc,
 		// Every topic in flight publishes on this one context: room for many
 		// batches, so a slow ack on one topic does not stall the others.
 		jetstream.WithPublishAsyncMaxPending(64*p.cfg.MaxBatch),
@@ -122,14 +138,20 @@ func (p *Producer) conn() (*natsgo.Conn, jetstream.JetStream, error) {
 		nc.Close()
 		return nil, nil, fmt.Errorf("JetStream context: %w", err)
 	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		nc.Close()
+		return nil, nil, producer.NewLocalError(errors.New("nats producer is closed"))
+	}
 	p.nc, p.js = nc, js
 	return nc, js, nil
 }
 
 // Batches cuts msgs into batches of at most MaxBatch messages. Messages larger
 // than the server's max_payload are left out and named in a message-class error.
-func (p *Producer) Batches(_ context.Context, topic string, msgs []producer.Message) ([]producer.Batch, error) {
-	nc, _, err := p.conn()
+func (p *Producer) Batches(ctx context.Context, topic string, msgs []producer.Message) ([]producer.Batch, error) {
+	nc, _, err := p.conn(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -184,7 +206,7 @@ func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 		return producer.NewMessageError(producer.ReasonInvalidMessage, invalid, firstErr)
 	}
 
-	_, js, err := p.conn()
+	_, js, err := p.conn(ctx)
 	if err != nil {
 		return err
 	}

@@ -216,3 +216,39 @@ func TestServerDownIsTransientAndClosedIsLocal(t *testing.T) {
 	require.ErrorContains(t, err, "no URL (--nats-url)")
 	require.False(t, errors.Is(err, context.Canceled))
 }
+
+// A server that accepts and then says nothing: a send ends by its own deadline,
+// not by the much longer ConnectTimeout, and Close does not wait for the
+// connection attempt in progress.
+func TestHungServerEndsTheSendByItsDeadlineAndCloseDoesNotWait(t *testing.T) {
+	t.Parallel()
+	proxy := tcpproxy.New(t, brokertest.HostPort(t, brokertest.NATSURL(t)))
+	proxy.Hang(true)
+	p, err := outboxnats.New(outboxnats.Config{URL: brokertest.WithHost(t, brokertest.NATSURL(t), proxy.Addr()), ConnectTimeout: 20 * time.Second})
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err = p.Send(ctx, producer.Batch{Topic: "x", Messages: producertest.Messages("x", 1, 1)})
+	require.Error(t, err)
+	require.Less(t, time.Since(start), 3*time.Second, "the send's deadline bounds the connection attempt")
+	require.NotEqual(t, producer.ClassTopic, producer.ClassOf(err))
+
+	// A connection attempt without a deadline is in progress; Close returns anyway.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = p.Connect(context.Background())
+	}()
+	time.Sleep(100 * time.Millisecond)
+	start = time.Now()
+	require.NoError(t, p.Close(context.Background()))
+	require.Less(t, time.Since(start), time.Second, "Close waited for the connection attempt")
+	proxy.Cut() // ends the hung attempt
+	select {
+	case <-done:
+	case <-time.After(25 * time.Second):
+		t.Fatal("the connection attempt never ended")
+	}
+}
