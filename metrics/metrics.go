@@ -30,12 +30,13 @@ type Metrics struct {
 	outstanding     prometheus.Gauge
 	oldestAge       prometheus.Gauge
 	deadLetters     prometheus.Gauge
+	listening       prometheus.Gauge
 	sweepDuration   prometheus.Histogram
 	dispatchLatency prometheus.Histogram
 	batchSize       prometheus.Histogram
 }
 
-var _ outbox.Observer = (*Metrics)(nil)
+var _ outbox.ListenObserver = (*Metrics)(nil)
 
 // New registers the metrics on reg.
 func New(reg prometheus.Registerer) *Metrics {
@@ -58,15 +59,17 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "Age of the oldest outstanding row: the relay's lag (refreshed on a schedule)."}),
 		deadLetters: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_dead_letter_messages",
 			Help: "Rows in the dead-letter table (refreshed on a schedule)."}),
+		listening: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_listening",
+			Help: "1 while the connection that listens for commits (wake-up on commit) is up, else 0: sweeps then follow the tick only."}),
 		sweepDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "outbox_sweep_duration_seconds",
-			Help: "Duration of a tick's sweep.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 15)}),
+			Help: "Duration of a sweep, a tick's or a wake-up's.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 15)}),
 		dispatchLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "outbox_dispatch_latency_seconds",
 			Help: "Time from the application's write to the broker's acceptance.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 18)}),
 		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "outbox_batch_size",
 			Help: "Messages per batch the broker accepted.", Buckets: prometheus.ExponentialBuckets(1, 2, 12)}),
 	}
 	reg.MustRegister(m.dispatched, m.batches, m.errors, m.deadLettered, m.tripped, m.dependency, m.outstanding,
-		m.oldestAge, m.deadLetters, m.sweepDuration, m.dispatchLatency, m.batchSize)
+		m.oldestAge, m.deadLetters, m.listening, m.sweepDuration, m.dispatchLatency, m.batchSize)
 	return m
 }
 
@@ -89,6 +92,15 @@ func (m *Metrics) BatchFailed(topic string, class producer.Class) {
 // DeadLettered implements outbox.Observer.
 func (m *Metrics) DeadLettered(topic string, n int) {
 	m.deadLettered.WithLabelValues(topic).Add(float64(n))
+}
+
+// Listening implements outbox.ListenObserver.
+func (m *Metrics) Listening(up bool) {
+	v := 0.0
+	if up {
+		v = 1
+	}
+	m.listening.Set(v)
 }
 
 // SweepDone implements outbox.Observer.
@@ -149,3 +161,6 @@ func (m *Metrics) Tripped(topic string) prometheus.Gauge { return m.tripped.With
 func (m *Metrics) DeadLetteredTotal(topic string) prometheus.Counter {
 	return m.deadLettered.WithLabelValues(topic)
 }
+
+// ListeningGauge returns outbox_listening, for tests.
+func (m *Metrics) ListeningGauge() prometheus.Gauge { return m.listening }

@@ -6,7 +6,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -99,4 +101,36 @@ func TestMetricsAfterARunWithAFailingTopicAndADeadLetter(t *testing.T) {
 	require.Greater(t, values["outbox_oldest_outstanding_age_seconds"], 0.0)
 	require.Equal(t, 5.0, values["outbox_dispatch_latency_seconds,count"])
 	require.Equal(t, 1.0, values["outbox_batch_size,count"])
+}
+
+// outbox_listening follows the sweeper's listen connection: 1 once it listens,
+// 0 when Postgres ends it, 1 again once it is back.
+func TestListeningGaugeFollowsTheListenConnection(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	ctx := context.Background()
+	m := metrics.New(prometheus.NewRegistry())
+	cfg, err := pgxpool.ParseConfig(dbtest.URL(t))
+	require.NoError(t, err)
+	app := "metrics-listen-" + tbl.Schema
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	s, err := outbox.NewSweeper(pool, memory.New(memory.Config{}), outbox.Config{Table: tbl, Observer: m, Tick: time.Hour})
+	require.NoError(t, err)
+	stop := dbtest.RunSweeper(t, s)
+	defer stop()
+
+	gauge := func() float64 { return testutil.ToFloat64(m.ListeningGauge()) }
+	dbtest.Eventually(t, 5*time.Second, "listening", func() bool { return gauge() == 1 })
+	// Held down while terminated: the listener reconnects on its backoff, so
+	// keep ending every new connection until the gauge has shown 0.
+	dbtest.Eventually(t, 10*time.Second, "the gauge at 0", func() bool {
+		_, err := dbtest.Pool(t).Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+			WHERE application_name = $1 AND query = 'LISTEN '||$2`, app, outbox.NotifyChannel)
+		require.NoError(t, err)
+		return gauge() == 0
+	})
+	dbtest.Eventually(t, 15*time.Second, "listening again", func() bool { return gauge() == 1 })
 }

@@ -30,15 +30,21 @@ type listener struct {
 	payload    string // the table, as the trigger names it
 	logger     *slog.Logger
 	wake       chan struct{}
+	// listening, if set, is told when the connection comes up and goes down.
+	listening func(up bool)
 	// backoff paces reconnections; tests shorten it.
 	initialBackoff, maxBackoff time.Duration
 }
 
-func newListener(connConfig *pgx.ConnConfig, t Table, logger *slog.Logger) *listener {
+func newListener(connConfig *pgx.ConnConfig, t Table, logger *slog.Logger, listening func(up bool)) *listener {
+	if listening == nil {
+		listening = func(bool) {}
+	}
 	return &listener{
 		connConfig:     connConfig,
 		payload:        t.String(),
 		logger:         logger,
+		listening:      listening,
 		wake:           make(chan struct{}, 1),
 		initialBackoff: 250 * time.Millisecond,
 		maxBackoff:     10 * time.Second,
@@ -66,9 +72,11 @@ func (l *listener) run(ctx context.Context) {
 				lost = false
 			}
 			connected = true
+			l.listening(true)
 			retry.Reset()
 			l.signal()
 		})
+		l.listening(false)
 		if ctx.Err() != nil {
 			return
 		}

@@ -211,6 +211,14 @@ type Observer interface {
 	SweepDone(d time.Duration)
 }
 
+// ListenObserver is an Observer that also wants to know whether the sweeper's
+// listen connection (wake-up on commit) is up. The metrics package implements it.
+type ListenObserver interface {
+	Observer
+	// Listening reports the connection up (true) or down (false).
+	Listening(up bool)
+}
+
 // Validate reports the first field out of range as a [*ConfigError]. Call it on
 // a config with defaults filled in (NewSweeper does): it rejects zeros, so that a
 // command line that sets a value to 0 is told so rather than given the default.
@@ -326,7 +334,11 @@ func (s *Sweeper) Run(ctx context.Context) error {
 
 	var wake <-chan struct{}
 	if !s.cfg.DisableNotify {
-		l := newListener(s.store.pool.Config().ConnConfig.Copy(), s.cfg.Table, s.logger)
+		var listening func(bool)
+		if o, ok := s.cfg.Observer.(ListenObserver); ok {
+			listening = o.Listening
+		}
+		l := newListener(s.store.pool.Config().ConnConfig.Copy(), s.cfg.Table, s.logger, listening)
 		listenCtx, stopListening := context.WithCancel(ctx)
 		var wg sync.WaitGroup
 		wg.Go(func() { l.run(listenCtx) })
