@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -118,6 +119,51 @@ func (w *Writer) Write(ctx context.Context, db DBTX, msgs ...Message) error {
 		}
 	}
 	return nil
+}
+
+// WriteOrdered is Write for applications whose transactions write the same
+// topic concurrently and need its messages delivered in commit order.
+//
+// Why it is needed: the sweeper sends each topic in id order, and ids are drawn
+// at insert, not at commit. Two transactions writing one topic at once may
+// commit in the other order: the row with the lower id then becomes visible
+// after the higher one, which may have been sent already. WriteOrdered first
+// takes a transaction-scoped advisory lock per topic of msgs (in byte order of
+// the names, so two writers cannot deadlock on them), so a second transaction
+// writing the same topic waits until the first commits or rolls back, and draws
+// its ids after it: per topic, id order is commit order.
+//
+// The price is that such transactions are serialized per topic from this call
+// to their end: keep them short after it. tx must be the transaction that makes
+// the business change (the locks end with it). Applications in other languages
+// take the same lock, before their insert, with
+//
+//	SELECT pg_advisory_xact_lock(hashtextextended('outbox-writer <schema>.<table> <topic>', 0))
+//
+// Transactions that write several topics through several calls can deadlock if
+// they lock the same topics in different orders; Postgres then aborts one of
+// them with an error, and nothing is written.
+func (w *Writer) WriteOrdered(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	names := make([]string, 0, 1)
+	for i, m := range msgs {
+		if m.Topic == "" {
+			return fmt.Errorf("outbox message %d of %d: topic is empty: every message needs a destination", i+1, len(msgs))
+		}
+		names = append(names, m.Topic)
+	}
+	slices.Sort(names)
+	names = slices.Compact(names)
+	keys := make([]string, len(names))
+	for i, n := range names {
+		keys[i] = "outbox-writer " + w.table.String() + " " + n
+	}
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended(k, 0)) FROM unnest($1::text[]) AS k", keys); err != nil {
+		return fmt.Errorf("lock outbox topics %q of %s for ordered writes: %w", names, w.table, err)
+	}
+	return w.Write(ctx, tx, msgs...)
 }
 
 // columns is one message in the form the statements take. Nil pointers and an

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
 	"github.com/outbox-sweeper/sweeper/outbox"
+	"github.com/outbox-sweeper/sweeper/producer/memory"
 )
 
 func TestWriteOneMessageKeepsEveryColumn(t *testing.T) {
@@ -147,4 +149,107 @@ func TestNewWriterRejectsBadTableNames(t *testing.T) {
 	require.ErrorContains(t, err, `table (--table) is "Outbox; DROP TABLE x": not a valid name`)
 	_, err = outbox.NewWriter(outbox.Table{Schema: "1abc"})
 	require.ErrorContains(t, err, `schema (--schema) is "1abc": not a valid name`)
+}
+
+// Two transactions write one topic at once; the first to insert commits last.
+// With Write, the row with the higher id is committed, and sent, first: the
+// topic arrives out of order. With WriteOrdered the second waits for the first,
+// draws the higher id, and the topic arrives in commit order.
+func TestWriteOrderedDeliversConcurrentWritersInCommitOrder(t *testing.T) {
+	t.Parallel()
+	for _, ordered := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ordered=%v", ordered), func(t *testing.T) {
+			t.Parallel()
+			tbl := dbtest.Table(t)
+			ctx := context.Background()
+			pool := dbtest.Pool(t)
+			w, err := outbox.NewWriter(tbl)
+			require.NoError(t, err)
+			write := func(tx pgx.Tx, payload string) error {
+				m := outbox.Message{Topic: "orders", Payload: []byte(payload)}
+				if ordered {
+					return w.WriteOrdered(ctx, tx, m)
+				}
+				return w.Write(ctx, tx, m)
+			}
+			prod := memory.New(memory.Config{})
+			stop := dbtest.RunSweeper(t, newSweeper(t, dbtest.NewPool(t, 6), prod, outbox.Config{Table: tbl, Tick: 5 * time.Millisecond}))
+			defer stop()
+
+			// The slow transaction writes first and commits last.
+			slow, err := pool.Begin(ctx)
+			require.NoError(t, err)
+			defer slow.Rollback(ctx)
+			require.NoError(t, write(slow, "first"))
+
+			fastDone := make(chan error, 1)
+			go func() {
+				fastDone <- pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return write(tx, "second") })
+			}()
+			select {
+			case err := <-fastDone:
+				require.False(t, ordered, "WriteOrdered did not wait for the transaction holding the topic")
+				require.NoError(t, err)
+				dbtest.Eventually(t, 5*time.Second, "the second row sent", func() bool { return len(prod.Messages()) == 1 })
+			case <-time.After(300 * time.Millisecond):
+				require.True(t, ordered, "Write waited for another transaction")
+			}
+			require.NoError(t, slow.Commit(ctx))
+			if ordered {
+				require.NoError(t, <-fastDone)
+			}
+			dbtest.Eventually(t, 5*time.Second, "both rows sent", func() bool { return len(prod.Messages()) == 2 })
+
+			var got []string
+			for _, m := range prod.Messages() {
+				got = append(got, string(m.Payload))
+			}
+			if ordered {
+				require.Equal(t, []string{"first", "second"}, got, "commit order")
+			} else {
+				require.Equal(t, []string{"second", "first"}, got, "with Write, the later commit with the lower id arrives last")
+			}
+		})
+	}
+}
+
+func TestWriteOrderedRejectsAnEmptyTopicBeforeLocking(t *testing.T) {
+	t.Parallel()
+	w, err := outbox.NewWriter(dbtest.Table(t))
+	require.NoError(t, err)
+	ctx := context.Background()
+	tx, err := dbtest.Pool(t).Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	err = w.WriteOrdered(ctx, tx, outbox.Message{Topic: "a"}, outbox.Message{Topic: ""})
+	require.ErrorContains(t, err, "outbox message 2 of 2: topic is empty")
+}
+
+// The README's SQL for other languages takes the lock WriteOrdered takes: a
+// transaction holding it makes WriteOrdered wait.
+func TestWriteOrderedTakesTheLockOfTheSQLExample(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	ctx := context.Background()
+	w, err := outbox.NewWriter(tbl)
+	require.NoError(t, err)
+	other, err := dbtest.Pool(t).Begin(ctx)
+	require.NoError(t, err)
+	defer other.Rollback(ctx)
+	_, err = other.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended('outbox-writer "+tbl.String()+" orders.paid', 0))")
+	require.NoError(t, err)
+
+	done := make(chan error, 1)
+	go func() {
+		done <- pgx.BeginFunc(ctx, dbtest.Pool(t), func(tx pgx.Tx) error {
+			return w.WriteOrdered(ctx, tx, outbox.Message{Topic: "orders.paid"})
+		})
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("WriteOrdered did not wait for the SQL example's lock: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	require.NoError(t, other.Rollback(ctx))
+	require.NoError(t, <-done)
 }

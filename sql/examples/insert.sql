@@ -23,6 +23,17 @@ VALUES ('orders.paid',
 
 COMMIT;
 
+-- Concurrent transactions writing one topic commit in any order, and ids are
+-- drawn at insert: a lower id can commit after a higher one was sent. For
+-- commit order per topic, lock the topic before inserting (Go's
+-- Writer.WriteOrdered does the same); a second writer of the topic then waits
+-- for this transaction to end. The string is 'outbox-writer <schema>.<table> <topic>'.
+BEGIN;
+SELECT pg_advisory_xact_lock(hashtextextended('outbox-writer public.outbox orders.paid', 0));
+INSERT INTO outbox (topic, payload)
+VALUES ('orders.paid', convert_to('{"order_id":43}', 'UTF8'));
+COMMIT;
+
 -- Is anything stuck? Outstanding rows, oldest first, with their failures:
 -- SELECT id, topic, attempts, last_error, created_at
 -- FROM outbox WHERE dispatched_at IS NULL ORDER BY id LIMIT 20;
