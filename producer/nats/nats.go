@@ -156,29 +156,14 @@ func (p *Producer) Batches(ctx context.Context, topic string, msgs []producer.Me
 		return nil, err
 	}
 	limit := nc.MaxPayload()
-	var (
-		out     []producer.Batch
-		cur     = producer.Batch{Topic: topic}
-		tooBig  []int64
-		maxSeen int
-	)
-	for _, m := range msgs {
+	out, tooBig, maxSeen := producer.Split(topic, msgs, producer.Limits{
+		Messages:     p.cfg.MaxBatch,
+		MessageBytes: int(max(limit, 0)), // 0 (unknown): no limit
 		// Headers count against max_payload too; this is their size as sent.
-		size := int64(len(m.Payload) + len(m.Headers) + len(m.MessageID) + len(m.ContentType) + len(m.CorrelationID) + len(m.PartitionKey) + 96)
-		if limit > 0 && size > limit {
-			tooBig = append(tooBig, m.ID)
-			maxSeen = max(maxSeen, int(size))
-			continue
-		}
-		if len(cur.Messages) == p.cfg.MaxBatch {
-			out = append(out, cur)
-			cur = producer.Batch{Topic: topic}
-		}
-		cur.Messages = append(cur.Messages, m)
-	}
-	if len(cur.Messages) > 0 {
-		out = append(out, cur)
-	}
+		Size: func(m *producer.Message) int {
+			return len(m.Payload) + len(m.Headers) + len(m.MessageID) + len(m.ContentType) + len(m.CorrelationID) + len(m.PartitionKey) + 96
+		},
+	})
 	if len(tooBig) > 0 {
 		return out, producer.NewMessageError(producer.ReasonMessageTooLarge, tooBig,
 			fmt.Errorf("message of about %d bytes is over the NATS server's max_payload of %d", maxSeen, limit))

@@ -248,30 +248,8 @@ func (p *Producer) give(c *pubChannel) {
 // payload bytes. Messages over MaxMessageBytes are left out and named in a
 // message-class error.
 func (p *Producer) Batches(_ context.Context, topic string, msgs []producer.Message) ([]producer.Batch, error) {
-	var (
-		out     []producer.Batch
-		cur     producer.Batch
-		size    int
-		tooBig  []int64
-		maxSeen int
-	)
-	for _, m := range msgs {
-		if len(m.Payload) > p.cfg.MaxMessageBytes {
-			tooBig = append(tooBig, m.ID)
-			maxSeen = max(maxSeen, len(m.Payload))
-			continue
-		}
-		if len(cur.Messages) > 0 && (len(cur.Messages) == p.cfg.MaxBatch || size+len(m.Payload) > p.cfg.MaxBatchBytes) {
-			out = append(out, cur)
-			cur, size = producer.Batch{}, 0
-		}
-		cur.Topic = topic
-		cur.Messages = append(cur.Messages, m)
-		size += len(m.Payload)
-	}
-	if len(cur.Messages) > 0 {
-		out = append(out, cur)
-	}
+	out, tooBig, maxSeen := producer.Split(topic, msgs, producer.Limits{
+		Messages: p.cfg.MaxBatch, Bytes: p.cfg.MaxBatchBytes, MessageBytes: p.cfg.MaxMessageBytes})
 	if len(tooBig) > 0 {
 		return out, producer.NewMessageError(producer.ReasonMessageTooLarge, tooBig,
 			fmt.Errorf("payload of %d bytes is over RabbitMQ's limit of %d (max_message_size)", maxSeen, p.cfg.MaxMessageBytes))
