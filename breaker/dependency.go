@@ -237,6 +237,10 @@ func (g *Guarded) Counts() gobreaker.Counts { return g.cb.Counts() }
 // Blocked reports whether the breaker is open: the sweeper then reads no page.
 func (g *Guarded) Blocked() bool { return g.cb.State() == gobreaker.StateOpen }
 
+// Probing reports whether the breaker is half-open: it lets one trial send
+// through and refuses the others, so the sweeper then sends one batch.
+func (g *Guarded) Probing() bool { return g.cb.State() == gobreaker.StateHalfOpen }
+
 // errBlocked wraps the breaker's refusals as local failures: nothing was sent.
 func errBlocked(err error) error {
 	return producer.NewLocalError(fmt.Errorf("broker circuit breaker: %w", err))

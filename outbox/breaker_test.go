@@ -16,6 +16,7 @@ import (
 	"github.com/outbox-sweeper/sweeper/outbox"
 	"github.com/outbox-sweeper/sweeper/producer"
 	"github.com/outbox-sweeper/sweeper/producer/memory"
+	"github.com/outbox-sweeper/sweeper/producer/producertest"
 )
 
 func countTopic(msgs []producer.Message, topic string) int {
@@ -429,5 +430,52 @@ func TestBrokerOutageDoesNotTripTheTopics(t *testing.T) {
 		_, err = s.Sweep(context.Background())
 		require.NoError(t, err)
 	}
+	require.Zero(t, dbtest.Outstanding(t, tbl))
+}
+
+// While the broker breaker is half-open it lets one send through and refuses
+// the others. The sweep sends one batch alone first: if the broker is still
+// down, that is the only send and no other batch is claimed only to be
+// refused; once it succeeds, the sweep goes on with every topic.
+func TestHalfOpenBrokerBreakerGetsOneBatchAlone(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	for _, topic := range []string{"a", "b", "c", "d"} {
+		writeMessages(t, tbl, topicMessages(topic, 3)...)
+	}
+	prod := memory.New(memory.Config{})
+	down := errors.New("connection refused")
+	prod.FailNextCalls(1, down)
+	guarded := breaker.Guard(prod, breaker.DependencyConfig{Failures: 1, RetryAttempts: 1, OpenDuration: 100 * time.Millisecond})
+	t.Cleanup(func() { _ = guarded.Close(context.Background()) })
+	// Sends take a while, so that concurrent ones would meet the half-open breaker.
+	prod.SetSendFunc(func(ctx context.Context, b producer.Batch) error {
+		time.Sleep(30 * time.Millisecond)
+		return nil
+	})
+	s := newSweeper(t, dbtest.Pool(t), guarded, outbox.Config{Table: tbl, Concurrency: 4,
+		TopicBreaker: breaker.New(breaker.Settings{FailureThreshold: 1000})})
+	// The outage: a failed send opens the breaker.
+	require.Error(t, guarded.Send(context.Background(), producer.Batch{Topic: "x", Messages: producertest.Messages("x", 1, 1)}))
+	require.Equal(t, breaker.DependencyOpen, guarded.State())
+
+	// Still down when the breaker turns half-open: one send, nothing refused.
+	prod.FailNextCalls(1, down)
+	require.Eventually(t, func() bool { return guarded.State() == breaker.DependencyHalfOpen }, 5*time.Second, 10*time.Millisecond)
+	calls := prod.Calls()
+	res, err := s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, calls+1, prod.Calls(), "one trial send")
+	require.Equal(t, 12, dbtest.Outstanding(t, tbl))
+	require.Equal(t, 1, res.Batches, "no batch claimed only to be refused")
+	require.Equal(t, breaker.DependencyOpen, guarded.State())
+
+	// Back: the trial closes the breaker and the same sweep sends the rest.
+	require.Eventually(t, func() bool { return guarded.State() == breaker.DependencyHalfOpen }, 5*time.Second, 10*time.Millisecond)
+	res, err = s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Zero(t, res.FailedBatches, "no send refused by the half-open breaker")
+	require.Equal(t, breaker.DependencyClosed, guarded.State())
+	require.Equal(t, 12, res.Dispatched)
 	require.Zero(t, dbtest.Outstanding(t, tbl))
 }

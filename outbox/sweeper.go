@@ -461,12 +461,29 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (S
 		res.Blocked = true
 		return res, nil
 	}
+	prober, _ := s.producer.(interface{ Probing() bool })
 	plan := s.breaker.Plan()
 	live, err := s.store.topics(work, plan.Excluded)
 	if err != nil {
 		return res, fmt.Errorf("list topics with outstanding rows in %s: %w", s.cfg.Table, err)
 	}
 	after := make([]int64, len(live))
+	// A half-open one lets a single trial through and refuses the others: send
+	// one batch alone first, rather than claim batches only to have them
+	// refused, and sweep on only if it closed the breaker.
+	if prober != nil && prober.Probing() && len(live) > 0 {
+		msgs, err := s.store.page(work, live[:1], after[:1], s.cfg.PageSize)
+		if err != nil {
+			return res, fmt.Errorf("read a page of outstanding rows from %s: %w", s.cfg.Table, err)
+		}
+		res.Pages++
+		if _, err := s.sendPage(stop, work, groupByTopic(msgs), plan, true, &res); err != nil || prober.Probing() {
+			return res, err
+		}
+		if b, ok := s.producer.(interface{ Blocked() bool }); ok && b.Blocked() {
+			return res, nil
+		}
+	}
 	for stop.Err() == nil && len(live) > 0 {
 		// A page reads at most PageSize topics (a share of one each when there
 		// are more), so the page size bounds memory however many topics there
@@ -479,7 +496,7 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (S
 		}
 		res.Pages++
 		groups := groupByTopic(msgs)
-		stopped, err := s.sendPage(stop, work, groups, plan, &res)
+		stopped, err := s.sendPage(stop, work, groups, plan, false, &res)
 		if err != nil {
 			return res, err
 		}
@@ -517,7 +534,7 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (S
 
 // sendPage sends a page's topics concurrently, adding to res. It returns the
 // topics that stopped for the rest of the sweep.
-func (s *Sweeper) sendPage(stop, work context.Context, groups []topicGroup, plan breaker.Plan, res *SweepResult) ([]string, error) {
+func (s *Sweeper) sendPage(stop, work context.Context, groups []topicGroup, plan breaker.Plan, probe bool, res *SweepResult) ([]string, error) {
 	var (
 		mu         sync.Mutex
 		dbErr      error
@@ -534,7 +551,7 @@ func (s *Sweeper) sendPage(stop, work context.Context, groups []topicGroup, plan
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			tr, err := s.sendTopic(stop, work, g, plan)
+			tr, err := s.sendTopic(stop, work, g, plan, probe)
 			mu.Lock()
 			defer mu.Unlock()
 			dispatched += tr.dispatched
@@ -583,9 +600,9 @@ type topicResult struct {
 
 // sendTopic sends one topic's messages of a page, batch after batch, and stops at
 // the first failed or contended batch so that a later batch never overtakes an
-// earlier one. A half-open topic sends one batch: its trial. Outcomes go to the
-// topic breaker.
-func (s *Sweeper) sendTopic(stop, work context.Context, g topicGroup, plan breaker.Plan) (topicResult, error) {
+// earlier one. A half-open topic sends one batch: its trial; so does any topic
+// while the broker breaker probes (probe). Outcomes go to the topic breaker.
+func (s *Sweeper) sendTopic(stop, work context.Context, g topicGroup, plan breaker.Plan, probe bool) (topicResult, error) {
 	var tr topicResult
 	topic, msgs, gen := g.topic, g.msgs, plan.Gen(g.topic)
 	batches, err := s.producer.Batches(work, topic, msgs)
@@ -604,7 +621,8 @@ func (s *Sweeper) sendTopic(stop, work context.Context, g topicGroup, plan break
 		}
 		// A half-open topic sends one batch, its trial: the first whose outcome
 		// says something of the topic (a batch of poison rows only does not).
-		if plan.Trials[topic] && tr.dispatched > 0 {
+		// A half-open broker breaker (probe) gets one batch, whatever it says.
+		if (plan.Trials[topic] && tr.dispatched > 0) || probe {
 			break
 		}
 	}
