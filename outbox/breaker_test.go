@@ -469,6 +469,9 @@ func TestHalfOpenBrokerBreakerGetsOneBatchAlone(t *testing.T) {
 	require.Equal(t, 12, dbtest.Outstanding(t, tbl))
 	require.Equal(t, 1, res.Batches, "no batch claimed only to be refused")
 	require.Equal(t, breaker.DependencyOpen, guarded.State())
+	for _, r := range readRows(t, tbl) {
+		require.Zero(t, r.Attempts, "a failed trial is the broker's, not the rows': row %d", r.ID)
+	}
 
 	// Back: the trial closes the breaker and the same sweep sends the rest.
 	require.Eventually(t, func() bool { return guarded.State() == breaker.DependencyHalfOpen }, 5*time.Second, 10*time.Millisecond)

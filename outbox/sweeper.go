@@ -612,11 +612,15 @@ func (s *Sweeper) sendTopic(stop, work context.Context, g topicGroup, plan break
 		}
 	}
 
+	send := s.producer.Send
+	if probe {
+		send = trialSend(s.producer.Send)
+	}
 	for _, b := range batches {
 		if stop.Err() != nil {
 			break
 		}
-		if err := s.sendBatch(work, b, gen, &tr); err != nil || tr.failed || tr.contended {
+		if err := s.sendBatch(work, b, gen, send, &tr); err != nil || tr.failed || tr.contended {
 			return tr, err
 		}
 		// A half-open topic sends one batch, its trial: the first whose outcome
@@ -681,6 +685,21 @@ func (s *Sweeper) reject(work context.Context, g topicGroup, gen uint64, err err
 	return false, nil // some messages can never be sent; the others go on
 }
 
+// trialSend wraps the send of the batch that tries a half-open broker breaker:
+// a transient failure there is the broker still being down, which the breaker
+// has just counted, not the rows' fault, so it becomes local: the rows go back
+// without an attempt. Counted, every trial of a long outage would add one, and
+// the trial rows would be dead-lettered as max_retries_exceeded.
+func trialSend(send func(context.Context, producer.Batch) error) func(context.Context, producer.Batch) error {
+	return func(ctx context.Context, b producer.Batch) error {
+		err := send(ctx, b)
+		if err != nil && producer.ClassOf(err) == producer.ClassTransient {
+			return producer.NewLocalError(fmt.Errorf("trial send of the half-open broker breaker failed, rows kept without an attempt: %w", err))
+		}
+		return err
+	}
+}
+
 // reportFailure tells the topic breaker about a failed batch: a topic-class
 // failure at once; a transient one is kept in tr for sendPage to weigh.
 // Message-class failures are the messages' and local ones nobody's: neither
@@ -698,9 +717,9 @@ func (s *Sweeper) reportFailure(topic string, gen uint64, err error, tr *topicRe
 // without the rows the failure named, at once: a poison message must not hold
 // its neighbours. Any other failure, or contention, sets tr.failed or
 // tr.contended and stops.
-func (s *Sweeper) sendBatch(work context.Context, b producer.Batch, gen uint64, tr *topicResult) error {
+func (s *Sweeper) sendBatch(work context.Context, b producer.Batch, gen uint64, send func(context.Context, producer.Batch) error, tr *topicResult) error {
 	for len(b.Messages) > 0 {
-		out, err := s.store.dispatch(work, b, s.cfg.SendTimeout, s.producer.Send)
+		out, err := s.store.dispatch(work, b, s.cfg.SendTimeout, send)
 		if err != nil {
 			return err
 		}

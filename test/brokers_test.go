@@ -470,3 +470,52 @@ func TestHungBrokerEndsEachSendWithinTheSendTimeout(t *testing.T) {
 		require.NotEqual(t, producer.ClassTopic, producer.ClassOf(err))
 	}
 }
+
+// NATS down from the start: the producer cannot ask the server its
+// max_payload, but that must not fail the batches' cutting (which the broker
+// breaker does not see, and which would count an attempt on every row each
+// sweep and so dead-letter the whole outbox). The sends fail, the breaker opens,
+// the rows keep their attempts, and all arrive once the server is back.
+func TestNATSDownFromTheStartDeadLettersNothing(t *testing.T) {
+	t.Parallel()
+	url := brokertest.NATSURL(t)
+	prefix := brokertest.Name("down")
+	nc, err := natsgo.Connect(url)
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	stream := brokertest.CreateStream(t, js, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}})
+	proxy := tcpproxy.New(t, brokertest.HostPort(t, url))
+	proxy.Refuse(true)
+	tbl := migrated(t)
+	insertRows(t, tbl, prefix+".a", 20)
+
+	p, err := outboxnats.New(outboxnats.Config{URL: brokertest.WithHost(t, url, proxy.Addr()), ConnectTimeout: 200 * time.Millisecond})
+	require.NoError(t, err)
+	guarded := breaker.Guard(p, breaker.DependencyConfig{Failures: 2, OpenDuration: 200 * time.Millisecond, RetryAttempts: 1})
+	t.Cleanup(func() { _ = guarded.Close(context.Background()) })
+	s, err := outbox.NewSweeper(dbtest.Pool(t), guarded, outbox.Config{Table: tbl, MaxAttempts: 3,
+		TopicBreaker: breaker.New(breaker.Settings{FailureThreshold: 1_000_000})})
+	require.NoError(t, err)
+	for range 20 { // many more sweeps than --max-attempts
+		_, err := s.Sweep(context.Background())
+		require.NoError(t, err)
+		time.Sleep(30 * time.Millisecond)
+	}
+	require.Equal(t, 20, dbtest.Outstanding(t, tbl), "no row dead-lettered while the server was down")
+	var deadLetters int
+	require.NoError(t, dbtest.Pool(t).QueryRow(context.Background(), "SELECT count(*) FROM "+
+		pgx.Identifier{tbl.Schema, tbl.DeadLetterName()}.Sanitize()).Scan(&deadLetters))
+	require.Zero(t, deadLetters)
+
+	proxy.Refuse(false)
+	dbtest.Eventually(t, 10*time.Second, "every row dispatched", func() bool {
+		_, err := s.Sweep(context.Background())
+		require.NoError(t, err)
+		return dbtest.Outstanding(t, tbl) == 0
+	})
+	info, err := stream.Info(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, uint64(20), info.State.Msgs)
+}

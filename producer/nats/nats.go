@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	natsgo "github.com/nats-io/nats.go"
@@ -65,7 +66,14 @@ type Producer struct {
 	nc     *natsgo.Conn
 	js     jetstream.JetStream
 	closed bool
+	// maxPayload is the server's max_payload as last seen, for cutting batches
+	// while not connected.
+	maxPayload atomic.Int64
 }
+
+// maxPayloadDefault is nats-server's default max_payload (1 MiB), assumed
+// until a server says otherwise.
+const maxPayloadDefault = 1 << 20
 
 var _ producer.Producer = (*Producer)(nil)
 
@@ -145,17 +153,32 @@ func (p *Producer) conn(ctx context.Context) (*natsgo.Conn, jetstream.JetStream,
 		return nil, nil, producer.NewLocalError(errors.New("nats producer is closed"))
 	}
 	p.nc, p.js = nc, js
+	p.maxPayload.Store(nc.MaxPayload())
 	return nc, js, nil
 }
 
 // Batches cuts msgs into batches of at most MaxBatch messages. Messages larger
 // than the server's max_payload are left out and named in a message-class error.
-func (p *Producer) Batches(ctx context.Context, topic string, msgs []producer.Message) ([]producer.Batch, error) {
-	nc, _, err := p.conn(ctx)
-	if err != nil {
-		return nil, err
+//
+// Cutting neither needs nor opens a connection: without one it uses the
+// max_payload the server last said (1 MiB before any answered), and the send,
+// which connects, fails instead. A failed cut would count an attempt on every
+// row without the broker breaker ever seeing a failed send, and so dead-letter
+// the outbox while the server is down.
+func (p *Producer) Batches(_ context.Context, topic string, msgs []producer.Message) ([]producer.Batch, error) {
+	p.mu.Lock()
+	closed, nc := p.closed, p.nc
+	p.mu.Unlock()
+	if closed {
+		return nil, producer.NewLocalError(errors.New("nats producer is closed"))
 	}
-	limit := nc.MaxPayload()
+	limit := p.maxPayload.Load()
+	if nc != nil && nc.IsConnected() {
+		limit = nc.MaxPayload()
+	}
+	if limit <= 0 {
+		limit = maxPayloadDefault
+	}
 	out, tooBig, maxSeen := producer.Split(topic, msgs, producer.Limits{
 		Messages:     p.cfg.MaxBatch,
 		MessageBytes: int(max(limit, 0)), // 0 (unknown): no limit
