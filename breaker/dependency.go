@@ -241,6 +241,23 @@ func (g *Guarded) Blocked() bool { return g.cb.State() == gobreaker.StateOpen }
 // through and refuses the others, so the sweeper then sends one batch.
 func (g *Guarded) Probing() bool { return g.cb.State() == gobreaker.StateHalfOpen }
 
+// Batches cuts batches through the producer. A transient failure to cut (the
+// producer needs its broker for that and cannot reach it) counts as a failed
+// send: the sweeper sends nothing then, and without this the breaker would
+// never see the outage. Successes do not count, since no broker was asked.
+func (g *Guarded) Batches(ctx context.Context, topic string, msgs []producer.Message) ([]producer.Batch, error) {
+	batches, err := g.Producer.Batches(ctx, topic, msgs)
+	if err != nil && len(producer.MessageIDs(err)) == 0 && producer.ClassOf(err) == producer.ClassTransient {
+		_, _ = g.cb.Execute(func() (struct{}, error) {
+			g.mu.Lock()
+			g.lastErr = err.Error()
+			g.mu.Unlock()
+			return struct{}{}, err
+		})
+	}
+	return batches, err
+}
+
 // errBlocked wraps the breaker's refusals as local failures: nothing was sent.
 func errBlocked(err error) error {
 	return producer.NewLocalError(fmt.Errorf("broker circuit breaker: %w", err))

@@ -482,3 +482,56 @@ func TestHalfOpenBrokerBreakerGetsOneBatchAlone(t *testing.T) {
 	require.Equal(t, 12, res.Dispatched)
 	require.Zero(t, dbtest.Outstanding(t, tbl))
 }
+
+// unreachableBatches cannot cut batches of some topics, as a producer that
+// needs its broker for that (Service Bus) fails while the broker is down.
+type unreachableBatches struct {
+	*memory.Producer
+	down map[string]bool
+}
+
+func (u unreachableBatches) Batches(ctx context.Context, topic string, msgs []producer.Message) ([]producer.Batch, error) {
+	if u.down[topic] {
+		return nil, producer.NewTransientError("connection_lost", errors.New("dial tcp: connection refused"))
+	}
+	return u.Producer.Batches(ctx, topic, msgs)
+}
+
+// A producer that cannot cut batches sends nothing, so the rows keep their
+// attempts however many sweeps it lasts (counted, --max-attempts sweeps would
+// dead-letter them), the other topics go on, and the broker breaker counts the
+// failures and opens.
+func TestFailureToCutBatchesCountsNoAttemptAndOpensTheBrokerBreaker(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, append(topicMessages("down", 5), topicMessages("up", 5)...)...)
+	prod := unreachableBatches{Producer: memory.New(memory.Config{}), down: map[string]bool{"down": true}}
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, MaxAttempts: 2,
+		TopicBreaker: breaker.New(breaker.Settings{FailureThreshold: 1000})})
+	for range 5 {
+		res, err := s.Sweep(context.Background())
+		require.NoError(t, err)
+		require.Equal(t, []string{"down"}, res.FailedTopics)
+	}
+	require.Len(t, prod.Messages(), 5, "the other topic went on")
+	for _, r := range readRows(t, tbl) {
+		require.Zero(t, r.Attempts, "row %d", r.ID)
+	}
+	require.Equal(t, 5, dbtest.Outstanding(t, tbl), "nothing dead-lettered")
+
+	guarded := breaker.Guard(prod, breaker.DependencyConfig{Failures: 2, RetryAttempts: 1, OpenDuration: time.Hour})
+	t.Cleanup(func() { _ = guarded.Close(context.Background()) })
+	s = newSweeper(t, dbtest.Pool(t), guarded, outbox.Config{Table: tbl, Concurrency: 1,
+		TopicBreaker: breaker.New(breaker.Settings{FailureThreshold: 1000})})
+	for range 2 {
+		_, err := s.Sweep(context.Background())
+		require.NoError(t, err)
+	}
+	require.Equal(t, breaker.DependencyOpen, guarded.State(), "failures to cut count as failed sends")
+	res, err := s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.True(t, res.Blocked)
+	for _, r := range readRows(t, tbl) {
+		require.Zero(t, r.Attempts, "row %d", r.ID)
+	}
+}

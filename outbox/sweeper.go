@@ -641,6 +641,18 @@ func (s *Sweeper) reject(work context.Context, g topicGroup, gen uint64, err err
 	page := producer.Batch{Topic: g.topic, Messages: g.msgs}
 	rejected := subset(page, slices.Sorted(slices.Values(producer.MessageIDs(err))))
 	whole := len(rejected.Messages) == 0
+	if whole && producer.ClassOf(err) != producer.ClassTopic {
+		// The producer could not cut anything (its broker unreachable, say):
+		// nothing was sent and nothing is wrong with the rows, so they keep
+		// their attempts; counted, a broker down for --max-attempts sweeps
+		// would dead-letter the outbox. The topic stops for this sweep.
+		tr.failed = true
+		tr.failedBatches++
+		s.observeFailure(g.topic, batchOutcome{sendErr: err})
+		s.logFailure(page, err)
+		s.reportFailure(g.topic, gen, err, tr)
+		return true, nil
+	}
 	if whole {
 		// Nothing of the topic can be cut: count it as a failed send of all
 		// its rows in the page, so they carry the error.
