@@ -535,3 +535,88 @@ func TestFailureToCutBatchesCountsNoAttemptAndOpensTheBrokerBreaker(t *testing.T
 		require.Zero(t, r.Attempts, "row %d", r.ID)
 	}
 }
+
+// Each trial of a half-open broker breaker takes the next topic: a topic whose
+// batch fails by itself, transiently, cannot be the only trial there is and
+// keep the breaker from ever closing for the others.
+func TestHalfOpenTrialsTakeTheTopicsInTurn(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, append(topicMessages("a", 3), topicMessages("b", 3)...)...)
+	prod := memory.New(memory.Config{})
+	prod.FailTopic("a", errors.New("stream quota exceeded, try later")) // a's own, transient
+	guarded := breaker.Guard(prod, breaker.DependencyConfig{Failures: 2, RetryAttempts: 1, OpenDuration: 30 * time.Millisecond})
+	t.Cleanup(func() { _ = guarded.Close(context.Background()) })
+	prod.FailNextCalls(2, errors.New("connection refused")) // the outage
+	for range 2 {
+		_ = guarded.Send(context.Background(), producer.Batch{Topic: "x", Messages: producertest.Messages("x", 1, 1)})
+	}
+	require.Equal(t, breaker.DependencyOpen, guarded.State())
+
+	s := newSweeper(t, dbtest.Pool(t), guarded, outbox.Config{Table: tbl,
+		TopicBreaker: breaker.New(breaker.Settings{FailureThreshold: 1000})})
+	dbtest.Eventually(t, 10*time.Second, "b delivered", func() bool {
+		_, err := s.Sweep(context.Background())
+		require.NoError(t, err)
+		n := 0
+		for _, m := range prod.Messages() {
+			if m.Topic == "b" {
+				n++
+			}
+		}
+		return n == 3
+	})
+}
+
+// The topic that took the trial sits out the rest of that sweep: a topic-class
+// failure (which closes the broker breaker: the broker answered) is recorded
+// once, not again by the same sweep.
+func TestTheTrialTopicIsNotSentAgainInTheSameSweep(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, append(topicMessages("a", 3), topicMessages("b", 3)...)...)
+	prod := memory.New(memory.Config{})
+	prod.FailTopic("a", producer.NewTopicError("not_found", errors.New("no such queue")))
+	guarded := breaker.Guard(prod, breaker.DependencyConfig{Failures: 1, RetryAttempts: 1, OpenDuration: 30 * time.Millisecond})
+	t.Cleanup(func() { _ = guarded.Close(context.Background()) })
+	prod.FailNextCalls(1, errors.New("connection refused"))
+	_ = guarded.Send(context.Background(), producer.Batch{Topic: "x", Messages: producertest.Messages("x", 1, 1)})
+	require.Eventually(t, func() bool { return guarded.State() == breaker.DependencyHalfOpen }, 5*time.Second, 5*time.Millisecond)
+
+	s := newSweeper(t, dbtest.Pool(t), guarded, outbox.Config{Table: tbl,
+		TopicBreaker: breaker.New(breaker.Settings{FailureThreshold: 1000})})
+	res, err := s.Sweep(context.Background()) // the first trial takes the first topic, a
+	require.NoError(t, err)
+	require.Equal(t, breaker.DependencyClosed, guarded.State())
+	require.Equal(t, []string{"a"}, res.FailedTopics)
+	require.Equal(t, 3, res.Dispatched, "b, in the same sweep")
+	for _, r := range readRows(t, tbl) {
+		if r.Topic == "a" {
+			require.Equal(t, 1, r.Attempts, "row %d", r.ID)
+		}
+	}
+}
+
+// A message-class failure to cut that names no row is not the broker's: it
+// counts an attempt, as the same failure of a send does, so such rows reach
+// --max-attempts instead of waiting forever.
+func TestMessageClassFailureToCutNamingNoRowCountsAnAttempt(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("big", 2)...)
+	prod := messageFailingBatches{memory.New(memory.Config{})}
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, MaxAttempts: 3,
+		TopicBreaker: breaker.New(breaker.Settings{FailureThreshold: 1000})})
+	for range 3 {
+		_, err := s.Sweep(context.Background())
+		require.NoError(t, err)
+	}
+	require.Zero(t, dbtest.Outstanding(t, tbl), "dead-lettered after --max-attempts")
+	require.Len(t, readDeadLetters(t, tbl), 2)
+}
+
+type messageFailingBatches struct{ *memory.Producer }
+
+func (messageFailingBatches) Batches(context.Context, string, []producer.Message) ([]producer.Batch, error) {
+	return nil, producer.NewMessageError(producer.ReasonMessageTooLarge, nil, errors.New("batch too large"))
+}

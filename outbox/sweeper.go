@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -292,6 +293,10 @@ type Sweeper struct {
 	logger   *slog.Logger
 	producer producer.Producer
 	store    *store
+	// probes counts the trials of a half-open broker breaker, to take each
+	// from the next topic: one topic whose batch fails by itself must not be
+	// the only trial there ever is.
+	probes atomic.Uint64
 }
 
 // NewSweeper returns a sweeper over pool's outbox table cfg.Table, sending to p.
@@ -470,9 +475,12 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (S
 	after := make([]int64, len(live))
 	// A half-open one lets a single trial through and refuses the others: send
 	// one batch alone first, rather than claim batches only to have them
-	// refused, and sweep on only if it closed the breaker.
+	// refused, and sweep on only if it closed the breaker. Each trial takes
+	// the next topic in turn. The tried topic sits out the rest of the sweep:
+	// it had its batch, and its outcome is in.
 	if prober != nil && prober.Probing() && len(live) > 0 {
-		msgs, err := s.store.page(work, live[:1], after[:1], s.cfg.PageSize)
+		i := int(s.probes.Add(1)-1) % len(live)
+		msgs, err := s.store.page(work, live[i:i+1], after[i:i+1], s.cfg.PageSize)
 		if err != nil {
 			return res, fmt.Errorf("read a page of outstanding rows from %s: %w", s.cfg.Table, err)
 		}
@@ -483,6 +491,8 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (S
 		if b, ok := s.producer.(interface{ Blocked() bool }); ok && b.Blocked() {
 			return res, nil
 		}
+		live = slices.Delete(live, i, i+1)
+		after = after[:len(live)] // all zero: no topic has paged yet
 	}
 	for stop.Err() == nil && len(live) > 0 {
 		// A page reads at most PageSize topics (a share of one each when there
@@ -641,7 +651,7 @@ func (s *Sweeper) reject(work context.Context, g topicGroup, gen uint64, err err
 	page := producer.Batch{Topic: g.topic, Messages: g.msgs}
 	rejected := subset(page, slices.Sorted(slices.Values(producer.MessageIDs(err))))
 	whole := len(rejected.Messages) == 0
-	if whole && producer.ClassOf(err) != producer.ClassTopic {
+	if class := producer.ClassOf(err); whole && (class == producer.ClassTransient || class == producer.ClassLocal) {
 		// The producer could not cut anything (its broker unreachable, say):
 		// nothing was sent and nothing is wrong with the rows, so they keep
 		// their attempts; counted, a broker down for --max-attempts sweeps

@@ -71,10 +71,6 @@ type Producer struct {
 	maxPayload atomic.Int64
 }
 
-// maxPayloadDefault is nats-server's default max_payload (1 MiB), assumed
-// until a server says otherwise.
-const maxPayloadDefault = 1 << 20
-
 var _ producer.Producer = (*Producer)(nil)
 
 // New returns a producer; it connects on [Producer.Connect] or first use, so a
@@ -161,8 +157,9 @@ func (p *Producer) conn(ctx context.Context) (*natsgo.Conn, jetstream.JetStream,
 // than the server's max_payload are left out and named in a message-class error.
 //
 // Cutting neither needs nor opens a connection: without one it uses the
-// max_payload the server last said (1 MiB before any answered), and the send,
-// which connects, fails instead. A failed cut would count an attempt on every
+// max_payload the server last said, or before any server answered checks no
+// size at all (the client refuses a message over the limit at the send, which
+// pins it on that row); and the send, which connects, fails instead. A failed cut would count an attempt on every
 // row without the broker breaker ever seeing a failed send, and so dead-letter
 // the outbox while the server is down.
 func (p *Producer) Batches(_ context.Context, topic string, msgs []producer.Message) ([]producer.Batch, error) {
@@ -172,12 +169,9 @@ func (p *Producer) Batches(_ context.Context, topic string, msgs []producer.Mess
 	if closed {
 		return nil, producer.NewLocalError(errors.New("nats producer is closed"))
 	}
-	limit := p.maxPayload.Load()
+	limit := p.maxPayload.Load() // 0 before any server answered: no check
 	if nc != nil && nc.IsConnected() {
 		limit = nc.MaxPayload()
-	}
-	if limit <= 0 {
-		limit = maxPayloadDefault
 	}
 	out, tooBig, maxSeen := producer.Split(topic, msgs, producer.Limits{
 		Messages:     p.cfg.MaxBatch,

@@ -252,3 +252,21 @@ func TestHungServerEndsTheSendByItsDeadlineAndCloseDoesNotWait(t *testing.T) {
 		t.Fatal("the connection attempt never ended")
 	}
 }
+
+// Before any server answered, the producer does not know max_payload: it cuts
+// without a size check rather than guess one (a server may allow more than the
+// 1 MiB default), and leaves a too-large message to the send.
+func TestBatchesBeforeAnyServerAnsweredChecksNoSize(t *testing.T) {
+	t.Parallel()
+	proxy := tcpproxy.New(t, brokertest.HostPort(t, brokertest.NATSURL(t)))
+	proxy.Refuse(true)
+	p, err := outboxnats.New(outboxnats.Config{URL: brokertest.WithHost(t, brokertest.NATSURL(t), proxy.Addr()), ConnectTimeout: 200 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close(context.Background()) })
+	msgs := producertest.Messages("x", 1, 2)
+	msgs[0].Payload = make([]byte, 2<<20)
+	batches, err := p.Batches(context.Background(), "x", msgs)
+	require.NoError(t, err, "cutting needs no server")
+	require.Len(t, batches, 1)
+	require.Len(t, batches[0].Messages, 2)
+}
