@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -110,14 +109,8 @@ func TestListeningGaugeFollowsTheListenConnection(t *testing.T) {
 	tbl := dbtest.Table(t)
 	ctx := context.Background()
 	m := metrics.New(prometheus.NewRegistry())
-	cfg, err := pgxpool.ParseConfig(dbtest.URL(t))
-	require.NoError(t, err)
 	app := "metrics-listen-" + tbl.Schema
-	cfg.ConnConfig.RuntimeParams["application_name"] = app
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer pool.Close()
-	s, err := outbox.NewSweeper(pool, memory.New(memory.Config{}), outbox.Config{Table: tbl, Observer: m, Tick: time.Hour})
+	s, err := outbox.NewSweeper(dbtest.NamedPool(t, app), memory.New(memory.Config{}), outbox.Config{Table: tbl, Observer: m, Tick: time.Hour})
 	require.NoError(t, err)
 	stop := dbtest.RunSweeper(t, s)
 	defer stop()

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-sweeper/sweeper/breaker"
@@ -15,20 +14,6 @@ import (
 	"github.com/outbox-sweeper/sweeper/outbox"
 	"github.com/outbox-sweeper/sweeper/producer/memory"
 )
-
-// namedPool returns a pool whose sessions carry application_name name, so a
-// test can find its sweeper's sessions among those of tests running alongside.
-func namedPool(t *testing.T, name string) *pgxpool.Pool {
-	t.Helper()
-	cfg, err := pgxpool.ParseConfig(dbtest.URL(t))
-	require.NoError(t, err)
-	cfg.ConnConfig.RuntimeParams["application_name"] = name
-	cfg.MaxConns = 6
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return pool
-}
 
 // With ticks an hour apart, only a wake-up on commit can deliver a row within
 // seconds; with notify off, the same row waits for the tick.
@@ -43,7 +28,7 @@ func TestCommitWakesTheSweeper(t *testing.T) {
 			// which comes at once, is over.
 			writeMessages(t, tbl, topicMessages("first", 1)...)
 			prod := memory.New(memory.Config{})
-			stop := dbtest.RunSweeper(t, newSweeper(t, namedPool(t, app), prod,
+			stop := dbtest.RunSweeper(t, newSweeper(t, dbtest.NamedPool(t, app), prod,
 				outbox.Config{Table: tbl, Tick: time.Hour, DisableNotify: !notify}))
 			defer stop()
 			dbtest.Eventually(t, 5*time.Second, "the first tick", func() bool { return len(prod.Messages()) == 1 })
@@ -151,7 +136,7 @@ func TestLostListenConnectionIsReestablished(t *testing.T) {
 	tbl := dbtest.Table(t)
 	app := "notify-test-" + tbl.Schema
 	prod := memory.New(memory.Config{})
-	stop := dbtest.RunSweeper(t, newSweeper(t, namedPool(t, app), prod, outbox.Config{Table: tbl, Tick: time.Hour}))
+	stop := dbtest.RunSweeper(t, newSweeper(t, dbtest.NamedPool(t, app), prod, outbox.Config{Table: tbl, Tick: time.Hour}))
 	defer stop()
 
 	var first []int32
@@ -265,7 +250,7 @@ func TestWakeUpsDoNotShortenCooldowns(t *testing.T) {
 	app := "cooldown-test-" + tbl.Schema
 	topics := breaker.New(breaker.Settings{CooldownTicks: 1})
 	prod := memory.New(memory.Config{})
-	stop := dbtest.RunSweeper(t, newSweeper(t, namedPool(t, app), prod,
+	stop := dbtest.RunSweeper(t, newSweeper(t, dbtest.NamedPool(t, app), prod,
 		outbox.Config{Table: tbl, Tick: time.Hour, TopicBreaker: topics}))
 	defer stop()
 	dbtest.Eventually(t, 5*time.Second, "the sweeper listening", func() bool { return len(listenerSessions(t, app)) == 1 })

@@ -297,13 +297,8 @@ func TestCommitLostAfterSendResendsTheBatch(t *testing.T) {
 	tbl := dbtest.Table(t)
 	writeMessages(t, tbl, topicMessages("A", 5)...)
 
-	cfg, err := pgxpool.ParseConfig(dbtest.URL(t))
-	require.NoError(t, err)
 	appName := "commit-lost-" + tbl.Schema
-	cfg.ConnConfig.RuntimeParams["application_name"] = appName
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := dbtest.NamedPool(t, appName)
 
 	prod := memory.New(memory.Config{})
 	var killed sync.Once
@@ -317,7 +312,7 @@ func TestCommitLostAfterSendResendsTheBatch(t *testing.T) {
 		return nil
 	})
 	s := newSweeper(t, pool, prod, outbox.Config{Table: tbl})
-	_, err = s.Sweep(context.Background())
+	_, err := s.Sweep(context.Background())
 	require.ErrorContains(t, err, "they will be sent again")
 	require.Len(t, prod.Messages(), 5, "the broker took the batch")
 	require.Equal(t, 5, dbtest.Outstanding(t, tbl), "but the mark was lost with the connection")

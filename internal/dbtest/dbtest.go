@@ -127,11 +127,27 @@ func Pool(t testing.TB) *pgxpool.Pool {
 // share connections (two sweepers, a dropped connection).
 func NewPool(t testing.TB, maxConns int32) *pgxpool.Pool {
 	t.Helper()
+	return newPool(t, maxConns, "")
+}
+
+// NamedPool is NewPool with 6 connections whose sessions carry application_name
+// name, so a test can find its sweeper's sessions in pg_stat_activity among
+// those of the tests running alongside.
+func NamedPool(t testing.TB, name string) *pgxpool.Pool {
+	t.Helper()
+	return newPool(t, 6, name)
+}
+
+func newPool(t testing.TB, maxConns int32, name string) *pgxpool.Pool {
+	t.Helper()
 	cfg, err := pgxpool.ParseConfig(URL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.MaxConns = maxConns
+	if name != "" {
+		cfg.ConnConfig.RuntimeParams["application_name"] = name
+	}
 	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
