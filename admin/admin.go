@@ -40,7 +40,7 @@ type Config struct {
 	// Topics is the topic breaker.
 	Topics breaker.Breaker
 	// Dependency is the dependency breaker; nil if there is none.
-	Dependency *breaker.Guarded
+	Dependency *breaker.Dependency
 	// DeadLetters serves the /dlq endpoints.
 	DeadLetters *outbox.DeadLetters
 	// Metrics serves /metrics; nil leaves it out.

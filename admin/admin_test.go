@@ -29,7 +29,7 @@ type bundle struct {
 	srv    *httptest.Server
 	tbl    outbox.Table
 	topics *breaker.Topics
-	dep    *breaker.Guarded
+	dep    *breaker.Dependency
 }
 
 // setup serves the API over a migrated outbox with three dead letters (two of
@@ -56,7 +56,7 @@ func setup(t *testing.T, token string) *bundle {
 	d, err := outbox.NewDeadLetters(dbtest.Pool(t), tbl)
 	require.NoError(t, err)
 	b := &bundle{tbl: tbl, topics: breaker.New(breaker.Settings{}),
-		dep: breaker.Guard(memory.New(memory.Config{}), breaker.DependencyConfig{})}
+		dep: breaker.NewDependency(breaker.DependencyConfig{})}
 	t.Cleanup(func() { _ = b.dep.Close(context.Background()) })
 	b.srv = httptest.NewServer(admin.Handler(admin.Config{Token: token, Pool: dbtest.Pool(t), Table: tbl, Topics: b.topics,
 		Dependency: b.dep, DeadLetters: d}))

@@ -47,24 +47,15 @@ func (s DependencyState) String() string {
 	}
 }
 
-// DependencyConfig configures [Guard]. Zero fields mean their defaults.
+// DependencyConfig configures a [Dependency]. Zero fields mean their defaults.
 type DependencyConfig struct {
-	// Failures is how many sends in a row must fail to open the breaker. A send
-	// is one batch after its retries. Defaults to BreakerFailuresDefault.
+	// Failures is how many sends in a row the sweeper must judge the broker's
+	// fault to open the breaker. A send is one batch after its retries.
+	// Defaults to BreakerFailuresDefault.
 	Failures int
 	// OpenDuration is how long the breaker stays open before letting one trial
 	// batch through. Defaults to BreakerOpenDurationDefault.
 	OpenDuration time.Duration
-	// RetryAttempts is how many times one send is tried in all (1: no retry).
-	// Defaults to RetryAttemptsDefault.
-	RetryAttempts int
-	// RetryInitial and RetryMax bound the backoff between tries: the n-th wait
-	// is a random duration in [0, min(RetryMax, RetryInitial·2ⁿ)) (full jitter).
-	// Default to RetryInitialDefault and RetryMaxDefault.
-	RetryInitial, RetryMax time.Duration
-	// Rand returns a number in [0, 1) for the jitter. Defaults to math/rand/v2;
-	// tests inject their own.
-	Rand func() float64
 	// OnStateChange observes every change of state (for metrics). It runs
 	// outside the breaker's lock.
 	OnStateChange func(from, to DependencyState, reason string)
@@ -79,40 +70,49 @@ func (c DependencyConfig) withDefaults() DependencyConfig {
 	if c.OpenDuration <= 0 {
 		c.OpenDuration = BreakerOpenDurationDefault
 	}
-	if c.RetryAttempts <= 0 {
-		c.RetryAttempts = RetryAttemptsDefault
-	}
-	if c.RetryInitial <= 0 {
-		c.RetryInitial = RetryInitialDefault
-	}
-	if c.RetryMax <= 0 {
-		c.RetryMax = RetryMaxDefault
-	}
-	if c.Rand == nil {
-		c.Rand = rand.Float64
-	}
 	return c
 }
 
-// Guarded is a producer behind the dependency breaker and in-call retries.
+// Verdict is the sweeper's judgement of the broker's part in one send, which is
+// all the dependency breaker counts. The breaker does not judge errors itself:
+// a failed send may be the broker's fault or a row's, and only the sweeper,
+// which knows what else succeeded and what the producer's health check says,
+// can tell (see the outbox package's failure policy).
+type Verdict int
+
+const (
+	// VerdictUnknown says nothing of the broker: the send was cancelled, or
+	// nothing was sent. It counts neither way.
+	VerdictUnknown Verdict = iota
+	// BrokerUp: the broker answered, whatever it said of the rows or the topic.
+	BrokerUp
+	// BrokerDown: the broker could not be reached, or failed while it could
+	// not be shown to be up.
+	BrokerDown
+)
+
+func (v Verdict) String() string {
+	switch v {
+	case BrokerUp:
+		return "up"
+	case BrokerDown:
+		return "down"
+	default:
+		return "unknown"
+	}
+}
+
+// Dependency is the broker circuit breaker (sony/gobreaker's two-step breaker):
+// it opens after Failures sends in a row judged [BrokerDown], refuses every send
+// while open, lets one trial through after OpenDuration, and closes when the
+// trial is judged [BrokerUp]. The caller asks [Dependency.Allow] before a send
+// and reports its verdict after it.
 //
-// How retries and the breaker compose: Send retries transient failures of one
-// batch with exponential backoff and full jitter, up to RetryAttempts tries and
-// within the send's context (the sweeper bounds it by --send-timeout). Only the
-// send's final outcome reaches the breaker: with the defaults, the breaker opens
-// after 5 batches in a row failed 5 tries each. Topic- and message-class
-// failures are not retried, and count as successes for the breaker: the broker
-// answered, and a missing topic is not a broker outage. A cancelled send counts
-// for neither.
-//
-// While the breaker is open, Send fails at once with a local-class error (the
-// rows were never sent, so they count no attempt), and Blocked tells the sweeper
-// not to page at all. After OpenDuration one trial batch goes through; its
-// success closes the breaker.
-type Guarded struct {
-	producer.Producer
+// State changes are logged by the caller's OnStateChange and alerted; both run
+// on a goroutine of their own, so a slow webhook never holds up a send.
+type Dependency struct {
 	cfg DependencyConfig
-	cb  *gobreaker.CircuitBreaker[struct{}]
+	cb  *gobreaker.TwoStepCircuitBreaker[struct{}]
 
 	mu        sync.Mutex
 	lastErr   string // the last failure, for the reason of a change
@@ -127,41 +127,74 @@ type stateChange struct {
 	lastErr  string
 }
 
-// Guard puts p behind a dependency breaker and in-call retries. Call Close to
-// stop its notifier (it also closes p).
-func Guard(p producer.Producer, cfg DependencyConfig) *Guarded {
+// Errors the verdicts become inside gobreaker, which counts errors.
+var (
+	errBrokerDown = errors.New("broker down")
+	errNoVerdict  = errors.New("no verdict")
+)
+
+// NewDependency returns a closed breaker. Call Close to stop its notifier.
+func NewDependency(cfg DependencyConfig) *Dependency {
 	cfg = cfg.withDefaults()
 	// Changes are few (each open lasts OpenDuration); the buffer absorbs a slow
 	// alerter without blocking gobreaker, which calls us under its lock.
-	g := &Guarded{Producer: p, cfg: cfg, changes: make(chan stateChange, 1024), done: make(chan struct{})}
-	g.cb = gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
-		Name:        "broker",
-		MaxRequests: 1,
-		Timeout:     cfg.OpenDuration,
-		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= uint32(cfg.Failures) },
-		IsSuccessful: func(err error) bool {
-			if err == nil {
-				return true
-			}
-			c := producer.ClassOf(err)
-			return c == producer.ClassTopic || c == producer.ClassMessage
-		},
-		IsExcluded: func(err error) bool { return err != nil && producer.ClassOf(err) == producer.ClassLocal },
+	d := &Dependency{cfg: cfg, changes: make(chan stateChange, 1024), done: make(chan struct{})}
+	d.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
+		Name:         "broker",
+		MaxRequests:  1,
+		Timeout:      cfg.OpenDuration,
+		ReadyToTrip:  func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= uint32(cfg.Failures) },
+		IsSuccessful: func(err error) bool { return !errors.Is(err, errBrokerDown) },
+		IsExcluded:   func(err error) bool { return errors.Is(err, errNoVerdict) },
 		// gobreaker calls this under its lock: hand the change to the notifier
 		// goroutine, never call back into the breaker here.
 		OnStateChange: func(_ string, from, to gobreaker.State) {
-			g.mu.Lock()
-			last := g.lastErr
-			g.mu.Unlock()
+			d.mu.Lock()
+			last := d.lastErr
+			d.mu.Unlock()
 			select {
-			case g.changes <- stateChange{fromGobreaker(from), fromGobreaker(to), last}:
+			case d.changes <- stateChange{fromGobreaker(from), fromGobreaker(to), last}:
 			default: // a burst of changes beyond the buffer: the state is what counts
 			}
 		},
 	})
-	g.wg.Add(1)
-	go g.notifyLoop()
-	return g
+	d.wg.Add(1)
+	go d.notifyLoop()
+	return d
+}
+
+// ErrBrokerOpen wraps the breaker's refusals. It is of the local class: nothing
+// was sent, so the rows count no attempt.
+var ErrBrokerOpen = errors.New("broker circuit breaker is open: nothing sent")
+
+// Allow asks to make one send. While the breaker is open, or half-open with its
+// trial out, it refuses with a local-class error wrapping ErrBrokerOpen.
+// Otherwise the caller sends and then calls done exactly once with its verdict
+// and, for BrokerDown, the failure (which names the change in logs and alerts).
+func (d *Dependency) Allow() (done func(v Verdict, cause error), err error) {
+	finish, err := d.cb.Allow()
+	if err != nil {
+		return nil, producer.NewLocalError(fmt.Errorf("%w (%v)", ErrBrokerOpen, err))
+	}
+	return func(v Verdict, cause error) {
+		switch v {
+		case BrokerUp:
+			finish(nil)
+		case BrokerDown:
+			text := "the broker failed"
+			if cause != nil {
+				text = cause.Error()
+			}
+			// Noted before finish: gobreaker reports the change of state this
+			// failure causes from inside it, and its reason names the failure.
+			d.mu.Lock()
+			d.lastErr = text
+			d.mu.Unlock()
+			finish(errBrokerDown)
+		default:
+			finish(errNoVerdict)
+		}
+	}, nil
 }
 
 func fromGobreaker(s gobreaker.State) DependencyState {
@@ -175,17 +208,17 @@ func fromGobreaker(s gobreaker.State) DependencyState {
 	}
 }
 
-func (g *Guarded) notifyLoop() {
-	defer g.wg.Done()
+func (d *Dependency) notifyLoop() {
+	defer d.wg.Done()
 	for {
 		select {
-		case c := <-g.changes:
-			g.deliver(c)
-		case <-g.done:
+		case c := <-d.changes:
+			d.deliver(c)
+		case <-d.done:
 			for { // deliver what came before Close
 				select {
-				case c := <-g.changes:
-					g.deliver(c)
+				case c := <-d.changes:
+					d.deliver(c)
 				default:
 					return
 				}
@@ -195,12 +228,12 @@ func (g *Guarded) notifyLoop() {
 }
 
 // deliver tells the observer, then the alerter, about one change.
-func (g *Guarded) deliver(c stateChange) {
-	reason := changeReason(c, g.cfg)
-	if g.cfg.OnStateChange != nil {
-		g.cfg.OnStateChange(c.from, c.to, reason)
+func (d *Dependency) deliver(c stateChange) {
+	reason := changeReason(c, d.cfg)
+	if d.cfg.OnStateChange != nil {
+		d.cfg.OnStateChange(c.from, c.to, reason)
 	}
-	if g.cfg.Alerter == nil {
+	if d.cfg.Alerter == nil {
 		return
 	}
 	severity := alert.Info
@@ -209,7 +242,7 @@ func (g *Guarded) deliver(c stateChange) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_ = g.cfg.Alerter.Alert(ctx, alert.Alert{Time: time.Now().UTC(), Severity: severity, Component: "dependency-breaker",
+	_ = d.cfg.Alerter.Alert(ctx, alert.Alert{Time: time.Now().UTC(), Severity: severity, Component: "dependency-breaker",
 		Summary: fmt.Sprintf("broker circuit breaker %s: %s", c.to, reason)})
 }
 
@@ -229,83 +262,90 @@ func changeReason(c stateChange, cfg DependencyConfig) string {
 }
 
 // State returns the breaker's state.
-func (g *Guarded) State() DependencyState { return fromGobreaker(g.cb.State()) }
+func (d *Dependency) State() DependencyState { return fromGobreaker(d.cb.State()) }
 
 // Counts returns the breaker's counts in its current state.
-func (g *Guarded) Counts() gobreaker.Counts { return g.cb.Counts() }
+func (d *Dependency) Counts() gobreaker.Counts { return d.cb.Counts() }
 
-// Blocked reports whether the breaker is open: the sweeper then reads no page.
-func (g *Guarded) Blocked() bool { return g.cb.State() == gobreaker.StateOpen }
-
-// Probing reports whether the breaker is half-open: it lets one trial send
-// through and refuses the others, so the sweeper then sends one batch.
-func (g *Guarded) Probing() bool { return g.cb.State() == gobreaker.StateHalfOpen }
-
-// Batches cuts batches through the producer. A transient failure to cut (the
-// producer needs its broker for that and cannot reach it) counts as a failed
-// send: the sweeper sends nothing then, and without this the breaker would
-// never see the outage. Successes do not count, since no broker was asked.
-func (g *Guarded) Batches(ctx context.Context, topic string, msgs []producer.Message) ([]producer.Batch, error) {
-	batches, err := g.Producer.Batches(ctx, topic, msgs)
-	if err != nil && len(producer.MessageIDs(err)) == 0 && producer.ClassOf(err) == producer.ClassTransient {
-		_, _ = g.cb.Execute(func() (struct{}, error) {
-			g.mu.Lock()
-			g.lastErr = err.Error()
-			g.mu.Unlock()
-			return struct{}{}, err
-		})
-	}
-	return batches, err
-}
-
-// errBlocked wraps the breaker's refusals as local failures: nothing was sent.
-func errBlocked(err error) error {
-	return producer.NewLocalError(fmt.Errorf("broker circuit breaker: %w", err))
-}
-
-// Send sends b with retries, through the breaker.
-func (g *Guarded) Send(ctx context.Context, b producer.Batch) error {
-	_, err := g.cb.Execute(func() (struct{}, error) {
-		err := g.retry(ctx, b)
-		// Noted before Execute returns: gobreaker reports the change of state
-		// this failure causes from inside Execute, and its reason names it.
-		if err != nil && producer.ClassOf(err) == producer.ClassTransient {
-			g.mu.Lock()
-			g.lastErr = err.Error()
-			g.mu.Unlock()
+// Close stops the notifier, after it has delivered the changes already made.
+// Later calls do nothing.
+func (d *Dependency) Close(ctx context.Context) error {
+	d.closeOnce.Do(func() {
+		close(d.done)
+		waited := make(chan struct{})
+		go func() { d.wg.Wait(); close(waited) }()
+		select {
+		case <-waited:
+		case <-ctx.Done():
 		}
-		return struct{}{}, err
 	})
-	if errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests) {
-		return errBlocked(err)
-	}
-	return err
+	return nil
 }
 
-// retry tries b until it succeeds, fails with a class retrying cannot help, the
+// Retry is the in-call retry of one send: transient and broker-class failures
+// are tried again with exponential backoff and full jitter, up to Attempts
+// tries and within the send's context (the sweeper bounds it by
+// --send-timeout). Other classes are not retried: a missing topic or a bad row
+// will not get better in a second. Zero fields mean their defaults.
+type Retry struct {
+	// Attempts is how many times one send is tried in all (1: no retry).
+	// Defaults to RetryAttemptsDefault.
+	Attempts int
+	// Initial and Max bound the backoff between tries: the n-th wait is a
+	// random duration in [0, min(Max, Initial·2ⁿ)) (full jitter). Default to
+	// RetryInitialDefault and RetryMaxDefault.
+	Initial, Max time.Duration
+	// Rand returns a number in [0, 1) for the jitter. Defaults to math/rand/v2;
+	// tests inject their own.
+	Rand func() float64
+}
+
+// WithDefaults returns r with zero fields set to their defaults.
+func (r Retry) WithDefaults() Retry {
+	if r.Attempts <= 0 {
+		r.Attempts = RetryAttemptsDefault
+	}
+	if r.Initial <= 0 {
+		r.Initial = RetryInitialDefault
+	}
+	if r.Max <= 0 {
+		r.Max = RetryMaxDefault
+	}
+	if r.Rand == nil {
+		r.Rand = rand.Float64
+	}
+	return r
+}
+
+// Do calls try until it succeeds, fails with a class retrying cannot help, the
 // attempts run out, or the next wait would outlast ctx's deadline. It returns
 // the last failure itself, so the rows and the breaker see what went wrong, not
 // just that time ran out.
-func (g *Guarded) retry(ctx context.Context, b producer.Batch) error {
+func (r Retry) Do(ctx context.Context, try func(context.Context) error) error {
+	r = r.WithDefaults()
 	tries := 0
 	var last error
+	retryable := func(err error) bool {
+		c := producer.ClassOf(err)
+		return c == producer.ClassTransient || c == producer.ClassBroker
+	}
 	_, err := backoff.Retry(ctx, func() (struct{}, error) {
 		tries++
-		last = g.Producer.Send(ctx, b)
+		last = try(ctx)
 		if last == nil {
 			return struct{}{}, nil
 		}
-		if producer.ClassOf(last) != producer.ClassTransient {
+		if !retryable(last) {
 			return struct{}{}, backoff.Permanent(last)
 		}
 		return struct{}{}, last
-	}, backoff.WithBackOff(untilDeadline{NewFullJitter(g.cfg.RetryInitial, g.cfg.RetryMax, g.cfg.Rand), ctx}),
-		backoff.WithMaxTries(uint(g.cfg.RetryAttempts)),
+	}, backoff.WithBackOff(untilDeadline{NewFullJitter(r.Initial, r.Max, r.Rand), ctx}),
+		backoff.WithMaxTries(uint(r.Attempts)),
 		backoff.WithMaxElapsedTime(0))
 	switch {
 	case err == nil:
 		return nil
-	case last != nil && producer.ClassOf(last) != producer.ClassTransient:
+	case last != nil && !retryable(last):
 		return last // not retried; also unwraps backoff's Permanent on the last try
 	case last != nil && ctx.Err() != nil && !errors.Is(last, ctx.Err()):
 		if errors.Is(ctx.Err(), context.Canceled) {
@@ -334,23 +374,6 @@ func (u untilDeadline) NextBackOff() time.Duration {
 		return backoff.Stop
 	}
 	return next
-}
-
-// Close stops the notifier, after it has delivered the changes already made,
-// and closes the producer. Later calls do nothing.
-func (g *Guarded) Close(ctx context.Context) error {
-	var err error
-	g.closeOnce.Do(func() {
-		close(g.done)
-		waited := make(chan struct{})
-		go func() { g.wg.Wait(); close(waited) }()
-		select {
-		case <-waited:
-		case <-ctx.Done():
-		}
-		err = g.Producer.Close(ctx)
-	})
-	return err
 }
 
 // FullJitter is exponential backoff with full jitter: the n-th delay is random

@@ -43,45 +43,61 @@ func TestRetryStopsAtTheAttemptLimit(t *testing.T) {
 	t.Parallel()
 	p := memory.New(memory.Config{})
 	p.FailNextCalls(100, errors.New("connection reset"))
-	g := breaker.Guard(p, breaker.DependencyConfig{RetryAttempts: 3, RetryInitial: time.Millisecond, RetryMax: time.Millisecond})
-	t.Cleanup(func() { _ = g.Close(context.Background()) })
-	err := g.Send(context.Background(), batch("t", 1))
+	r := breaker.Retry{Attempts: 3, Initial: time.Millisecond, Max: time.Millisecond}
+	err := r.Do(context.Background(), func(ctx context.Context) error { return p.Send(ctx, batch("t", 1)) })
 	require.ErrorContains(t, err, "after 3 tries: connection reset")
 	require.Equal(t, producer.ClassTransient, producer.ClassOf(err))
 	require.Equal(t, 3, p.Calls())
+}
+
+// A broker that cannot be reached is retried like a transient failure, and
+// keeps its class.
+func TestRetryRetriesBrokerFailures(t *testing.T) {
+	t.Parallel()
+	p := memory.New(memory.Config{})
+	p.FailNextCalls(2, producer.NewBrokerError("connection_lost", errors.New("connection refused")))
+	r := breaker.Retry{Attempts: 3, Initial: time.Millisecond, Max: time.Millisecond}
+	require.NoError(t, r.Do(context.Background(), func(ctx context.Context) error { return p.Send(ctx, batch("t", 1)) }))
+	require.Equal(t, 3, p.Calls())
+	p.FailNextCalls(5, producer.NewBrokerError("connection_lost", errors.New("connection refused")))
+	err := r.Do(context.Background(), func(ctx context.Context) error { return p.Send(ctx, batch("t", 1)) })
+	require.Equal(t, producer.ClassBroker, producer.ClassOf(err))
 }
 
 func TestRetryStopsAtTheSendTimeout(t *testing.T) {
 	t.Parallel()
 	p := memory.New(memory.Config{})
 	p.FailNextCalls(100, errors.New("connection reset"))
-	g := breaker.Guard(p, breaker.DependencyConfig{RetryAttempts: 100, RetryInitial: 40 * time.Millisecond, RetryMax: 40 * time.Millisecond,
-		Rand: func() float64 { return 0.999 }})
-	t.Cleanup(func() { _ = g.Close(context.Background()) })
+	r := breaker.Retry{Attempts: 100, Initial: 40 * time.Millisecond, Max: 40 * time.Millisecond, Rand: func() float64 { return 0.999 }}
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	err := g.Send(ctx, batch("t", 1))
+	err := r.Do(ctx, func(ctx context.Context) error { return p.Send(ctx, batch("t", 1)) })
 	require.ErrorContains(t, err, "connection reset", "the last failure, not just the deadline")
 	require.Less(t, time.Since(start), 400*time.Millisecond, "the send's deadline ends the retries")
 	require.Less(t, p.Calls(), 10)
 }
 
-// Topic- and message-class errors are not retried, and leave the breaker closed
-// however many come.
-func TestTopicAndMessageErrorsAreNotRetriedNorCounted(t *testing.T) {
+// Topic- and message-class errors are not retried.
+func TestTopicAndMessageErrorsAreNotRetried(t *testing.T) {
 	t.Parallel()
 	p := memory.New(memory.Config{})
 	p.FailTopic("gone", producer.NewTopicError("not_found", errors.New("404")))
 	p.FailMessage(7, producer.NewMessageError(producer.ReasonMessageTooLarge, nil, errors.New("413")))
-	g := breaker.Guard(p, breaker.DependencyConfig{Failures: 2, RetryInitial: time.Millisecond})
-	t.Cleanup(func() { _ = g.Close(context.Background()) })
+	r := breaker.Retry{Initial: time.Millisecond}
 	for range 5 {
-		require.Equal(t, producer.ClassTopic, producer.ClassOf(g.Send(context.Background(), batch("gone", 1))))
-		require.Equal(t, producer.ClassMessage, producer.ClassOf(g.Send(context.Background(), batch("x", 7))))
+		require.Equal(t, producer.ClassTopic, producer.ClassOf(r.Do(context.Background(), func(ctx context.Context) error { return p.Send(ctx, batch("gone", 1)) })))
+		require.Equal(t, producer.ClassMessage, producer.ClassOf(r.Do(context.Background(), func(ctx context.Context) error { return p.Send(ctx, batch("x", 7)) })))
 	}
 	require.Equal(t, 10, p.Calls(), "one call each: no retry")
-	require.Equal(t, breaker.DependencyClosed, g.State())
+}
+
+func TestCancelledRetryIsLocal(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := breaker.Retry{}.Do(ctx, func(ctx context.Context) error { return ctx.Err() })
+	require.Equal(t, producer.ClassLocal, producer.ClassOf(err))
 }
 
 type recorder struct {
@@ -109,66 +125,73 @@ func (r *recorder) snapshot() ([]string, []alert.Alert) {
 	return append([]string(nil), r.changes...), append([]alert.Alert(nil), r.alerts...)
 }
 
-// The breaker opens after exactly Failures failed sends; while open the
-// producer sees no call; after OpenDuration exactly one trial goes through; a
-// successful trial closes it. Every change is observed and alerted once.
+// send asks d, and reports v for the send it allowed.
+func send(d *breaker.Dependency, v breaker.Verdict, cause error) error {
+	done, err := d.Allow()
+	if err != nil {
+		return err
+	}
+	done(v, cause)
+	return nil
+}
+
+var refused = errors.New("dial tcp: connection refused")
+
+// The breaker opens after exactly Failures sends judged the broker's fault;
+// while open it refuses at once with a local-class error; after OpenDuration
+// exactly one trial goes through; a trial judged up closes it.
 func TestDependencyBreakerOpensFailsFastAndRecovers(t *testing.T) {
 	t.Parallel()
-	p := memory.New(memory.Config{})
-	p.FailTopic("t", errors.New("dial tcp: connection refused"))
 	rec := &recorder{}
-	g := breaker.Guard(p, breaker.DependencyConfig{Failures: 3, OpenDuration: 500 * time.Millisecond, RetryAttempts: 1,
+	d := breaker.NewDependency(breaker.DependencyConfig{Failures: 3, OpenDuration: 500 * time.Millisecond,
 		OnStateChange: rec.change, Alerter: rec})
-	t.Cleanup(func() { _ = g.Close(context.Background()) })
-	ctx := context.Background()
+	t.Cleanup(func() { _ = d.Close(context.Background()) })
 
 	for i := range 3 {
-		require.Equal(t, producer.ClassTransient, producer.ClassOf(g.Send(ctx, batch("t", i))))
-		require.Equal(t, i < 2, !g.Blocked(), "after send %d", i+1)
+		require.NoError(t, send(d, breaker.BrokerDown, refused))
+		require.Equal(t, i < 2, d.State() == breaker.DependencyClosed, "after send %d", i+1)
 	}
-	require.Equal(t, breaker.DependencyOpen, g.State())
-	require.Equal(t, 3, p.Calls())
-
-	for range 100 { // how fast they are is BenchmarkBlockedTick's to say
-		err := g.Send(ctx, batch("t", 9))
+	require.Equal(t, breaker.DependencyOpen, d.State())
+	for range 100 {
+		err := send(d, breaker.BrokerUp, nil)
+		require.ErrorIs(t, err, breaker.ErrBrokerOpen)
 		require.Equal(t, producer.ClassLocal, producer.ClassOf(err), "refused at once: nothing was sent")
 	}
-	require.Equal(t, 3, p.Calls(), "no call reaches the producer while open")
 
-	require.Eventually(t, func() bool { return g.State() == breaker.DependencyHalfOpen }, 5*time.Second, 10*time.Millisecond)
-	// Two sends at once in half-open: the trial is held in the producer until
-	// the other send has come back refused.
-	p.HealTopic("t")
-	inTrial := make(chan struct{})
-	release := make(chan struct{})
-	p.SetSendFunc(func(context.Context, producer.Batch) error { close(inTrial); <-release; return nil })
-	trial := make(chan error, 1)
-	go func() { trial <- g.Send(ctx, batch("t", 20)) }()
-	<-inTrial
-	err := g.Send(ctx, batch("t", 21))
-	require.Equal(t, producer.ClassLocal, producer.ClassOf(err), "half-open lets one trial through; the other is refused")
-	close(release)
-	require.NoError(t, <-trial)
-	require.Equal(t, breaker.DependencyClosed, g.State(), "the trial succeeded")
-	require.Len(t, p.Messages(), 1, "one trial batch reached the producer")
+	require.Eventually(t, func() bool { return d.State() == breaker.DependencyHalfOpen }, 5*time.Second, 10*time.Millisecond)
+	trial, err := d.Allow()
+	require.NoError(t, err)
+	_, err = d.Allow()
+	require.ErrorIs(t, err, breaker.ErrBrokerOpen, "half-open lets one trial through; the other is refused")
+	trial(breaker.BrokerUp, nil)
+	require.Equal(t, breaker.DependencyClosed, d.State(), "the trial succeeded")
+}
+
+// Verdicts of the broker up (a topic or a row refused, say) never open it, and
+// reset the count of failures in a row.
+func TestBrokerUpNeverOpens(t *testing.T) {
+	t.Parallel()
+	d := breaker.NewDependency(breaker.DependencyConfig{Failures: 2})
+	t.Cleanup(func() { _ = d.Close(context.Background()) })
+	for range 10 {
+		require.NoError(t, send(d, breaker.BrokerDown, refused))
+		require.NoError(t, send(d, breaker.BrokerUp, nil))
+	}
+	require.Equal(t, breaker.DependencyClosed, d.State())
 }
 
 func TestDependencyTrialSuccessClosesAndIsObserved(t *testing.T) {
 	t.Parallel()
-	p := memory.New(memory.Config{})
-	p.FailNextCalls(2, errors.New("connection refused"))
 	rec := &recorder{}
-	g := breaker.Guard(p, breaker.DependencyConfig{Failures: 2, OpenDuration: 100 * time.Millisecond, RetryAttempts: 1,
+	d := breaker.NewDependency(breaker.DependencyConfig{Failures: 2, OpenDuration: 100 * time.Millisecond,
 		OnStateChange: rec.change, Alerter: rec})
-	t.Cleanup(func() { _ = g.Close(context.Background()) })
-	ctx := context.Background()
-	_ = g.Send(ctx, batch("t", 1))
-	_ = g.Send(ctx, batch("t", 2))
-	require.True(t, g.Blocked())
-	time.Sleep(150 * time.Millisecond)
-	require.False(t, g.Blocked(), "half-open: the sweeper pages again")
-	require.NoError(t, g.Send(ctx, batch("t", 3)))
-	require.Equal(t, breaker.DependencyClosed, g.State())
+	t.Cleanup(func() { _ = d.Close(context.Background()) })
+	require.NoError(t, send(d, breaker.BrokerDown, refused))
+	require.NoError(t, send(d, breaker.BrokerDown, refused))
+	require.Equal(t, breaker.DependencyOpen, d.State())
+	require.Eventually(t, func() bool { return d.State() == breaker.DependencyHalfOpen }, 5*time.Second, 10*time.Millisecond)
+	require.NoError(t, send(d, breaker.BrokerUp, nil))
+	require.Equal(t, breaker.DependencyClosed, d.State())
 	require.Eventually(t, func() bool { c, a := rec.snapshot(); return len(c) == 3 && len(a) == 3 }, 5*time.Second, 10*time.Millisecond)
 	changes, alerts := rec.snapshot()
 	require.Contains(t, changes[0], "closed→open: 2 sends in a row failed (last: ")
@@ -181,33 +204,28 @@ func TestDependencyTrialSuccessClosesAndIsObserved(t *testing.T) {
 	require.Equal(t, "info", alerts[2].Severity)
 }
 
-func TestCancelledSendsDoNotCount(t *testing.T) {
+// Sends that teach nothing (cancelled, nothing sent) count neither way.
+func TestUnknownVerdictsDoNotCount(t *testing.T) {
 	t.Parallel()
-	p := memory.New(memory.Config{})
-	g := breaker.Guard(p, breaker.DependencyConfig{Failures: 1})
-	t.Cleanup(func() { _ = g.Close(context.Background()) })
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
+	d := breaker.NewDependency(breaker.DependencyConfig{Failures: 1})
+	t.Cleanup(func() { _ = d.Close(context.Background()) })
 	for range 3 {
-		require.Equal(t, producer.ClassLocal, producer.ClassOf(g.Send(ctx, batch("t", 1))))
+		require.NoError(t, send(d, breaker.VerdictUnknown, context.Canceled))
 	}
-	require.Equal(t, breaker.DependencyClosed, g.State())
+	require.Equal(t, breaker.DependencyClosed, d.State())
+	require.Zero(t, d.Counts().TotalFailures)
 }
 
 // The reason of a change names the failure that caused it: the send that opened
 // the breaker, and the trial's own error when a trial fails.
 func TestChangeReasonsNameTheirOwnFailure(t *testing.T) {
 	t.Parallel()
-	p := memory.New(memory.Config{})
-	p.FailNextCalls(1, errors.New("first: connection refused"))
 	rec := &recorder{}
-	g := breaker.Guard(p, breaker.DependencyConfig{Failures: 1, OpenDuration: 100 * time.Millisecond, RetryAttempts: 1,
-		OnStateChange: rec.change})
-	t.Cleanup(func() { _ = g.Close(context.Background()) })
-	_ = g.Send(context.Background(), batch("t", 1))
-	require.Eventually(t, func() bool { return g.State() == breaker.DependencyHalfOpen }, 5*time.Second, 10*time.Millisecond)
-	p.FailNextCalls(1, errors.New("second: broker shutting down"))
-	_ = g.Send(context.Background(), batch("t", 2))
+	d := breaker.NewDependency(breaker.DependencyConfig{Failures: 1, OpenDuration: 100 * time.Millisecond, OnStateChange: rec.change})
+	t.Cleanup(func() { _ = d.Close(context.Background()) })
+	require.NoError(t, send(d, breaker.BrokerDown, errors.New("first: connection refused")))
+	require.Eventually(t, func() bool { return d.State() == breaker.DependencyHalfOpen }, 5*time.Second, 10*time.Millisecond)
+	require.NoError(t, send(d, breaker.BrokerDown, errors.New("second: broker shutting down")))
 	require.Eventually(t, func() bool { c, _ := rec.snapshot(); return len(c) == 3 }, 5*time.Second, 10*time.Millisecond)
 	changes, _ := rec.snapshot()
 	require.Contains(t, changes[0], "closed→open: 1 sends in a row failed (last: first: connection refused)")
@@ -216,13 +234,11 @@ func TestChangeReasonsNameTheirOwnFailure(t *testing.T) {
 
 func TestCloseIsIdempotentAndDeliversPendingChanges(t *testing.T) {
 	t.Parallel()
-	p := memory.New(memory.Config{})
-	p.FailNextCalls(1, errors.New("down"))
 	rec := &recorder{}
-	g := breaker.Guard(p, breaker.DependencyConfig{Failures: 1, RetryAttempts: 1, OnStateChange: rec.change})
-	_ = g.Send(context.Background(), batch("t", 1))
-	require.NoError(t, g.Close(context.Background()))
-	require.NoError(t, g.Close(context.Background()))
+	d := breaker.NewDependency(breaker.DependencyConfig{Failures: 1, OnStateChange: rec.change})
+	require.NoError(t, send(d, breaker.BrokerDown, errors.New("down")))
+	require.NoError(t, d.Close(context.Background()))
+	require.NoError(t, d.Close(context.Background()))
 	changes, _ := rec.snapshot()
 	require.Len(t, changes, 1, "the change made before Close was delivered")
 }

@@ -13,8 +13,9 @@
 // [Topics] to fall back on while Redis does not answer. Both satisfy [Breaker],
 // the interface the sweeper takes.
 //
-// [Guard] puts a producer behind the dependency breaker (sony/gobreaker), which
-// stops all sends while the broker is down, and in-call retries with
-// exponential backoff and full jitter. This package never imports package
-// outbox.
+// [Dependency] is the broker circuit breaker (sony/gobreaker's two-step
+// breaker), which stops all sends while the broker is down; the sweeper asks it
+// before each send and tells it its verdict after. [Retry] is the in-call retry
+// of one send, with exponential backoff and full jitter. This package never
+// imports package outbox.
 package breaker

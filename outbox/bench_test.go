@@ -2,7 +2,6 @@ package outbox_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -256,15 +255,12 @@ func BenchmarkBlockedTick(b *testing.B) {
 	tbl := dbtest.Table(b)
 	benchutil.Load(b, tbl, 1000, 512, benchutil.Topics("topic", 10))
 	prod := memory.New(memory.Config{})
-	prod.FailNextCalls(1_000_000, errors.New("connection refused"))
-	guarded := breaker.Guard(prod, breaker.DependencyConfig{Failures: 1, RetryAttempts: 1, OpenDuration: time.Hour})
-	b.Cleanup(func() { _ = guarded.Close(context.Background()) })
-	s, err := outbox.NewSweeper(dbtest.Pool(b), guarded, outbox.Config{Table: tbl,
+	dep := brokerBreaker(b, breaker.DependencyConfig{Failures: 1, OpenDuration: time.Hour})
+	failBroker(b, dep, 1)
+	s, err := outbox.NewSweeper(dbtest.Pool(b), prod, outbox.Config{Table: tbl, BrokerBreaker: dep,
 		TopicBreaker: breaker.New(breaker.Settings{FailureThreshold: 1_000_000})})
 	require.NoError(b, err)
-	_, err = s.Sweep(context.Background()) // fails, and opens the breaker
-	require.NoError(b, err)
-	require.True(b, guarded.Blocked())
+	require.Equal(b, breaker.DependencyOpen, dep.State())
 	for b.Loop() {
 		res, err := s.Sweep(context.Background())
 		if err != nil || !res.Blocked {

@@ -16,7 +16,6 @@ import (
 	"github.com/outbox-sweeper/sweeper/outbox"
 	"github.com/outbox-sweeper/sweeper/producer"
 	"github.com/outbox-sweeper/sweeper/producer/memory"
-	"github.com/outbox-sweeper/sweeper/producer/producertest"
 )
 
 func countTopic(msgs []producer.Message, topic string) int {
@@ -29,17 +28,18 @@ func countTopic(msgs []producer.Message, topic string) int {
 	return n
 }
 
-// The ADR's scenario: topic A has 200 outstanding rows that always fail, topic B
-// 100 good rows with higher ids, and a page holds 100. Every B row is delivered
-// within 2 ticks; A is tripped; A's rows are outstanding with their attempts
-// raised, none lost.
+// The ADR's scenario: topic A has 200 outstanding rows that always fail (the
+// entity refuses us), topic B 100 good rows with higher ids, and a page holds
+// 100. Every B row is delivered within 2 ticks; A is tripped at its first
+// failure; A's rows are outstanding, none lost, and none charged an attempt:
+// the topic is wrong, not the rows.
 func TestADRScenarioFailingTopicDoesNotStallOthers(t *testing.T) {
 	t.Parallel()
 	tbl := dbtest.Table(t)
 	writeMessages(t, tbl, topicMessages("A", 200)...)
 	writeMessages(t, tbl, topicMessages("B", 100)...)
 	prod := memory.New(memory.Config{MaxBatch: 50})
-	prod.FailTopic("A", errors.New("unauthorized for entity A"))
+	prod.FailTopic("A", producer.NewTopicError("unauthorized", errors.New("unauthorized for entity A")))
 	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, PageSize: 100})
 
 	for range 2 {
@@ -51,17 +51,13 @@ func TestADRScenarioFailingTopicDoesNotStallOthers(t *testing.T) {
 
 	rows := readRows(t, tbl)
 	require.Len(t, rows, 300, "none lost")
-	failed := 0
 	for _, r := range rows {
 		if r.Topic == "A" {
 			require.False(t, r.Dispatched)
-			if r.Attempts > 0 {
-				failed++
-				require.Contains(t, *r.LastError, "unauthorized for entity A")
-			}
+			require.Zero(t, r.Attempts, "row %d", r.ID)
 		}
 	}
-	require.Equal(t, 50, failed, "A's first batch counts an attempt; then A is tripped and left out")
+	require.Contains(t, s.TopicBreaker().Tripped()[0].LastError, "unauthorized for entity A", "the operator sees why")
 	require.Equal(t, 1, prod.Calls()-2, "A was tried once: B's 100 rows went in 2 batches")
 }
 
@@ -267,7 +263,7 @@ func TestRedisOutageDoesNotStopRelaying(t *testing.T) {
 	b, err := breaker.NewRedis(breaker.RedisConfig{Client: client, Prefix: "outage", OpTimeout: 200 * time.Millisecond})
 	require.NoError(t, err)
 	prod := memory.New(memory.Config{})
-	prod.FailTopic("A", errors.New("A is down"))
+	prod.FailTopic("A", producer.NewTopicError("not_found", errors.New("A is down")))
 	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, TopicBreaker: b})
 
 	writeMessages(t, tbl, topicMessages("B", 5)...)
@@ -355,15 +351,14 @@ func TestDependencyBreakerThroughTheSweeper(t *testing.T) {
 		writeMessages(t, tbl, topicMessages(topic, 4)...)
 	}
 	prod := memory.New(memory.Config{})
-	down := errors.New("dial tcp 127.0.0.1:5672: connect: connection refused")
 	for _, topic := range []string{"a", "b", "c"} {
-		prod.FailTopic(topic, down)
+		prod.FailTopic(topic, refused)
 	}
-	guarded := breaker.Guard(prod, breaker.DependencyConfig{Failures: 2, OpenDuration: 200 * time.Millisecond, RetryAttempts: 1})
-	t.Cleanup(func() { _ = guarded.Close(context.Background()) })
+	guarded := brokerBreaker(t, breaker.DependencyConfig{Failures: 2, OpenDuration: 200 * time.Millisecond})
 	// A high topic threshold keeps the topic breaker out of this test.
 	topics := breaker.New(breaker.Settings{FailureThreshold: 1000})
-	s := newSweeper(t, dbtest.Pool(t), guarded, outbox.Config{Table: tbl, TopicBreaker: topics, Concurrency: 1})
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, TopicBreaker: topics, Concurrency: 1,
+		BrokerBreaker: guarded, Retry: once, TopicBackoffMax: -1})
 	sweep := func() outbox.SweepResult {
 		res, err := s.Sweep(context.Background())
 		require.NoError(t, err)
@@ -377,7 +372,7 @@ func TestDependencyBreakerThroughTheSweeper(t *testing.T) {
 	for _, r := range readRows(t, tbl) {
 		attempted += r.Attempts
 	}
-	require.Equal(t, 8, attempted, "the two failed batches count; the refused one does not")
+	require.Zero(t, attempted, "a broker that is down is never the rows' fault")
 
 	start := time.Now()
 	res := sweep()
@@ -412,11 +407,10 @@ func TestBrokerOutageDoesNotTripTheTopics(t *testing.T) {
 	}
 	prod := memory.New(memory.Config{})
 	for _, topic := range []string{"a", "b", "c"} {
-		prod.FailTopic(topic, errors.New("connection refused"))
+		prod.FailTopic(topic, refused)
 	}
-	guarded := breaker.Guard(prod, breaker.DependencyConfig{Failures: 3, RetryAttempts: 1, OpenDuration: 100 * time.Millisecond})
-	t.Cleanup(func() { _ = guarded.Close(context.Background()) })
-	s := newSweeper(t, dbtest.Pool(t), guarded, outbox.Config{Table: tbl})
+	guarded := brokerBreaker(t, breaker.DependencyConfig{Failures: 3, OpenDuration: 100 * time.Millisecond})
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, BrokerBreaker: guarded, Retry: once})
 	_, err := s.Sweep(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, breaker.DependencyOpen, guarded.State())
@@ -425,12 +419,14 @@ func TestBrokerOutageDoesNotTripTheTopics(t *testing.T) {
 	for _, topic := range []string{"a", "b", "c"} { // the broker is back
 		prod.HealTopic(topic)
 	}
-	require.Eventually(t, func() bool { return guarded.State() == breaker.DependencyHalfOpen }, 5*time.Second, 10*time.Millisecond)
-	for range 3 {
+	// The topics wait out their backoff (a few hundred ms) and the breaker its
+	// open duration; then everything goes.
+	dbtest.Eventually(t, 10*time.Second, "every row delivered", func() bool {
 		_, err = s.Sweep(context.Background())
 		require.NoError(t, err)
-	}
-	require.Zero(t, dbtest.Outstanding(t, tbl))
+		return dbtest.Outstanding(t, tbl) == 0
+	})
+	require.Empty(t, s.TopicBreaker().Tripped())
 }
 
 // While the broker breaker is half-open it lets one send through and refuses
@@ -444,19 +440,17 @@ func TestHalfOpenBrokerBreakerGetsOneBatchAlone(t *testing.T) {
 		writeMessages(t, tbl, topicMessages(topic, 3)...)
 	}
 	prod := memory.New(memory.Config{})
-	down := errors.New("connection refused")
-	prod.FailNextCalls(1, down)
-	guarded := breaker.Guard(prod, breaker.DependencyConfig{Failures: 1, RetryAttempts: 1, OpenDuration: 100 * time.Millisecond})
-	t.Cleanup(func() { _ = guarded.Close(context.Background()) })
+	down := refused
+	guarded := brokerBreaker(t, breaker.DependencyConfig{Failures: 1, OpenDuration: 100 * time.Millisecond})
 	// Sends take a while, so that concurrent ones would meet the half-open breaker.
 	prod.SetSendFunc(func(ctx context.Context, b producer.Batch) error {
 		time.Sleep(30 * time.Millisecond)
 		return nil
 	})
-	s := newSweeper(t, dbtest.Pool(t), guarded, outbox.Config{Table: tbl, Concurrency: 4,
-		TopicBreaker: breaker.New(breaker.Settings{FailureThreshold: 1000})})
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, Concurrency: 4, BrokerBreaker: guarded, Retry: once,
+		TopicBackoffMax: -1, TopicBreaker: breaker.New(breaker.Settings{FailureThreshold: 1000})})
 	// The outage: a failed send opens the breaker.
-	require.Error(t, guarded.Send(context.Background(), producer.Batch{Topic: "x", Messages: producertest.Messages("x", 1, 1)}))
+	failBroker(t, guarded, 1)
 	require.Equal(t, breaker.DependencyOpen, guarded.State())
 
 	// Still down when the breaker turns half-open: one send, nothing refused.
@@ -492,7 +486,7 @@ type unreachableBatches struct {
 
 func (u unreachableBatches) Batches(ctx context.Context, topic string, msgs []producer.Message) ([]producer.Batch, error) {
 	if u.down[topic] {
-		return nil, producer.NewTransientError("connection_lost", errors.New("dial tcp: connection refused"))
+		return nil, refused
 	}
 	return u.Producer.Batches(ctx, topic, msgs)
 }
@@ -506,7 +500,7 @@ func TestFailureToCutBatchesCountsNoAttemptAndOpensTheBrokerBreaker(t *testing.T
 	tbl := dbtest.Table(t)
 	writeMessages(t, tbl, append(topicMessages("down", 5), topicMessages("up", 5)...)...)
 	prod := unreachableBatches{Producer: memory.New(memory.Config{}), down: map[string]bool{"down": true}}
-	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, MaxAttempts: 2,
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, MaxAttempts: 2, TopicBackoffMax: -1,
 		TopicBreaker: breaker.New(breaker.Settings{FailureThreshold: 1000})})
 	for range 5 {
 		res, err := s.Sweep(context.Background())
@@ -519,10 +513,9 @@ func TestFailureToCutBatchesCountsNoAttemptAndOpensTheBrokerBreaker(t *testing.T
 	}
 	require.Equal(t, 5, dbtest.Outstanding(t, tbl), "nothing dead-lettered")
 
-	guarded := breaker.Guard(prod, breaker.DependencyConfig{Failures: 2, RetryAttempts: 1, OpenDuration: time.Hour})
-	t.Cleanup(func() { _ = guarded.Close(context.Background()) })
-	s = newSweeper(t, dbtest.Pool(t), guarded, outbox.Config{Table: tbl, Concurrency: 1,
-		TopicBreaker: breaker.New(breaker.Settings{FailureThreshold: 1000})})
+	guarded := brokerBreaker(t, breaker.DependencyConfig{Failures: 2, OpenDuration: time.Hour})
+	s = newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, Concurrency: 1, BrokerBreaker: guarded, Retry: once,
+		TopicBackoffMax: -1, TopicBreaker: breaker.New(breaker.Settings{FailureThreshold: 1000})})
 	for range 2 {
 		_, err := s.Sweep(context.Background())
 		require.NoError(t, err)
@@ -545,15 +538,11 @@ func TestHalfOpenTrialsTakeTheTopicsInTurn(t *testing.T) {
 	writeMessages(t, tbl, append(topicMessages("a", 3), topicMessages("b", 3)...)...)
 	prod := memory.New(memory.Config{})
 	prod.FailTopic("a", errors.New("stream quota exceeded, try later")) // a's own, transient
-	guarded := breaker.Guard(prod, breaker.DependencyConfig{Failures: 2, RetryAttempts: 1, OpenDuration: 30 * time.Millisecond})
-	t.Cleanup(func() { _ = guarded.Close(context.Background()) })
-	prod.FailNextCalls(2, errors.New("connection refused")) // the outage
-	for range 2 {
-		_ = guarded.Send(context.Background(), producer.Batch{Topic: "x", Messages: producertest.Messages("x", 1, 1)})
-	}
+	guarded := brokerBreaker(t, breaker.DependencyConfig{Failures: 2, OpenDuration: 30 * time.Millisecond})
+	failBroker(t, guarded, 2) // the outage
 	require.Equal(t, breaker.DependencyOpen, guarded.State())
 
-	s := newSweeper(t, dbtest.Pool(t), guarded, outbox.Config{Table: tbl,
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, BrokerBreaker: guarded, Retry: once,
 		TopicBreaker: breaker.New(breaker.Settings{FailureThreshold: 1000})})
 	dbtest.Eventually(t, 10*time.Second, "b delivered", func() bool {
 		_, err := s.Sweep(context.Background())
@@ -577,13 +566,11 @@ func TestTheTrialTopicIsNotSentAgainInTheSameSweep(t *testing.T) {
 	writeMessages(t, tbl, append(topicMessages("a", 3), topicMessages("b", 3)...)...)
 	prod := memory.New(memory.Config{})
 	prod.FailTopic("a", producer.NewTopicError("not_found", errors.New("no such queue")))
-	guarded := breaker.Guard(prod, breaker.DependencyConfig{Failures: 1, RetryAttempts: 1, OpenDuration: 30 * time.Millisecond})
-	t.Cleanup(func() { _ = guarded.Close(context.Background()) })
-	prod.FailNextCalls(1, errors.New("connection refused"))
-	_ = guarded.Send(context.Background(), producer.Batch{Topic: "x", Messages: producertest.Messages("x", 1, 1)})
+	guarded := brokerBreaker(t, breaker.DependencyConfig{Failures: 1, OpenDuration: 30 * time.Millisecond})
+	failBroker(t, guarded, 1)
 	require.Eventually(t, func() bool { return guarded.State() == breaker.DependencyHalfOpen }, 5*time.Second, 5*time.Millisecond)
 
-	s := newSweeper(t, dbtest.Pool(t), guarded, outbox.Config{Table: tbl,
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, BrokerBreaker: guarded, Retry: once,
 		TopicBreaker: breaker.New(breaker.Settings{FailureThreshold: 1000})})
 	res, err := s.Sweep(context.Background()) // the first trial takes the first topic, a
 	require.NoError(t, err)
@@ -591,16 +578,16 @@ func TestTheTrialTopicIsNotSentAgainInTheSameSweep(t *testing.T) {
 	require.Equal(t, []string{"a"}, res.FailedTopics)
 	require.Equal(t, 3, res.Dispatched, "b, in the same sweep")
 	for _, r := range readRows(t, tbl) {
-		if r.Topic == "a" {
-			require.Equal(t, 1, r.Attempts, "row %d", r.ID)
-		}
+		require.Zero(t, r.Attempts, "a topic-class failure is the topic's, not the rows': row %d", r.ID)
 	}
+	require.Equal(t, breaker.StateTripped, s.TopicBreaker().State("a"))
 }
 
-// A message-class failure to cut that names no row is not the broker's: it
-// counts an attempt, as the same failure of a send does, so such rows reach
-// --max-attempts instead of waiting forever.
-func TestMessageClassFailureToCutNamingNoRowCountsAnAttempt(t *testing.T) {
+// A message-class failure to cut that names no row is not the broker's: the
+// sweeper cuts the halves on their own until each refused row stands alone,
+// and dead-letters it with the producer's reason, so such rows never wait
+// forever.
+func TestMessageClassFailureToCutNamingNoRowIsPinnedOnItsRows(t *testing.T) {
 	t.Parallel()
 	tbl := dbtest.Table(t)
 	writeMessages(t, tbl, topicMessages("big", 2)...)
@@ -611,8 +598,12 @@ func TestMessageClassFailureToCutNamingNoRowCountsAnAttempt(t *testing.T) {
 		_, err := s.Sweep(context.Background())
 		require.NoError(t, err)
 	}
-	require.Zero(t, dbtest.Outstanding(t, tbl), "dead-lettered after --max-attempts")
-	require.Len(t, readDeadLetters(t, tbl), 2)
+	require.Zero(t, dbtest.Outstanding(t, tbl), "each row refused alone is dead-lettered")
+	dls := readDeadLetters(t, tbl)
+	require.Len(t, dls, 2)
+	for _, d := range dls {
+		require.Equal(t, producer.ReasonMessageTooLarge, d.Reason)
+	}
 }
 
 type messageFailingBatches struct{ *memory.Producer }

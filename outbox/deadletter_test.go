@@ -18,9 +18,9 @@ import (
 	"github.com/outbox-sweeper/sweeper/producer/memory"
 )
 
-// A row that always fails with a transient error is dead-lettered after exactly
-// --max-attempts attempts, payload byte-identical; its neighbours before and
-// after it are delivered.
+// A row that always fails with a transient error, alone, while the broker is
+// up, is dead-lettered after exactly --max-attempts attempts, payload
+// byte-identical; its neighbours before and after it are delivered.
 func TestRowFailingTransientlyIsDeadLetteredAtMaxAttempts(t *testing.T) {
 	t.Parallel()
 	tbl := dbtest.Table(t)
@@ -31,7 +31,7 @@ func TestRowFailingTransientlyIsDeadLetteredAtMaxAttempts(t *testing.T) {
 	prod := memory.New(memory.Config{MaxBatch: 1})
 	prod.FailMessage(2, errors.New("connection reset")) // transient, on row 2 only
 	// A high threshold keeps the topic breaker from stopping A between tries.
-	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, MaxAttempts: 3,
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, MaxAttempts: 3, Retry: once, TopicBackoffMax: -1,
 		TopicBreaker: breaker.New(breaker.Settings{FailureThreshold: 1000})})
 	for tick := 1; tick <= 3; tick++ {
 		res, err := s.Sweep(context.Background())
@@ -314,11 +314,14 @@ func TestStormGuardCoversEveryDeadLetterPath(t *testing.T) {
 		prod := memory.New(memory.Config{})
 		prod.FailTopic("A", errors.New("misread broker error"))
 		al := &alerts{}
-		s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, MaxAttempts: 1, DeadLetterLimit: 2, Alerter: al})
+		// Unordered, the split sends every row alone, and each fails alone.
+		s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, MaxAttempts: 1, DeadLetterLimit: 2, Alerter: al,
+			Ordering: outbox.OrderingNone, Retry: once})
 		res, err := s.Sweep(context.Background())
 		require.NoError(t, err)
-		require.Zero(t, res.DeadLettered)
-		require.Empty(t, readDeadLetters(t, tbl))
+		require.Equal(t, 2, res.DeadLettered, "up to the limit")
+		require.Len(t, readDeadLetters(t, tbl), 2)
+		require.Equal(t, 8, dbtest.Outstanding(t, tbl))
 		require.Equal(t, breaker.StateTripped, s.TopicBreaker().State("A"))
 		require.Len(t, al.got, 1)
 	})

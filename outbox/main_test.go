@@ -2,14 +2,17 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
 	"github.com/outbox-sweeper/sweeper/outbox"
+	"github.com/outbox-sweeper/sweeper/producer"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
@@ -92,3 +95,28 @@ func readDeadLetters(t *testing.T, tbl outbox.Table) []deadLetter {
 	require.NoError(t, err)
 	return out
 }
+
+// brokerBreaker returns a broker breaker for a sweeper's config, closed at
+// cleanup.
+func brokerBreaker(t testing.TB, cfg breaker.DependencyConfig) *breaker.Dependency {
+	t.Helper()
+	d := breaker.NewDependency(cfg)
+	t.Cleanup(func() { _ = d.Close(context.Background()) })
+	return d
+}
+
+// failBroker judges n sends the broker's fault, as an outage would.
+func failBroker(t testing.TB, d *breaker.Dependency, n int) {
+	t.Helper()
+	for range n {
+		done, err := d.Allow()
+		require.NoError(t, err)
+		done(breaker.BrokerDown, refused)
+	}
+}
+
+// refused is the failure of a broker that is down.
+var refused = producer.NewBrokerError("connection_lost", errors.New("dial tcp 127.0.0.1:5672: connect: connection refused"))
+
+// once is the sweeper's in-call retry turned off, so tests count sends.
+var once = breaker.Retry{Attempts: 1}

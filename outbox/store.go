@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"time"
@@ -46,7 +47,6 @@ type store struct {
 	idleTimeout string
 
 	claimBatch        string
-	countExhausted    string
 	deadLetter        string
 	outstandingTopics string
 	pageOutstanding   string
@@ -69,7 +69,6 @@ func newStore(pool *pgxpool.Pool, t Table, policy deadLetterPolicy, ordering Ord
 		topicLocks:        ordering == OrderingTopic,
 		idleTimeout:       fmt.Sprintf("%dms", IdleInTransactionTimeout(sendTimeout).Milliseconds()),
 		claimBatch:        t.statement("claim_batch"),
-		countExhausted:    t.statement("count_exhausted"),
 		deadLetter:        t.statement("dead_letter"),
 		outstandingTopics: t.statement("outstanding_topics"),
 		pageOutstanding:   t.statement("page_outstanding"),
@@ -137,41 +136,9 @@ func (s *store) explain(err error) error {
 	return err
 }
 
-// batchOutcome is what became of one batch.
-type batchOutcome struct {
-	// sent is what was claimed and handed to the producer: the whole batch,
-	// nothing, or under OrderingNone the part of it that was claimable.
-	sent producer.Batch
-	// claimed is len(sent.Messages).
-	claimed int
-	// contended is set when rows of the batch were not claimable: another
-	// sweeper has them in flight (or holds the topic's lock), or dispatched them
-	// since the page was read. Under OrderingTopic nothing was sent then; under
-	// OrderingNone only when none of the batch was claimable.
-	contended bool
-	// sendErr is the producer's error; nil when the batch was accepted or nothing
-	// was sent.
-	sendErr error
-	// failed lists the rows the failure concerned: all claimed rows, or for a
-	// message-class error the rows it names (which are dead-lettered). Empty on
-	// success and for local failures.
-	failed []int64
-	// attempted says the failure counted an attempt on the claimed rows (any
-	// failure but a local one, or a message-class one naming its rows).
-	attempted bool
-	// deadLettered counts the rows moved to the dead-letter table, with their
-	// reason and correlation ids (for the log).
-	deadLettered       int
-	deadReason         string
-	deadCorrelationIDs []string
-	// storm is set when dead-lettering the named rows would pass the storm
-	// guard's limit for the topic: nothing was dead-lettered, and the topic
-	// must stop.
-	storm bool
-}
-
-// dispatch claims the rows of b, sends them with send, and records the outcome,
-// all in one short transaction.
+// claim is one batch's claim: its transaction holds the rows' locks (and under
+// OrderingTopic the topic's advisory lock) from the claim, across the send, to
+// the outcome, which ends it: dispatched, release or apply.
 //
 // Why a transaction that holds row locks across the network call, rather than a
 // claim column with a lease: the lock is the claim. A second sweeper's claim
@@ -181,121 +148,162 @@ type batchOutcome struct {
 // take the rows; and the claim costs no write beyond the mark itself. The claim
 // marks the rows dispatched in the same statement, so a successful batch costs
 // three round trips (begin, claim, commit); the mark counts only once the commit
-// follows the broker's acceptance. The price is one pooled connection per batch
-// in flight, which --concurrency bounds.
+// follows the broker's acceptance. A failure that blames nobody is a rollback.
+// The price is one pooled connection per batch in flight, which --concurrency
+// bounds.
 //
-// Under OrderingTopic a batch is sent whole or not at all. When part of it
-// cannot be claimed, the missing rows may be in flight in another sweeper, and
-// sending the rest could overtake them; the claim is rolled back and the
-// outcome says contended. Under OrderingNone the claimable part is sent.
-//
-// send gets ctx bounded by sendTimeout; each statement gets its own dbTimeout on
-// a context detached from ctx, so the outcome of a send is recorded even while
-// the sweeper shuts down. The returned error is a database error: the outcome
-// could not be recorded. If it comes after a successful send, the rows stay
-// outstanding and will be sent again (at-least-once).
-func (s *store) dispatch(ctx context.Context, b producer.Batch, sendTimeout time.Duration, send func(context.Context, producer.Batch) error) (batchOutcome, error) {
-	var out batchOutcome
-	stmtCtx := func() (context.Context, context.CancelFunc) {
-		return context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
-	}
+// Each statement gets its own dbTimeout on a context detached from the send's,
+// so the outcome of a send is recorded even while the sweeper shuts down. An
+// error from a claim's method is a database error: the outcome could not be
+// recorded. If it comes after a successful send, the rows stay outstanding and
+// will be sent again (at-least-once).
+type claim struct {
+	s  *store
+	tx pgx.Tx
+	// batch holds the claimed rows, in id order.
+	batch producer.Batch
+	// attempts holds each claimed row's attempts, read under its lock.
+	attempts map[int64]int
+}
 
-	claimCtx, cancel := stmtCtx()
+func stmtCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
+}
+
+// claim claims the rows of b in a transaction of their own. contended says some
+// rows were not claimable: another sweeper has them in flight (or holds the
+// topic's lock), or dispatched them since the page was read. Under
+// OrderingTopic a batch is claimed whole or not at all (sending the rest could
+// overtake rows in flight elsewhere); under OrderingNone the claimable part is
+// claimed. c is nil when nothing was claimed.
+func (s *store) claim(ctx context.Context, b producer.Batch) (c *claim, contended bool, err error) {
+	claimCtx, cancel := stmtCtx(ctx)
 	defer cancel()
 	tx, err := s.pool.Begin(claimCtx)
 	if err != nil {
-		return out, fmt.Errorf("begin batch of topic %q: %w", b.Topic, err)
+		return nil, false, fmt.Errorf("begin batch of topic %q: %w", b.Topic, err)
 	}
+	ok := false
 	defer func() {
-		rollbackCtx, cancel := stmtCtx()
-		defer cancel()
-		_ = tx.Rollback(rollbackCtx) // a no-op after Commit
+		if !ok {
+			rollback(ctx, tx)
+		}
 	}()
-
 	rows, err := tx.Query(claimCtx, s.claimBatch, b.IDs(), s.topicLocks, s.table.TopicLockKey(b.Topic), s.idleTimeout)
 	if err != nil {
-		return out, fmt.Errorf("claim batch of topic %q, %d rows: %w", b.Topic, len(b.Messages), err)
+		return nil, false, fmt.Errorf("claim batch of topic %q, %d rows: %w", b.Topic, len(b.Messages), err)
 	}
-	claimed, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		return out, fmt.Errorf("claim batch of topic %q, %d rows: %w", b.Topic, len(b.Messages), err)
+	attempts := make(map[int64]int, len(b.Messages))
+	var id int64
+	var n int
+	if _, err := pgx.ForEachRow(rows, []any{&id, &n}, func() error { attempts[id] = n; return nil }); err != nil {
+		return nil, false, fmt.Errorf("claim batch of topic %q, %d rows: %w", b.Topic, len(b.Messages), err)
 	}
-	if len(claimed) < len(b.Messages) {
-		out.contended = true
-		if s.topicLocks || len(claimed) == 0 {
-			return out, nil
+	if len(attempts) < len(b.Messages) {
+		contended = true
+		if s.topicLocks || len(attempts) == 0 {
+			return nil, true, nil
 		}
-		slices.Sort(claimed)
-		b = subset(b, claimed)
+		b = producer.Batch{Topic: b.Topic, Messages: slices.DeleteFunc(slices.Clone(b.Messages),
+			func(m producer.Message) bool { _, in := attempts[m.ID]; return !in })}
 	}
-	out.sent, out.claimed = b, len(claimed)
+	ok = true
+	return &claim{s: s, tx: tx, batch: b, attempts: attempts}, contended, nil
+}
 
-	sendCtx, cancelSend := context.WithTimeout(ctx, sendTimeout)
-	out.sendErr = send(sendCtx, b)
-	if out.sendErr != nil && sendCtx.Err() == context.DeadlineExceeded && ctx.Err() == nil {
-		out.sendErr = fmt.Errorf("send of %d messages timed out after %s (--send-timeout): %w", len(b.Messages), sendTimeout, out.sendErr)
-	}
-	cancelSend()
-
-	recordCtx, cancel := stmtCtx()
+func rollback(ctx context.Context, tx pgx.Tx) {
+	rollbackCtx, cancel := stmtCtx(ctx)
 	defer cancel()
-	if out.sendErr == nil {
-		if err := tx.Commit(recordCtx); err != nil {
-			return out, fmt.Errorf("commit %d sent rows of topic %q as dispatched (they will be sent again): %w", len(claimed), b.Topic, err)
-		}
-		return out, nil
-	}
+	_ = tx.Rollback(rollbackCtx) // a no-op after Commit
+}
 
-	errText := truncate(out.sendErr.Error(), maxErrorText)
-	out.failed = claimed
-	class := producer.ClassOf(out.sendErr)
-	switch class {
-	case producer.ClassLocal:
-		// Not the rows' fault: the rollback leaves them as they were.
-		out.failed = nil
-		return out, nil
-	case producer.ClassMessage:
-		// The rows the error names leave the outbox now, with the producer's
-		// reason; their neighbours were not rejected, merely not sent. An error
-		// that names none of the batch's rows cannot be pinned on one: it counts
-		// as an attempt of every row, as a transient failure does.
-		if named := intersect(claimed, producer.MessageIDs(out.sendErr)); len(named) > 0 {
-			out.failed = named
-			if err := s.deadLetterNamed(recordCtx, tx, b.Topic, claimed, named, out.sendErr, errText, &out); err != nil {
+// dispatched commits the claim: the broker accepted every row.
+func (c *claim) dispatched(ctx context.Context) error {
+	commitCtx, cancel := stmtCtx(ctx)
+	defer cancel()
+	if err := c.tx.Commit(commitCtx); err != nil {
+		return fmt.Errorf("commit %d sent rows of topic %q as dispatched (they will be sent again): %w", len(c.batch.Messages), c.batch.Topic, err)
+	}
+	return nil
+}
+
+// release rolls the claim back: every row is outstanding as it was.
+func (c *claim) release(ctx context.Context) { rollback(ctx, c.tx) }
+
+// applied is what the store did about a failure.
+type applied struct {
+	// attempted says the row counted an attempt.
+	attempted bool
+	// deadLettered counts the rows moved to the dead-letter table, by reason,
+	// with their correlation ids (for the log).
+	deadLettered       int
+	deadReasons        map[string]int
+	deadCorrelationIDs []string
+	// storm is set when the action's dead letters would have passed the storm
+	// guard's limit for the topic: nothing was dead-lettered, and the topic
+	// must trip.
+	storm bool
+	// a is the action as applied: stormed() when storm is set.
+	a action
+}
+
+// apply records a failed send as the policy's action says, and ends the claim.
+// Rows it neither charges nor dead-letters go back outstanding as they were.
+func (c *claim) apply(ctx context.Context, a action, sendErr error) (applied, error) {
+	out := applied{a: a}
+	topic := c.batch.Topic
+	recordCtx, cancel := stmtCtx(ctx)
+	defer cancel()
+	defer rollback(ctx, c.tx) // a no-op after Commit
+
+	var named []int64
+	if a.deadLetterNamed {
+		named = intersect(c.batch.IDs(), producer.MessageIDs(sendErr))
+		if len(named) == 0 { // a refusal of a row sent alone that names none
+			named = c.batch.IDs()
+		}
+	}
+	if a.deadLetters() {
+		storm, err := c.s.stormy(recordCtx, c.tx, topic, max(len(named), 1))
+		if err != nil {
+			return out, err
+		}
+		if storm {
+			out.storm, a = true, a.stormed()
+			out.a = a
+		}
+	}
+	if !a.attempt && !a.deadLetters() && !a.note {
+		return out, nil // the rollback releases the rows
+	}
+	errText := truncate(sendErr.Error(), maxErrorText)
+	charged := []int64{}
+	if a.attempt {
+		charged = c.batch.IDs()
+	}
+	if _, err := c.tx.Exec(recordCtx, c.s.recordFailure, c.batch.IDs(), charged, errText, a.note); err != nil {
+		return out, fmt.Errorf("record failed send of %d rows of topic %q: %w", len(c.batch.Messages), topic, err)
+	}
+	out.attempted = a.attempt
+	if a.deadLetterNamed {
+		byReason := map[string][]int64{}
+		for _, id := range named {
+			r := producer.RowReason(sendErr, id)
+			byReason[r] = append(byReason[r], id)
+		}
+		for _, r := range slices.Sorted(maps.Keys(byReason)) {
+			if err := c.s.moveToDeadLetters(recordCtx, c.tx, topic, byReason[r], 0, r, errText, &out); err != nil {
 				return out, err
 			}
-			if err := tx.Commit(recordCtx); err != nil {
-				return out, fmt.Errorf("dead-letter %d rows of topic %q: %w", len(named), b.Topic, err)
-			}
-			return out, nil
-		}
-		class = producer.ClassTransient
-	}
-	if _, err := tx.Exec(recordCtx, s.recordFailure, claimed, out.failed, errText); err != nil {
-		return out, fmt.Errorf("record failed send of %d rows of topic %q: %w", len(claimed), b.Topic, err)
-	}
-	out.attempted = true
-	if class == producer.ClassTransient && s.policy.maxAttempts > 0 {
-		// Rows that have now failed --max-attempts times leave the outbox,
-		// within the storm guard. Topic-class failures never dead-letter: the
-		// topic breaker deals with the topic, and its rows are good.
-		var exhausted int
-		if err := tx.QueryRow(recordCtx, s.countExhausted, claimed, s.policy.maxAttempts).Scan(&exhausted); err != nil {
-			return out, fmt.Errorf("count exhausted rows of topic %q: %w", b.Topic, err)
-		}
-		if exhausted > 0 {
-			if out.storm, err = s.stormy(recordCtx, tx, b.Topic, exhausted); err != nil {
-				return out, err
-			}
-			if !out.storm {
-				if err := s.moveToDeadLetters(recordCtx, tx, b.Topic, claimed, s.policy.maxAttempts, ReasonMaxRetriesExceeded, errText, &out); err != nil {
-					return out, err
-				}
-			}
 		}
 	}
-	if err := tx.Commit(recordCtx); err != nil {
-		return out, fmt.Errorf("record failed send of %d rows of topic %q: %w", len(claimed), b.Topic, err)
+	if a.exhausted {
+		if err := c.s.moveToDeadLetters(recordCtx, c.tx, topic, c.batch.IDs(), c.s.policy.maxAttempts, ReasonMaxRetriesExceeded, errText, &out); err != nil {
+			return out, err
+		}
+	}
+	if err := c.tx.Commit(recordCtx); err != nil {
+		return out, fmt.Errorf("record failed send of %d rows of topic %q: %w", len(c.batch.Messages), topic, err)
 	}
 	return out, nil
 }
@@ -303,24 +311,6 @@ func (s *store) dispatch(ctx context.Context, b producer.Batch, sendTimeout time
 // ReasonMaxRetriesExceeded is the dead-letter reason of a row that failed
 // --max-attempts times.
 const ReasonMaxRetriesExceeded = "max_retries_exceeded"
-
-// deadLetterNamed moves the rows a message-class error named to the dead-letter
-// table, unless that would pass the storm guard's limit for the topic: then it
-// moves none, and sets out.storm. The other claimed rows go back to outstanding
-// either way, with no attempt counted.
-func (s *store) deadLetterNamed(ctx context.Context, tx pgx.Tx, topic string, claimed, named []int64, sendErr error, errText string, out *batchOutcome) (err error) {
-	if _, err := tx.Exec(ctx, s.recordFailure, claimed, []int64{}, errText); err != nil {
-		return fmt.Errorf("release %d rows of topic %q: %w", len(claimed), topic, err)
-	}
-	if out.storm, err = s.stormy(ctx, tx, topic, len(named)); err != nil || out.storm {
-		return err
-	}
-	reason := producer.ReasonOf(sendErr)
-	if reason == "" {
-		reason = producer.ReasonInvalidMessage
-	}
-	return s.moveToDeadLetters(ctx, tx, topic, named, 0, reason, errText, out)
-}
 
 // stormy reports whether dead-lettering n more rows of topic would pass the
 // storm guard's limit within its window.
@@ -337,7 +327,7 @@ func (s *store) stormy(ctx context.Context, tx pgx.Tx, topic string, n int) (boo
 
 // moveToDeadLetters moves the rows of ids with at least minAttempts attempts to
 // the dead-letter table, noting in out what moved.
-func (s *store) moveToDeadLetters(ctx context.Context, tx pgx.Tx, topic string, ids []int64, minAttempts int, reason, errText string, out *batchOutcome) error {
+func (s *store) moveToDeadLetters(ctx context.Context, tx pgx.Tx, topic string, ids []int64, minAttempts int, reason, errText string, out *applied) error {
 	rows, err := tx.Query(ctx, s.deadLetter, ids, minAttempts, reason, errText)
 	if err != nil {
 		return fmt.Errorf("dead-letter rows of topic %q: %w", topic, err)
@@ -346,7 +336,14 @@ func (s *store) moveToDeadLetters(ctx context.Context, tx pgx.Tx, topic string, 
 	if err != nil {
 		return fmt.Errorf("dead-letter rows of topic %q: %w", topic, err)
 	}
-	out.deadLettered, out.deadReason = len(correlationIDs), reason
+	if len(correlationIDs) == 0 {
+		return nil
+	}
+	if out.deadReasons == nil {
+		out.deadReasons = map[string]int{}
+	}
+	out.deadLettered += len(correlationIDs)
+	out.deadReasons[reason] += len(correlationIDs)
 	for _, c := range correlationIDs {
 		if c != nil && len(out.deadCorrelationIDs) < maxLoggedIDs {
 			out.deadCorrelationIDs = append(out.deadCorrelationIDs, *c)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,6 +27,7 @@ const (
 	SendTimeoutDefault      = 15 * time.Second
 	ShutdownTimeoutDefault  = 10 * time.Second
 	TickDefault             = time.Second
+	TopicBackoffMaxDefault  = 30 * time.Second
 )
 
 // Bounds that Config.Validate enforces. They catch typos (a page of 5,000,000
@@ -89,6 +89,26 @@ type Config struct {
 	// Optional.
 	Alerter alert.Alerter
 
+	// BrokerBreaker is the dependency breaker the sweeper asks before every
+	// send and tells its verdict after (breaker.Dependency implements it).
+	// While it is open the sweeper reads no page; while it is half-open it
+	// sends one batch alone. Nil: no breaker.
+	BrokerBreaker BrokerBreaker
+
+	// Retry is the in-call retry of a batch's send on transient and
+	// broker-class failures. Zero fields take breaker.Retry's defaults. The
+	// halves of a split batch, and rows already known to fail, are sent once:
+	// their failure is expected, and retrying it only delays the topic.
+	Retry breaker.Retry
+
+	// TopicBackoffMax caps the wait of a topic after transient failures: a
+	// topic whose batch failed transiently (or whose broker was down) is left
+	// out of paging for Retry.Initial, doubling with each failure in a row up
+	// to TopicBackoffMax, with jitter; a success ends it. Without it, a topic
+	// that fails would be tried again at every wake-up on commit. Defaults to
+	// TopicBackoffMaxDefault; a negative value turns the backoff off.
+	TopicBackoffMax time.Duration
+
 	// DeadLetterLimit and DeadLetterWindow are the storm guard: when more than
 	// DeadLetterLimit rows of one topic would be dead-lettered within
 	// DeadLetterWindow, something is wrong beyond single messages (a broker
@@ -105,9 +125,11 @@ type Config struct {
 	// Observer is told what each sweep does, for metrics. Optional.
 	Observer Observer
 
-	// MaxAttempts is how many transient failures a row may have: the row that
-	// reaches it is dead-lettered with reason max_retries_exceeded. Defaults to
-	// MaxAttemptsDefault; a negative value keeps rows forever.
+	// MaxAttempts is how many times a row may fail alone while the broker is
+	// known to be up (see policy.go): the row that reaches it is dead-lettered
+	// with reason max_retries_exceeded. Failures the broker is blamed for never
+	// count. Defaults to MaxAttemptsDefault; a negative value keeps rows
+	// forever.
 	MaxAttempts int
 
 	// PageSize is the most rows read per page. Memory use is bounded by it, not by
@@ -172,6 +194,10 @@ func (c Config) WithDefaults() Config {
 	if c.Tick == 0 {
 		c.Tick = TickDefault
 	}
+	if c.TopicBackoffMax == 0 {
+		c.TopicBackoffMax = TopicBackoffMaxDefault
+	}
+	c.Retry = c.Retry.WithDefaults()
 	if c.Schedule == nil {
 		c.Schedule = Every(c.Tick)
 	}
@@ -251,6 +277,12 @@ func (c Config) Validate() error {
 	if c.Tick < time.Millisecond {
 		return &ConfigError{"tick", "tick", c.Tick.String(), "it must be at least 1ms"}
 	}
+	if c.TopicBackoffMax >= 0 && c.TopicBackoffMax < time.Millisecond {
+		return &ConfigError{"topic backoff max", "topic-backoff-max", c.TopicBackoffMax.String(), "it must be at least 1ms"}
+	}
+	if c.Retry.Initial > c.Retry.Max {
+		return &ConfigError{"retry initial", "retry-initial", c.Retry.Initial.String(), fmt.Sprintf("it must not be more than --retry-max (%s)", c.Retry.Max)}
+	}
 	return c.Table.Validate()
 }
 
@@ -270,6 +302,11 @@ type SweepResult struct {
 	FailedTopics []string
 	// Blocked says the dependency breaker was open: the sweep read nothing.
 	Blocked bool
+	// AttemptedRows counts the rows that failed alone while the broker was up
+	// and counted an attempt.
+	AttemptedRows int
+	// Splits counts the failed batches that were split to find their bad rows.
+	Splits int
 	// DeadLettered counts the rows moved to the dead-letter table.
 	DeadLettered int
 }
@@ -281,14 +318,16 @@ type SweepResult struct {
 // to Concurrency topics at once, the batches of one topic in order. Each batch is
 // claimed, sent and marked dispatched in its own transaction (see store.dispatch),
 // so a later failure never undoes an earlier success and a second sweeper on the
-// same table never sends a row this one has in flight. A failed batch raises its
-// rows' attempts, records the error, and stops its topic until the next sweep;
-// other topics go on. A message-class failure stops nothing: the rows it names
-// count an attempt and the rest of the batch is sent at once, so one poison
-// message cannot hold its topic. While pages come back full, the sweep reads the
-// next page at once, so a backlog drains at the database's pace, not the tick's.
+// same table never sends a row this one has in flight. What a failed batch means
+// for its rows, its topic and the broker is the failure policy's to say
+// (policy.go): a batch that fails while the broker is up is split until the
+// failing rows stand alone, and only those count an attempt; other topics go
+// on. While pages come back full, the sweep reads the next page at once, so a
+// backlog drains at the database's pace, not the tick's.
 type Sweeper struct {
 	breaker  breaker.Breaker
+	broker   BrokerBreaker // nil: none
+	backoff  *topicBackoff
 	cfg      Config
 	logger   *slog.Logger
 	producer producer.Producer
@@ -297,6 +336,18 @@ type Sweeper struct {
 	// from the next topic: one topic whose batch fails by itself must not be
 	// the only trial there ever is.
 	probes atomic.Uint64
+}
+
+// BrokerBreaker is the broker (dependency) circuit breaker as the sweeper
+// drives it. breaker.Dependency implements it.
+type BrokerBreaker interface {
+	// Allow asks to make one send. An error means the breaker refuses: the
+	// sweeper sends nothing and releases the rows. Otherwise the sweeper sends
+	// and calls done once with its verdict on the broker.
+	Allow() (done func(v breaker.Verdict, cause error), err error)
+	// State tells whether the breaker is closed, open (the sweeper reads no
+	// page) or half-open (it sends one batch alone).
+	State() breaker.DependencyState
 }
 
 // NewSweeper returns a sweeper over pool's outbox table cfg.Table, sending to p.
@@ -309,6 +360,8 @@ func NewSweeper(pool *pgxpool.Pool, p producer.Producer, cfg Config) (*Sweeper, 
 	}
 	return &Sweeper{
 		breaker:  cfg.TopicBreaker,
+		broker:   cfg.BrokerBreaker,
+		backoff:  newTopicBackoff(cfg.Retry.Initial, cfg.TopicBackoffMax, cfg.Retry.Rand),
 		cfg:      cfg,
 		logger:   cfg.Logger,
 		producer: p,
@@ -444,448 +497,3 @@ func (s *Sweeper) Sweep(ctx context.Context) (SweepResult, error) {
 	return s.sweep(ctx, ctx, time.Time{}, true)
 }
 
-// sweep runs one sweep, a tick's (which first advances the topic breaker's
-// cooldowns) or a wake-up's: lists the topics with outstanding rows that the topic
-// breaker allows, then reads and sends pages while stop is live, topics may hold
-// more, and the next tick (due; zero for none) has not come. Sends use work,
-// which outlives stop during a graceful shutdown.
-//
-// A page gives each live topic an equal share, read in id order from where the
-// topic's previous page ended, so a deep backlog in one topic cannot fill the
-// pages, and every page moves on. Rows left behind (poison, held by another
-// sweeper) wait for the next sweep, which starts each topic from its lowest id.
-// Topics that appear during a tick are read from the next one.
-func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (SweepResult, error) {
-	if tick {
-		s.breaker.OnTick()
-	}
-	var res SweepResult
-	// An open dependency breaker (breaker.Guarded) fails the tick fast: no page,
-	// no call to the broker, and the rows keep their attempts.
-	if b, ok := s.producer.(interface{ Blocked() bool }); ok && b.Blocked() {
-		res.Blocked = true
-		return res, nil
-	}
-	prober, _ := s.producer.(interface{ Probing() bool })
-	plan := s.breaker.Plan()
-	live, err := s.store.topics(work, plan.Excluded)
-	if err != nil {
-		return res, fmt.Errorf("list topics with outstanding rows in %s: %w", s.cfg.Table, err)
-	}
-	after := make([]int64, len(live))
-	// A half-open one lets a single trial through and refuses the others: send
-	// one batch alone first, rather than claim batches only to have them
-	// refused, and sweep on only if it closed the breaker. Each trial takes
-	// the next topic in turn. The tried topic sits out the rest of the sweep:
-	// it had its batch, and its outcome is in.
-	if prober != nil && prober.Probing() && len(live) > 0 {
-		i := int(s.probes.Add(1)-1) % len(live)
-		msgs, err := s.store.page(work, live[i:i+1], after[i:i+1], s.cfg.PageSize)
-		if err != nil {
-			return res, fmt.Errorf("read a page of outstanding rows from %s: %w", s.cfg.Table, err)
-		}
-		res.Pages++
-		if _, err := s.sendPage(stop, work, groupByTopic(msgs), plan, true, &res); err != nil || prober.Probing() {
-			return res, err
-		}
-		if b, ok := s.producer.(interface{ Blocked() bool }); ok && b.Blocked() {
-			return res, nil
-		}
-		live = slices.Delete(live, i, i+1)
-		after = after[:len(live)] // all zero: no topic has paged yet
-	}
-	for stop.Err() == nil && len(live) > 0 {
-		// A page reads at most PageSize topics (a share of one each when there
-		// are more), so the page size bounds memory however many topics there
-		// are; topics beyond it wait their turn at the back of the queue.
-		window := min(len(live), s.cfg.PageSize)
-		share := (s.cfg.PageSize + window - 1) / window
-		msgs, err := s.store.page(work, live[:window], after[:window], share)
-		if err != nil {
-			return res, fmt.Errorf("read a page of outstanding rows from %s: %w", s.cfg.Table, err)
-		}
-		res.Pages++
-		groups := groupByTopic(msgs)
-		stopped, err := s.sendPage(stop, work, groups, plan, false, &res)
-		if err != nil {
-			return res, err
-		}
-		// Topics that stopped, or returned less than a share (nothing more
-		// behind it), are done for this sweep; the others page on, after the
-		// topics that waited.
-		done := make(map[string]bool, window)
-		for _, t := range stopped {
-			done[t] = true
-		}
-		last := make(map[string]int64, len(groups))
-		for _, g := range groups {
-			last[g.topic] = g.msgs[len(g.msgs)-1].ID
-			if len(g.msgs) < share {
-				done[g.topic] = true
-			}
-		}
-		next := make([]string, 0, len(live))
-		nextAfter := make([]int64, 0, len(live))
-		next, nextAfter = append(next, live[window:]...), append(nextAfter, after[window:]...)
-		for i, t := range live[:window] {
-			id, paged := last[t]
-			if !paged || done[t] {
-				continue // drained (nothing in this page), stopped, or short
-			}
-			next, nextAfter = append(next, t), append(nextAfter, max(id, after[i]))
-		}
-		live, after = next, nextAfter
-		if !due.IsZero() && !time.Now().Before(due) {
-			break
-		}
-	}
-	return res, nil
-}
-
-// sendPage sends a page's topics concurrently, adding to res. It returns the
-// topics that stopped for the rest of the sweep.
-func (s *Sweeper) sendPage(stop, work context.Context, groups []topicGroup, plan breaker.Plan, probe bool, res *SweepResult) ([]string, error) {
-	var (
-		mu         sync.Mutex
-		dbErr      error
-		stopped    []string
-		dispatched int
-		transient  = map[string]error{}
-		wg         sync.WaitGroup
-		sem        = make(chan struct{}, s.cfg.Concurrency)
-	)
-	for _, g := range groups {
-		if stop.Err() != nil {
-			break
-		}
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			tr, err := s.sendTopic(stop, work, g, plan, probe)
-			mu.Lock()
-			defer mu.Unlock()
-			dispatched += tr.dispatched
-			if tr.transient != nil {
-				transient[g.topic] = tr.transient
-			}
-			res.Dispatched += tr.dispatched
-			res.Batches += tr.batches
-			res.FailedBatches += tr.failedBatches
-			res.Skipped += tr.skipped
-			res.DeadLettered += tr.deadLettered
-			if tr.failed {
-				res.FailedTopics = append(res.FailedTopics, g.topic)
-			}
-			if tr.failed || tr.contended || plan.Trials[g.topic] {
-				stopped = append(stopped, g.topic)
-			}
-			if err != nil && dbErr == nil {
-				dbErr = err
-			}
-		})
-	}
-	wg.Wait()
-	// A transient failure says something of its topic only if the broker took
-	// other batches meanwhile; when every send of the page failed, the broker
-	// (the dependency breaker's business) is the likelier cause, and tripping
-	// every topic would keep them all out long after it is back.
-	if dispatched > 0 {
-		for topic, err := range transient {
-			s.breaker.Failure(topic, plan.Gen(topic), false, truncate(err.Error(), maxErrorText))
-		}
-	} else if len(transient) > 0 {
-		s.logger.Debug("every send of the page failed: not counted against the topics", "topics", len(transient))
-	}
-	return stopped, dbErr
-}
-
-type topicResult struct {
-	batches, deadLettered, failedBatches, dispatched, skipped int
-	// transient is the topic's transient failure, reported to the topic breaker
-	// once the page shows whether the broker took anything (see sendPage).
-	transient error
-	// failed and contended say why the topic stopped, if it did.
-	failed, contended bool
-}
-
-// sendTopic sends one topic's messages of a page, batch after batch, and stops at
-// the first failed or contended batch so that a later batch never overtakes an
-// earlier one. A half-open topic sends one batch: its trial; so does any topic
-// while the broker breaker probes (probe). Outcomes go to the topic breaker.
-func (s *Sweeper) sendTopic(stop, work context.Context, g topicGroup, plan breaker.Plan, probe bool) (topicResult, error) {
-	var tr topicResult
-	topic, msgs, gen := g.topic, g.msgs, plan.Gen(g.topic)
-	batches, err := s.producer.Batches(work, topic, msgs)
-	if err != nil {
-		if stopTopic, dbErr := s.reject(work, g, gen, err, &tr); stopTopic || dbErr != nil {
-			return tr, dbErr
-		}
-	}
-
-	send := s.producer.Send
-	if probe {
-		send = trialSend(s.producer.Send)
-	}
-	for _, b := range batches {
-		if stop.Err() != nil {
-			break
-		}
-		if err := s.sendBatch(work, b, gen, send, &tr); err != nil || tr.failed || tr.contended {
-			return tr, err
-		}
-		// A half-open topic sends one batch, its trial: the first whose outcome
-		// says something of the topic (a batch of poison rows only does not).
-		// A half-open broker breaker (probe) gets one batch, whatever it says.
-		if (plan.Trials[topic] && tr.dispatched > 0) || probe {
-			break
-		}
-	}
-	return tr, nil
-}
-
-// reject records the failure of the rows of g that the producer could not cut
-// into batches (err from Batches) as a failed send: message-class rows are
-// dead-lettered, and when the producer named no row, all of g fails and the
-// topic stops. It reports whether the topic stops for this sweep.
-func (s *Sweeper) reject(work context.Context, g topicGroup, gen uint64, err error, tr *topicResult) (stopTopic bool, dbErr error) {
-	page := producer.Batch{Topic: g.topic, Messages: g.msgs}
-	rejected := subset(page, slices.Sorted(slices.Values(producer.MessageIDs(err))))
-	whole := len(rejected.Messages) == 0
-	if class := producer.ClassOf(err); whole && (class == producer.ClassTransient || class == producer.ClassLocal) {
-		// The producer could not cut anything (its broker unreachable, say):
-		// nothing was sent and nothing is wrong with the rows, so they keep
-		// their attempts; counted, a broker down for --max-attempts sweeps
-		// would dead-letter the outbox. The topic stops for this sweep.
-		tr.failed = true
-		tr.failedBatches++
-		s.observeFailure(g.topic, batchOutcome{sendErr: err})
-		s.logFailure(page, err)
-		s.reportFailure(g.topic, gen, err, tr)
-		return true, nil
-	}
-	if whole {
-		// Nothing of the topic can be cut: count it as a failed send of all
-		// its rows in the page, so they carry the error.
-		rejected = page
-	}
-	out, dbErr := s.store.dispatch(work, rejected, s.cfg.SendTimeout, func(context.Context, producer.Batch) error { return err })
-	if dbErr != nil {
-		return true, dbErr
-	}
-	if out.contended {
-		if s.cfg.Ordering == OrderingTopic {
-			tr.contended = true
-			tr.skipped += len(g.msgs)
-			return true, nil
-		}
-		tr.skipped += len(rejected.Messages) - out.claimed
-		if out.claimed == 0 {
-			// Another sweeper has them; if that was all the topic had, the
-			// topic is done for this sweep.
-			tr.contended = whole
-			return whole, nil
-		}
-	}
-	rejected = out.sent
-	tr.failedBatches++
-	tr.deadLettered += out.deadLettered
-	s.observeFailure(g.topic, out)
-	s.logFailure(rejected, err)
-	if out.deadLettered > 0 {
-		s.logDeadLettered(g.topic, out)
-	}
-	if out.storm {
-		s.stopStorm(g.topic, len(out.failed), err)
-		tr.failed = true
-		return true, nil
-	}
-	if whole {
-		s.reportFailure(g.topic, gen, err, tr)
-		tr.failed = true
-		return true, nil
-	}
-	return false, nil // some messages can never be sent; the others go on
-}
-
-// trialSend wraps the send of the batch that tries a half-open broker breaker:
-// a transient failure there is the broker still being down, which the breaker
-// has just counted, not the rows' fault, so it becomes local: the rows go back
-// without an attempt. Counted, every trial of a long outage would add one, and
-// the trial rows would be dead-lettered as max_retries_exceeded.
-func trialSend(send func(context.Context, producer.Batch) error) func(context.Context, producer.Batch) error {
-	return func(ctx context.Context, b producer.Batch) error {
-		err := send(ctx, b)
-		if err != nil && producer.ClassOf(err) == producer.ClassTransient {
-			return producer.NewLocalError(fmt.Errorf("trial send of the half-open broker breaker failed, rows kept without an attempt: %w", err))
-		}
-		return err
-	}
-}
-
-// reportFailure tells the topic breaker about a failed batch: a topic-class
-// failure at once; a transient one is kept in tr for sendPage to weigh.
-// Message-class failures are the messages' and local ones nobody's: neither
-// counts.
-func (s *Sweeper) reportFailure(topic string, gen uint64, err error, tr *topicResult) {
-	switch producer.ClassOf(err) {
-	case producer.ClassTopic:
-		s.breaker.Failure(topic, gen, true, truncate(err.Error(), maxErrorText))
-	case producer.ClassTransient:
-		tr.transient = err
-	}
-}
-
-// sendBatch sends b. After a message-class failure it sends the rest of b
-// without the rows the failure named, at once: a poison message must not hold
-// its neighbours. Any other failure, or contention, sets tr.failed or
-// tr.contended and stops.
-func (s *Sweeper) sendBatch(work context.Context, b producer.Batch, gen uint64, send func(context.Context, producer.Batch) error, tr *topicResult) error {
-	for len(b.Messages) > 0 {
-		out, err := s.store.dispatch(work, b, s.cfg.SendTimeout, send)
-		if err != nil {
-			return err
-		}
-		if out.contended {
-			tr.skipped += len(b.Messages) - out.claimed
-			if out.claimed == 0 {
-				// Under OrderingNone another sweeper has the rows: go on with
-				// the next batch. Under OrderingTopic the topic stops here, so
-				// that no later batch overtakes this one.
-				tr.contended = s.cfg.Ordering == OrderingTopic
-				return nil
-			}
-		}
-		b = out.sent
-		tr.batches++
-		if out.sendErr == nil {
-			s.breaker.Success(b.Topic, gen)
-			tr.dispatched += out.claimed
-			if s.cfg.Observer != nil {
-				now := time.Now()
-				lat := make([]time.Duration, len(b.Messages))
-				for i := range b.Messages {
-					lat[i] = now.Sub(b.Messages[i].CreatedAt)
-				}
-				s.cfg.Observer.BatchDispatched(b.Topic, len(b.Messages), lat)
-			}
-			if s.logger.Enabled(work, slog.LevelDebug) {
-				s.logger.Debug("batch dispatched", "topic", b.Topic, "num_rows", out.claimed,
-					"first_id", b.Messages[0].ID, "last_id", b.Messages[len(b.Messages)-1].ID,
-					"correlation_ids", correlationIDs(b, maxLoggedIDs))
-			}
-			return nil
-		}
-		tr.failedBatches++
-		tr.deadLettered += out.deadLettered
-		s.observeFailure(b.Topic, out)
-		s.logFailure(b, out.sendErr)
-		if out.deadLettered > 0 {
-			s.logDeadLettered(b.Topic, out)
-		}
-		if out.storm {
-			s.stopStorm(b.Topic, len(out.failed), out.sendErr)
-			tr.failed = true
-			return nil
-		}
-		// Failures that count an attempt, and local ones (nothing was sent),
-		// stop the topic; a message-class one that dead-lettered its rows does
-		// not: the rest of the batch goes on at once.
-		if out.attempted || producer.ClassOf(out.sendErr) != producer.ClassMessage {
-			s.reportFailure(b.Topic, gen, out.sendErr, tr)
-			tr.failed = true
-			return nil
-		}
-		b = without(b, out.failed)
-	}
-	return nil
-}
-
-// maxLoggedIDs bounds the correlation ids on one log line.
-const maxLoggedIDs = 10
-
-// observeFailure tells the observer about a failed batch and its dead letters.
-func (s *Sweeper) observeFailure(topic string, out batchOutcome) {
-	if s.cfg.Observer == nil {
-		return
-	}
-	s.cfg.Observer.BatchFailed(topic, producer.ClassOf(out.sendErr))
-	if out.deadLettered > 0 {
-		s.cfg.Observer.DeadLettered(topic, out.deadLettered)
-	}
-}
-
-// logDeadLettered logs rows moved to the dead-letter table: topic, reason and
-// the rows' correlation ids as the move returned them, never a payload.
-func (s *Sweeper) logDeadLettered(topic string, out batchOutcome) {
-	s.logger.Warn("rows dead-lettered", "topic", topic, "num_rows", out.deadLettered, "reason", out.deadReason,
-		"correlation_ids", out.deadCorrelationIDs, "table", s.cfg.Table.DeadLetterName())
-}
-
-// stopStorm trips a topic whose messages are being rejected faster than the
-// storm guard allows, and alerts: a broker error misread as the messages' fault
-// must not empty the outbox into the dead-letter table.
-func (s *Sweeper) stopStorm(topic string, n int, err error) {
-	summary := fmt.Sprintf("dead-letter storm on topic %q: %d more rows rejected (%s) with more than %d dead-lettered within %s; "+
-		"dead-lettering stopped and the topic tripped. Check the producer's error, fix it, then reset the topic",
-		topic, n, producer.ReasonOf(err), s.cfg.DeadLetterLimit, s.cfg.DeadLetterWindow)
-	s.breaker.Trip(topic, summary)
-	s.logger.Error(summary, "topic", topic, "err", err)
-	if s.cfg.Alerter != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = s.cfg.Alerter.Alert(ctx, alert.Alert{Time: time.Now().UTC(), Severity: "critical", Component: "dead-letter-storm-guard", Summary: summary})
-	}
-}
-
-// logFailure logs a failed batch. b is never empty: every caller sent or
-// rejected at least one row.
-func (s *Sweeper) logFailure(b producer.Batch, err error) {
-	class := producer.ClassOf(err)
-	level, msg := slog.LevelWarn, "batch failed; topic stops until the next sweep"
-	switch class {
-	case producer.ClassLocal:
-		level, msg = slog.LevelInfo, "batch cancelled; its rows stay outstanding" // shutting down: nothing is wrong
-	case producer.ClassMessage:
-		msg = "messages rejected; the rest of the topic goes on"
-	}
-	s.logger.Log(context.Background(), level, msg,
-		"topic", b.Topic, "class", class.String(), "reason", producer.ReasonOf(err), "num_rows", len(b.Messages),
-		"first_id", b.Messages[0].ID, "last_id", b.Messages[len(b.Messages)-1].ID,
-		"correlation_ids", correlationIDs(b, maxLoggedIDs), "err", err)
-}
-
-// correlationIDs returns up to n non-empty correlation ids of b.
-func correlationIDs(b producer.Batch, n int) []string {
-	var out []string
-	for _, m := range b.Messages {
-		if m.CorrelationID != "" {
-			out = append(out, m.CorrelationID)
-			if len(out) == n {
-				break
-			}
-		}
-	}
-	return out
-}
-
-type topicGroup struct {
-	topic string
-	msgs  []producer.Message
-}
-
-// groupByTopic splits msgs by topic, keeping id order within each topic and
-// ordering the topics by their first row.
-func groupByTopic(msgs []producer.Message) []topicGroup {
-	index := make(map[string]int)
-	var groups []topicGroup
-	for _, m := range msgs {
-		i, ok := index[m.Topic]
-		if !ok {
-			i = len(groups)
-			index[m.Topic] = i
-			groups = append(groups, topicGroup{topic: m.Topic})
-		}
-		groups[i].msgs = append(groups[i].msgs, m)
-	}
-	return groups
-}

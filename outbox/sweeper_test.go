@@ -141,6 +141,10 @@ func assertNoError(t *testing.T, err error) bool {
 	return true
 }
 
+// A topic whose sends fail, unclassified, while the broker is up (other topics
+// go): its batch is split until its first row fails alone, and only that row
+// counts an attempt; the topic waits (--ordering topic), the other topics go
+// on, and once the trouble passes the topic is delivered in order.
 func TestFailedBatchKeepsItsRowsAndOtherTopicsGoOn(t *testing.T) {
 	t.Parallel()
 	tbl := dbtest.Table(t)
@@ -153,13 +157,15 @@ func TestFailedBatchKeepsItsRowsAndOtherTopicsGoOn(t *testing.T) {
 
 	prod := memory.New(memory.Config{MaxBatch: 4})
 	prod.FailTopic("A", errors.New("connection reset by peer"))
-	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, PageSize: 100})
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, PageSize: 100, Retry: once})
 
 	res, err := s.Sweep(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, 20, res.Dispatched)
 	require.Equal(t, []string{"A"}, res.FailedTopics)
-	require.Equal(t, 1, res.FailedBatches, "A stops at its first failed batch")
+	require.Equal(t, 3, res.FailedBatches, "A's first batch, its first half, its first row")
+	require.Equal(t, 2, res.Splits)
+	require.Equal(t, 1, res.AttemptedRows)
 
 	for _, r := range readRows(t, tbl) {
 		if r.Topic != "A" {
@@ -167,28 +173,27 @@ func TestFailedBatchKeepsItsRowsAndOtherTopicsGoOn(t *testing.T) {
 			continue
 		}
 		require.False(t, r.Dispatched)
-		if r.ID <= 10 { // A's first batch: rows 1, 4, 7, 10
+		if r.ID == 1 { // A's first row, which failed alone
 			require.Equal(t, 1, r.Attempts, "row %d", r.ID)
 			require.NotNil(t, r.LastError)
 			require.Contains(t, *r.LastError, "connection reset by peer")
 		} else {
-			require.Zero(t, r.Attempts, "row %d was never sent", r.ID)
+			require.Zero(t, r.Attempts, "row %d never failed alone", r.ID)
 			require.Nil(t, r.LastError)
 		}
 	}
+	require.Equal(t, breaker.StateClosed, s.TopicBreaker().State("A"), "one failing row is not the topic's fault")
+	backoffs := s.TopicBackoffs()
+	require.Len(t, backoffs, 1)
+	require.Equal(t, "A", backoffs[0].Topic)
 
-	// A is tripped: the broker recovers, but A waits out its cooldown, unless an
-	// operator resets it. Then the next sweep delivers A, in order.
-	require.Equal(t, breaker.StateTripped, s.TopicBreaker().State("A"))
+	// The trouble passes: A goes once its backoff ends, in order.
 	prod.HealTopic("A")
-	res, err = s.Sweep(context.Background())
-	require.NoError(t, err)
-	require.Zero(t, res.Dispatched, "A is left out while tripped")
-	s.TopicBreaker().Reset("A")
-	res, err = s.Sweep(context.Background())
-	require.NoError(t, err)
-	require.Equal(t, 10, res.Dispatched)
-	require.Zero(t, dbtest.Outstanding(t, tbl))
+	dbtest.Eventually(t, 10*time.Second, "A delivered", func() bool {
+		_, err := s.Sweep(context.Background())
+		require.NoError(t, err)
+		return dbtest.Outstanding(t, tbl) == 0
+	})
 	var aIDs []int64
 	for _, m := range prod.Messages() {
 		if m.Topic == "A" {
@@ -196,6 +201,8 @@ func TestFailedBatchKeepsItsRowsAndOtherTopicsGoOn(t *testing.T) {
 		}
 	}
 	require.True(t, slices.IsSorted(aIDs), "A delivered out of order: %v", aIDs)
+	require.Len(t, aIDs, 10)
+	require.Empty(t, s.TopicBackoffs(), "a success ends the backoff")
 }
 
 // A message-class failure dead-letters the rows it names, and the rest of the
@@ -229,21 +236,32 @@ func TestPoisonMessageDoesNotHoldItsTopic(t *testing.T) {
 	require.Contains(t, dead[1].Error, "bad header")
 }
 
-// A message-class error that names no row of the batch cannot be pinned on one:
-// every row of the batch counts the attempt.
-func TestMessageErrorNamingNoRowCountsForTheBatch(t *testing.T) {
+// A message-class error that names no row of the batch is split until it
+// stands alone: then it is that row's, which is dead-lettered with the
+// error's reason, and its neighbours go without an attempt.
+func TestMessageErrorNamingNoRowIsSplitDownToItsRow(t *testing.T) {
 	t.Parallel()
 	tbl := dbtest.Table(t)
 	writeMessages(t, tbl, topicMessages("A", 3)...)
 	prod := memory.New(memory.Config{})
-	prod.FailNextCalls(1, producer.NewMessageError(producer.ReasonInvalidMessage, []int64{999}, errors.New("rejected")))
+	prod.SetSendFunc(func(_ context.Context, b producer.Batch) error {
+		if slices.Contains(b.IDs(), 2) {
+			return producer.NewMessageError(producer.ReasonInvalidMessage, []int64{999}, errors.New("rejected"))
+		}
+		return nil
+	})
 	res, err := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl}).Sweep(context.Background())
 	require.NoError(t, err)
-	require.Zero(t, res.Dispatched)
+	require.Equal(t, 2, res.Dispatched)
+	require.Equal(t, 1, res.DeadLettered)
+	require.Equal(t, []int64{1, 3}, ids(prod.Messages()))
 	for _, r := range readRows(t, tbl) {
-		require.Equal(t, 1, r.Attempts, "row %d", r.ID)
-		require.False(t, r.Dispatched)
+		require.Zero(t, r.Attempts, "row %d", r.ID)
 	}
+	dead := readDeadLetters(t, tbl)
+	require.Len(t, dead, 1)
+	require.Equal(t, int64(2), dead[0].ID)
+	require.Equal(t, producer.ReasonInvalidMessage, dead[0].Reason)
 }
 
 // The ADR's case without breakers: a failing topic whose rows fill more than a
@@ -262,30 +280,40 @@ func TestFailingTopicFillingPagesDoesNotStallOthers(t *testing.T) {
 	require.Equal(t, 250, dbtest.Outstanding(t, tbl))
 }
 
-// A broker that never answers fails the batch after the send timeout, as a
-// transient failure that counts an attempt; the sweep goes on.
+// A topic whose sends never answer while the broker is up fails after the send
+// timeout, transiently: split down to its first row, which counts an attempt;
+// the sweep goes on. With the broker's health check failing too (a hung
+// broker), nothing is charged.
 func TestSendTimeoutFailsTheBatch(t *testing.T) {
 	t.Parallel()
-	tbl := dbtest.Table(t)
-	writeMessages(t, tbl, topicMessages("slow", 2)...)
-	writeMessages(t, tbl, topicMessages("fast", 2)...)
-	prod := memory.New(memory.Config{})
-	prod.SetSendFunc(func(ctx context.Context, b producer.Batch) error {
-		if b.Topic == "slow" {
-			<-ctx.Done()
-			return ctx.Err()
-		}
-		return nil
-	})
-	res, err := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, SendTimeout: 100 * time.Millisecond}).Sweep(context.Background())
-	require.NoError(t, err)
-	require.Equal(t, 2, res.Dispatched)
-	require.Equal(t, []string{"slow"}, res.FailedTopics)
-	for _, r := range readRows(t, tbl) {
-		if r.Topic == "slow" {
-			require.Equal(t, 1, r.Attempts)
-			require.Contains(t, *r.LastError, "timed out after 100ms (--send-timeout)")
-		}
+	for _, hung := range []bool{false, true} {
+		t.Run(fmt.Sprintf("broker hung %v", hung), func(t *testing.T) {
+			t.Parallel()
+			tbl := dbtest.Table(t)
+			writeMessages(t, tbl, topicMessages("slow", 2)...)
+			prod := memory.New(memory.Config{})
+			prod.SetSendFunc(func(ctx context.Context, b producer.Batch) error {
+				if b.Topic == "slow" {
+					<-ctx.Done()
+					return ctx.Err()
+				}
+				return nil
+			})
+			if hung {
+				prod.SetCheck(func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() })
+			}
+			res, err := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, SendTimeout: 100 * time.Millisecond}).Sweep(context.Background())
+			require.NoError(t, err)
+			require.Equal(t, []string{"slow"}, res.FailedTopics)
+			for _, r := range readRows(t, tbl) {
+				if hung || r.ID != 1 {
+					require.Zero(t, r.Attempts, "row %d", r.ID)
+					continue
+				}
+				require.Equal(t, 1, r.Attempts)
+				require.Contains(t, *r.LastError, "timed out after 100ms (--send-timeout)")
+			}
+		})
 	}
 }
 

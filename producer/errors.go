@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"slices"
 	"strings"
+	"syscall"
 )
 
 // Class says what a failed send means for the sweeper. Producers report it by
@@ -28,6 +32,12 @@ const (
 	// messages: the send was cancelled because the sweeper is shutting down, or the
 	// producer is closed. It raises no attempts count.
 	ClassLocal
+	// ClassBroker is a failure to reach the broker at all: the connection was
+	// refused, reset or closed, or a dial timed out. It is retried in the call
+	// like a transient failure, but it is never the rows' fault: it counts no
+	// attempt and feeds the broker breaker, however long it lasts. [ClassOf]
+	// gives it to unclassified network errors of those kinds.
+	ClassBroker
 )
 
 // String returns the class's name as used in logs and metric labels.
@@ -41,6 +51,8 @@ func (c Class) String() string {
 		return "message"
 	case ClassLocal:
 		return "local"
+	case ClassBroker:
+		return "broker"
 	default:
 		return fmt.Sprintf("class(%d)", int(c))
 	}
@@ -61,6 +73,9 @@ type Error struct {
 	Reason string
 	// IDs names the rows a message-class error concerns. Empty for other classes.
 	IDs []int64
+	// Reasons gives rows of IDs a reason of their own, when one call rejects
+	// rows for different reasons; a row not in it takes Reason. See [RowReason].
+	Reasons map[int64]string
 	// Err is the underlying error.
 	Err error
 }
@@ -103,6 +118,26 @@ func NewMessageError(reason string, ids []int64, err error) error {
 	return &Error{Class: ClassMessage, Reason: reason, IDs: ids, Err: err}
 }
 
+// NewBrokerError marks err as a failure to reach the broker (see [ClassBroker]).
+func NewBrokerError(reason string, err error) error {
+	return &Error{Class: ClassBroker, Reason: reason, Err: err}
+}
+
+// NewRejections returns a message-class error naming the rows of reasons, each
+// with its own reason, or nil when reasons is empty. err describes the first
+// rejection; the sweeper dead-letters each row with its reason.
+func NewRejections(reasons map[int64]string, err error) error {
+	if len(reasons) == 0 {
+		return nil
+	}
+	ids := make([]int64, 0, len(reasons))
+	for id := range reasons {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return &Error{Class: ClassMessage, Reason: reasons[ids[0]], IDs: ids, Reasons: reasons, Err: err}
+}
+
 // NewLocalError marks err as a failure on our side, such as a closed producer.
 func NewLocalError(err error) error {
 	return &Error{Class: ClassLocal, Err: err}
@@ -110,7 +145,8 @@ func NewLocalError(err error) error {
 
 // ClassOf returns err's class: the class of the first [*Error] in its chain;
 // [ClassLocal] for a cancelled context, since that is the sweeper stopping, not
-// the broker failing; otherwise [ClassTransient]. A nil error has no class and
+// the broker failing; [ClassBroker] for a connection refused, reset or closed
+// and a failed dial; otherwise [ClassTransient]. A nil error has no class and
 // ClassOf panics on it, since asking is a programming error.
 func ClassOf(err error) Class {
 	if err == nil {
@@ -122,7 +158,25 @@ func ClassOf(err error) Class {
 	if errors.Is(err, context.Canceled) {
 		return ClassLocal
 	}
+	if connectionFailed(err) {
+		return ClassBroker
+	}
 	return ClassTransient
+}
+
+// connectionFailed reports errors that say the connection itself failed, not
+// the request on it: whatever the rows held, the broker was not reached.
+func connectionFailed(err error) bool {
+	if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNABORTED) ||
+		errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH) ||
+		errors.Is(err, net.ErrClosed) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+		return true
+	}
+	if op, ok := errors.AsType[*net.OpError](err); ok && op.Op == "dial" {
+		return true
+	}
+	return false
 }
 
 // ReasonOf returns the reason of the first [*Error] in err's chain, or "".
@@ -131,6 +185,23 @@ func ReasonOf(err error) string {
 		return e.Reason
 	}
 	return ""
+}
+
+// RowReason returns the dead-letter reason a message-class error gives row id:
+// its own reason if the error has one, else the error's reason, else
+// [ReasonInvalidMessage].
+func RowReason(err error, id int64) string {
+	e, ok := errors.AsType[*Error](err)
+	if !ok {
+		return ReasonInvalidMessage
+	}
+	if r := e.Reasons[id]; r != "" {
+		return r
+	}
+	if e.Reason != "" {
+		return e.Reason
+	}
+	return ReasonInvalidMessage
 }
 
 // MessageIDs returns the rows a message-class error names, or nil when err is not

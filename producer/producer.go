@@ -116,3 +116,13 @@ type Producer interface {
 	// its last Send.
 	Close(ctx context.Context) error
 }
+
+// Checker is a producer that can tell cheaply whether its broker is up: a
+// round trip that involves no message, such as a passive declare or a flush.
+// The sweeper asks it after a failed send that named no row, and blames the
+// rows only when it passes: a row is charged only when it failed while the
+// broker was known to be up.
+type Checker interface {
+	// Check returns nil when the broker answers within ctx.
+	Check(ctx context.Context) error
+}

@@ -4,7 +4,8 @@
 -- are skipped, and a row dispatched since the page was read no longer matches.
 -- The mark becomes visible only when the transaction commits, after the broker
 -- has accepted the batch; a failed send undoes it (record_failure.sql) and a
--- crash rolls it back. RETURNING order is unspecified: the caller sorts.
+-- crash rolls it back. RETURNING order is unspecified: the caller sorts. It
+-- returns each row's attempts as they are under the lock, for the failure policy.
 --
 --   $1  the batch's ids
 --   $2  whether to take the topic's lock first (--ordering topic)
@@ -37,4 +38,4 @@ WHERE id IN (
       AND o.dispatched_at IS NULL
     FOR UPDATE OF o SKIP LOCKED
 )
-RETURNING id
+RETURNING id, attempts

@@ -406,15 +406,16 @@ func TestBrokerDownOpensTheDependencyBreakerAndNothingIsLost(t *testing.T) {
 
 	p, err := rabbitmq.New(rabbitmq.Config{URL: brokertest.WithHost(t, url, proxy.Addr()), Exchange: exchange, DialTimeout: 200 * time.Millisecond})
 	require.NoError(t, err)
-	guarded := breaker.Guard(p, breaker.DependencyConfig{Failures: 2, OpenDuration: 400 * time.Millisecond,
-		RetryAttempts: 2, RetryInitial: 10 * time.Millisecond, RetryMax: 20 * time.Millisecond})
-	s, err := outbox.NewSweeper(dbtest.Pool(t), guarded, outbox.Config{Table: tbl, Tick: 20 * time.Millisecond,
-		SendTimeout: time.Second, TopicBreaker: breaker.New(breaker.Settings{FailureThreshold: 1_000_000})})
+	guarded := breaker.NewDependency(breaker.DependencyConfig{Failures: 2, OpenDuration: 400 * time.Millisecond})
+	s, err := outbox.NewSweeper(dbtest.Pool(t), p, outbox.Config{Table: tbl, Tick: 20 * time.Millisecond,
+		SendTimeout: time.Second, TopicBreaker: breaker.New(breaker.Settings{FailureThreshold: 1_000_000}),
+		BrokerBreaker: guarded, Retry: breaker.Retry{Attempts: 2, Initial: 10 * time.Millisecond, Max: 20 * time.Millisecond}})
 	require.NoError(t, err)
 	stopRun := dbtest.RunSweeper(t, s)
 	stop := func() {
 		stopRun()
 		require.NoError(t, guarded.Close(context.Background()))
+		require.NoError(t, p.Close(context.Background()))
 	}
 
 	// The application writes 30 rows every 20 ms throughout.
@@ -458,12 +459,14 @@ func TestHungBrokerEndsEachSendWithinTheSendTimeout(t *testing.T) {
 	proxy.Hang(true)
 	p, err := rabbitmq.New(rabbitmq.Config{URL: brokertest.WithHost(t, url, proxy.Addr())}) // DialTimeout 10s
 	require.NoError(t, err)
-	guarded := breaker.Guard(p, breaker.DependencyConfig{RetryInitial: 10 * time.Millisecond, RetryMax: 20 * time.Millisecond})
-	t.Cleanup(func() { _ = guarded.Close(context.Background()) })
+	t.Cleanup(func() { _ = p.Close(context.Background()) })
+	retry := breaker.Retry{Initial: 10 * time.Millisecond, Max: 20 * time.Millisecond}
 	for range 3 {
 		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 		start := time.Now()
-		err := guarded.Send(ctx, producer.Batch{Topic: "t", Messages: producertest.Messages("t", 1, 1)})
+		err := retry.Do(ctx, func(ctx context.Context) error {
+			return p.Send(ctx, producer.Batch{Topic: "t", Messages: producertest.Messages("t", 1, 1)})
+		})
 		cancel()
 		require.Error(t, err)
 		require.Less(t, time.Since(start), 1500*time.Millisecond, "the send timeout bounds a hung broker")
@@ -493,9 +496,10 @@ func TestNATSDownFromTheStartDeadLettersNothing(t *testing.T) {
 
 	p, err := outboxnats.New(outboxnats.Config{URL: brokertest.WithHost(t, url, proxy.Addr()), ConnectTimeout: 200 * time.Millisecond})
 	require.NoError(t, err)
-	guarded := breaker.Guard(p, breaker.DependencyConfig{Failures: 2, OpenDuration: 200 * time.Millisecond, RetryAttempts: 1})
-	t.Cleanup(func() { _ = guarded.Close(context.Background()) })
-	s, err := outbox.NewSweeper(dbtest.Pool(t), guarded, outbox.Config{Table: tbl, MaxAttempts: 3,
+	guarded := breaker.NewDependency(breaker.DependencyConfig{Failures: 2, OpenDuration: 200 * time.Millisecond})
+	t.Cleanup(func() { _ = guarded.Close(context.Background()); _ = p.Close(context.Background()) })
+	s, err := outbox.NewSweeper(dbtest.Pool(t), p, outbox.Config{Table: tbl, MaxAttempts: 3,
+		BrokerBreaker: guarded, Retry: breaker.Retry{Attempts: 1},
 		TopicBreaker: breaker.New(breaker.Settings{FailureThreshold: 1_000_000})})
 	require.NoError(t, err)
 	for range 20 { // many more sweeps than --max-attempts

@@ -243,6 +243,7 @@ func runCommand(ctx context.Context, args []string, out, errOut io.Writer, env E
 		ShutdownTimeout:  o.shutdownTimeout,
 		Table:            tbl,
 		Tick:             o.tick,
+		TopicBackoffMax:  o.topicBackoffMax,
 	}
 	if o.schedule != "" {
 		if f.set("tick") {
@@ -312,16 +313,18 @@ func runCommand(ctx context.Context, args []string, out, errOut io.Writer, env E
 		return err
 	}
 
-	raw, err := o.producerOptions.build(f, out)
+	p, err := o.producerOptions.build(f, out)
 	if err != nil {
 		return err
 	}
-	p, err := o.producerOptions.guard(f, raw, alerter, m)
+	dep, retry, err := o.producerOptions.guard(f, alerter, m)
 	if err != nil {
-		_ = raw.Close(ctx)
+		_ = p.Close(ctx)
 		return err
 	}
-	connectEarly(ctx, raw, o.name, logger)
+	defer func() { _ = dep.Close(context.WithoutCancel(ctx)) }()
+	cfg.BrokerBreaker, cfg.Retry = dep, retry
+	connectEarly(ctx, p, o.name, logger)
 
 	s, err := outbox.NewSweeper(pool, p, cfg)
 	if err != nil {
@@ -336,7 +339,7 @@ func runCommand(ctx context.Context, args []string, out, errOut io.Writer, env E
 			return err
 		}
 		waitAdmin, err := admin.Start(ctx, admin.Config{Addr: o.adminAddr, Token: o.adminToken, Pool: pool, Table: tbl,
-			Topics: s.TopicBreaker(), Dependency: p, DeadLetters: dead, Logger: logger,
+			Topics: s.TopicBreaker(), Dependency: dep, DeadLetters: dead, Logger: logger,
 			Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})})
 		if err != nil {
 			_ = p.Close(ctx)

@@ -79,6 +79,8 @@ func TestEveryFlagRejectsABadValue(t *testing.T) {
 		{"run", "topic-failure-threshold", "0", "--topic-failure-threshold is 0: it must be at least 1"},
 		{"run", "topic-failure-window", "0s", "--topic-failure-window is 0s: it must be at least 1ms"},
 		{"run", "topic-failure-window", "soon", `invalid value "soon"`},
+		{"run", "topic-backoff-max", "0s", "topic backoff max (--topic-backoff-max) is 0s: it must be at least 1ms"},
+		{"run", "topic-backoff-max", "later", `invalid value "later"`},
 		{"run", "tick", "1", `invalid value "1"`},
 		{"migrate", "database-url", "postgres://h:notaport/db", "invalid --database-url"},
 		{"migrate", "schema", "a b", `schema (--schema) is "a b": not a valid name`},

@@ -12,6 +12,7 @@ import (
 	"github.com/outbox-sweeper/sweeper/alert"
 	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/metrics"
+	"github.com/outbox-sweeper/sweeper/outbox"
 	"github.com/outbox-sweeper/sweeper/producer"
 	"github.com/outbox-sweeper/sweeper/producer/nats"
 	"github.com/outbox-sweeper/sweeper/producer/rabbitmq"
@@ -30,6 +31,7 @@ type producerOptions struct {
 	retryAttempts       int
 	retryInitial        time.Duration
 	retryMax            time.Duration
+	topicBackoffMax     time.Duration
 	name                string
 	natsURL             string
 	rabbitmqExchange    string
@@ -39,10 +41,11 @@ type producerOptions struct {
 }
 
 func (o *producerOptions) register(f *flags) {
-	f.Int(&o.breakerFailures, "breaker-failures", breaker.BreakerFailuresDefault, "sends in a row (each after its retries) that must fail to open the broker circuit breaker")
+	f.Int(&o.breakerFailures, "breaker-failures", breaker.BreakerFailuresDefault, "sends in a row (each after its retries) that must fail for the broker's fault to open the broker circuit breaker")
+	f.Duration(&o.topicBackoffMax, "topic-backoff-max", outbox.TopicBackoffMaxDefault, "longest wait of a topic after transient failures in a row (it starts at --retry-initial and doubles, with jitter); -1ns turns it off")
 	f.Duration(&o.breakerOpenDuration, "breaker-open-duration", breaker.BreakerOpenDurationDefault, "how long the open broker breaker sends nothing before one trial batch")
 	f.Int(&o.retryAttempts, "retry-attempts", breaker.RetryAttemptsDefault, "tries of one batch on transient failures, within --send-timeout (1: no retry)")
-	f.Duration(&o.retryInitial, "retry-initial", breaker.RetryInitialDefault, "first backoff between tries; it doubles each try, with full jitter")
+	f.Duration(&o.retryInitial, "retry-initial", breaker.RetryInitialDefault, "first backoff between tries; it doubles each try, with full jitter; also the first wait of a topic after a transient failure")
 	f.Duration(&o.retryMax, "retry-max", breaker.RetryMaxDefault, "longest backoff between tries")
 	f.Enum(&o.name, "producer", "stdout", producerNames,
 		"where messages go: stdout (one JSON object per message per line), rabbitmq, nats (JetStream) or servicebus (Azure Service Bus)")
@@ -105,16 +108,16 @@ func (o *producerOptions) build(f *flags, out io.Writer) (producer.Producer, err
 	}
 }
 
-// guard validates the breaker and retry flags and puts p behind them. State
-// changes are alerted, to the log until the webhook alerter exists; the
-// metrics observer comes with the admin API.
-func (o *producerOptions) guard(f *flags, p producer.Producer, alerter alert.Alerter, m *metrics.Metrics) (*breaker.Guarded, error) {
+// guard validates the breaker and retry flags and returns the broker breaker
+// and the in-call retry the sweeper drives. State changes are alerted and
+// exported as a metric.
+func (o *producerOptions) guard(f *flags, alerter alert.Alerter, m *metrics.Metrics) (*breaker.Dependency, breaker.Retry, error) {
 	for _, c := range []struct {
 		v    int
 		name string
 	}{{o.breakerFailures, "breaker-failures"}, {o.retryAttempts, "retry-attempts"}} {
 		if c.v < 1 {
-			return nil, usagef("%s is %d: it must be at least 1", f.origin(c.name), c.v)
+			return nil, breaker.Retry{}, usagef("%s is %d: it must be at least 1", f.origin(c.name), c.v)
 		}
 	}
 	for _, c := range []struct {
@@ -122,21 +125,19 @@ func (o *producerOptions) guard(f *flags, p producer.Producer, alerter alert.Ale
 		name string
 	}{{o.breakerOpenDuration, "breaker-open-duration"}, {o.retryInitial, "retry-initial"}, {o.retryMax, "retry-max"}} {
 		if c.v < time.Millisecond {
-			return nil, usagef("%s is %s: it must be at least 1ms", f.origin(c.name), c.v)
+			return nil, breaker.Retry{}, usagef("%s is %s: it must be at least 1ms", f.origin(c.name), c.v)
 		}
 	}
 	if o.retryInitial > o.retryMax {
-		return nil, usagef("%s %s is more than %s %s", f.origin("retry-initial"), o.retryInitial, f.origin("retry-max"), o.retryMax)
+		return nil, breaker.Retry{}, usagef("%s %s is more than %s %s", f.origin("retry-initial"), o.retryInitial, f.origin("retry-max"), o.retryMax)
 	}
-	return breaker.Guard(p, breaker.DependencyConfig{
+	dep := breaker.NewDependency(breaker.DependencyConfig{
 		Failures:      o.breakerFailures,
 		OpenDuration:  o.breakerOpenDuration,
-		RetryAttempts: o.retryAttempts,
-		RetryInitial:  o.retryInitial,
-		RetryMax:      o.retryMax,
 		Alerter:       alerter,
 		OnStateChange: m.OnDependencyChange,
-	}), nil
+	})
+	return dep, breaker.Retry{Attempts: o.retryAttempts, Initial: o.retryInitial, Max: o.retryMax}, nil
 }
 
 // connector is a producer that can connect ahead of the first send.

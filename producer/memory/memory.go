@@ -39,9 +39,13 @@ type Producer struct {
 	failMessage map[int64]error
 	failTopic   map[string]error
 	sendFunc    SendFunc
+	check       func(context.Context) error
 }
 
-var _ producer.Producer = (*Producer)(nil)
+var (
+	_ producer.Producer = (*Producer)(nil)
+	_ producer.Checker  = (*Producer)(nil)
+)
 
 // New returns an empty producer.
 func New(cfg Config) *Producer {
@@ -153,6 +157,29 @@ func (p *Producer) FailMessage(id int64, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.failMessage[id] = err
+}
+
+// Check implements producer.Checker: nil (the broker is up) unless a check was
+// set with [Producer.SetCheck], or the producer is closed.
+func (p *Producer) Check(ctx context.Context) error {
+	p.mu.Lock()
+	check, closed := p.check, p.closed
+	p.mu.Unlock()
+	if closed {
+		return producer.NewLocalError(errors.New("memory producer is closed"))
+	}
+	if check != nil {
+		return check(ctx)
+	}
+	return nil
+}
+
+// SetCheck makes Check call fn (nil: the broker is up), so tests can say the
+// broker is down while its sends fail.
+func (p *Producer) SetCheck(fn func(context.Context) error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.check = fn
 }
 
 // SetSendFunc installs fn (nil removes it); see [SendFunc].

@@ -1,0 +1,103 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/outbox-sweeper/sweeper/alert"
+	"github.com/outbox-sweeper/sweeper/breaker"
+	"github.com/outbox-sweeper/sweeper/producer"
+)
+
+// maxLoggedIDs bounds the correlation ids on one log line.
+const maxLoggedIDs = 10
+
+// observeFailure tells the observer about a failed batch and its dead letters.
+func (s *Sweeper) observeFailure(topic string, err error, out applied) {
+	if s.cfg.Observer == nil {
+		return
+	}
+	s.cfg.Observer.BatchFailed(topic, producer.ClassOf(err))
+	if out.deadLettered > 0 {
+		s.cfg.Observer.DeadLettered(topic, out.deadLettered)
+	}
+}
+
+// logFailure logs a failed batch with what the policy made of it: topic, class,
+// reason, the rows' ids and correlation ids, the broker's part; never a
+// payload. b is never empty: every caller sent or rejected at least one row.
+func (s *Sweeper) logFailure(b producer.Batch, err error, a action, ev evidence) {
+	class := producer.ClassOf(err)
+	level, msg := slog.LevelWarn, "batch failed; topic stops until the next sweep"
+	switch {
+	case class == producer.ClassLocal:
+		level, msg = slog.LevelInfo, "batch cancelled; its rows stay outstanding" // shutting down: nothing is wrong
+	case a.deadLetterNamed && a.resendRest:
+		msg = "messages rejected; the rest of the topic goes on"
+	case a.deadLetterNamed:
+		msg = "message rejected"
+	case a.tripTopic:
+		msg = "the topic refused the batch; the topic trips"
+	case a.split:
+		level, msg = slog.LevelInfo, "batch failed while the broker is up; sending its halves to find the rows that fail"
+	case a.attempt && a.stopTopic:
+		msg = "row failed alone while the broker is up: it counts an attempt, and its topic waits (--ordering topic)"
+	case a.attempt:
+		msg = "row failed alone while the broker is up: it counts an attempt; the rest of the topic goes on"
+	case a.broker == breaker.BrokerDown:
+		msg = "batch failed and the broker is not known to be up: rows kept without an attempt; topic stops until the next sweep"
+	}
+	s.logger.Log(context.Background(), level, msg,
+		"topic", b.Topic, "class", class.String(), "reason", producer.ReasonOf(err), "num_rows", len(b.Messages),
+		"first_id", b.Messages[0].ID, "last_id", b.Messages[len(b.Messages)-1].ID, "broker", ev.String(),
+		"correlation_ids", correlationIDs(b, maxLoggedIDs), "err", err)
+}
+
+// logDeadLettered logs rows moved to the dead-letter table: topic, reasons and
+// the rows' correlation ids as the move returned them, never a payload.
+func (s *Sweeper) logDeadLettered(topic string, out applied) {
+	reasons := slices.Sorted(maps.Keys(out.deadReasons))
+	s.logger.Warn("rows dead-lettered", "topic", topic, "num_rows", out.deadLettered, "reasons", reasons,
+		"correlation_ids", out.deadCorrelationIDs, "table", s.cfg.Table.DeadLetterName())
+}
+
+// stopStorm trips a topic whose messages are being rejected faster than the
+// storm guard allows, and alerts: a broker error misread as the messages' fault
+// must not empty the outbox into the dead-letter table.
+func (s *Sweeper) stopStorm(topic string, n int, err error) {
+	summary := fmt.Sprintf("dead-letter storm on topic %q: %d more rows rejected (%s) with more than %d dead-lettered within %s; "+
+		"dead-lettering stopped and the topic tripped. Check the producer's error, fix it, then reset the topic",
+		topic, n, cmpOr(producer.ReasonOf(err), producer.ClassOf(err).String()), s.cfg.DeadLetterLimit, s.cfg.DeadLetterWindow)
+	s.breaker.Trip(topic, summary)
+	s.logger.Error(summary, "topic", topic, "err", err)
+	if s.cfg.Alerter != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = s.cfg.Alerter.Alert(ctx, alert.Alert{Time: time.Now().UTC(), Severity: "critical", Component: "dead-letter-storm-guard", Summary: summary})
+	}
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// correlationIDs returns up to n non-empty correlation ids of b.
+func correlationIDs(b producer.Batch, n int) []string {
+	var out []string
+	for _, m := range b.Messages {
+		if m.CorrelationID != "" {
+			out = append(out, m.CorrelationID)
+			if len(out) == n {
+				break
+			}
+		}
+	}
+	return out
+}

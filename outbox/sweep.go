@@ -1,0 +1,238 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/outbox-sweeper/sweeper/breaker"
+	"github.com/outbox-sweeper/sweeper/producer"
+)
+
+// sweepState is what one sweep knows across its topics and pages.
+type sweepState struct {
+	// stop ends the reading of pages; work, which outlives stop during a
+	// graceful shutdown, carries the sends.
+	stop, work context.Context
+	plan       breaker.Plan
+	// trial is set while the sweep sends the half-open broker breaker's one
+	// batch: its topic sends that batch and nothing more.
+	trial bool
+	// up says the broker is known to be up in this sweep: a send succeeded, or
+	// the producer's check passed. down says a check failed and nothing has
+	// succeeded since. They are the policy's evidence.
+	up, down atomic.Bool
+}
+
+func (st *sweepState) evidence() evidence {
+	switch {
+	case st.up.Load():
+		return brokerUp
+	case st.down.Load():
+		return brokerDown
+	default:
+		return brokerUnknown
+	}
+}
+
+// sweep runs one sweep, a tick's (which first advances the topic breaker's
+// cooldowns) or a wake-up's: lists the topics with outstanding rows that the topic
+// breaker and the topic backoff allow, then reads and sends pages while stop is
+// live, topics may hold more, and the next tick (due; zero for none) has not
+// come. Sends use work, which outlives stop during a graceful shutdown.
+//
+// A page gives each live topic an equal share, read in id order from where the
+// topic's previous page ended, so a deep backlog in one topic cannot fill the
+// pages, and every page moves on. Rows left behind (poison, held by another
+// sweeper) wait for the next sweep, which starts each topic from its lowest id.
+// Topics that appear during a tick are read from the next one.
+func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (SweepResult, error) {
+	if tick {
+		s.breaker.OnTick()
+	}
+	var res SweepResult
+	// An open broker breaker fails the tick fast: no page, no call to the
+	// broker, and the rows keep their attempts.
+	if s.brokerState() == breaker.DependencyOpen {
+		res.Blocked = true
+		return res, nil
+	}
+	st := &sweepState{stop: stop, work: work, plan: s.breaker.Plan()}
+	excluded := slices.Concat(st.plan.Excluded, s.backoff.waiting(time.Now()))
+	live, err := s.store.topics(work, excluded)
+	if err != nil {
+		return res, fmt.Errorf("list topics with outstanding rows in %s: %w", s.cfg.Table, err)
+	}
+	after := make([]int64, len(live))
+	// A half-open broker breaker lets a single trial through and refuses the
+	// others: send one batch alone first, rather than claim batches only to
+	// have them refused, and sweep on only if it closed the breaker. The tried
+	// topic sits out the rest of the sweep: it had its batch, and its outcome
+	// is in.
+	if s.brokerState() == breaker.DependencyHalfOpen && len(live) > 0 {
+		i, msgs, err := s.trialPage(work, live)
+		if err != nil {
+			return res, err
+		}
+		res.Pages++
+		st.trial = true
+		_, err = s.sendPage(st, groupByTopic(msgs), &res)
+		st.trial = false
+		if err != nil || s.brokerState() != breaker.DependencyClosed {
+			return res, err
+		}
+		live = slices.Delete(live, i, i+1)
+		after = after[:len(live)] // all zero: no topic has paged yet
+	}
+	for stop.Err() == nil && len(live) > 0 {
+		// A page reads at most PageSize topics (a share of one each when there
+		// are more), so the page size bounds memory however many topics there
+		// are; topics beyond it wait their turn at the back of the queue.
+		window := min(len(live), s.cfg.PageSize)
+		share := (s.cfg.PageSize + window - 1) / window
+		msgs, err := s.store.page(work, live[:window], after[:window], share)
+		if err != nil {
+			return res, fmt.Errorf("read a page of outstanding rows from %s: %w", s.cfg.Table, err)
+		}
+		res.Pages++
+		groups := groupByTopic(msgs)
+		stopped, err := s.sendPage(st, groups, &res)
+		if err != nil {
+			return res, err
+		}
+		if s.brokerState() == breaker.DependencyOpen {
+			return res, nil // the broker went down during the page
+		}
+		// Topics that stopped, or returned less than a share (nothing more
+		// behind it), are done for this sweep; the others page on, after the
+		// topics that waited.
+		done := make(map[string]bool, window)
+		for _, t := range stopped {
+			done[t] = true
+		}
+		last := make(map[string]int64, len(groups))
+		for _, g := range groups {
+			last[g.topic] = g.msgs[len(g.msgs)-1].ID
+			if len(g.msgs) < share {
+				done[g.topic] = true
+			}
+		}
+		next := make([]string, 0, len(live))
+		nextAfter := make([]int64, 0, len(live))
+		next, nextAfter = append(next, live[window:]...), append(nextAfter, after[window:]...)
+		for i, t := range live[:window] {
+			id, paged := last[t]
+			if !paged || done[t] {
+				continue // drained (nothing in this page), stopped, or short
+			}
+			next, nextAfter = append(next, t), append(nextAfter, max(id, after[i]))
+		}
+		live, after = next, nextAfter
+		if !due.IsZero() && !time.Now().Before(due) {
+			break
+		}
+	}
+	return res, nil
+}
+
+// maxTrialCandidates bounds the topics read to find a trial batch.
+const maxTrialCandidates = 8
+
+// trialPage reads the page the half-open broker breaker's trial is taken from:
+// the next topic in turn, so one topic whose batch fails by itself cannot be
+// the only trial there ever is; and among the next few, the first whose
+// oldest row has never failed, so the trial does not fall on a row already
+// known to fail alone. It returns the topic's index in live and its rows.
+func (s *Sweeper) trialPage(ctx context.Context, live []string) (int, []producer.Message, error) {
+	start := int(s.probes.Add(1)-1) % len(live)
+	first, firstMsgs := -1, []producer.Message(nil)
+	for k := range min(len(live), maxTrialCandidates) {
+		i := (start + k) % len(live)
+		msgs, err := s.store.page(ctx, live[i:i+1], []int64{0}, s.cfg.PageSize)
+		if err != nil {
+			return 0, nil, fmt.Errorf("read a page of outstanding rows from %s: %w", s.cfg.Table, err)
+		}
+		if len(msgs) > 0 && msgs[0].Attempts == 0 {
+			return i, msgs, nil
+		}
+		if first < 0 {
+			first, firstMsgs = i, msgs
+		}
+	}
+	return first, firstMsgs, nil
+}
+
+// brokerState is the broker breaker's state; closed when there is none.
+func (s *Sweeper) brokerState() breaker.DependencyState {
+	if s.broker == nil {
+		return breaker.DependencyClosed
+	}
+	return s.broker.State()
+}
+
+// sendPage sends a page's topics concurrently, adding to res. It returns the
+// topics that stopped for the rest of the sweep.
+func (s *Sweeper) sendPage(st *sweepState, groups []topicGroup, res *SweepResult) ([]string, error) {
+	var (
+		mu      sync.Mutex
+		dbErr   error
+		stopped []string
+		wg      sync.WaitGroup
+		sem     = make(chan struct{}, s.cfg.Concurrency)
+	)
+	for _, g := range groups {
+		if st.stop.Err() != nil {
+			break
+		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			tr, err := s.sendTopic(st, g)
+			mu.Lock()
+			defer mu.Unlock()
+			res.Dispatched += tr.dispatched
+			res.Batches += tr.batches
+			res.FailedBatches += tr.failedBatches
+			res.Skipped += tr.skipped
+			res.DeadLettered += tr.deadLettered
+			res.AttemptedRows += tr.attempted
+			res.Splits += tr.splits
+			if tr.failed {
+				res.FailedTopics = append(res.FailedTopics, g.topic)
+			}
+			if tr.failed || tr.contended || st.plan.Trials[g.topic] {
+				stopped = append(stopped, g.topic)
+			}
+			if err != nil && dbErr == nil {
+				dbErr = err
+			}
+		})
+	}
+	wg.Wait()
+	return stopped, dbErr
+}
+
+type topicGroup struct {
+	topic string
+	msgs  []producer.Message
+}
+
+// groupByTopic splits msgs by topic, keeping id order within each topic and
+// ordering the topics by their first row.
+func groupByTopic(msgs []producer.Message) []topicGroup {
+	index := make(map[string]int)
+	var groups []topicGroup
+	for _, m := range msgs {
+		i, ok := index[m.Topic]
+		if !ok {
+			i = len(groups)
+			index[m.Topic] = i
+			groups = append(groups, topicGroup{topic: m.Topic})
+		}
+		groups[i].msgs = append(groups[i].msgs, m)
+	}
+	return groups
+}
