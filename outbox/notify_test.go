@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
 	"github.com/outbox-sweeper/sweeper/outbox"
+	"github.com/outbox-sweeper/sweeper/producer"
 	"github.com/outbox-sweeper/sweeper/producer/memory"
 )
 
@@ -250,10 +252,14 @@ func TestWakeUpsDoNotShortenCooldowns(t *testing.T) {
 	app := "cooldown-test-" + tbl.Schema
 	topics := breaker.New(breaker.Settings{CooldownTicks: 1})
 	prod := memory.New(memory.Config{})
+	sweeps := &sweepCounter{}
 	stop := dbtest.RunSweeper(t, newSweeper(t, dbtest.NamedPool(t, app), prod,
-		outbox.Config{Table: tbl, Tick: time.Hour, TopicBreaker: topics}))
+		outbox.Config{Table: tbl, Tick: time.Hour, TopicBreaker: topics, Observer: sweeps}))
 	defer stop()
 	dbtest.Eventually(t, 5*time.Second, "the sweeper listening", func() bool { return len(listenerSessions(t, app)) == 1 })
+	// Run's first sweep is a tick: trip after it, or its OnTick would end the
+	// one-tick cooldown.
+	dbtest.Eventually(t, 5*time.Second, "the first tick's sweep", func() bool { return sweeps.n.Load() > 0 })
 	topics.Trip("held", "test")
 
 	for i := range 5 {
@@ -267,3 +273,11 @@ func TestWakeUpsDoNotShortenCooldowns(t *testing.T) {
 	// The last free row reaches the producer a moment before its batch commits.
 	dbtest.Eventually(t, 5*time.Second, "only the held rows outstanding", func() bool { return dbtest.Outstanding(t, tbl) == 5 })
 }
+
+// sweepCounter is an Observer that counts sweeps.
+type sweepCounter struct{ n atomic.Int64 }
+
+func (*sweepCounter) BatchDispatched(string, int, []time.Duration) {}
+func (*sweepCounter) BatchFailed(string, producer.Class)           {}
+func (*sweepCounter) DeadLettered(string, int)                     {}
+func (c *sweepCounter) SweepDone(time.Duration)                    { c.n.Add(1) }

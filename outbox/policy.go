@@ -167,7 +167,7 @@ func decideCut(f failure) action {
 		return action{release: true, stopTopic: true}
 	case f.class == producer.ClassTopic:
 		// No message of the topic could ever be valid (an invalid subject).
-		return action{release: true, stopTopic: true, tripTopic: true}
+		return action{release: true, note: true, stopTopic: true, tripTopic: true}
 	case f.class == producer.ClassMessage && f.rows == 1:
 		// A refusal for what the messages are, of one row: it is this row's.
 		return action{deadLetterNamed: true}

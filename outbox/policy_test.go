@@ -79,7 +79,7 @@ func TestDecide(t *testing.T) {
 		{"cut: several refused unnamed: cut the halves", failure{cut: true, class: message, rows: 5},
 			action{split: true}},
 		{"cut: invalid topic", failure{cut: true, class: topic, rows: 5},
-			action{release: true, stopTopic: true, tripTopic: true}},
+			action{release: true, note: true, stopTopic: true, tripTopic: true}},
 		{"cut: broker unreachable", failure{cut: true, class: brk, rows: 5},
 			action{release: true, stopTopic: true, backoff: true, broker: down}},
 		{"cut: transient", failure{cut: true, class: transient, rows: 5},

@@ -334,6 +334,18 @@ func (s *Sweeper) rejectCut(st *sweepState, g topicGroup, gen uint64, err error,
 	}
 	s.observeFailure(g.topic, err, applied{})
 	s.logFailure(page, err, a, brokerUnknown)
+	if a.note {
+		// The rows keep the reason as their last_error, so that an operator
+		// looking at them sees why they wait. Rows another sweeper holds are
+		// left as they are.
+		if c, _, dbErr := s.store.claim(st.work, page); dbErr != nil {
+			return true, dbErr
+		} else if c != nil {
+			if _, dbErr := c.apply(st.work, a, err); dbErr != nil {
+				return true, dbErr
+			}
+		}
+	}
 	if a.split {
 		// Cut the halves on their own, in id order, until the rows the
 		// producer refuses stand alone.

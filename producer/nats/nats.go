@@ -11,16 +11,21 @@
 //
 // Failure classes: a subject no stream captures ("no response from stream") is
 // topic-class; a message over the server's max_payload or the stream's
-// max_msg_size is message-class; a lost connection, a timeout or a stream that is
-// full is transient.
+// max_msg_size is message-class; a connection that cannot be opened, or is
+// lost or reconnecting, is broker-class ("connection_lost"), which never counts
+// against the rows; a timeout or a stream that is full is transient.
+//
+// Batches checks every row before anything is sent (see validate.go): a
+// subject that is not a valid literal NATS subject, or too long for the
+// protocol line, fails the topic; a header name that is not a token, a header
+// value with a line break, or a Nats-* header fails the row alone. The server
+// closes the shared connection on some of these.
 package nats
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -61,7 +66,7 @@ type Config struct {
 type Producer struct {
 	cfg Config
 
-	dialMu sync.Mutex // one connect at a time, outside mu so Close never waits for it
+	dial   chan struct{} // one connect at a time: a slot, so waiting heeds ctx; outside mu so Close never waits for it
 	mu     sync.Mutex
 	nc     *natsgo.Conn
 	js     jetstream.JetStream
@@ -71,7 +76,10 @@ type Producer struct {
 	maxPayload atomic.Int64
 }
 
-var _ producer.Producer = (*Producer)(nil)
+var (
+	_ producer.Producer = (*Producer)(nil)
+	_ producer.Checker  = (*Producer)(nil)
+)
 
 // New returns a producer; it connects on [Producer.Connect] or first use, so a
 // server that is down at start is waited for, not fatal.
@@ -88,7 +96,7 @@ func New(cfg Config) (*Producer, error) {
 	if cfg.AckTimeout <= 0 {
 		cfg.AckTimeout = AckTimeoutDefault
 	}
-	return &Producer{cfg: cfg}, nil
+	return &Producer{cfg: cfg, dial: make(chan struct{}, 1)}, nil
 }
 
 // Connect connects, so that a start-up can report a server it cannot reach.
@@ -102,8 +110,12 @@ func (p *Producer) Connect(ctx context.Context) error {
 // or hangs must not hold a send past --send-timeout. Once connected, the client
 // reconnects by itself, buffering publishes meanwhile.
 func (p *Producer) conn(ctx context.Context) (*natsgo.Conn, jetstream.JetStream, error) {
-	p.dialMu.Lock()
-	defer p.dialMu.Unlock()
+	select {
+	case p.dial <- struct{}{}:
+	case <-ctx.Done():
+		return nil, nil, fmt.Errorf("wait for the connection to NATS: %w", ctx.Err())
+	}
+	defer func() { <-p.dial }()
 	p.mu.Lock()
 	closed, nc, js := p.closed, p.nc, p.js
 	p.mu.Unlock()
@@ -121,7 +133,7 @@ func (p *Producer) conn(ctx context.Context) (*natsgo.Conn, jetstream.JetStream,
 		timeout = min(timeout, time.Until(dl))
 	}
 	if timeout <= 0 {
-		return nil, nil, producer.NewTransientError("connection_lost", fmt.Errorf("connect to NATS at %s: no time left before the send's deadline", p.cfg.URL))
+		return nil, nil, producer.NewBrokerError("connection_lost", fmt.Errorf("connect to NATS at %s: no time left before the send's deadline", p.cfg.URL))
 	}
 	nc, err := natsgo.Connect(p.cfg.URL,
 		natsgo.Name("outbox-sweeper"),
@@ -130,7 +142,7 @@ func (p *Producer) conn(ctx context.Context) (*natsgo.Conn, jetstream.JetStream,
 		natsgo.ReconnectWait(500*time.Millisecond),
 	)
 	if err != nil {
-		return nil, nil, producer.NewTransientError("connection_lost", fmt.Errorf("connect to NATS at %s: %w", p.cfg.URL, err))
+		return nil, nil, producer.NewBrokerError("connection_lost", fmt.Errorf("connect to NATS at %s: %w", p.cfg.URL, err))
 	}
 	js, err = jetstream.New(nc,
 		// Every topic in flight publishes on this one context: room for many
@@ -153,15 +165,18 @@ func (p *Producer) conn(ctx context.Context) (*natsgo.Conn, jetstream.JetStream,
 	return nc, js, nil
 }
 
-// Batches cuts msgs into batches of at most MaxBatch messages. Messages larger
-// than the server's max_payload are left out and named in a message-class error.
+// Batches cuts msgs into batches of at most MaxBatch messages. A topic that is
+// not a valid subject fails the whole topic (topic class, no batches). Rows
+// that can never be published (see toMsg), or larger than the server's
+// max_payload, are left out and named in a message-class error, each with its
+// reason.
 //
 // Cutting neither needs nor opens a connection: without one it uses the
 // max_payload the server last said, or before any server answered checks no
 // size at all (the client refuses a message over the limit at the send, which
-// pins it on that row); and the send, which connects, fails instead. A failed cut would count an attempt on every
-// row without the broker breaker ever seeing a failed send, and so dead-letter
-// the outbox while the server is down.
+// pins it on that row); and the send, which connects, fails instead. A failed
+// cut would count an attempt on every row without the broker breaker ever
+// seeing a failed send, and so dead-letter the outbox while the server is down.
 func (p *Producer) Batches(_ context.Context, topic string, msgs []producer.Message) ([]producer.Batch, error) {
 	p.mu.Lock()
 	closed, nc := p.closed, p.nc
@@ -169,43 +184,55 @@ func (p *Producer) Batches(_ context.Context, topic string, msgs []producer.Mess
 	if closed {
 		return nil, producer.NewLocalError(errors.New("nats producer is closed"))
 	}
+	if err := checkSubject(topic); err != nil {
+		return nil, err
+	}
 	limit := p.maxPayload.Load() // 0 before any server answered: no check
 	if nc != nil && nc.IsConnected() {
 		limit = nc.MaxPayload()
 	}
-	out, tooBig, maxSeen := producer.Split(topic, msgs, producer.Limits{
-		Messages:     p.cfg.MaxBatch,
-		MessageBytes: int(max(limit, 0)), // 0 (unknown): no limit
-		// Headers count against max_payload too; this is their size as sent.
-		Size: func(m *producer.Message) int {
-			return len(m.Payload) + len(m.Headers) + len(m.MessageID) + len(m.ContentType) + len(m.CorrelationID) + len(m.PartitionKey) + 96
-		},
+	var rej producer.Rejections
+	valid := rej.Keep(msgs, func(m *producer.Message) (string, error) {
+		if _, reason, err := toMsg(m); err != nil {
+			return reason, err
+		}
+		if n := sizeOf(m); limit > 0 && int64(n) > limit {
+			return producer.ReasonMessageTooLarge, fmt.Errorf(
+				"row %d: message of about %d bytes is over the NATS server's max_payload of %d", m.ID, n, limit)
+		}
+		return "", nil
 	})
-	if len(tooBig) > 0 {
-		return out, producer.NewMessageError(producer.ReasonMessageTooLarge, tooBig,
-			fmt.Errorf("message of about %d bytes is over the NATS server's max_payload of %d", maxSeen, limit))
-	}
-	return out, nil
+	out, _, _ := producer.Split(topic, valid, producer.Limits{Messages: p.cfg.MaxBatch})
+	return out, rej.Err()
 }
 
-// Send publishes the batch asynchronously and waits for every ack.
+// sizeOf is about a message's size as max_payload counts it: the payload and
+// the header block, whose size this overestimates a little.
+func sizeOf(m *producer.Message) int {
+	return len(m.Payload) + len(m.Headers) + len(m.MessageID) + len(m.ContentType) + len(m.CorrelationID) + len(m.PartitionKey) + 96
+}
+
+// Send publishes the batch asynchronously and waits for every ack. It checks
+// the subject and the rows again, as Batches does: a Send may get any batch,
+// and a row that slipped through must fail alone, never on the shared
+// connection. A row it refuses makes it send nothing, and names that row.
 func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
+	if err := checkSubject(b.Topic); err != nil {
+		return err
+	}
 	msgs := make([]*natsgo.Msg, len(b.Messages))
-	var invalid []int64
-	var firstErr error
+	var rej producer.Rejections
 	for i := range b.Messages {
-		m, err := toMsg(&b.Messages[i])
+		m, reason, err := toMsg(&b.Messages[i])
 		if err != nil {
-			invalid = append(invalid, b.Messages[i].ID)
-			if firstErr == nil {
-				firstErr = err
-			}
+			rej.Add(b.Messages[i].ID, reason, err)
 			continue
 		}
+		m.Subject = b.Topic
 		msgs[i] = m
 	}
-	if len(invalid) > 0 {
-		return producer.NewMessageError(producer.ReasonInvalidMessage, invalid, firstErr)
+	if err := rej.Err(); err != nil {
+		return err
 	}
 
 	_, js, err := p.conn(ctx)
@@ -251,6 +278,45 @@ func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 	return worst
 }
 
+// Check tells whether the server answers: it connects if needed, then makes a
+// round trip to the server (a flush: PING, PONG) and one to JetStream (account
+// info), neither of which publishes anything. It returns by ctx's end; a ctx
+// without a deadline is bounded by ConnectTimeout.
+func (p *Producer) Check(ctx context.Context) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, p.cfg.ConnectTimeout)
+		defer cancel()
+	}
+	nc, js, err := p.conn(ctx)
+	if err != nil {
+		return err
+	}
+	if !nc.IsConnected() {
+		// Reconnecting: a flush would only wait for the deadline.
+		return producer.NewBrokerError("connection_lost", fmt.Errorf("check NATS: not connected (%s)", nc.Status()))
+	}
+	if err := nc.FlushWithContext(ctx); err != nil {
+		return checkFailed(ctx, fmt.Errorf("check NATS: flush: %w", err))
+	}
+	if _, err := js.AccountInfo(ctx); err != nil {
+		return checkFailed(ctx, fmt.Errorf("check NATS: JetStream account info: %w", err))
+	}
+	return nil
+}
+
+// checkFailed classifies a failed check: no answer within the deadline is
+// the broker's failure, like a lost connection.
+func checkFailed(ctx context.Context, err error) error {
+	if errors.Is(ctx.Err(), context.Canceled) {
+		return err
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, natsgo.ErrTimeout) {
+		return producer.NewBrokerError("no_answer", err)
+	}
+	return classify(err)
+}
+
 // Close drains nothing (every Send has awaited its acks) and closes the
 // connection; sends after it fail with a local error.
 func (p *Producer) Close(context.Context) error {
@@ -261,45 +327,6 @@ func (p *Producer) Close(context.Context) error {
 		p.nc.Close()
 	}
 	return nil
-}
-
-// toMsg maps a message onto a NATS message.
-func toMsg(m *producer.Message) (*natsgo.Msg, error) {
-	headers, err := m.DecodeHeaders()
-	if err != nil {
-		return nil, err
-	}
-	msg := natsgo.NewMsg(m.Topic)
-	msg.Data = m.Payload
-	for k, v := range headers {
-		if k == "" {
-			return nil, fmt.Errorf("row %d has a header with an empty name", m.ID)
-		}
-		if len(k) >= 5 && strings.EqualFold(k[:5], "nats-") {
-			// Nats-* headers steer JetStream itself (expected sequences,
-			// rollups that purge a stream, TTLs): never from a row.
-			return nil, fmt.Errorf("row %d has header %q: Nats-* headers are reserved for the server", m.ID, k)
-		}
-		if s, ok := v.(string); ok {
-			msg.Header.Set(k, s)
-			continue
-		}
-		j, err := json.Marshal(v)
-		if err != nil {
-			return nil, fmt.Errorf("header %q of row %d: %w", k, m.ID, err)
-		}
-		msg.Header.Set(k, string(j))
-	}
-	if m.ContentType != "" {
-		msg.Header.Set(headerContentType, m.ContentType)
-	}
-	if m.CorrelationID != "" {
-		msg.Header.Set(headerCorrelationID, m.CorrelationID)
-	}
-	if m.PartitionKey != "" {
-		msg.Header.Set(headerPartitionKey, m.PartitionKey)
-	}
-	return msg, nil
 }
 
 // classify maps NATS errors onto the failure classes.
@@ -321,8 +348,10 @@ func classify(err error) error {
 		}
 		return producer.NewTransientError("jetstream_error", err)
 	case errors.Is(err, natsgo.ErrConnectionClosed), errors.Is(err, natsgo.ErrDisconnected),
-		errors.Is(err, natsgo.ErrConnectionReconnecting), errors.Is(err, natsgo.ErrNoServers):
-		return producer.NewTransientError("connection_lost", err)
+		errors.Is(err, natsgo.ErrConnectionReconnecting), errors.Is(err, natsgo.ErrNoServers),
+		errors.Is(err, natsgo.ErrReconnectBufExceeded):
+		// The server is not reached, whatever the rows hold.
+		return producer.NewBrokerError("connection_lost", err)
 	}
 	return err
 }

@@ -145,6 +145,8 @@ func TestBatchesRejectMessagesOverMaxPayload(t *testing.T) {
 	batches, err := f.p.Batches(context.Background(), subj, in)
 	require.Equal(t, producer.ClassMessage, producer.ClassOf(err))
 	require.Equal(t, []int64{3}, producer.MessageIDs(err))
+	require.Equal(t, producer.ReasonMessageTooLarge, producer.RowReason(err, 3))
+	require.ErrorContains(t, err, "row 3: message of about 2097286 bytes is over the NATS server's max_payload of 1048576")
 	require.Len(t, batches, 2)
 	require.Equal(t, []int64{1, 2}, batches[0].IDs())
 	require.Equal(t, []int64{4, 5}, batches[1].IDs())
@@ -200,14 +202,15 @@ func TestConnectionCutLosesNothing(t *testing.T) {
 	t.Logf("%d sends failed across the cut", failures)
 }
 
-func TestServerDownIsTransientAndClosedIsLocal(t *testing.T) {
+func TestServerDownIsBrokerClassAndClosedIsLocal(t *testing.T) {
 	t.Parallel()
 	proxy := tcpproxy.New(t, brokertest.HostPort(t, brokertest.NATSURL(t)))
 	proxy.Refuse(true)
 	p, err := outboxnats.New(outboxnats.Config{URL: brokertest.WithHost(t, brokertest.NATSURL(t), proxy.Addr()), ConnectTimeout: time.Second})
 	require.NoError(t, err)
 	err = p.Send(context.Background(), producer.Batch{Topic: "x", Messages: producertest.Messages("x", 1, 1)})
-	require.Equal(t, producer.ClassTransient, producer.ClassOf(err), "%v", err)
+	require.Equal(t, producer.ClassBroker, producer.ClassOf(err), "%v", err)
+	require.Equal(t, "connection_lost", producer.ReasonOf(err))
 	require.True(t, strings.Contains(err.Error(), "connect to NATS"), err.Error())
 	require.NoError(t, p.Close(context.Background()))
 	err = p.Send(context.Background(), producer.Batch{Topic: "x", Messages: producertest.Messages("x", 1, 1)})

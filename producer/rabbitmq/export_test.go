@@ -1,5 +1,11 @@
 package rabbitmq
 
+import (
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outbox-sweeper/sweeper/producer"
+)
+
 // SetAfterPublish lets tests break the connection between a batch's publishes
 // and its confirms.
 func SetAfterPublish(p *Producer, f func()) { p.afterPublish = f }
@@ -10,4 +16,25 @@ func CloseSocket(p *Producer) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	_ = p.cork.Conn.Close()
+}
+
+// Conn returns the producer's connection, so tests can tell whether a send
+// reconnected.
+func Conn(p *Producer) *amqp.Connection {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.conn
+}
+
+// FrameMax returns the frame size rows are checked against.
+func FrameMax(p *Producer) int { return p.frameMax() }
+
+// HeaderFrameSize returns the size of the content header frame m would be
+// published with, however large.
+func HeaderFrameSize(m producer.Message) int {
+	pub, _, err := publishing(&m, 1<<30, 1<<30)
+	if err != nil {
+		panic(err)
+	}
+	return headerFrameSize(&pub)
 }

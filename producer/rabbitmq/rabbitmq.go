@@ -5,8 +5,16 @@
 // the mandatory flag, so a message no queue is bound for comes back (basic.return)
 // instead of vanishing; RabbitMQ acknowledges returned messages too, so the
 // producer matches returns to the batch by message id and reports them as a
-// topic-class failure ("unroutable"). A nack is transient. A closed channel or
-// connection is opened again on the next send.
+// topic-class failure ("unroutable"). A nack or a timeout is transient; a
+// connection that cannot be opened, or is lost, is a broker-class failure
+// ("connection_lost"), which never counts against the rows. A closed channel
+// or connection is opened again on the next send.
+//
+// Batches checks every row against AMQP's limits before anything is sent (see
+// validate.go): a routing key over 255 bytes fails the topic; a message id,
+// correlation id, content type or header key over 255 bytes, or headers too
+// large for one frame, fail the row alone. Such rows would otherwise fail on
+// the shared connection, or close it.
 //
 // Mapping: message_id → MessageId, correlation_id → CorrelationId, content_type →
 // ContentType, headers → the AMQP headers table, created_at → Timestamp, and the
@@ -89,7 +97,7 @@ func (c Config) withDefaults() Config {
 type Producer struct {
 	cfg Config
 
-	dialMu sync.Mutex // one dial at a time
+	dial chan struct{} // one dial at a time: a slot, so waiting for it heeds ctx
 
 	mu     sync.Mutex
 	conn   *amqp.Connection
@@ -100,7 +108,10 @@ type Producer struct {
 	afterPublish func() // tests: runs between the last publish and the confirms
 }
 
-var _ producer.Producer = (*Producer)(nil)
+var (
+	_ producer.Producer = (*Producer)(nil)
+	_ producer.Checker  = (*Producer)(nil)
+)
 
 // New returns a producer; it does not connect until [Producer.Connect] or the
 // first send, so a broker that is down at start is waited for, not fatal.
@@ -111,7 +122,11 @@ func New(cfg Config) (*Producer, error) {
 	if _, err := amqp.ParseURI(cfg.URL); err != nil {
 		return nil, fmt.Errorf("rabbitmq: invalid URL (--rabbitmq-url): %w", err)
 	}
-	return &Producer{cfg: cfg.withDefaults()}, nil
+	if len(cfg.Exchange) > shortStringMax {
+		return nil, fmt.Errorf("rabbitmq: exchange name of %d bytes is over AMQP's short-string limit of %d bytes (--rabbitmq-exchange)",
+			len(cfg.Exchange), shortStringMax)
+	}
+	return &Producer{cfg: cfg.withDefaults(), dial: make(chan struct{}, 1)}, nil
 }
 
 // Connect connects and declares the exchange, so that a start-up can report a
@@ -180,10 +195,16 @@ func (p *Producer) idleChannel() *pubChannel {
 }
 
 // connection returns the open connection, dialling one if needed; one dial at a
-// time (dialMu), bounded by DialTimeout.
+// time (p.dial), bounded by DialTimeout. Waiting for another caller's dial
+// ends with ctx, so a health check never outlives its deadline behind a send
+// that dials a broker that does not answer.
 func (p *Producer) connection(ctx context.Context) (*amqp.Connection, *corkConn, error) {
-	p.dialMu.Lock()
-	defer p.dialMu.Unlock()
+	select {
+	case p.dial <- struct{}{}:
+	case <-ctx.Done():
+		return nil, nil, fmt.Errorf("wait for the connection to RabbitMQ: %w", ctx.Err())
+	}
+	defer func() { <-p.dial }()
 	p.mu.Lock()
 	closed, conn, cork := p.closed, p.conn, p.cork
 	p.mu.Unlock()
@@ -221,7 +242,10 @@ func (p *Producer) connection(ctx context.Context) (*amqp.Connection, *corkConn,
 		Properties: amqp.Table{"connection_name": p.cfg.ConnectionName},
 	})
 	if err != nil {
-		return nil, nil, classify(fmt.Errorf("connect to RabbitMQ: %w", err))
+		// Refused, reset, timed out in the handshake, or turned away (bad
+		// credentials, no such vhost): whatever the reason, no row was sent
+		// and none is to blame.
+		return nil, nil, producer.NewBrokerError("connection_lost", fmt.Errorf("connect to RabbitMQ: %w", err))
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -245,39 +269,49 @@ func (p *Producer) give(c *pubChannel) {
 }
 
 // Batches cuts msgs into batches of at most MaxBatch messages and MaxBatchBytes
-// payload bytes. Messages over MaxMessageBytes are left out and named in a
-// message-class error.
+// payload bytes. It needs no connection. A topic too long for a routing key
+// fails the whole topic (topic class, no batches). Rows that can never be
+// published (over MaxMessageBytes, or over an AMQP limit: see publishing) are
+// left out and named in a message-class error, each with its reason.
 func (p *Producer) Batches(_ context.Context, topic string, msgs []producer.Message) ([]producer.Batch, error) {
-	out, tooBig, maxSeen := producer.Split(topic, msgs, producer.Limits{
-		Messages: p.cfg.MaxBatch, Bytes: p.cfg.MaxBatchBytes, MessageBytes: p.cfg.MaxMessageBytes})
-	if len(tooBig) > 0 {
-		return out, producer.NewMessageError(producer.ReasonMessageTooLarge, tooBig,
-			fmt.Errorf("payload of %d bytes is over RabbitMQ's limit of %d (max_message_size)", maxSeen, p.cfg.MaxMessageBytes))
+	if err := checkRoutingKey(topic); err != nil {
+		return nil, err
 	}
-	return out, nil
+	frameMax := p.frameMax()
+	var rej producer.Rejections
+	valid := rej.Keep(msgs, func(m *producer.Message) (string, error) {
+		_, reason, err := publishing(m, p.cfg.MaxMessageBytes, frameMax)
+		return reason, err
+	})
+	out, _, _ := producer.Split(topic, valid, producer.Limits{Messages: p.cfg.MaxBatch, Bytes: p.cfg.MaxBatchBytes})
+	return out, rej.Err()
 }
 
-// Send publishes the batch and waits for every confirm.
+// Send publishes the batch and waits for every confirm. It checks the rows
+// again, as Batches does: a Send may get any batch, and a row that slipped
+// through must fail alone, never on the shared connection. A row it refuses
+// makes it send nothing, and names that row.
 func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
-	pubs := make([]amqp.Publishing, len(b.Messages))
-	var invalid []int64
-	var firstErr error
-	for i := range b.Messages {
-		pub, err := publishing(&b.Messages[i])
-		if err != nil {
-			invalid = append(invalid, b.Messages[i].ID)
-			firstErr = cmpOr(firstErr, err)
-			continue
-		}
-		pubs[i] = pub
+	if err := checkRoutingKey(b.Topic); err != nil {
+		return err
 	}
-	if len(invalid) > 0 {
-		return producer.NewMessageError(producer.ReasonInvalidMessage, invalid, firstErr)
+	frameMax := p.frameMax()
+	pubs, err := p.publishings(b, frameMax)
+	if err != nil {
+		return err
 	}
 
 	c, err := p.take(ctx)
 	if err != nil {
 		return err
+	}
+	if fm := p.frameMax(); fm < frameMax {
+		// take connected anew, and the broker allows smaller frames than the
+		// rows were checked against.
+		if _, err := p.publishings(b, fm); err != nil {
+			p.give(c)
+			return err
+		}
 	}
 	// RabbitMQ closes the whole channel for content too large.
 	err = producer.PinOnLargest(p.publish(ctx, c, b, pubs), b)
@@ -289,6 +323,22 @@ func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 	}
 	p.give(c)
 	return err
+}
+
+// publishings maps the batch's messages, or names every row that can never be
+// published.
+func (p *Producer) publishings(b producer.Batch, frameMax int) ([]amqp.Publishing, error) {
+	pubs := make([]amqp.Publishing, len(b.Messages))
+	var rej producer.Rejections
+	for i := range b.Messages {
+		pub, reason, err := publishing(&b.Messages[i], p.cfg.MaxMessageBytes, frameMax)
+		if err != nil {
+			rej.Add(b.Messages[i].ID, reason, err)
+			continue
+		}
+		pubs[i] = pub
+	}
+	return pubs, rej.Err()
 }
 
 func (p *Producer) publish(ctx context.Context, c *pubChannel, b producer.Batch, pubs []amqp.Publishing) error {
@@ -321,7 +371,7 @@ func (p *Producer) publish(ctx context.Context, c *pubChannel, b producer.Batch,
 			select {
 			case r, ok := <-c.returns:
 				if !ok {
-					return errChannelGone(b, len(pubs))
+					return errChannelGone(c, b, len(pubs))
 				}
 				returned[r.MessageId] = r
 			case <-dc.Done():
@@ -347,7 +397,7 @@ func (p *Producer) publish(ctx context.Context, c *pubChannel, b producer.Batch,
 			if !ok {
 				// The channel shut down (amqp091 closes the returns channel):
 				// nacks that came from the shutdown say nothing about routing.
-				return errChannelGone(b, len(pubs))
+				return errChannelGone(c, b, len(pubs))
 			}
 			returned[r.MessageId] = r
 			continue
@@ -374,9 +424,63 @@ func (p *Producer) publish(ctx context.Context, c *pubChannel, b producer.Batch,
 
 // errChannelGone reports a batch whose channel shut down before every confirm
 // came: the broker may have some of the messages, so the batch is sent again.
-func errChannelGone(b producer.Batch, n int) error {
-	return producer.NewTransientError("connection_lost",
+// amqp091 tells the closing error before it closes the returns, so a channel
+// the broker closed for a reason of its own (a message over its size limit)
+// is classified by that reason; without one, the connection went.
+func errChannelGone(c *pubChannel, b producer.Batch, n int) error {
+	select {
+	case e, ok := <-c.closed:
+		if ok && e != nil {
+			return classify(fmt.Errorf("channel closed while waiting for confirms of %d messages to %q: %w", n, b.Topic, e))
+		}
+	default:
+	}
+	return producer.NewBrokerError("connection_lost",
 		fmt.Errorf("channel closed while waiting for confirms of %d messages to %q", n, b.Topic))
+}
+
+// Check tells whether RabbitMQ answers: it connects if needed, then declares
+// the exchange passively on a channel of its own (a round trip that creates
+// nothing and publishes nothing). amqp091's calls take no context, so they
+// run in a goroutine and Check gives up at ctx's end, even against a broker
+// that accepted the connection and then went silent; the goroutine closes its
+// channel in the background once the broker answers or the connection dies
+// (at the latest when heartbeats time out). A ctx without a deadline is
+// bounded by DialTimeout.
+func (p *Producer) Check(ctx context.Context) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, p.cfg.DialTimeout)
+		defer cancel()
+	}
+	conn, _, err := p.connection(ctx)
+	if err != nil {
+		return err
+	}
+	done := make(chan error, 1)
+	go func() {
+		ch, err := conn.Channel()
+		if err != nil {
+			done <- classify(fmt.Errorf("check RabbitMQ: open a channel: %w", err))
+			return
+		}
+		err = ch.ExchangeDeclarePassive(p.cfg.Exchange, "topic", true, false, false, false, nil)
+		if err != nil {
+			err = classify(fmt.Errorf("check RabbitMQ: passive declare of exchange %q: %w", p.cfg.Exchange, err))
+		}
+		done <- err
+		_ = ch.Close() // waits for the broker; nobody waits for it
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		if errors.Is(ctx.Err(), context.Canceled) {
+			return ctx.Err()
+		}
+		return producer.NewBrokerError("no_answer", fmt.Errorf(
+			"check RabbitMQ: no answer to a passive declare of exchange %q before the deadline: %w", p.cfg.Exchange, ctx.Err()))
+	}
 }
 
 // Close closes the connection; sends after it fail with a local error.
@@ -389,34 +493,6 @@ func (p *Producer) Close(context.Context) error {
 		return nil
 	}
 	return p.conn.Close()
-}
-
-// publishing maps a message onto an AMQP publishing.
-func publishing(m *producer.Message) (amqp.Publishing, error) {
-	headers, err := m.DecodeHeaders()
-	if err != nil {
-		return amqp.Publishing{}, err
-	}
-	table := amqp.Table(toTable(headers))
-	if m.PartitionKey != "" {
-		if table == nil {
-			table = amqp.Table{}
-		}
-		table["partition_key"] = m.PartitionKey
-	}
-	if err := table.Validate(); err != nil {
-		return amqp.Publishing{}, fmt.Errorf("headers of row %d are not a valid AMQP table: %w", m.ID, err)
-	}
-	return amqp.Publishing{
-		Headers:       table,
-		ContentType:   m.ContentType,
-		DeliveryMode:  amqp.Persistent,
-		CorrelationId: m.CorrelationID,
-		MessageId:     m.MessageID,
-		Timestamp:     m.CreatedAt,
-		AppId:         "outbox-sweeper",
-		Body:          m.Payload,
-	}, nil
 }
 
 // toTable converts decoded JSON into AMQP field values: objects become nested
@@ -455,11 +531,23 @@ func toField(v any) any {
 //   - 403 access refused, 404 not found: the destination is wrong → topic.
 //   - 311 content too large: a message → message-class, though RabbitMQ cannot
 //     say which one (Batches rejects oversized messages before this happens).
-//   - connection and channel failures, 320 connection forced, 506 resource
-//     error, 541 internal error, everything else: transient.
+//   - the connection or channel is not open, the client lost the socket (an
+//     error amqp091 raised itself, such as 501 EOF), 320 connection forced (the
+//     broker shutting down) → broker: the broker was not reached, whatever
+//     the rows held.
+//   - 506 resource error, 541 internal error, everything else: transient.
 func classify(err error) error {
+	if errors.Is(err, amqp.ErrClosed) {
+		return producer.NewBrokerError("connection_lost", err)
+	}
 	var ae *amqp.Error
 	if errors.As(err, &ae) {
+		if ae == amqp.ErrChannelMax {
+			return producer.NewTransientError("channel_max", err)
+		}
+		if !ae.Server || ae.Code == amqp.ConnectionForced {
+			return producer.NewBrokerError("connection_lost", err)
+		}
 		switch ae.Code {
 		case amqp.AccessRefused:
 			return producer.NewTopicError("unauthorized", err)
@@ -473,15 +561,5 @@ func classify(err error) error {
 			}
 		}
 	}
-	if errors.Is(err, amqp.ErrClosed) {
-		return producer.NewTransientError("connection_lost", err)
-	}
 	return err
-}
-
-func cmpOr(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
 }

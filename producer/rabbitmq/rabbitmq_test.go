@@ -170,7 +170,8 @@ func TestBatchesCutByCountAndBytesAndRejectTooLarge(t *testing.T) {
 	batches, err := p.Batches(context.Background(), "t", in)
 	require.Equal(t, producer.ClassMessage, producer.ClassOf(err))
 	require.Equal(t, []int64{5}, producer.MessageIDs(err))
-	require.ErrorContains(t, err, "payload of 21 bytes is over RabbitMQ's limit of 20")
+	require.Equal(t, producer.ReasonMessageTooLarge, producer.RowReason(err, 5))
+	require.ErrorContains(t, err, "row 5: payload of 21 bytes is over RabbitMQ's limit of 20")
 	var cut [][]int64
 	for _, b := range batches {
 		cut = append(cut, b.IDs())
@@ -179,8 +180,9 @@ func TestBatchesCutByCountAndBytesAndRejectTooLarge(t *testing.T) {
 	require.Equal(t, [][]int64{{1, 2, 3}, {4}, {6}, {7}}, cut)
 }
 
-// The connection drops under the producer: the send in flight fails as transient
-// (or went through), and the next send opens a new connection by itself.
+// The connection drops under the producer: the send in flight fails as a
+// broker failure (or went through), and the next send opens a new connection
+// by itself.
 func TestConnectionCutIsReestablished(t *testing.T) {
 	t.Parallel()
 	url := brokertest.RabbitMQURL(t)
@@ -196,7 +198,7 @@ func TestConnectionCutIsReestablished(t *testing.T) {
 		if err == nil {
 			break
 		}
-		require.Equal(t, producer.ClassTransient, producer.ClassOf(err), "%v", err)
+		require.Equal(t, producer.ClassBroker, producer.ClassOf(err), "%v", err)
 		time.Sleep(20 * time.Millisecond)
 	}
 	require.NoError(t, err)
@@ -205,8 +207,9 @@ func TestConnectionCutIsReestablished(t *testing.T) {
 }
 
 // The connection drops after a batch is published and before its confirms come
-// back: Send must return, as transient, not wait forever (amqp091 closes the
-// channel's notification channels on shutdown).
+// back: Send must return, as a broker failure (the rows are not to blame), not
+// wait forever (amqp091 closes the channel's notification channels on
+// shutdown).
 func TestConnectionLostWhileConfirmsArePending(t *testing.T) {
 	t.Parallel()
 	url := brokertest.RabbitMQURL(t)
@@ -222,7 +225,7 @@ func TestConnectionLostWhileConfirmsArePending(t *testing.T) {
 		select {
 		case err := <-done:
 			if err != nil { // the confirms may have beaten the close
-				require.Equal(t, producer.ClassTransient, producer.ClassOf(err), "%v", err)
+				require.Equal(t, producer.ClassBroker, producer.ClassOf(err), "%v", err)
 				failed++
 			}
 		case <-time.After(10 * time.Second):
@@ -232,14 +235,15 @@ func TestConnectionLostWhileConfirmsArePending(t *testing.T) {
 	require.NotZero(t, failed, "no send saw the connection drop: the test did not test anything")
 }
 
-func TestBrokerDownIsTransientAndClosedIsLocal(t *testing.T) {
+func TestBrokerDownIsBrokerClassAndClosedIsLocal(t *testing.T) {
 	t.Parallel()
 	proxy := tcpproxy.New(t, brokertest.HostPort(t, brokertest.RabbitMQURL(t)))
 	proxy.Refuse(true)
 	p, err := rabbitmq.New(rabbitmq.Config{URL: brokertest.WithHost(t, brokertest.RabbitMQURL(t), proxy.Addr()), DialTimeout: time.Second})
 	require.NoError(t, err)
 	err = p.Send(context.Background(), producer.Batch{Topic: "t", Messages: producertest.Messages("t", 1, 1)})
-	require.Equal(t, producer.ClassTransient, producer.ClassOf(err), "%v", err)
+	require.Equal(t, producer.ClassBroker, producer.ClassOf(err), "%v", err)
+	require.Equal(t, "connection_lost", producer.ReasonOf(err))
 	require.ErrorContains(t, err, "connect to RabbitMQ")
 
 	require.NoError(t, p.Close(context.Background()))
@@ -280,5 +284,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	require.ErrorContains(t, err, "no URL (--rabbitmq-url)")
 	_, err = rabbitmq.New(rabbitmq.Config{URL: "http://x"})
 	require.ErrorContains(t, err, "invalid URL (--rabbitmq-url)")
+	_, err = rabbitmq.New(rabbitmq.Config{URL: "amqp://127.0.0.1/", Exchange: strings.Repeat("x", 256)})
+	require.ErrorContains(t, err, "exchange name of 256 bytes is over AMQP's short-string limit of 255 bytes (--rabbitmq-exchange)")
 	require.True(t, strings.HasPrefix(rabbitmq.ExchangeDefault, "outbox"))
 }

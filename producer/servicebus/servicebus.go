@@ -11,6 +11,17 @@
 // and booleans as they are; nested objects and arrays as their JSON text, since
 // application properties hold only simple values).
 //
+// Batches checks every row against Service Bus's documented property limits
+// before anything is sent (see validate.go): an entity path over 260
+// characters fails the topic; a message id or session id over 128 characters,
+// a property over 32 KB or properties over the 64 KB header fail the row
+// alone.
+//
+// The producer is no producer.Checker: the SDK has no call that reaches the
+// service without sending or receiving (a sender's link opens once and is
+// reused, so NewMessageBatch says nothing about the connection after that),
+// and the management operations need rights a sender does not have.
+//
 // The SDK retries on its own, by default for most of a minute per send. The
 // producer sets it to one quick retry (enough to re-attach a link Service Bus
 // closed while idle), so that a failing send returns within a few seconds and the
@@ -19,7 +30,6 @@ package servicebus
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -184,33 +194,34 @@ func (p *Producer) forget(ctx context.Context, entity string, s sender) {
 }
 
 // Batches cuts msgs where the SDK says a batch is full, or at MaxBatch messages.
-// A message too large for an empty batch, or one that cannot be mapped, is left
-// out and named in a message-class error.
+// A topic that can never be an entity path fails the whole topic (topic class,
+// no batches). A message that cannot be mapped (see toMessage), or too large
+// for an empty batch, is left out and named in a message-class error, each
+// with its reason.
 func (p *Producer) Batches(ctx context.Context, topic string, msgs []producer.Message) ([]producer.Batch, error) {
+	if err := checkEntity(topic); err != nil {
+		return nil, err
+	}
 	s, err := p.sender(topic)
 	if err != nil {
 		return nil, err
 	}
+	var rej producer.Rejections
+	mapped := make([]*azservicebus.Message, 0, len(msgs))
+	valid := rej.Keep(msgs, func(m *producer.Message) (string, error) {
+		sb, reason, err := toMessage(m)
+		if err == nil {
+			mapped = append(mapped, sb)
+		}
+		return reason, err
+	})
 	var (
 		out      []producer.Batch
 		cur      = producer.Batch{Topic: topic}
 		sdkBatch messageBatch
-		rejected []int64
-		firstErr error
-		reason   string
 	)
-	reject := func(id int64, why string, err error) {
-		rejected = append(rejected, id)
-		if firstErr == nil {
-			firstErr, reason = err, why
-		}
-	}
-	for i := range msgs {
-		m, err := toMessage(&msgs[i])
-		if err != nil {
-			reject(msgs[i].ID, producer.ReasonInvalidMessage, err)
-			continue
-		}
+	for i := range valid {
+		m := mapped[i]
 		if sdkBatch == nil || len(cur.Messages) == p.maxBatch {
 			if len(cur.Messages) > 0 {
 				out = append(out, cur)
@@ -237,29 +248,43 @@ func (p *Producer) Batches(ctx context.Context, topic string, msgs []producer.Me
 		}
 		switch {
 		case errors.Is(err, azservicebus.ErrMessageTooLarge):
-			reject(msgs[i].ID, producer.ReasonMessageTooLarge,
-				fmt.Errorf("row %d (%d bytes of payload) is too large for an empty Service Bus batch", msgs[i].ID, len(msgs[i].Payload)))
+			rej.Add(valid[i].ID, producer.ReasonMessageTooLarge,
+				fmt.Errorf("row %d (%d bytes of payload) is too large for an empty Service Bus batch", valid[i].ID, len(valid[i].Payload)))
 		case err != nil:
-			reject(msgs[i].ID, producer.ReasonInvalidMessage, fmt.Errorf("row %d: %w", msgs[i].ID, err))
+			rej.Add(valid[i].ID, producer.ReasonInvalidMessage, fmt.Errorf("row %d: %w", valid[i].ID, err))
 		default:
-			cur.Messages = append(cur.Messages, msgs[i])
+			cur.Messages = append(cur.Messages, valid[i])
 		}
 	}
 	if len(cur.Messages) > 0 {
 		out = append(out, cur)
 	}
-	if len(rejected) > 0 {
-		return out, producer.NewMessageError(reason, rejected, firstErr)
-	}
-	return out, nil
+	return out, rej.Err()
 }
 
 // Send builds the batch again from its messages and sends it as one SDK batch,
 // all or nothing: a batch Batches cut always fits. Should it not (the entity's
 // size limit changed between the two), nothing is sent and the rows wait for
 // the next tick, which cuts them again; sending part of it would send that part
-// twice.
+// twice. It checks the topic and the rows again, as Batches does, and sends
+// nothing when it refuses one.
 func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
+	if err := checkEntity(b.Topic); err != nil {
+		return err
+	}
+	mapped := make([]*azservicebus.Message, len(b.Messages))
+	var rej producer.Rejections
+	for i := range b.Messages {
+		m, reason, err := toMessage(&b.Messages[i])
+		if err != nil {
+			rej.Add(b.Messages[i].ID, reason, err)
+			continue
+		}
+		mapped[i] = m
+	}
+	if err := rej.Err(); err != nil {
+		return err
+	}
 	s, err := p.sender(b.Topic)
 	if err != nil {
 		return err
@@ -268,12 +293,8 @@ func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 	if err != nil {
 		return p.failed(ctx, b.Topic, s, fmt.Errorf("new message batch for %q: %w", b.Topic, err))
 	}
-	for i := range b.Messages {
+	for i, m := range mapped {
 		id := b.Messages[i].ID
-		m, err := toMessage(&b.Messages[i])
-		if err != nil {
-			return producer.NewMessageError(producer.ReasonInvalidMessage, []int64{id}, err)
-		}
 		err = sdkBatch.AddMessage(m, nil)
 		switch {
 		case errors.Is(err, azservicebus.ErrMessageTooLarge) && sdkBatch.NumMessages() > 0:
@@ -325,49 +346,6 @@ func (p *Producer) Close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// toMessage maps an outbox message onto a Service Bus message.
-func toMessage(m *producer.Message) (*azservicebus.Message, error) {
-	headers, err := m.DecodeHeaders()
-	if err != nil {
-		return nil, err
-	}
-	var props map[string]any
-	if len(headers) > 0 {
-		props = make(map[string]any, len(headers))
-		for k, v := range headers {
-			switch x := v.(type) {
-			case string, bool:
-				props[k] = x
-			case json.Number:
-				props[k] = producer.HeaderNumber(x)
-			case nil:
-				// A null header carries nothing an application property can hold.
-			default:
-				j, err := json.Marshal(x)
-				if err != nil {
-					return nil, fmt.Errorf("header %q of row %d: %w", k, m.ID, err)
-				}
-				props[k] = string(j)
-			}
-		}
-	}
-	return &azservicebus.Message{
-		MessageID:             &m.MessageID,
-		Body:                  m.Payload,
-		ApplicationProperties: props,
-		ContentType:           optional(m.ContentType),
-		CorrelationID:         optional(m.CorrelationID),
-		SessionID:             optional(m.PartitionKey),
-	}, nil
-}
-
-func optional(s string) *string {
-	if s == "" {
-		return nil
-	}
-	return &s
-}
-
 // Conditions Service Bus sends that name the destination as the problem.
 var topicConditions = map[amqp.ErrCond]string{
 	amqp.ErrCondNotFound:                          "not_found",
@@ -381,11 +359,15 @@ var topicConditions = map[amqp.ErrCond]string{
 
 // classify maps the SDK's errors onto the failure classes:
 //
-//   - *azservicebus.Error: unauthorized and not found → topic; connection lost,
-//     timeout, closed → transient.
+//   - *azservicebus.Error: unauthorized and not found → topic; connection lost
+//     → broker (the service was not reached, whatever the rows held); timeout,
+//     closed (the SDK closed the sender; the next send makes a new one) →
+//     transient.
 //   - raw AMQP errors: not-found, unauthorized-access, not-allowed,
 //     entity-disabled, resource-limit-exceeded → topic; message-size-exceeded →
-//     message; server-busy, timeout, internal error, forced detach → transient.
+//     message; server-busy, timeout, internal error → transient.
+//   - the AMQP connection failed → broker; a link or session detached (one
+//     entity's, e.g. a forced detach) → transient.
 //   - ErrMessageTooLarge → message.
 //   - anything else → transient (the class of unclassified errors).
 func classify(err error) error {
@@ -414,7 +396,7 @@ func classify(err error) error {
 		case azservicebus.CodeNotFound:
 			return producer.NewTopicError("not_found", err)
 		case azservicebus.CodeConnectionLost:
-			return producer.NewTransientError("connection_lost", err)
+			return producer.NewBrokerError("connection_lost", err)
 		case azservicebus.CodeTimeout:
 			return producer.NewTransientError("timeout", err)
 		case azservicebus.CodeClosed:
@@ -422,10 +404,13 @@ func classify(err error) error {
 		}
 	}
 	var connErr *amqp.ConnError
+	if errors.As(err, &connErr) {
+		return producer.NewBrokerError("connection_lost", err)
+	}
 	var linkErr *amqp.LinkError
 	var sessErr *amqp.SessionError
-	if errors.As(err, &connErr) || errors.As(err, &linkErr) || errors.As(err, &sessErr) {
-		return producer.NewTransientError("connection_lost", err)
+	if errors.As(err, &linkErr) || errors.As(err, &sessErr) {
+		return producer.NewTransientError("link_detached", err)
 	}
 	return err
 }

@@ -11,6 +11,7 @@ package stdout
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -43,7 +44,10 @@ type Producer struct {
 	buf []byte
 }
 
-var _ producer.Producer = (*Producer)(nil)
+var (
+	_ producer.Producer = (*Producer)(nil)
+	_ producer.Checker  = (*Producer)(nil)
+)
 
 // New returns a producer writing to w (os.Stdout in the binary).
 func New(w io.Writer, cfg Config) *Producer {
@@ -53,30 +57,30 @@ func New(w io.Writer, cfg Config) *Producer {
 	return &Producer{w: w, maxBatch: cfg.MaxBatch}
 }
 
-// Batches cuts msgs into runs of at most MaxBatch messages.
+// Batches cuts msgs into runs of at most MaxBatch messages. A row whose headers
+// are not valid JSON is left out and named in a message-class error, since its
+// line could not be parsed downstream. Any topic will do: the line quotes it as
+// JSON, which replaces bytes that are not UTF-8.
 func (p *Producer) Batches(_ context.Context, topic string, msgs []producer.Message) ([]producer.Batch, error) {
-	out := make([]producer.Batch, 0, (len(msgs)+p.maxBatch-1)/p.maxBatch)
-	for chunk := range slices.Chunk(msgs, p.maxBatch) {
+	var rej producer.Rejections
+	valid := rej.Keep(msgs, checkHeaders)
+	out := make([]producer.Batch, 0, (len(valid)+p.maxBatch-1)/p.maxBatch)
+	for chunk := range slices.Chunk(valid, p.maxBatch) {
 		out = append(out, producer.Batch{Topic: topic, Messages: chunk})
 	}
-	return out, nil
+	return out, rej.Err()
 }
 
-// Send writes the batch's lines. Headers that are not valid JSON make the row a
-// message-class failure, since the line could not be parsed downstream.
+// Send writes the batch's lines. It checks the headers again, as Batches does,
+// and writes nothing when it refuses a row.
 func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	var bad []int64
-	for _, m := range b.Messages {
-		if len(m.Headers) > 0 && !json.Valid(m.Headers) {
-			bad = append(bad, m.ID)
-		}
-	}
-	if len(bad) > 0 {
-		return producer.NewMessageError(producer.ReasonInvalidMessage, bad,
-			fmt.Errorf("headers are not valid JSON"))
+	var rej producer.Rejections
+	rej.Keep(b.Messages, checkHeaders)
+	if err := rej.Err(); err != nil {
+		return err
 	}
 
 	p.mu.Lock()
@@ -97,6 +101,17 @@ func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 	return nil
 }
 
+// checkHeaders refuses headers that are not valid JSON.
+func checkHeaders(m *producer.Message) (string, error) {
+	if len(m.Headers) > 0 && !json.Valid(m.Headers) {
+		return producer.ReasonInvalidMessage, fmt.Errorf("row %d: headers are not valid JSON", m.ID)
+	}
+	return "", nil
+}
+
+// Check always passes: writing to a local stream needs no broker.
+func (p *Producer) Check(context.Context) error { return nil }
+
 // Close does nothing: the writer belongs to the caller.
 func (p *Producer) Close(context.Context) error { return nil }
 
@@ -106,7 +121,11 @@ func appendLine(buf []byte, m *producer.Message) []byte {
 	buf = append(buf, `{"id":`...)
 	buf = strconv.AppendInt(buf, m.ID, 10)
 	buf = append(buf, `,"message_id":`...)
-	buf = strconv.AppendQuote(buf, m.MessageID)
+	if plainASCII(m.MessageID) { // a UUID: quoting it by hand is JSON too
+		buf = strconv.AppendQuote(buf, m.MessageID)
+	} else {
+		buf = appendJSONString(buf, m.MessageID)
+	}
 	buf = append(buf, `,"topic":`...)
 	buf = appendJSONString(buf, m.Topic)
 	buf = append(buf, `,"correlation_id":`...)
@@ -124,9 +143,19 @@ func appendLine(buf []byte, m *producer.Message) []byte {
 		buf = appendJSONString(buf, m.PartitionKey)
 	}
 	buf = append(buf, `,"headers":`...)
-	if len(m.Headers) == 0 {
+	switch {
+	case len(m.Headers) == 0:
 		buf = append(buf, "{}"...)
-	} else {
+	case bytes.ContainsAny(m.Headers, "\r\n"):
+		// Line breaks in valid JSON are whitespace (jsonb never writes
+		// them, but a caller may): compacted, the line stays one line.
+		var c bytes.Buffer
+		if json.Compact(&c, m.Headers) == nil {
+			buf = append(buf, c.Bytes()...)
+		} else {
+			buf = append(buf, "{}"...) // unreachable: Send checked the JSON
+		}
+	default:
 		buf = append(buf, m.Headers...)
 	}
 	buf = append(buf, `,"payload":"`...)
@@ -140,4 +169,15 @@ func appendLine(buf []byte, m *producer.Message) []byte {
 func appendJSONString(buf []byte, s string) []byte {
 	q, _ := json.Marshal(s) // a string always marshals
 	return append(buf, q...)
+}
+
+// plainASCII reports whether s holds only printable ASCII that needs no
+// escaping, which strconv and JSON quote alike.
+func plainASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' {
+			return false
+		}
+	}
+	return true
 }

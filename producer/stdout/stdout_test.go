@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -88,4 +89,64 @@ func TestBatchesCutsAtMaxBatchKeepingOrder(t *testing.T) {
 	require.Equal(t, []int64{1, 2}, batches[0].IDs())
 	require.Equal(t, []int64{5}, batches[2].IDs())
 	require.Equal(t, "t", batches[2].Topic)
+}
+
+func TestBatchesLeaveOutRowsWithHeadersThatAreNotJSON(t *testing.T) {
+	t.Parallel()
+	p := stdout.New(&bytes.Buffer{}, stdout.Config{})
+	batches, err := p.Batches(context.Background(), "t", []producer.Message{
+		{ID: 1, Headers: []byte(`{}`)}, {ID: 2, Headers: []byte(`{"a":`)}, {ID: 3},
+	})
+	require.Equal(t, producer.ClassMessage, producer.ClassOf(err))
+	require.Equal(t, []int64{2}, producer.MessageIDs(err))
+	require.Equal(t, producer.ReasonInvalidMessage, producer.RowReason(err, 2))
+	require.ErrorContains(t, err, "row 2: headers are not valid JSON")
+	require.Len(t, batches, 1)
+	require.Equal(t, []int64{1, 3}, batches[0].IDs())
+}
+
+func TestCheckAlwaysPasses(t *testing.T) {
+	t.Parallel()
+	var c producer.Checker = stdout.New(failingWriter{}, stdout.Config{})
+	require.NoError(t, c.Check(context.Background()))
+}
+
+// FuzzValidateStdout feeds arbitrary rows through Batches and Send: nothing
+// panics, every row ends up in exactly one batch or is named by the error, and
+// every line written is one valid JSON object.
+func FuzzValidateStdout(f *testing.F) {
+	f.Add("orders", []byte(`{"a":1}`), "6f1c2a0e-8d9b-4b8e-9a51-3f0b7e0c1d22", "application/json", "req-1", "pk", uint16(3))
+	f.Add("\xff\xfe", []byte(`{"a":`), "id\x01\"\\", "\xff", "\n", "\u2028", uint16(0))
+	f.Add("", []byte(`[1, 2]`), "", "", "", "", uint16(100))
+	f.Fuzz(func(t *testing.T, topic string, headers []byte, messageID, contentType, correlationID, partitionKey string, payload uint16) {
+		var buf bytes.Buffer
+		p := stdout.New(&buf, stdout.Config{MaxBatch: 2})
+		rows := []producer.Message{
+			{ID: 1, MessageID: "00000000-0000-4000-8000-000000000001", Topic: topic, Headers: []byte(`{}`)},
+			{ID: 2, MessageID: messageID, Topic: topic, Headers: headers, ContentType: contentType,
+				CorrelationID: correlationID, PartitionKey: partitionKey, Payload: make([]byte, payload)},
+			{ID: 3, Topic: topic},
+		}
+		batches, err := p.Batches(context.Background(), topic, rows)
+		var seen []int64
+		for _, b := range batches {
+			seen = append(seen, b.IDs()...)
+		}
+		if err != nil {
+			require.Equal(t, producer.ClassMessage, producer.ClassOf(err))
+			seen = append(seen, producer.MessageIDs(err)...)
+		}
+		slices.Sort(seen)
+		require.Equal(t, []int64{1, 2, 3}, seen, "each row once, in a batch or in the error")
+		for _, b := range batches {
+			require.NoError(t, p.Send(context.Background(), b))
+		}
+		for line := range strings.Lines(buf.String()) {
+			var obj map[string]any
+			dec := json.NewDecoder(strings.NewReader(line))
+			dec.UseNumber() // 1E700 is JSON, but no float64
+			require.NoError(t, dec.Decode(&obj), "%q", line)
+			require.False(t, dec.More(), "one object per line: %q", line)
+		}
+	})
 }
