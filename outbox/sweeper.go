@@ -496,4 +496,3 @@ func (s *Sweeper) TopicBreaker() breaker.Breaker { return s.breaker }
 func (s *Sweeper) Sweep(ctx context.Context) (SweepResult, error) {
 	return s.sweep(ctx, ctx, time.Time{}, true)
 }
-
