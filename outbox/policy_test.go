@@ -1,8 +1,10 @@
 package outbox
 
 import (
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 
@@ -137,4 +139,13 @@ func TestTopicBackoff(t *testing.T) {
 	off := newTopicBackoff(100, -1, nil)
 	require.Zero(t, off.failed("a", time.Unix(1e9, 0)))
 	require.Empty(t, off.waiting(time.Unix(1e9, 0)))
+}
+
+func TestLogTextBoundsRowText(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "orders", logText("orders"))
+	long := logText(string(make([]byte, 10_000)))
+	require.Less(t, len(long), 230)
+	require.Contains(t, long, "(10000 bytes)")
+	require.True(t, utf8.ValidString(logText(strings.Repeat("é", 150))), "cut at a rune boundary")
 }

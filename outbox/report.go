@@ -52,7 +52,7 @@ func (s *Sweeper) logFailure(b producer.Batch, err error, a action, ev evidence)
 		msg = "batch failed and the broker is not known to be up: rows kept without an attempt; topic stops until the next sweep"
 	}
 	s.logger.Log(context.Background(), level, msg,
-		"topic", b.Topic, "class", class.String(), "reason", producer.ReasonOf(err), "num_rows", len(b.Messages),
+		"topic", logText(b.Topic), "class", class.String(), "reason", producer.ReasonOf(err), "num_rows", len(b.Messages),
 		"first_id", b.Messages[0].ID, "last_id", b.Messages[len(b.Messages)-1].ID, "broker", ev.String(),
 		"correlation_ids", correlationIDs(b, maxLoggedIDs), "err", err)
 }
@@ -61,7 +61,7 @@ func (s *Sweeper) logFailure(b producer.Batch, err error, a action, ev evidence)
 // the rows' correlation ids as the move returned them, never a payload.
 func (s *Sweeper) logDeadLettered(topic string, out applied) {
 	reasons := slices.Sorted(maps.Keys(out.deadReasons))
-	s.logger.Warn("rows dead-lettered", "topic", topic, "num_rows", out.deadLettered, "reasons", reasons,
+	s.logger.Warn("rows dead-lettered", "topic", logText(topic), "num_rows", out.deadLettered, "reasons", reasons,
 		"correlation_ids", out.deadCorrelationIDs, "table", s.cfg.Table.DeadLetterName())
 }
 
@@ -73,7 +73,7 @@ func (s *Sweeper) stopStorm(topic string, n int, err error) {
 		"dead-lettering stopped and the topic tripped. Check the producer's error, fix it, then reset the topic",
 		topic, n, cmpOr(producer.ReasonOf(err), producer.ClassOf(err).String()), s.cfg.DeadLetterLimit, s.cfg.DeadLetterWindow)
 	s.breaker.Trip(topic, summary)
-	s.logger.Error(summary, "topic", topic, "err", err)
+	s.logger.Error(summary, "topic", logText(topic), "err", err)
 	if s.cfg.Alerter != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -93,11 +93,29 @@ func correlationIDs(b producer.Batch, n int) []string {
 	var out []string
 	for _, m := range b.Messages {
 		if m.CorrelationID != "" {
-			out = append(out, m.CorrelationID)
+			out = append(out, logText(m.CorrelationID))
 			if len(out) == n {
 				break
 			}
 		}
 	}
 	return out
+}
+
+// maxLogText bounds a topic or a correlation id on a log line: rows carry what
+// applications put there, and a 10,000-byte topic must not become a
+// 10,000-byte line at every failure.
+const maxLogText = 200
+
+// logText returns s cut to maxLogText bytes, at a rune boundary, with its full
+// size when cut.
+func logText(s string) string {
+	if len(s) <= maxLogText {
+		return s
+	}
+	cut := maxLogText
+	for cut > 0 && s[cut]&0xC0 == 0x80 {
+		cut--
+	}
+	return fmt.Sprintf("%s…(%d bytes)", s[:cut], len(s))
 }

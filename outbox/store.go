@@ -346,7 +346,7 @@ func (s *store) moveToDeadLetters(ctx context.Context, tx pgx.Tx, topic string, 
 	out.deadReasons[reason] += len(correlationIDs)
 	for _, c := range correlationIDs {
 		if c != nil && len(out.deadCorrelationIDs) < maxLoggedIDs {
-			out.deadCorrelationIDs = append(out.deadCorrelationIDs, *c)
+			out.deadCorrelationIDs = append(out.deadCorrelationIDs, logText(*c))
 		}
 	}
 	return nil

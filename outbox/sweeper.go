@@ -220,7 +220,7 @@ func LogTopicStateChange(logger *slog.Logger) func(topic string, from, to breake
 			level = slog.LevelWarn
 		}
 		logger.Log(context.Background(), level, "topic breaker: "+to.String(),
-			"topic", topic, "from", from.String(), "to", to.String(), "reason", reason)
+			"topic", logText(topic), "from", from.String(), "to", to.String(), "reason", reason)
 	}
 }
 

@@ -26,6 +26,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -133,7 +135,7 @@ func (p *Producer) conn(ctx context.Context) (*natsgo.Conn, jetstream.JetStream,
 		timeout = min(timeout, time.Until(dl))
 	}
 	if timeout <= 0 {
-		return nil, nil, producer.NewBrokerError("connection_lost", fmt.Errorf("connect to NATS at %s: no time left before the send's deadline", p.cfg.URL))
+		return nil, nil, producer.NewBrokerError("connection_lost", fmt.Errorf("connect to NATS at %s: no time left before the send's deadline", redactURLs(p.cfg.URL)))
 	}
 	nc, err := natsgo.Connect(p.cfg.URL,
 		natsgo.Name("outbox-sweeper"),
@@ -142,7 +144,7 @@ func (p *Producer) conn(ctx context.Context) (*natsgo.Conn, jetstream.JetStream,
 		natsgo.ReconnectWait(500*time.Millisecond),
 	)
 	if err != nil {
-		return nil, nil, producer.NewBrokerError("connection_lost", fmt.Errorf("connect to NATS at %s: %w", p.cfg.URL, err))
+		return nil, nil, producer.NewBrokerError("connection_lost", fmt.Errorf("connect to NATS at %s: %w", redactURLs(p.cfg.URL), err))
 	}
 	js, err = jetstream.New(nc,
 		// Every topic in flight publishes on this one context: room for many
@@ -354,4 +356,26 @@ func classify(err error) error {
 		return producer.NewBrokerError("connection_lost", err)
 	}
 	return err
+}
+
+// redactURLs returns the comma-separated server URLs with their passwords and
+// tokens hidden: errors reach logs and rows' last_error.
+func redactURLs(list string) string {
+	parts := strings.Split(list, ",")
+	for i, raw := range parts {
+		u, err := url.Parse(strings.TrimSpace(raw))
+		if err != nil {
+			parts[i] = "(unparsable URL)"
+			continue
+		}
+		if u.User != nil {
+			if _, hasPassword := u.User.Password(); hasPassword {
+				u.User = url.UserPassword(u.User.Username(), "xxxxx")
+			} else {
+				u.User = url.User("xxxxx") // a token alone
+			}
+		}
+		parts[i] = u.String()
+	}
+	return strings.Join(parts, ",")
 }

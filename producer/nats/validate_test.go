@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
@@ -198,4 +199,15 @@ func FuzzValidateNATS(f *testing.F) {
 			require.NotEqual(t, producer.ClassMessage, producer.ClassOf(err), "Send refused a row Batches kept: %v", err)
 		}
 	})
+}
+
+func TestConnectErrorsHideCredentials(t *testing.T) {
+	t.Parallel()
+	p, err := outboxnats.New(outboxnats.Config{URL: "nats://alice:s3cret@127.0.0.1:1,nats://tok3n@127.0.0.1:2", ConnectTimeout: 100 * time.Millisecond})
+	require.NoError(t, err)
+	err = p.Connect(context.Background())
+	require.Error(t, err)
+	require.NotContains(t, err.Error(), "s3cret")
+	require.NotContains(t, err.Error(), "tok3n")
+	require.Contains(t, err.Error(), "alice")
 }
