@@ -8,12 +8,12 @@
 package admin
 
 import (
+	"bytes"
 	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -43,6 +43,9 @@ type Config struct {
 	Dependency *breaker.Dependency
 	// DeadLetters serves the /dlq endpoints.
 	DeadLetters *outbox.DeadLetters
+	// Backoffs lists the topics waiting after transient failures
+	// (Sweeper.TopicBackoffs), for GET /topics/backoff; nil leaves it out.
+	Backoffs func() []outbox.TopicBackoff
 	// Metrics serves /metrics; nil leaves it out.
 	Metrics http.Handler
 	// Logger receives the causes of internal errors, which callers do not see.
@@ -66,6 +69,9 @@ func Handler(cfg Config) http.Handler {
 	mux.Handle("POST /dlq/purge", a.auth(a.dlqPurge))
 	mux.Handle("POST /dlq/replay", a.auth(a.dlqReplay))
 	mux.Handle("GET /topics/tripped", a.auth(a.tripped))
+	if cfg.Backoffs != nil {
+		mux.Handle("GET /topics/backoff", a.auth(a.backoffs))
+	}
 	mux.Handle("POST /topics/{topic}/reset", a.auth(a.reset))
 	mux.Handle("POST /topics/{topic}/trip", a.auth(a.trip))
 	return mux
@@ -204,13 +210,38 @@ func (a *api) tripped(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"tripped": list})
 }
 
+// backoffs lists the topics that failed transiently in a row, with when each is
+// tried again and how long that is from now.
+func (a *api) backoffs(w http.ResponseWriter, _ *http.Request) {
+	type waiting struct {
+		outbox.TopicBackoff
+		WaitSeconds float64 `json:"wait_seconds"`
+	}
+	list := []waiting{}
+	now := time.Now()
+	for _, b := range a.cfg.Backoffs() {
+		list = append(list, waiting{b, max(b.Until.Sub(now), 0).Seconds()})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"backoff": list})
+}
+
 func (a *api) trip(w http.ResponseWriter, r *http.Request) {
 	topic := r.PathValue("topic")
+	if err := checkText("topic", topic, topicHint); err != nil {
+		badRequest(w, "%v", err)
+		return
+	}
 	var body struct {
 		Reason string `json:"reason"`
 	}
-	if err := json.NewDecoder(r.Body).Decode(&body); err != nil && !errors.Is(err, io.EOF) {
-		badRequest(w, "body is not JSON like {\"reason\": \"…\"}: %v", err)
+	raw, err := readBody(r)
+	if err == nil && len(bytes.TrimSpace(raw)) > 0 {
+		if err = json.Unmarshal(raw, &body); err != nil {
+			err = fmt.Errorf("body is not JSON like {\"reason\": \"…\"}: %v", err)
+		}
+	}
+	if err != nil {
+		badRequest(w, "%v", err)
 		return
 	}
 	if body.Reason == "" {
@@ -222,6 +253,10 @@ func (a *api) trip(w http.ResponseWriter, r *http.Request) {
 
 func (a *api) reset(w http.ResponseWriter, r *http.Request) {
 	topic := r.PathValue("topic")
+	if err := checkText("topic", topic, topicHint); err != nil {
+		badRequest(w, "%v", err)
+		return
+	}
 	a.cfg.Topics.Reset(topic)
 	writeJSON(w, http.StatusOK, map[string]string{"topic": topic, "state": a.cfg.Topics.State(topic).String()})
 }
@@ -242,6 +277,12 @@ func (a *api) breakerState(w http.ResponseWriter, _ *http.Request) {
 func filterFromQuery(r *http.Request) (outbox.DeadLetterFilter, error) {
 	q := r.URL.Query()
 	f := outbox.DeadLetterFilter{Topic: q.Get("topic"), Reason: q.Get("reason")}
+	if err := checkText("query parameter topic", f.Topic, filterHint); err != nil {
+		return f, err
+	}
+	if err := checkText("query parameter reason", f.Reason, filterHint); err != nil {
+		return f, err
+	}
 	if s := q.Get("since"); s != "" {
 		d, err := time.ParseDuration(s)
 		if err != nil || d < 0 {
@@ -309,12 +350,24 @@ type selection struct {
 
 func decodeSelection(r *http.Request) (selection, outbox.DeadLetterFilter, error) {
 	var s selection
-	dec := json.NewDecoder(r.Body)
+	raw, err := readBody(r)
+	if err != nil {
+		return s, outbox.DeadLetterFilter{}, err
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&s); err != nil {
 		return s, outbox.DeadLetterFilter{}, fmt.Errorf("body is not the JSON expected (ids, topic, reason, since, older_than, all, dry_run): %v", err)
 	}
 	f := outbox.DeadLetterFilter{IDs: s.IDs, Topic: s.Topic, Reason: s.Reason, All: s.All}
+	// The JSON held UTF-8 (readBody saw to it), but an escape such as \u0000
+	// still decodes to a NUL.
+	if err := checkText("body field topic", f.Topic, filterHint); err != nil {
+		return s, f, err
+	}
+	if err := checkText("body field reason", f.Reason, filterHint); err != nil {
+		return s, f, err
+	}
 	for _, d := range []struct {
 		v   string
 		set func(time.Duration)

@@ -62,6 +62,13 @@ type RedisConfig struct {
 //   - A half-open topic's trial goes to the first instance that claims it (a key
 //     with TTL); the others keep leaving the topic out.
 //
+// Topics are bytes, not text: a SQL_ASCII outbox holds topics that are not
+// UTF-8, and an instance over it trips them like any other. Redis keeps them
+// byte for byte (hash fields and key names are binary-safe), and the breaker
+// hands them on as it read them, to the plan, Tripped and OnStateChange, so that
+// the plan leaves out exactly the rows that failed. Consumers that need text
+// make it themselves: the metrics escape label values, JSON replaces bad bytes.
+//
 // Every multi-key update runs as one Lua script, so instances never see half an
 // update. If Redis does not answer, the breaker works on local state: a [Topics]
 // that has received the same reports all along. It tries Redis again at the next

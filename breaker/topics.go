@@ -107,6 +107,11 @@ func (p Plan) Gen(topic string) uint64 { return p.gens[topic] }
 //
 // Every transition bumps the topic's generation; an outcome reported with an
 // older generation is ignored.
+//
+// Topic names are compared and handed on byte for byte, whether or not they are
+// UTF-8 (a SQL_ASCII outbox holds topics that are not): the breaker must leave
+// out exactly the rows that failed. OnStateChange and Tripped give them as
+// they came; consumers that need text escape them (see package metrics).
 type Topics struct {
 	s Settings
 

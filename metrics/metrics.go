@@ -1,6 +1,8 @@
 // Package metrics exports the sweeper's Prometheus metrics on a registry the
 // caller passes in (no global registry). Label cardinality is bounded by the
-// topics: never a message or row id.
+// topics: never a message or row id. Every label value goes through one helper
+// (label) that escapes bytes that are not UTF-8 and bounds the length, since a
+// topic is whatever bytes a row, Redis or a request held.
 package metrics
 
 import (
@@ -46,7 +48,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		batches: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_batches_total",
 			Help: "Batches sent, by result: ok or failed."}, []string{"topic", "result"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_dispatch_errors_total",
-			Help: "Failed batches by failure class: transient, topic, message, local."}, []string{"topic", "class"}),
+			Help: "Failed batches by failure class: transient, topic, message, local, broker (connection refused/reset/closed)."}, []string{"topic", "class"}),
 		deadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_dead_lettered_total",
 			Help: "Rows moved to the dead-letter table."}, []string{"topic"}),
 		tripped: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outbox_topic_tripped",
@@ -75,8 +77,8 @@ func New(reg prometheus.Registerer) *Metrics {
 
 // BatchDispatched implements outbox.Observer.
 func (m *Metrics) BatchDispatched(topic string, size int, latencies []time.Duration) {
-	m.dispatched.WithLabelValues(topic).Add(float64(size))
-	m.batches.WithLabelValues(topic, "ok").Inc()
+	m.dispatched.WithLabelValues(label(topic)).Add(float64(size))
+	m.batches.WithLabelValues(label(topic), label("ok")).Inc()
 	m.batchSize.Observe(float64(size))
 	for _, l := range latencies {
 		m.dispatchLatency.Observe(l.Seconds())
@@ -85,13 +87,13 @@ func (m *Metrics) BatchDispatched(topic string, size int, latencies []time.Durat
 
 // BatchFailed implements outbox.Observer.
 func (m *Metrics) BatchFailed(topic string, class producer.Class) {
-	m.batches.WithLabelValues(topic, "failed").Inc()
-	m.errors.WithLabelValues(topic, class.String()).Inc()
+	m.batches.WithLabelValues(label(topic), label("failed")).Inc()
+	m.errors.WithLabelValues(label(topic), label(class.String())).Inc()
 }
 
 // DeadLettered implements outbox.Observer.
 func (m *Metrics) DeadLettered(topic string, n int) {
-	m.deadLettered.WithLabelValues(topic).Add(float64(n))
+	m.deadLettered.WithLabelValues(label(topic)).Add(float64(n))
 }
 
 // Listening implements outbox.ListenObserver.
@@ -112,7 +114,7 @@ func (m *Metrics) OnTopicChange(topic string, _, to breaker.State, _ string) {
 	if to != breaker.StateClosed {
 		v = 1
 	}
-	m.tripped.WithLabelValues(topic).Set(v)
+	m.tripped.WithLabelValues(label(topic)).Set(v)
 }
 
 // OnDependencyChange fits breaker.DependencyConfig.OnStateChange.
@@ -126,10 +128,7 @@ func (m *Metrics) OnDependencyChange(_, to breaker.DependencyState, _ string) {
 // show too. Run it on a schedule, not per scrape.
 func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool, t outbox.Table, topics breaker.Breaker) error {
 	if topics != nil {
-		m.tripped.Reset()
-		for _, st := range topics.Tripped() {
-			m.tripped.WithLabelValues(st.Topic).Set(1)
-		}
+		m.setTripped(topics.Tripped())
 	}
 	t = t.WithDefaults()
 	var outstanding, dead int64
@@ -146,20 +145,33 @@ func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool, t outbox.Tabl
 	return nil
 }
 
+// setTripped makes outbox_topic_tripped list exactly the topics of list. The
+// topics are whatever the breaker holds, from any instance sharing it, so
+// they are escaped like every other label.
+func (m *Metrics) setTripped(list []breaker.TopicStatus) {
+	m.tripped.Reset()
+	for _, st := range list {
+		m.tripped.WithLabelValues(label(st.Topic)).Set(1)
+	}
+}
+
 // Dispatched, Errors, Tripped and DeadLetteredTotal return single series, for
-// tests.
+// tests. They take the topic as the sweeper reports it, and escape it as the
+// observer methods do.
 func (m *Metrics) Dispatched(topic string) prometheus.Counter {
-	return m.dispatched.WithLabelValues(topic)
+	return m.dispatched.WithLabelValues(label(topic))
 }
 
 func (m *Metrics) Errors(topic, class string) prometheus.Counter {
-	return m.errors.WithLabelValues(topic, class)
+	return m.errors.WithLabelValues(label(topic), label(class))
 }
 
-func (m *Metrics) Tripped(topic string) prometheus.Gauge { return m.tripped.WithLabelValues(topic) }
+func (m *Metrics) Tripped(topic string) prometheus.Gauge {
+	return m.tripped.WithLabelValues(label(topic))
+}
 
 func (m *Metrics) DeadLetteredTotal(topic string) prometheus.Counter {
-	return m.deadLettered.WithLabelValues(topic)
+	return m.deadLettered.WithLabelValues(label(topic))
 }
 
 // ListeningGauge returns outbox_listening, for tests.

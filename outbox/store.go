@@ -7,7 +7,9 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -78,15 +80,26 @@ func newStore(pool *pgxpool.Pool, t Table, policy deadLetterPolicy, ordering Ord
 }
 
 // topics lists the topics with outstanding rows, less those in excluded.
+//
+// A topic name no row of this database can hold is dropped from excluded:
+// one with a NUL byte (no text value can), and, when the database refuses it,
+// one that is not valid UTF-8 (a UTF8 database refuses such parameters, and
+// holds no such row; a topic breaker shared through Redis with a SQL_ASCII
+// database can bring one in). Sent as they are, they would fail every sweep.
 func (s *store) topics(ctx context.Context, excluded []string) ([]string, error) {
-	if excluded == nil {
-		excluded = []string{}
+	excluded = slices.DeleteFunc(append([]string{}, excluded...), func(t string) bool { return strings.ContainsRune(t, 0) })
+	list := func() ([]string, error) {
+		rows, err := s.pool.Query(ctx, s.outstandingTopics, excluded)
+		if err != nil {
+			return nil, err
+		}
+		return pgx.CollectRows(rows, pgx.RowTo[string])
 	}
-	rows, err := s.pool.Query(ctx, s.outstandingTopics, excluded)
-	if err != nil {
-		return nil, s.explain(err)
+	topics, err := list()
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == "22021" { // character_not_in_repertoire
+		excluded = slices.DeleteFunc(excluded, func(t string) bool { return !utf8.ValidString(t) })
+		topics, err = list()
 	}
-	topics, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		return nil, s.explain(err)
 	}

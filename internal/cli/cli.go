@@ -13,8 +13,10 @@ import (
 	"log/slog"
 	"os"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -140,13 +142,26 @@ func (l *logOptions) logger(w io.Writer) *slog.Logger {
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(l.logLevel)) // the flag accepts valid levels only
 	if l.logFormat == "json" {
-		return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
+		return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level, ReplaceAttr: escapeInvalid}))
 	}
 	return slog.New(tint.NewHandler(w, &tint.Options{
-		Level:      level,
-		TimeFormat: time.DateTime,
-		NoColor:    !isTerminal(w),
+		Level:       level,
+		TimeFormat:  time.DateTime,
+		NoColor:     !isTerminal(w),
+		ReplaceAttr: escapeInvalid,
 	}))
+}
+
+// escapeInvalid writes string values that are not valid UTF-8 (a topic from a
+// SQL_ASCII database, say) with their bad bytes as \xHH escapes: tint drops
+// everything from the first bad byte and JSON turns each into U+FFFD, and
+// either way the log would name another topic than the one in the table.
+func escapeInvalid(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindString && !utf8.ValidString(a.Value.String()) {
+		q := strconv.QuoteToASCII(a.Value.String())
+		a.Value = slog.StringValue(q[1 : len(q)-1])
+	}
+	return a
 }
 
 func isTerminal(w io.Writer) bool {
@@ -339,7 +354,7 @@ func runCommand(ctx context.Context, args []string, out, errOut io.Writer, env E
 			return err
 		}
 		waitAdmin, err := admin.Start(ctx, admin.Config{Addr: o.adminAddr, Token: o.adminToken, Pool: pool, Table: tbl,
-			Topics: s.TopicBreaker(), Dependency: dep, DeadLetters: dead, Logger: logger,
+			Topics: s.TopicBreaker(), Dependency: dep, DeadLetters: dead, Logger: logger, Backoffs: s.TopicBackoffs,
 			Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})})
 		if err != nil {
 			_ = p.Close(ctx)

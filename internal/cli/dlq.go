@@ -63,6 +63,11 @@ func (o *dlqOptions) flags(cmd string) *flags {
 // filter builds the library's filter from the flags.
 func (o *dlqOptions) filter(f *flags) (outbox.DeadLetterFilter, error) {
 	flt := outbox.DeadLetterFilter{Topic: o.topic, Reason: o.reason, All: o.all}
+	for _, v := range []struct{ name, value string }{{"topic", o.topic}, {"reason", o.reason}} {
+		if p := textProblem(v.value); p != "" {
+			return flt, usagef("%s %q %s; select the dead letters of a topic that is not UTF-8 by --id instead", f.origin(v.name), v.value, p)
+		}
+	}
 	if o.since < 0 || o.olderThan < 0 {
 		return flt, usagef("durations must not be negative")
 	}
@@ -174,7 +179,7 @@ func printDeadLetters(out io.Writer, rows []outbox.DeadLetter, payload bool) err
 	}
 	fmt.Fprintln(w, header)
 	for _, r := range rows {
-		line := fmt.Sprintf("%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s", r.ID, r.Topic, r.Reason, r.Attempts,
+		line := fmt.Sprintf("%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s", r.ID, cell(r.Topic), r.Reason, r.Attempts,
 			r.DeadLetteredAt.UTC().Format(time.DateTime), deref(r.CorrelationID), r.MessageID, oneLine(deref(r.Error), 80))
 		if payload {
 			line += "\t" + base64.StdEncoding.EncodeToString(r.Payload)

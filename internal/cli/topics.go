@@ -67,6 +67,9 @@ func (o *topicBreakerOptions) build(f *flags, logger *slog.Logger, alerter alert
 				return nil, usagef("invalid entry %q in %s %q: write topic=ticks with 1 ≤ ticks ≤ %d, entries separated by commas (e.g. orders=30,payments=5)",
 					pair, f.origin("topic-cooldown"), o.cooldown, o.cooldownMaxTicks)
 			}
+			if p := textProblem(topic); p != "" {
+				return nil, usagef("topic %q in %s %s; write the entry's topic as the rows spell it", topic, f.origin("topic-cooldown"), p)
+			}
 			cooldowns[strings.TrimSpace(topic)] = n
 		}
 	}

@@ -7,9 +7,12 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/outbox-sweeper/sweeper/breaker"
 )
@@ -57,6 +60,14 @@ func topicsCommand(ctx context.Context, args []string, out io.Writer, env Env) e
 	f := o.flags(cmd)
 	if err := f.parse(args, env); err != nil {
 		return err
+	}
+	if p := textProblem(topic); cmd != "list" && p != "" {
+		return usagef("topics %s: the topic %q %s; a topic that is not UTF-8 (rows of a SQL_ASCII database) cannot be tripped or reset by hand, "+
+			"its breaker trips and recovers by itself", cmd, topic, p)
+	}
+	if !utf8.ValidString(o.reason) {
+		// JSON would send it with U+FFFD in place of the bytes, without a word.
+		return usagef("%s %q is not valid UTF-8: write the reason in UTF-8", f.origin("reason"), o.reason)
 	}
 	base, err := url.Parse(o.adminURL)
 	if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
@@ -120,11 +131,38 @@ func topicsCommand(ctx context.Context, args []string, out io.Writer, env Env) e
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "TOPIC\tSTATE\tCOOLDOWN TICKS LEFT\tTRIPS\tTRIPPED AT\tLAST ERROR")
 	for _, t := range list.Tripped {
-		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\t%s\n", t.Topic, t.State, t.CooldownTicksLeft, t.Trips,
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\t%s\n", cell(t.Topic), t.State, t.CooldownTicksLeft, t.Trips,
 			t.TrippedAt.UTC().Format(time.DateTime), oneLine(t.LastError, 80))
 	}
 	if len(list.Tripped) == 0 {
 		fmt.Fprintln(w, "(no tripped topics)")
 	}
 	return w.Flush()
+}
+
+// textProblem says what is wrong with a topic or filter that no row can hold,
+// or "" when nothing is: bytes that are not UTF-8, and NUL. A UTF8 database
+// refuses both in a text parameter, and the admin API answers 400 to them, so
+// the commands refuse them first, with exit 2 and a message that quotes them.
+func textProblem(v string) string {
+	switch {
+	case !utf8.ValidString(v):
+		return "is not valid UTF-8: topics and filters are UTF-8 text, as the outbox's text columns hold them"
+	case strings.IndexByte(v, 0) >= 0:
+		return "holds a NUL byte, which no Postgres text value can hold, so no row has it"
+	}
+	return ""
+}
+
+// cell returns s for a table cell, quoted (\xff, \n, \u200b) when it holds
+// bytes that are not UTF-8 or characters a terminal would not show as written:
+// a topic from a SQL_ASCII database, or one with control characters, must
+// neither garble the table nor pass for another topic.
+func cell(s string) string {
+	for _, r := range s {
+		if r == utf8.RuneError || !unicode.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
 }
