@@ -295,14 +295,19 @@ func TestRabbitMQConnectionForceClosedByBrokerLosesNothing(t *testing.T) {
 	name := brokertest.Name("sweeper-forced")
 	p, err := rabbitmq.New(rabbitmq.Config{URL: url, Exchange: exchange, MaxBatch: 20, ConnectionName: name})
 	require.NoError(t, err)
-	// Slowed down so the relay is still running at the third close.
-	slow := slowProducer{Producer: p, delay: 30 * time.Millisecond}
-	s, err := outbox.NewSweeper(dbtest.Pool(t), slow, outbox.Config{Table: tbl, Tick: 10 * time.Millisecond, PageSize: 60})
+	// Gated so that the relay is still running at each close, however slow
+	// rabbitmqctl is: before the k-th close, at most k quarters of the rows
+	// may be sent.
+	gate := newGatedProducer(p, n/4)
+	s, err := outbox.NewSweeper(dbtest.Pool(t), gate, outbox.Config{Table: tbl, Tick: 10 * time.Millisecond, PageSize: 60})
 	require.NoError(t, err)
 	stop := dbtest.RunSweeper(t, s)
 
 	closes := 0
-	for closes < 3 && dbtest.Outstanding(t, tbl) > 0 {
+	for closes < 3 {
+		// Wait until the relay has sent what the gate allows, so each close
+		// falls on a relay that is under way.
+		dbtest.Eventually(t, 60*time.Second, "the relay under way", func() bool { return gate.waiting() })
 		out, err := exec.Command(ctl, "list_connections", "pid", "client_properties", "-q", "--no-table-headers").CombinedOutput()
 		require.NoError(t, err, "%s", out)
 		for _, line := range strings.Split(string(out), "\n") {
@@ -311,10 +316,11 @@ func TestRabbitMQConnectionForceClosedByBrokerLosesNothing(t *testing.T) {
 				out, err := exec.Command(ctl, "close_connection", pid, "outbox-sweeper test").CombinedOutput()
 				require.NoError(t, err, "%s", out)
 				closes++
+				gate.open(n / 4)
 			}
 		}
-		time.Sleep(50 * time.Millisecond)
 	}
+	gate.open(n)
 	dbtest.Eventually(t, 60*time.Second, "every row dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
 	dbtest.Eventually(t, 30*time.Second, "every message consumed", func() bool { return rc.distinct() >= n })
 	stop()
@@ -333,16 +339,59 @@ func TestRabbitMQConnectionForceClosedByBrokerLosesNothing(t *testing.T) {
 	t.Logf("%d forced closes; %d messages received for %d rows", closes, rc.count(), n)
 }
 
-// slowProducer delays every send, to keep a relay running while a test breaks
-// things around it.
-type slowProducer struct {
+// gatedProducer lets through sends up to a budget of messages, and holds the
+// next send (until its context ends) while it would pass it, so that a test
+// can break things around a relay it knows is still running.
+type gatedProducer struct {
 	producer.Producer
-	delay time.Duration
+	mu      sync.Mutex
+	cond    *sync.Cond
+	sent    int
+	budget  int
+	blocked bool
 }
 
-func (s slowProducer) Send(ctx context.Context, b producer.Batch) error {
-	time.Sleep(s.delay)
-	return s.Producer.Send(ctx, b)
+func newGatedProducer(p producer.Producer, budget int) *gatedProducer {
+	g := &gatedProducer{Producer: p, budget: budget}
+	g.cond = sync.NewCond(&g.mu)
+	return g
+}
+
+func (g *gatedProducer) Send(ctx context.Context, b producer.Batch) error {
+	stop := context.AfterFunc(ctx, func() { g.mu.Lock(); g.cond.Broadcast(); g.mu.Unlock() })
+	defer stop()
+	g.mu.Lock()
+	for g.sent+len(b.Messages) > g.budget && ctx.Err() == nil {
+		g.blocked = true
+		g.cond.Wait()
+	}
+	g.blocked = false
+	g.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	err := g.Producer.Send(ctx, b)
+	if err == nil {
+		g.mu.Lock()
+		g.sent += len(b.Messages)
+		g.mu.Unlock()
+	}
+	return err
+}
+
+// waiting reports whether a send is held at the budget.
+func (g *gatedProducer) waiting() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.blocked
+}
+
+// open raises the budget by n messages.
+func (g *gatedProducer) open(n int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.budget += n
+	g.cond.Broadcast()
 }
 
 func TestRoundTripNATS(t *testing.T) {
