@@ -43,10 +43,16 @@ test: vet check-deploy
 # 10,000,000 dispatched rows kept (PageQueryRetained: loading them takes minutes).
 # test/bench/ also measures commit-to-arrival latency at 1,000 commits a second
 # (LatencyNATS, 20 s a run) and the binary's peak RSS on a 1,000,000-row backlog.
+# MessageIDIndex: the unique index's cost on writes and on a sweep; Split: finding
+# one bad row in a 500-row batch. DrainBinary runs the binary on 100,000 rows; set
+# OUTBOX_BENCH_BASE=<rev> to alternate it with an older build (see BENCHMARKS.md).
 bench:
 	go test -run '^$$' -bench 'Drain' -benchtime 1x -count 3 -timeout 30m ./outbox/ | tee bench.out
 	go test -run '^$$' -bench 'PageQuery|TopicsQuery' -benchtime 2000x -count 3 -timeout 30m ./outbox/ | tee -a bench.out
 	go test -run '^$$' -bench 'BlockedTick' -benchtime 100000x -count 3 -timeout 30m ./outbox/ | tee -a bench.out
+	go test -run '^$$' -bench 'WriteMessageIDIndex$$' -benchtime 100x -count 3 -timeout 30m ./outbox/ | tee -a bench.out
+	go test -run '^$$' -bench 'SweepMessageIDIndex' -benchtime 5x -count 3 -timeout 30m ./outbox/ | tee -a bench.out
+	go test -run '^$$' -bench 'Split' -benchtime 20x -count 3 -timeout 30m ./outbox/ | tee -a bench.out
 	go test -run '^$$' -bench . -benchtime 1x -count 3 -timeout 30m ./test/bench/ | tee -a bench.out
 	go run $(BENCHSTAT) bench.out
 

@@ -392,9 +392,14 @@ func (a *api) dlqReplay(w http.ResponseWriter, r *http.Request) {
 	}
 	n, err := a.cfg.DeadLetters.Replay(r.Context(), f)
 	var missing *outbox.MissingDeadLettersError
+	var conflict *outbox.ReplayConflictError
 	switch {
 	case errors.Is(err, outbox.ErrNoFilter), errors.As(err, &missing):
 		badRequest(w, "%v", err)
+	case errors.As(err, &conflict):
+		// The outbox already holds a message id of the selection: nothing was
+		// replayed, and the message says what to do.
+		writeJSON(w, http.StatusConflict, errorBody{err.Error()})
 	case err != nil:
 		a.internal(w, r, err)
 	default:

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
@@ -267,4 +268,147 @@ func BenchmarkBlockedTick(b *testing.B) {
 			b.Fatalf("tick not blocked: %+v, %v", res, err)
 		}
 	}
+}
+
+// BenchmarkWriteMessageIDIndex measures what the unique index on message_id
+// (migration 5) costs writers: one message per transaction, and Writer.Write of
+// 100 (the multi-row INSERT) and 1,000 messages (COPY) per transaction. Each
+// iteration commits one such transaction into an outbox with the index and one
+// into an outbox without it (dropped after migrating), in turns, the first of
+// the pair alternating, so both see the same machine. Both start empty and grow
+// alike; message ids are the database's or the Writer's random UUIDs, as an
+// application's would be. It reports the time per row with and without the
+// index, and their ratio (BENCHMARKS.md, "Unique message_id").
+func BenchmarkWriteMessageIDIndex(b *testing.B) {
+	for _, rows := range []int{1, 100, 1000} {
+		b.Run(fmt.Sprintf("rows=%d", rows), func(b *testing.B) {
+			with, without := messageIDIndexPair(b)
+			benchmarkWriteMessageIDIndex(b, with, without, rows, false)
+		})
+	}
+}
+
+// BenchmarkWriteMessageIDIndexRetained is the 1,000-message write of
+// BenchmarkWriteMessageIDIndex into outboxes that already keep 5,000,000
+// dispatched rows, as they do until retention deletes them. The index (logged;
+// about 200 MB) then outgrows Debian's default shared_buffers (128 MB). With
+// random ids (the database's and the Writer's version 4 UUIDs) each lands on a
+// random leaf page; with time-ordered ones (version 7, set by the application)
+// they land on the last few. Loading the rows takes minutes.
+func BenchmarkWriteMessageIDIndexRetained(b *testing.B) {
+	for _, ids := range []string{"random", "time-ordered"} {
+		b.Run("ids="+ids, func(b *testing.B) {
+			const retained = 5_000_000
+			ctx := context.Background()
+			with, without := messageIDIndexPair(b)
+			pool := dbtest.Pool(b)
+			for _, tbl := range []outbox.Table{with, without} {
+				ident := pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()
+				for done := 0; done < retained; done += 1_000_000 {
+					_, err := pool.Exec(ctx, "INSERT INTO "+ident+" (topic, payload, dispatched_at) "+
+						"SELECT 'topic.topic-' || (g % 10), '\\x00', now() FROM generate_series(1, $1) g", min(1_000_000, retained-done))
+					require.NoError(b, err)
+				}
+				_, err := pool.Exec(ctx, "VACUUM ANALYZE "+ident)
+				require.NoError(b, err)
+			}
+			var size string
+			require.NoError(b, pool.QueryRow(ctx, "SELECT pg_size_pretty(pg_relation_size($1::regclass))",
+				pgx.Identifier{with.Schema, with.Name + "_message_id_key"}.Sanitize()).Scan(&size))
+			b.Logf("message_id index of %d rows: %s", retained, size)
+			benchmarkWriteMessageIDIndex(b, with, without, 1000, ids == "time-ordered")
+		})
+	}
+}
+
+// benchmarkWriteMessageIDIndex writes rows messages per transaction into with
+// and without in turns, and reports the time per row of each. With v7 each
+// pair of writes gives its messages new version 7 ids (the same in both
+// tables), made before the clock starts; without, the ids are left to the
+// Writer and the database.
+func benchmarkWriteMessageIDIndex(b *testing.B, with, without outbox.Table, rows int, v7 bool) {
+	ctx := context.Background()
+	w := [2]*outbox.Writer{}
+	for i, tbl := range []outbox.Table{with, without} {
+		var err error
+		w[i], err = outbox.NewWriter(tbl)
+		require.NoError(b, err)
+	}
+	payload := strings.Repeat("x", 512)
+	msgs := make([]outbox.Message, rows)
+	for i := range msgs {
+		msgs[i] = outbox.Message{Topic: fmt.Sprintf("topic-%d", i%10), Payload: []byte(payload)}
+	}
+	pool := dbtest.Pool(b)
+	var took [2]time.Duration
+	for n := 0; b.Loop(); n++ {
+		for i := range msgs {
+			if v7 {
+				msgs[i].MessageID = uuid.Must(uuid.NewV7()).String()
+			} else {
+				msgs[i].MessageID = uuid.NewString() // random, as gen_random_uuid() makes for SQL writers
+			}
+		}
+		for k := range 2 {
+			i := (n + k) % 2 // with first on even iterations, without first on odd ones
+			start := time.Now()
+			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return w[i].Write(ctx, tx, msgs...) })
+			took[i] += time.Since(start)
+			require.NoError(b, err)
+		}
+	}
+	reportMessageIDIndex(b, took, b.N*rows)
+}
+
+// BenchmarkSweepMessageIDIndex measures what the unique index costs the sweeper:
+// marking a row dispatched updates an indexed column (the partial indexes'
+// dispatched_at), so the new row version also gets an entry in the message_id
+// index, with its uniqueness check. Each iteration loads 10,000 rows of 512
+// bytes over 10 topics into a fresh outbox with the index and one without, then
+// drains each with one Sweep into a producer that accepts everything, in turns
+// as above. It reports the time per row with and without, and their ratio.
+func BenchmarkSweepMessageIDIndex(b *testing.B) {
+	const backlog = 10_000
+	ctx := context.Background()
+	var took [2]time.Duration
+	for n := 0; b.Loop(); n++ {
+		b.StopTimer()
+		with, without := messageIDIndexPair(b)
+		var sweepers [2]*outbox.Sweeper
+		for i, tbl := range []outbox.Table{with, without} {
+			benchutil.Load(b, tbl, backlog, 512, benchutil.Topics("topic", 10))
+			s, err := outbox.NewSweeper(dbtest.Pool(b), &discard{}, outbox.Config{Table: tbl})
+			require.NoError(b, err)
+			sweepers[i] = s
+		}
+		b.StartTimer()
+		for k := range 2 {
+			i := (n + k) % 2
+			start := time.Now()
+			res, err := sweepers[i].Sweep(ctx)
+			took[i] += time.Since(start)
+			require.NoError(b, err)
+			require.Equal(b, backlog, res.Dispatched)
+		}
+	}
+	reportMessageIDIndex(b, took, b.N*backlog)
+}
+
+// messageIDIndexPair returns two fresh outboxes, the first with the unique
+// index on message_id, the second without it.
+func messageIDIndexPair(b *testing.B) (with, without outbox.Table) {
+	with, without = dbtest.Table(b), dbtest.Table(b)
+	_, err := dbtest.Pool(b).Exec(context.Background(), "DROP INDEX "+pgx.Identifier{without.Schema, without.Name + "_message_id_key"}.Sanitize())
+	require.NoError(b, err)
+	return with, without
+}
+
+// reportMessageIDIndex reports the time per row with the index (took[0]) and
+// without it (took[1]), and their ratio, in place of ns/op (which would add the
+// two).
+func reportMessageIDIndex(b *testing.B, took [2]time.Duration, rows int) {
+	b.ReportMetric(float64(took[0].Nanoseconds())/float64(rows), "ns/row-with")
+	b.ReportMetric(float64(took[1].Nanoseconds())/float64(rows), "ns/row-without")
+	b.ReportMetric(took[0].Seconds()/took[1].Seconds(), "with/without")
+	b.ReportMetric(0, "ns/op")
 }

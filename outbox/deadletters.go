@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -122,6 +123,12 @@ var ErrNoFilter = errors.New("no dead letters selected: give ids or a filter, or
 // transaction, and returns how many. Each returns with attempts 0 and its
 // original message_id, as a new row after those outstanding. When f names ids
 // and some are not dead letters, nothing is replayed and the error lists them.
+//
+// The outbox holds each message_id once, and a dead letter's id may be taken
+// meanwhile: the application wrote it again, or another dead letter with it was
+// replayed. Then nothing is replayed either, and the error is a
+// [*ReplayConflictError] naming the id and what holds it; every dead letter
+// stays where it was.
 func (d *DeadLetters) Replay(ctx context.Context, f DeadLetterFilter) (int, error) {
 	if f.empty() && !f.All {
 		return 0, ErrNoFilter
@@ -140,10 +147,90 @@ func (d *DeadLetters) Replay(ctx context.Context, f DeadLetterFilter) (int, erro
 		}
 		return nil
 	})
+	if id, ok := duplicateKey(err, d.table); ok {
+		err = d.conflict(ctx, id, err)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("replay dead letters of %s: %w", d.table, err)
 	}
 	return len(replayed), nil
+}
+
+// ReplayConflictError is a replay that would have put one message_id into the
+// outbox twice, which its unique index refuses: the outbox already holds a row
+// with the id of a dead letter selected (written, or replayed, after the dead
+// letter was dead-lettered), or two dead letters selected share the id. Nothing
+// was replayed. errors.As finds Postgres's unique violation through it.
+type ReplayConflictError struct {
+	// DeadLetterIDs are the dead letters holding MessageID; empty when the
+	// lookup after the failure found none.
+	DeadLetterIDs []int64
+	// Err is Postgres's unique violation.
+	Err error
+	// MessageID is the id, empty when Postgres did not name it (it names the key
+	// only to roles that may read the column).
+	MessageID string
+	// OutboxID is the outbox row holding MessageID, 0 when none does (two dead
+	// letters of the selection share it) or the lookup did not find it.
+	OutboxID int64
+	// Table is the outbox, schema-qualified.
+	Table string
+}
+
+func (e *ReplayConflictError) Error() string {
+	id := "a dead letter's message id"
+	if e.MessageID != "" {
+		id = "message id " + e.MessageID
+	}
+	var what, todo string
+	switch {
+	case e.OutboxID != 0:
+		holder := "a dead letter selected"
+		if len(e.DeadLetterIDs) > 0 {
+			holder = "dead letter " + idList(e.DeadLetterIDs)
+		}
+		what = fmt.Sprintf("%s of %s is already in %s, as row %d (written or replayed after it was dead-lettered)",
+			id, holder, e.Table, e.OutboxID)
+		todo = fmt.Sprintf("purge the dead letter if row %d replaces it, or replay it once retention has deleted row %d; ",
+			e.OutboxID, e.OutboxID)
+	case len(e.DeadLetterIDs) > 1:
+		what = fmt.Sprintf("dead letters %s share %s", idList(e.DeadLetterIDs), id)
+		todo = "replay one of them and purge the others; "
+	default:
+		what = fmt.Sprintf("%s is already in %s, or two dead letters selected share it", id, e.Table)
+	}
+	return fmt.Sprintf("%s: nothing was replayed, since the outbox holds each message id once "+
+		"(a broker that de-duplicates would drop the second); %sother dead letters selected may conflict too, "+
+		"list those the outbox holds with SELECT d.id, d.message_id, o.id AS outbox_id FROM %s_dead_letter d JOIN %s o USING (message_id): %v",
+		what, todo, e.Table, e.Table, e.Err)
+}
+
+func (e *ReplayConflictError) Unwrap() error { return e.Err }
+
+// conflict looks up what holds the message id a replay collided on. It runs
+// after the replay's transaction has failed, so it sees committed rows only; if
+// the lookup fails, the error names the id alone.
+func (d *DeadLetters) conflict(ctx context.Context, messageID string, err error) error {
+	e := &ReplayConflictError{Err: err, MessageID: messageID, Table: d.table.String()}
+	if messageID == "" {
+		return e
+	}
+	var outboxID *int64
+	// Two lookups by message_id: the outbox's is an index seek; the dead-letter
+	// table has no index on it, and this runs only when a replay has failed.
+	q := fmt.Sprintf(`SELECT (SELECT array_agg(id ORDER BY id) FROM %s WHERE message_id = $1::uuid),
+	                         (SELECT id FROM %s WHERE message_id = $1::uuid)`, d.table.deadLetterIdent(), d.table.ident())
+	if d.pool.QueryRow(ctx, q, messageID).Scan(&e.DeadLetterIDs, &outboxID) == nil && outboxID != nil {
+		e.OutboxID = *outboxID
+	}
+	return e
+}
+
+func idList(ids []int64) string {
+	if len(ids) == 1 {
+		return strconv.FormatInt(ids[0], 10)
+	}
+	return fmt.Sprint(ids)
 }
 
 // Purge deletes the dead letters matching f for good and returns how many;
