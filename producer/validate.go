@@ -69,15 +69,27 @@ func (r *Rejections) Err() error {
 // Keep returns the messages of msgs that check accepts, in order, and rejects
 // the others with the reason and error check returns. A check returns "" and
 // nil for a row that is fine.
+//
+// When check accepts every row, the common case, Keep returns msgs itself: the
+// hot path copies nothing.
 func (r *Rejections) Keep(msgs []Message, check func(*Message) (reason string, err error)) []Message {
-	out := msgs[:0:0]
+	var out []Message // nil until the first rejection
 	for i := range msgs {
 		reason, err := check(&msgs[i])
 		if err != nil {
+			if out == nil {
+				out = make([]Message, i, len(msgs)-1)
+				copy(out, msgs[:i])
+			}
 			r.Add(msgs[i].ID, reason, err)
 			continue
 		}
-		out = append(out, msgs[i])
+		if out != nil {
+			out = append(out, msgs[i])
+		}
+	}
+	if out == nil {
+		return msgs
 	}
 	return out
 }

@@ -63,3 +63,23 @@ func TestQuoteCutsLongValuesOnARuneBoundary(t *testing.T) {
 	require.Less(t, len(q), 70)
 	require.NotContains(t, q, `\x`, "no rune is cut in half")
 }
+
+// Keep copies nothing when every row passes, and keeps order otherwise.
+func TestKeepCopiesNothingWhenEveryRowPasses(t *testing.T) {
+	t.Parallel()
+	msgs := []producer.Message{{ID: 1}, {ID: 2}, {ID: 3}}
+	var r producer.Rejections
+	kept := r.Keep(msgs, func(*producer.Message) (string, error) { return "", nil })
+	require.Same(t, &msgs[0], &kept[0], "the same backing array")
+	require.NoError(t, r.Err())
+	kept = r.Keep(msgs, func(m *producer.Message) (string, error) {
+		if m.ID == 2 {
+			return producer.ReasonInvalidMessage, errors.New("bad")
+		}
+		return "", nil
+	})
+	require.Equal(t, []int64{1, 3}, producer.Batch{Messages: kept}.IDs())
+	require.EqualValues(t, 3, msgs[2].ID, "the caller's slice untouched")
+	kept = (&producer.Rejections{}).Keep(msgs[:1], func(*producer.Message) (string, error) { return "x", errors.New("bad") })
+	require.Empty(t, kept)
+}
