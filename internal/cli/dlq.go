@@ -42,6 +42,7 @@ func (o *dlqOptions) flags(cmd string) *flags {
 	}
 	switch cmd {
 	case "list":
+		f.String(&o.ids, "id", "", "ids", "only these dead-letter ids, comma-separated")
 		f.Int(&o.limit, "limit", 50, "most dead letters listed, newest first")
 		f.bool(&o.jsonOut, "json", "one JSON object per line instead of a table")
 		f.bool(&o.showPayload, "show-payload", "include payloads (base64) and headers: they may hold personal data")
