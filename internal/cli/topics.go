@@ -93,7 +93,8 @@ func (o *topicBreakerOptions) build(f *flags, logger *slog.Logger, alerter alert
 		opts.DialTimeout = time.Second
 	}
 	if err != nil {
-		return nil, usagef("invalid value %q for %s: %v; write redis://[user:password@]host:port/db", redactURL(o.redisURL), f.origin("redis-url"), err)
+		return nil, usagef("invalid value %q for %s: %s; write redis://[user:password@]host:port/db",
+			redactURL(o.redisURL), f.origin("redis-url"), redactIn(err.Error(), o.redisURL))
 	}
 	return breaker.NewRedis(breaker.RedisConfig{
 		Client: redis.NewClient(opts),
@@ -117,11 +118,34 @@ func (o *topicBreakerOptions) build(f *flags, logger *slog.Logger, alerter alert
 // redactURL hides a URL's password, for messages.
 func redactURL(u string) string {
 	parsed, err := url.Parse(u)
-	if err != nil || parsed.User == nil {
+	if err != nil {
+		return redactIn(u, u) // unparsable, and perhaps for a password with a stray character
+	}
+	if parsed.User == nil {
 		return u
 	}
 	if _, ok := parsed.User.Password(); ok {
 		parsed.User = url.UserPassword(parsed.User.Username(), "xxxxx")
 	}
 	return parsed.String()
+}
+
+// redactIn returns text with the user information of rawURL (what stands
+// between "://" and the last "@": a password, a token) replaced by xxxxx, so
+// that neither the URL nor an error quoting it prints the secret, whether or
+// not the URL parses.
+func redactIn(text, rawURL string) string {
+	start := strings.Index(rawURL, "://")
+	end := strings.LastIndex(rawURL, "@")
+	if start < 0 || end <= start+3 {
+		return text
+	}
+	secret := rawURL[start+3 : end]
+	if i := strings.IndexByte(secret, ':'); i >= 0 {
+		secret = secret[i+1:] // keep the user name
+	}
+	if secret == "" {
+		return text
+	}
+	return strings.ReplaceAll(text, secret, "xxxxx")
 }
