@@ -1,7 +1,12 @@
 # outbox sweeper: build, run, test, benchmark.
 #
-#   make run     migrate the local database, write demo messages, relay them to stdout
-#   make test    every test, with the race detector, against the local Postgres
+#   make run     bring up Postgres, migrate, write demo messages, relay them to stdout
+#   make test    bring up Postgres, RabbitMQ, NATS, Redis and promtool, then every
+#                test, with the race detector
+#
+# scripts/services.sh brings the services up (installing them from Debian's
+# packages when run as root; otherwise it says what to run). When Postgres wants
+# a password over TCP it writes the URLs to use to .services.env, read here.
 #   make bench   the benchmarks: drains, instances, page query, latency, RSS (see BENCHMARKS.md)
 
 BIN          := bin/sweeper
@@ -10,17 +15,21 @@ LDFLAGS      := -s -w -X github.com/outbox-sweeper/sweeper/internal/cli.Version=
 DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 BENCHSTAT    := golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
 
-.PHONY: build run test bench vet check-deploy clean
+.PHONY: build run test services bench vet check-deploy clean
+
+# Loads .services.env (if scripts/services.sh wrote one) into a recipe line.
+LOADENV := set -a; [ ! -f .services.env ] || . ./.services.env; set +a;
 
 build:
 	go build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/sweeper
 
 run: build
-	$(BIN) migrate --database-url '$(DATABASE_URL)'
-	@command -v psql >/dev/null || { echo "make run needs psql to write the demo messages (apt-get install postgresql-client)"; exit 1; }
-	psql -q '$(DATABASE_URL)' -f sql/examples/demo.sql
-	@echo "relaying; the messages follow as JSON lines. Ctrl-C stops."
-	$(BIN) run --database-url '$(DATABASE_URL)'
+	scripts/services.sh run
+	@$(LOADENV) url='$(DATABASE_URL)'; \
+	  if [ '$(origin DATABASE_URL)' = file ] && [ -n "$${RUN_DATABASE_URL:-}" ]; then url=$$RUN_DATABASE_URL; fi; \
+	  set -x; $(BIN) migrate --database-url "$$url" && psql -q "$$url" -f sql/examples/demo.sql && \
+	  { set +x; echo "relaying; the messages follow as JSON lines. Ctrl-C stops."; } && \
+	  exec $(BIN) run --database-url "$$url"
 
 vet:
 	go vet ./...
@@ -34,8 +43,11 @@ check-deploy:
 	@command -v promtool >/dev/null || { echo "check-deploy needs promtool: apt-get install prometheus (bash .ci/run does)"; exit 1; }
 	promtool check rules deploy/prometheus/alerts.yml
 
-test: vet check-deploy
-	go test -race -count=1 -timeout 20m ./...
+services:
+	scripts/services.sh test
+
+test: services vet check-deploy
+	$(LOADENV) go test -race -count=1 -timeout 20m ./...
 
 # Drain: each run loads a fresh backlog and drains it once (-benchtime 1x), three
 # runs for a median; into a producer that accepts everything (outbox/), with 1, 2

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Brings up what the sweeper's run and tests need on this machine, from
+# Debian's packages: Postgres for `make run`; Postgres, RabbitMQ, NATS with
+# JetStream, Redis and promtool for `make test` and CI. Idempotent and quick
+# when everything is up. As root it installs and starts what is missing; as
+# anyone else it says the command to run and fails.
+#
+#   scripts/services.sh run    Postgres (and psql)
+#   scripts/services.sh test   everything the tests need
+#
+# When Postgres asks for a password over TCP (a fresh Debian install does), it
+# gives the postgres role the password "postgres" and writes the URLs to use to
+# .services.env, which the Makefile reads.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+what=${1:-test}
+case "$what" in run|test) ;; *) echo "usage: $0 run|test" >&2; exit 2 ;; esac
+
+log() { printf '== %s\n' "$*" >&2; }
+root() { [ "$(id -u)" = 0 ]; }
+
+apt_updated=""
+need() { # need "what is missing" package...
+  local why=$1; shift
+  if ! root; then
+    echo "$why: run as root (or with sudo): apt-get install -y $*" >&2
+    exit 1
+  fi
+  if [ -z "$apt_updated" ]; then apt-get update -qq; apt_updated=1; fi
+  log "installing $* from Debian's packages ($why)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+start() { # start "name" command...
+  local name=$1; shift
+  if ! root; then
+    echo "$name is not running: start it as root: $*" >&2
+    exit 1
+  fi
+  log "starting $name"
+  "$@"
+}
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+wait_port() { # port name seconds
+  for _ in $(seq 1 "$3"); do port_open "$1" && return 0; sleep 1; done
+  echo "$2 did not start listening on 127.0.0.1:$1" >&2; return 1
+}
+
+pg_ready() { command -v pg_isready >/dev/null && pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; }
+
+ensure_postgres() {
+  if ! pg_ready; then
+    if ! command -v pg_ctlcluster >/dev/null || [ -z "$(ls /etc/postgresql 2>/dev/null)" ]; then
+      need "no Postgres server" postgresql
+    fi
+    local version
+    version=$(ls /etc/postgresql | sort -V | tail -n 1)
+    start Postgres pg_ctlcluster --skip-systemctl-redirect "$version" main start || true
+    for _ in $(seq 1 60); do pg_ready && break; sleep 1; done
+    pg_ready || { echo "Postgres did not start: see /var/log/postgresql/" >&2; exit 1; }
+  fi
+  command -v psql >/dev/null || need "no psql (make run writes the demo rows with it)" postgresql-client
+  # The sweeper and the tests connect as postgres over TCP. A fresh Debian
+  # install asks for a password there: give the role one and say so.
+  rm -f .services.env
+  if ! psql "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable" -qAtc 'select 1' >/dev/null 2>&1; then
+    if ! psql "postgres://postgres:postgres@127.0.0.1:5432/postgres?sslmode=disable" -qAtc 'select 1' >/dev/null 2>&1; then
+      root || { echo "Postgres wants a password for postgres over TCP: as root, run su postgres -c \"psql -c \\\"ALTER ROLE postgres PASSWORD 'postgres'\\\"\"" >&2; exit 1; }
+      log "Postgres wants a password over TCP: setting one for the postgres role"
+      su postgres -c "psql -qc \"ALTER ROLE postgres PASSWORD 'postgres'\""
+    fi
+    local url="postgres://postgres:postgres@127.0.0.1:5432/postgres?sslmode=disable"
+    printf 'OUTBOX_TEST_DATABASE_URL=%s\nRUN_DATABASE_URL=%s\n' "$url" "$url" > .services.env
+  fi
+}
+
+ensure_rabbitmq() {
+  port_open 5672 && return
+  command -v rabbitmq-server >/dev/null || need "no RabbitMQ" rabbitmq-server
+  start RabbitMQ rabbitmq-server -detached || true
+  wait_port 5672 RabbitMQ 90
+  # The broker listens a moment before guest can log in: wait until it answers.
+  for _ in $(seq 1 30); do rabbitmqctl -q status >/dev/null 2>&1 && break; sleep 1; done
+}
+
+ensure_nats() {
+  port_open 4222 && return
+  command -v nats-server >/dev/null || need "no NATS server" nats-server
+  mkdir -p /var/lib/nats-server 2>/dev/null || true
+  start "NATS with JetStream" start-stop-daemon --start --oknodo --background --exec "$(command -v nats-server)" -- \
+    -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log
+  wait_port 4222 NATS 30
+}
+
+ensure_redis() {
+  port_open 6379 && return
+  command -v redis-server >/dev/null || need "no Redis" redis-server
+  mkdir -p /var/lib/redis /var/log/redis 2>/dev/null || true
+  start Redis redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+    --dir /var/lib/redis --logfile /var/log/redis/ci.log
+  wait_port 6379 Redis 30
+}
+
+ensure_promtool() {
+  command -v promtool >/dev/null || need "no promtool (make check-deploy checks the alert rules with it)" prometheus
+}
+
+ensure_postgres
+if [ "$what" = test ]; then
+  ensure_rabbitmq
+  ensure_nats
+  ensure_redis
+  ensure_promtool
+fi
+log "services for $what are up"
