@@ -11,6 +11,7 @@ import (
 	"github.com/outbox-sweeper/sweeper/internal/brokertest"
 	"github.com/outbox-sweeper/sweeper/producer"
 	outboxnats "github.com/outbox-sweeper/sweeper/producer/nats"
+	"github.com/outbox-sweeper/sweeper/producer/producertest"
 	"github.com/outbox-sweeper/sweeper/test/tcpproxy"
 )
 
@@ -28,43 +29,16 @@ func TestCheckPassesAgainstTheServerAndConnectsIfNeeded(t *testing.T) {
 	require.NotNil(t, outboxnats.Conn(p))
 }
 
-func TestCheckFailsWithinItsDeadlineWhenTheServerRefuses(t *testing.T) {
+// A server that refuses, or accepts and never answers: the check fails within
+// its own deadline, not at ConnectTimeout.
+func TestCheckFailsWhenTheServerRefusesOrHangs(t *testing.T) {
 	t.Parallel()
 	url := brokertest.NATSURL(t)
-	proxy := tcpproxy.New(t, brokertest.HostPort(t, url))
-	proxy.Refuse(true)
-	p, err := outboxnats.New(outboxnats.Config{URL: brokertest.WithHost(t, url, proxy.Addr())})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = p.Close(context.Background()) })
-	err = checkWithin(t, p, 2*time.Second)
-	require.Equal(t, producer.ClassBroker, producer.ClassOf(err), "%v", err)
-}
-
-// A server that accepts and never answers: the check ends at its deadline,
-// not at ConnectTimeout, even while a Connect without a deadline holds the
-// dial.
-func TestCheckFailsWithinItsDeadlineWhenTheServerHangs(t *testing.T) {
-	t.Parallel()
-	url := brokertest.NATSURL(t)
-	proxy := tcpproxy.New(t, brokertest.HostPort(t, url))
-	proxy.Hang(true)
-	p, err := outboxnats.New(outboxnats.Config{URL: brokertest.WithHost(t, url, proxy.Addr()), ConnectTimeout: 30 * time.Second})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = p.Close(context.Background()) })
-
-	err = checkWithin(t, p, 300*time.Millisecond)
-	require.NotEqual(t, producer.ClassMessage, producer.ClassOf(err))
-
-	connecting := make(chan struct{})
-	go func() {
-		defer close(connecting)
-		_ = p.Connect(context.Background())
-	}()
-	time.Sleep(50 * time.Millisecond)
-	err = checkWithin(t, p, 300*time.Millisecond)
-	require.NotEqual(t, producer.ClassMessage, producer.ClassOf(err))
-	proxy.Cut()
-	<-connecting
+	producertest.CheckFailsWhenTheBrokerRefusesOrHangs(t, brokertest.HostPort(t, url), func(t *testing.T, hostport string) producertest.Connector {
+		p, err := outboxnats.New(outboxnats.Config{URL: brokertest.WithHost(t, url, hostport), ConnectTimeout: 30 * time.Second})
+		require.NoError(t, err)
+		return p
+	})
 }
 
 // The connection drops and the client is reconnecting: the check says so at
@@ -81,7 +55,7 @@ func TestCheckFailsWhileReconnectingAndPassesOnceBack(t *testing.T) {
 	proxy.Refuse(true)
 	proxy.Cut()
 	require.Eventually(t, func() bool { return !outboxnats.Conn(p).IsConnected() }, 10*time.Second, 5*time.Millisecond)
-	err = checkWithin(t, p, 2*time.Second)
+	err = producertest.CheckWithin(t, p, 2*time.Second)
 	require.Equal(t, producer.ClassBroker, producer.ClassOf(err), "%v", err)
 
 	proxy.Refuse(false)
@@ -90,17 +64,4 @@ func TestCheckFailsWhileReconnectingAndPassesOnceBack(t *testing.T) {
 		defer cancel()
 		return p.Check(ctx) == nil
 	}, 20*time.Second, 50*time.Millisecond)
-}
-
-// checkWithin runs Check with a deadline of d and fails t unless it returns an
-// error by then (with a little slack for a busy machine).
-func checkWithin(t *testing.T, p *outboxnats.Producer, d time.Duration) error {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
-	start := time.Now()
-	err := p.Check(ctx)
-	require.Error(t, err)
-	require.Less(t, time.Since(start), d+time.Second, "Check outlived its deadline: %v", err)
-	return err
 }

@@ -2,7 +2,6 @@ package nats_test
 
 import (
 	"context"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -171,25 +170,9 @@ func FuzzValidateNATS(f *testing.F) {
 		rows[2].Payload = make([]byte, payload%6000)
 
 		batches, err := p.Batches(context.Background(), topic, rows)
-		if err != nil && producer.ClassOf(err) == producer.ClassTopic {
-			require.Nil(t, batches)
-			require.Equal(t, "invalid_topic", producer.ReasonOf(err))
+		if producertest.RequireEachRowOnce(t, topic, rows, batches, err) {
 			return
 		}
-		var seen []int64
-		for _, b := range batches {
-			require.Equal(t, topic, b.Topic)
-			seen = append(seen, b.IDs()...)
-		}
-		if err != nil {
-			require.Equal(t, producer.ClassMessage, producer.ClassOf(err), "%v", err)
-			for _, id := range producer.MessageIDs(err) {
-				require.Contains(t, []string{producer.ReasonInvalidMessage, producer.ReasonMessageTooLarge}, producer.RowReason(err, id))
-			}
-			seen = append(seen, producer.MessageIDs(err)...)
-		}
-		slices.Sort(seen)
-		require.Equal(t, []int64{1, 2, 3, 4}, seen, "each row once, in a batch or in the error")
 
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel() // Send checks its rows, then stops before the connection

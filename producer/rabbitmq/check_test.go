@@ -12,8 +12,8 @@ import (
 
 	"github.com/outbox-sweeper/sweeper/internal/brokertest"
 	"github.com/outbox-sweeper/sweeper/producer"
+	"github.com/outbox-sweeper/sweeper/producer/producertest"
 	"github.com/outbox-sweeper/sweeper/producer/rabbitmq"
-	"github.com/outbox-sweeper/sweeper/test/tcpproxy"
 )
 
 func TestCheckPassesAgainstTheBrokerAndConnectsIfNeeded(t *testing.T) {
@@ -43,43 +43,16 @@ func TestCheckFailsWhenTheExchangeIsGone(t *testing.T) {
 	require.ErrorContains(t, err, "passive declare of exchange")
 }
 
-func TestCheckFailsWithinItsDeadlineWhenTheBrokerRefuses(t *testing.T) {
+// A broker that refuses, or accepts and never answers: the check fails within
+// its own deadline, not at DialTimeout.
+func TestCheckFailsWhenTheBrokerRefusesOrHangs(t *testing.T) {
 	t.Parallel()
 	url := brokertest.RabbitMQURL(t)
-	proxy := tcpproxy.New(t, brokertest.HostPort(t, url))
-	proxy.Refuse(true)
-	p, err := rabbitmq.New(rabbitmq.Config{URL: brokertest.WithHost(t, url, proxy.Addr())})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = p.Close(context.Background()) })
-	err = checkWithin(t, p, 2*time.Second)
-	require.Equal(t, producer.ClassBroker, producer.ClassOf(err), "%v", err)
-}
-
-// A broker that accepts the TCP connection and never says a word: the check
-// ends at its deadline, not at DialTimeout, even while another caller waits on
-// the same dial without a deadline.
-func TestCheckFailsWithinItsDeadlineWhenTheBrokerHangs(t *testing.T) {
-	t.Parallel()
-	url := brokertest.RabbitMQURL(t)
-	proxy := tcpproxy.New(t, brokertest.HostPort(t, url))
-	proxy.Hang(true)
-	p, err := rabbitmq.New(rabbitmq.Config{URL: brokertest.WithHost(t, url, proxy.Addr()), DialTimeout: 30 * time.Second})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = p.Close(context.Background()) })
-
-	err = checkWithin(t, p, 300*time.Millisecond)
-	require.NotEqual(t, producer.ClassMessage, producer.ClassOf(err))
-
-	connecting := make(chan struct{})
-	go func() {
-		defer close(connecting)
-		_ = p.Connect(context.Background()) // holds the dial for DialTimeout
-	}()
-	time.Sleep(50 * time.Millisecond)
-	err = checkWithin(t, p, 300*time.Millisecond)
-	require.NotEqual(t, producer.ClassMessage, producer.ClassOf(err))
-	proxy.Cut() // ends the hung dial
-	<-connecting
+	producertest.CheckFailsWhenTheBrokerRefusesOrHangs(t, brokertest.HostPort(t, url), func(t *testing.T, hostport string) producertest.Connector {
+		p, err := rabbitmq.New(rabbitmq.Config{URL: brokertest.WithHost(t, url, hostport), DialTimeout: 30 * time.Second})
+		require.NoError(t, err)
+		return p
+	})
 }
 
 // The connection is open and the broker then stops answering (a frozen
@@ -96,7 +69,7 @@ func TestCheckFailsWithinItsDeadlineWhenAnOpenConnectionGoesSilent(t *testing.T)
 	require.NoError(t, p.Connect(context.Background()))
 
 	fr.frozen.Store(true)
-	err = checkWithin(t, p, 500*time.Millisecond)
+	err = producertest.CheckWithin(t, p, 500*time.Millisecond)
 	require.Equal(t, producer.ClassBroker, producer.ClassOf(err), "%v", err)
 	require.Equal(t, "no_answer", producer.ReasonOf(err))
 
@@ -104,19 +77,6 @@ func TestCheckFailsWithinItsDeadlineWhenAnOpenConnectionGoesSilent(t *testing.T)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	require.NoError(t, p.Check(ctx))
-}
-
-// checkWithin runs Check with a deadline of d and fails t unless it returns an
-// error by then (with a little slack for a busy machine).
-func checkWithin(t *testing.T, p *rabbitmq.Producer, d time.Duration) error {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
-	start := time.Now()
-	err := p.Check(ctx)
-	require.Error(t, err)
-	require.Less(t, time.Since(start), d+time.Second, "Check outlived its deadline: %v", err)
-	return err
 }
 
 // freezer forwards TCP connections to target and, while frozen, holds every

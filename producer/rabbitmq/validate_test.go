@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"slices"
 	"strings"
 	"testing"
 
@@ -207,26 +206,9 @@ func FuzzValidateRabbitMQ(f *testing.F) {
 func checkPartition(t *testing.T, p *rabbitmq.Producer, topic string, rows []producer.Message) {
 	t.Helper()
 	batches, err := p.Batches(context.Background(), topic, rows)
-	if err != nil && producer.ClassOf(err) == producer.ClassTopic {
-		require.Nil(t, batches)
-		require.Equal(t, "invalid_topic", producer.ReasonOf(err))
+	if producertest.RequireEachRowOnce(t, topic, rows, batches, err) {
 		return
 	}
-	var seen []int64
-	for _, b := range batches {
-		require.Equal(t, topic, b.Topic)
-		require.NotEmpty(t, b.Messages)
-		seen = append(seen, b.IDs()...)
-	}
-	if err != nil {
-		require.Equal(t, producer.ClassMessage, producer.ClassOf(err), "%v", err)
-		for _, id := range producer.MessageIDs(err) {
-			require.Contains(t, []string{producer.ReasonInvalidMessage, producer.ReasonMessageTooLarge}, producer.RowReason(err, id))
-		}
-		seen = append(seen, producer.MessageIDs(err)...)
-	}
-	slices.Sort(seen)
-	require.Equal(t, producer.Batch{Messages: rows}.IDs(), seen, "each row once, in a batch or in the error")
 
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // Send checks its rows, then stops before the connection
