@@ -3,6 +3,7 @@ package outbox
 import (
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -99,15 +100,7 @@ func (b *topicBackoff) list() []TopicBackoff {
 	for t, w := range b.topics {
 		out = append(out, TopicBackoff{Topic: t, Failures: w.failures, Until: w.until})
 	}
-	slices.SortFunc(out, func(a, b TopicBackoff) int {
-		if a.Topic < b.Topic {
-			return -1
-		}
-		if a.Topic > b.Topic {
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b TopicBackoff) int { return strings.Compare(a.Topic, b.Topic) })
 	return out
 }
 

@@ -177,3 +177,45 @@ func TestExcludedTopicsTheDatabaseCannotHoldDoNotStallTheSweep(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 3, res.Dispatched)
 }
+
+// noCheck hides the memory producer's Check: a producer with no health check,
+// as Service Bus is.
+type noCheck struct{ producer.Producer }
+
+// Without a health check, a failure is the broker's unless another send of the
+// same sweep succeeded: alone, a failing topic is never split nor charged;
+// beside a topic that goes, its bad row is found and charged.
+func TestProducerWithoutACheckChargesOnlyWithASuccessBeside(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("bad", 4)...)
+	mem := memory.New(memory.Config{})
+	mem.FailMessage(2, errors.New("unclassified"))
+	s := newSweeper(t, dbtest.Pool(t), noCheck{mem}, outbox.Config{Table: tbl, Retry: once, TopicBackoffMax: -1, Concurrency: 1})
+	res, err := s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Zero(t, res.Splits, "no evidence the broker is up: nothing split")
+	require.Zero(t, res.AttemptedRows)
+	for _, r := range readRows(t, tbl) {
+		require.Zero(t, r.Attempts, "row %d", r.ID)
+	}
+
+	// Beside a topic that goes first (its row has the lower id, and one topic
+	// is sent at a time), the same bad row is found by the split and charged.
+	beside := dbtest.Table(t)
+	writeMessages(t, beside, topicMessages("good", 1)...)
+	writeMessages(t, beside, topicMessages("bad", 4)...) // rows 2 to 5
+	mem = memory.New(memory.Config{})
+	mem.FailMessage(3, errors.New("unclassified"))
+	s = newSweeper(t, dbtest.Pool(t), noCheck{mem}, outbox.Config{Table: beside, Retry: once, TopicBackoffMax: -1, Concurrency: 1})
+	res, err = s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Positive(t, res.Splits)
+	for _, r := range readRows(t, beside) {
+		if r.ID == 3 {
+			require.Equal(t, 1, r.Attempts, "found by the split once a send succeeded")
+		} else {
+			require.Zero(t, r.Attempts, "row %d", r.ID)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -71,7 +72,7 @@ func (s *Sweeper) logDeadLettered(topic string, out applied) {
 func (s *Sweeper) stopStorm(topic string, n int, err error) {
 	summary := fmt.Sprintf("dead-letter storm on topic %q: %d more rows rejected (%s) with more than %d dead-lettered within %s; "+
 		"dead-lettering stopped and the topic tripped. Check the producer's error, fix it, then reset the topic",
-		topic, n, cmpOr(producer.ReasonOf(err), producer.ClassOf(err).String()), s.cfg.DeadLetterLimit, s.cfg.DeadLetterWindow)
+		topic, n, cmp.Or(producer.ReasonOf(err), producer.ClassOf(err).String()), s.cfg.DeadLetterLimit, s.cfg.DeadLetterWindow)
 	s.breaker.Trip(topic, summary)
 	s.logger.Error(summary, "topic", logText(topic), "err", err)
 	if s.cfg.Alerter != nil {
@@ -79,13 +80,6 @@ func (s *Sweeper) stopStorm(topic string, n int, err error) {
 		defer cancel()
 		_ = s.cfg.Alerter.Alert(ctx, alert.Alert{Time: time.Now().UTC(), Severity: "critical", Component: "dead-letter-storm-guard", Summary: summary})
 	}
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // correlationIDs returns up to n non-empty correlation ids of b.
@@ -113,9 +107,5 @@ func logText(s string) string {
 	if len(s) <= maxLogText {
 		return s
 	}
-	cut := maxLogText
-	for cut > 0 && s[cut]&0xC0 == 0x80 {
-		cut--
-	}
-	return fmt.Sprintf("%s…(%d bytes)", s[:cut], len(s))
+	return fmt.Sprintf("%s(%d bytes)", truncate(s, maxLogText), len(s))
 }

@@ -142,7 +142,7 @@ func (s *Sweeper) sendBatch(st *sweepState, b producer.Batch, gen uint64, retry 
 			class:       producer.ClassOf(sendErr),
 			rows:        len(b.Messages),
 			named:       len(named),
-			attempts:    c.attempts[b.Messages[0].ID],
+			attempts:    c.attemptsOf(b.Messages[0].ID),
 			maxAttempts: s.store.policy.maxAttempts,
 			broker:      st.evidence(),
 			ordered:     s.cfg.Ordering == OrderingTopic,

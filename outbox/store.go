@@ -175,8 +175,21 @@ type claim struct {
 	tx pgx.Tx
 	// batch holds the claimed rows, in id order.
 	batch producer.Batch
-	// attempts holds each claimed row's attempts, read under its lock.
-	attempts map[int64]int
+	// ids and attempts are the claimed rows as the claim returned them (in no
+	// order), with each one's attempts read under its lock.
+	ids      []int64
+	attempts []int
+}
+
+// attemptsOf returns the attempts of claimed row id. The policy asks it only
+// of a row sent alone, so a scan beats building a map for every batch.
+func (c *claim) attemptsOf(id int64) int {
+	for i, x := range c.ids {
+		if x == id {
+			return c.attempts[i]
+		}
+	}
+	return 0
 }
 
 func stmtCtx(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -206,22 +219,25 @@ func (s *store) claim(ctx context.Context, b producer.Batch) (c *claim, contende
 	if err != nil {
 		return nil, false, fmt.Errorf("claim batch of topic %q, %d rows: %w", b.Topic, len(b.Messages), err)
 	}
-	attempts := make(map[int64]int, len(b.Messages))
+	c = &claim{s: s, tx: tx, ids: make([]int64, 0, len(b.Messages)), attempts: make([]int, 0, len(b.Messages))}
 	var id int64
 	var n int
-	if _, err := pgx.ForEachRow(rows, []any{&id, &n}, func() error { attempts[id] = n; return nil }); err != nil {
+	if _, err := pgx.ForEachRow(rows, []any{&id, &n}, func() error {
+		c.ids, c.attempts = append(c.ids, id), append(c.attempts, n)
+		return nil
+	}); err != nil {
 		return nil, false, fmt.Errorf("claim batch of topic %q, %d rows: %w", b.Topic, len(b.Messages), err)
 	}
-	if len(attempts) < len(b.Messages) {
+	if len(c.ids) < len(b.Messages) {
 		contended = true
-		if s.topicLocks || len(attempts) == 0 {
+		if s.topicLocks || len(c.ids) == 0 {
 			return nil, true, nil
 		}
-		b = producer.Batch{Topic: b.Topic, Messages: slices.DeleteFunc(slices.Clone(b.Messages),
-			func(m producer.Message) bool { _, in := attempts[m.ID]; return !in })}
+		b = subset(b, slices.Sorted(slices.Values(c.ids)))
 	}
+	c.batch = b
 	ok = true
-	return &claim{s: s, tx: tx, batch: b, attempts: attempts}, contended, nil
+	return c, contended, nil
 }
 
 func rollback(ctx context.Context, tx pgx.Tx) {

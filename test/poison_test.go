@@ -407,7 +407,7 @@ func TestLongBrokerOutageChargesNoRow(t *testing.T) {
 					pgx.Identifier{tbl.Schema, tbl.DeadLetterName()}.Sanitize()).Scan(&dead))
 				require.Zero(t, attempts, "no row charged for the broker's outage")
 				require.Zero(t, dead, "nothing dead-lettered during the outage")
-				time.Sleep(time.Second)
+				time.Sleep(time.Second) // paces the writes during the outage; the loop ends on the clock by design (the outage's length), not on an event
 			}
 			proxy.Refuse(false)
 			proxy.Hang(false)

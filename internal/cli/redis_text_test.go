@@ -94,7 +94,7 @@ func TestAnInstanceStartsOverARedisHoldingATopicThatIsNotUTF8(t *testing.T) {
 		if got = scrape(); strings.HasPrefix(got, "200 ") && strings.Contains(got, want) {
 			break
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // the poll's pace: the deadline above decides, not this
 	}
 	require.Contains(t, got, want, "stderr:\n%s", stderr.String())
 	require.Contains(t, stderr.String(), "half-open", "the first tick ended the cooldown and told the hook")

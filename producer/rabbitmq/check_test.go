@@ -4,7 +4,6 @@ import (
 	"context"
 	"net"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -68,12 +67,12 @@ func TestCheckFailsWithinItsDeadlineWhenAnOpenConnectionGoesSilent(t *testing.T)
 	t.Cleanup(func() { _ = p.Close(context.Background()) })
 	require.NoError(t, p.Connect(context.Background()))
 
-	fr.frozen.Store(true)
+	fr.set(true)
 	err = producertest.CheckWithin(t, p, 500*time.Millisecond)
 	require.Equal(t, producer.ClassBroker, producer.ClassOf(err), "%v", err)
 	require.Equal(t, "no_answer", producer.ReasonOf(err))
 
-	fr.frozen.Store(false)
+	fr.set(false)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	require.NoError(t, p.Check(ctx))
@@ -83,7 +82,26 @@ func TestCheckFailsWithinItsDeadlineWhenAnOpenConnectionGoesSilent(t *testing.T)
 // byte in both directions: an open connection whose peer has gone silent.
 type freezer struct {
 	ln     net.Listener
-	frozen atomic.Bool
+	mu     sync.Mutex
+	thawed *sync.Cond // signalled when frozen turns false
+	frozen bool
+}
+
+// set freezes (true) or thaws the connections.
+func (fr *freezer) set(frozen bool) {
+	fr.mu.Lock()
+	defer fr.mu.Unlock()
+	fr.frozen = frozen
+	fr.thawed.Broadcast()
+}
+
+// waitThawed blocks while the connections are frozen.
+func (fr *freezer) waitThawed() {
+	fr.mu.Lock()
+	defer fr.mu.Unlock()
+	for fr.frozen {
+		fr.thawed.Wait()
+	}
 }
 
 func newFreezer(t *testing.T, target string) *freezer {
@@ -91,10 +109,12 @@ func newFreezer(t *testing.T, target string) *freezer {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	fr := &freezer{ln: ln}
+	fr.thawed = sync.NewCond(&fr.mu)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var conns []net.Conn
 	t.Cleanup(func() {
+		fr.set(false) // a pipe holding bytes must see the close
 		_ = ln.Close()
 		mu.Lock()
 		for _, c := range conns {
@@ -132,8 +152,8 @@ func (fr *freezer) pipe(dst, src net.Conn) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
-		for n > 0 && fr.frozen.Load() {
-			time.Sleep(5 * time.Millisecond)
+		if n > 0 {
+			fr.waitThawed()
 		}
 		if n > 0 {
 			if _, werr := dst.Write(buf[:n]); werr != nil {

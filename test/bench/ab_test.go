@@ -93,7 +93,7 @@ func drainOnce(b *testing.B, bin string, backlog int) float64 {
 		if time.Since(start) > 5*time.Minute {
 			b.Fatal("the backlog did not drain in 5 minutes")
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // the poll's pace: it bounds the figure's resolution (0.4 % of a 5 s drain), not its outcome
 	}
 	elapsed := time.Since(start)
 	_ = cmd.Process.Signal(syscall.SIGTERM)
