@@ -27,9 +27,17 @@ import (
 	"github.com/outbox-sweeper/sweeper/outbox"
 )
 
+// AddrDefault is where the sweeper's admin API listens unless told otherwise:
+// loopback only, on a port applications rarely take. The sweeper usually runs
+// beside an application (a sidecar, or a second process on its host), and
+// 8080, 8000, 3000 and 5000 are the ports web frameworks default to, 9090 is
+// Prometheus's and 9100-9999 are the exporters'; a taken port would stop the
+// sweeper from starting.
+const AddrDefault = "127.0.0.1:7488"
+
 // Config configures the admin API.
 type Config struct {
-	// Addr is where to listen, e.g. 127.0.0.1:8080.
+	// Addr is where to listen, e.g. 127.0.0.1:7488 (AddrDefault).
 	Addr string
 	// Token, when set, is required as a bearer token on every call but the
 	// health, readiness and metrics endpoints.
@@ -369,15 +377,18 @@ func decodeSelection(r *http.Request) (selection, outbox.DeadLetterFilter, error
 		return s, f, err
 	}
 	for _, d := range []struct {
-		v   string
-		set func(time.Duration)
-	}{{s.Since, func(d time.Duration) { f.Since = time.Now().Add(-d) }}, {s.OlderThan, func(d time.Duration) { f.Before = time.Now().Add(-d) }}} {
+		name, v string
+		set     func(time.Duration)
+	}{{"since", s.Since, func(d time.Duration) { f.Since = time.Now().Add(-d) }}, {"older_than", s.OlderThan, func(d time.Duration) { f.Before = time.Now().Add(-d) }}} {
 		if d.v == "" {
 			continue
 		}
 		dur, err := time.ParseDuration(d.v)
-		if err != nil || dur < 0 {
-			return s, f, fmt.Errorf("%q is not a duration like 720h", d.v)
+		if err != nil {
+			return s, f, fmt.Errorf("body field %s %q is not a duration like 720h", d.name, d.v)
+		}
+		if err := outbox.CheckAge("body field "+d.name, dur); err != nil {
+			return s, f, err
 		}
 		d.set(dur)
 	}

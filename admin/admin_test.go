@@ -224,6 +224,14 @@ func TestDeadLettersListReplayPurge(t *testing.T) {
 	require.Equal(t, float64(0), body["purged"])
 	code, _ = b.call(t, "POST", "/dlq/purge", "", `{"since":"1h"}`)
 	require.Equal(t, 400, code)
+	// The CLI's rule (outbox.CheckAge): a zero age selects nothing, it is
+	// refused, and nothing is purged.
+	code, body = b.call(t, "POST", "/dlq/purge", "", `{"older_than":"0s"}`)
+	require.Equal(t, 400, code)
+	require.Contains(t, body["error"], "older_than is 0s, which would select every dead letter or none")
+	code, body = b.call(t, "POST", "/dlq/replay", "", `{"since":"0s"}`)
+	require.Equal(t, 400, code)
+	require.Contains(t, body["error"], "since is 0s")
 	code, _ = b.call(t, "POST", "/dlq/purge", "", `{"unknown":1}`)
 	require.Equal(t, 400, code)
 	code, body = b.call(t, "POST", "/dlq/purge", "", `{"all":true}`)

@@ -45,6 +45,23 @@ type DeadLetterFilter struct {
 	All bool
 }
 
+// CheckAge is the rule for a duration that selects dead letters by age (the
+// CLI's --since and --older-than, the admin API's since and older_than), so
+// that both refuse the same values. Zero is refused rather than read: "older
+// than 0s" would purge every dead letter, and "since 0s" would select none;
+// whoever means every dead letter says so with All. name is the flag or field,
+// for the message.
+func CheckAge(name string, d time.Duration) error {
+	switch {
+	case d < 0:
+		return fmt.Errorf("%s is %s: a duration that selects by age must be positive, such as 720h", name, d)
+	case d == 0:
+		return fmt.Errorf("%s is 0s, which would select every dead letter or none: give a positive duration such as 720h, "+
+			"or select every dead letter explicitly (--all, or \"all\": true)", name)
+	}
+	return nil
+}
+
 func (f DeadLetterFilter) empty() bool {
 	return len(f.IDs) == 0 && f.Topic == "" && f.Reason == "" && f.Since.IsZero() && f.Before.IsZero()
 }

@@ -6,8 +6,6 @@ package cli
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -48,49 +46,6 @@ var Version = ""
 
 // Env is how Main reads the environment; os.LookupEnv in the binary.
 type Env func(string) (string, bool)
-
-// Main runs the command in args (without the program name) and returns the exit
-// code. Logs go to stderr; stdout carries only what the command prints (for run,
-// the stdout producer's messages). ctx ends the command: the binary cancels it on
-// SIGINT or SIGTERM.
-func Main(ctx context.Context, args []string, stdout, stderr io.Writer, env Env) int {
-	name := "run"
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		name, args = args[0], args[1:]
-	}
-	var err error
-	switch name {
-	case "run":
-		err = runCommand(ctx, args, stdout, stderr, env)
-	case "migrate":
-		err = migrateCommand(ctx, args, stdout, env)
-	case "dlq":
-		err = dlqCommand(ctx, args, stdout, env)
-	case "topics":
-		err = topicsCommand(ctx, args, stdout, env)
-	case "version":
-		fmt.Fprintln(stdout, "sweeper", version())
-	case "help":
-		printHelp(stdout)
-	default:
-		err = usagef("unknown command %q: the commands are run (the default), migrate, dlq, topics, version and help", name)
-	}
-
-	var ue *usageError
-	switch {
-	case err == nil:
-		return ExitOK
-	case errors.Is(err, flag.ErrHelp):
-		printHelp(stdout)
-		return ExitOK
-	case errors.As(err, &ue):
-		fmt.Fprintf(stderr, "sweeper %s: %v\nRun `sweeper help` for every command and flag.\n", name, err)
-		return ExitUsage
-	default:
-		fmt.Fprintf(stderr, "sweeper %s: %v\n", name, err)
-		return ExitFailure
-	}
-}
 
 func version() string {
 	if Version != "" {
@@ -219,7 +174,7 @@ func (o *runOptions) flags() *flags {
 	o.producerOptions.register(f)
 	o.topicBreakerOptions.register(f)
 	o.maintenanceOptions.register(f)
-	f.String(&o.adminAddr, "admin-addr", "127.0.0.1:8080", "host:port", "where the admin HTTP API listens (health, readiness, tripped topics, breaker, dead letters); empty turns it off")
+	f.String(&o.adminAddr, "admin-addr", admin.AddrDefault, "host:port", "where the admin HTTP API listens (health, readiness, metrics, tripped topics, breaker, dead letters); empty turns it off")
 	f.String(&o.adminToken, "admin-token", "", "token", "bearer token the admin API requires (but for /healthz, /readyz, /metrics); required to listen beyond loopback")
 	f.Int(&o.concurrency, "concurrency", outbox.ConcurrencyDefault, "topics sent at once; the batches of one topic go in order")
 	f.Int(&o.deadLetterLimit, "dead-letter-limit", outbox.DeadLetterLimitDefault, "storm guard: more rows of one topic dead-lettered within --dead-letter-window stop dead-lettering, trip the topic and alert (-1: off)")
@@ -236,12 +191,7 @@ func (o *runOptions) flags() *flags {
 	return f
 }
 
-func runCommand(ctx context.Context, args []string, out, errOut io.Writer, env Env) error {
-	var o runOptions
-	f := o.flags()
-	if err := f.parse(args, env); err != nil {
-		return err
-	}
+func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Writer) error {
 	tbl, err := o.tableName(f)
 	if err != nil {
 		return err
@@ -381,13 +331,13 @@ func redact(c *pgx.ConnConfig) string {
 	return fmt.Sprintf("%s@%s:%d/%s", c.User, c.Host, c.Port, c.Database)
 }
 
-func migrateCommand(ctx context.Context, args []string, out io.Writer, env Env) error {
-	var c common
+func migrateFlags(c *common) *flags {
 	f := newFlags("migrate")
 	c.register(f)
-	if err := f.parse(args, env); err != nil {
-		return err
-	}
+	return f
+}
+
+func migrateCommand(ctx context.Context, c *common, f *flags, out, _ io.Writer) error {
 	tbl, err := c.tableName(f)
 	if err != nil {
 		return err
@@ -414,36 +364,4 @@ func migrateCommand(ctx context.Context, args []string, out io.Writer, env Env) 
 	}
 	fmt.Fprintf(out, "%s migrated from schema version %d to %d (%s)\n", tbl, res.From, res.To, strings.Join(res.Applied, ", "))
 	return nil
-}
-
-func printHelp(w io.Writer) {
-	fmt.Fprint(w, `sweeper relays messages from a transactional outbox table in Postgres to a broker.
-
-Usage:
-  sweeper [run] [flags]     relay outstanding rows until SIGINT or SIGTERM (the default command)
-  sweeper migrate [flags]   create or upgrade the outbox tables; idempotent, safe to run concurrently
-  sweeper dlq list [flags]  list dead letters (--topic, --reason, --since, --limit, --json, --show-payload)
-  sweeper dlq replay [flags]  move dead letters back to the outbox (--id 1,2 or a filter, or --all)
-  sweeper dlq purge [flags]   delete dead letters (--older-than 720h or a filter, or --all; --dry-run)
-  sweeper topics list|trip TOPIC|reset TOPIC [flags]   tripped topics, through a running sweeper's admin API
-                            (--admin-url, default http://127.0.0.1:8080; --admin-token; --json; trip --reason)
-  sweeper version           print the version
-  sweeper help              print this help
-
-Every flag can also be set by its environment variable; the command line wins.
-A bad value exits with status 2.
-
-Flags of run:
-`)
-	var o runOptions
-	f := o.flags()
-	f.usage(w)
-	fmt.Fprint(w, "\nFlags of migrate: --database-url, --schema, --table, as above.\n")
-	for _, cmd := range []string{"list", "replay", "purge"} {
-		fmt.Fprintf(w, "\nFlags of dlq %s (and --database-url, --schema, --table):\n", cmd)
-		var d dlqOptions
-		fd := d.flags(cmd)
-		fd.help = fd.help[3:] // the common ones are listed above
-		fd.usage(w)
-	}
 }

@@ -20,6 +20,7 @@ import (
 // dlqOptions are the flags of the dlq commands.
 type dlqOptions struct {
 	common
+	cmd         string // list, replay or purge
 	all         bool
 	dryRun      bool
 	ids         string
@@ -32,13 +33,19 @@ type dlqOptions struct {
 	topic       string
 }
 
+// dlqFlags returns the flag set maker of dlq cmd.
+func dlqFlags(cmd string) func(*dlqOptions) *flags {
+	return func(o *dlqOptions) *flags { return o.flags(cmd) }
+}
+
 func (o *dlqOptions) flags(cmd string) *flags {
+	o.cmd = cmd
 	f := newFlags("dlq " + cmd)
 	o.common.register(f)
 	f.String(&o.topic, "topic", "", "topic", "only dead letters of this topic")
 	f.String(&o.reason, "reason", "", "reason", "only dead letters with this reason (max_retries_exceeded, message_too_large, invalid_message, …)")
 	if cmd != "purge" { // purge selects by age with --older-than only: --since would purge the newest
-		f.Duration(&o.since, "since", 0, "only dead letters from the last duration, e.g. 24h (0: any age)")
+		f.Duration(&o.since, "since", 0, "only dead letters from the last duration, e.g. 24h (unset: any age)")
 	}
 	switch cmd {
 	case "list":
@@ -69,14 +76,18 @@ func (o *dlqOptions) filter(f *flags) (outbox.DeadLetterFilter, error) {
 			return flt, usagef("%s %q %s; select the dead letters of a topic that is not UTF-8 by --id instead", f.origin(v.name), v.value, p)
 		}
 	}
-	if o.since < 0 || o.olderThan < 0 {
-		return flt, usagef("durations must not be negative")
-	}
-	if o.since > 0 {
-		flt.Since = time.Now().Add(-o.since)
-	}
-	if o.olderThan > 0 {
-		flt.Before = time.Now().Add(-o.olderThan)
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+		at   *time.Time
+	}{{"since", o.since, &flt.Since}, {"older-than", o.olderThan, &flt.Before}} {
+		if !f.set(d.name) {
+			continue
+		}
+		if err := outbox.CheckAge(f.origin(d.name), d.v); err != nil {
+			return flt, &usageError{msg: err.Error()}
+		}
+		*d.at = time.Now().Add(-d.v)
 	}
 	if strings.TrimSpace(o.ids) != "" {
 		for _, s := range strings.Split(o.ids, ",") {
@@ -91,19 +102,8 @@ func (o *dlqOptions) filter(f *flags) (outbox.DeadLetterFilter, error) {
 }
 
 // dlqCommand runs `sweeper dlq list|replay|purge`.
-func dlqCommand(ctx context.Context, args []string, out io.Writer, env Env) error {
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		return usagef("dlq needs a command: list, replay or purge")
-	}
-	cmd, args := args[0], args[1:]
-	if cmd != "list" && cmd != "replay" && cmd != "purge" {
-		return usagef("unknown dlq command %q: the dlq commands are list, replay and purge", cmd)
-	}
-	var o dlqOptions
-	f := o.flags(cmd)
-	if err := f.parse(args, env); err != nil {
-		return err
-	}
+func dlqCommand(ctx context.Context, o *dlqOptions, f *flags, out, _ io.Writer) error {
+	cmd := o.cmd
 	tbl, err := o.tableName(f)
 	if err != nil {
 		return err

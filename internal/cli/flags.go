@@ -41,6 +41,10 @@ type flags struct {
 	// noEnv names flags that take no variable: a command's selectors, such as
 	// dlq purge --all, must never come from an environment left set.
 	noEnv map[string]bool
+	// operands names the arguments the command takes besides flags, such as
+	// TOPIC; parse fills args with them, in order.
+	operands []string
+	args     []string
 }
 
 type flagHelp struct{ name, value, def, usage string }
@@ -109,15 +113,36 @@ func (f *flags) parse(args []string, lookupEnv func(string) (string, bool)) erro
 		return envErr
 	}
 	f.phase = "args"
-	if err := f.fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
+	// Operands may stand before, between or after the flags, as people type
+	// them (topics trip orders --reason x, or topics trip --reason x orders);
+	// after "--" everything is an operand, for a topic that starts with "-".
+	f.args = nil
+	for rest := args; ; {
+		if err := f.fs.Parse(rest); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return err
+			}
+			// The flag package says "-name"; the docs say "--name".
+			return usagef("%s", strings.Replace(err.Error(), " -", " --", 1))
 		}
-		// The flag package says "-name"; the docs say "--name".
-		return usagef("%s", strings.Replace(err.Error(), " -", " --", 1))
+		left := f.fs.Args()
+		if len(left) == 0 {
+			break
+		}
+		if n := len(rest) - len(left); n > 0 && rest[n-1] == "--" {
+			f.args = append(f.args, left...)
+			break
+		}
+		f.args, rest = append(f.args, left[0]), left[1:]
 	}
-	if f.fs.NArg() > 0 {
-		return usagef("unexpected argument %q: %s takes flags only", f.fs.Arg(0), f.fs.Name())
+	switch {
+	case len(f.args) > len(f.operands) && len(f.operands) == 0:
+		return usagef("unexpected argument %q: sweeper %s takes flags only", f.args[0], f.fs.Name())
+	case len(f.args) > len(f.operands):
+		return usagef("unexpected argument %q: sweeper %s takes %s and flags", f.args[len(f.operands)], f.fs.Name(), strings.Join(f.operands, " "))
+	case len(f.args) < len(f.operands):
+		missing := f.operands[len(f.args)]
+		return usagef("%s needs the %s: sweeper %s %s [flags]", f.fs.Name(), strings.ToLower(missing), f.fs.Name(), strings.Join(f.operands, " "))
 	}
 	return nil
 }

@@ -75,7 +75,8 @@ func (o *producerOptions) build(f *flags, out io.Writer) (producer.Producer, err
 		}
 		p, err := rabbitmq.New(rabbitmq.Config{URL: o.rabbitmqURL, Exchange: o.rabbitmqExchange})
 		if err != nil {
-			return nil, &usageError{msg: err.Error()}
+			// amqp091's parse errors quote the URL, password and all.
+			return nil, &usageError{msg: redactIn(err.Error(), o.rabbitmqURL)}
 		}
 		return p, nil
 	case "nats":
@@ -85,12 +86,16 @@ func (o *producerOptions) build(f *flags, out io.Writer) (producer.Producer, err
 		for _, u := range strings.Split(o.natsURL, ",") {
 			parsed, err := url.Parse(strings.TrimSpace(u))
 			if err != nil || parsed.Host == "" || !slices.Contains([]string{"nats", "tls", "ws", "wss"}, parsed.Scheme) {
-				return nil, usagef("invalid value %q for %s: write nats://host:port (or tls://, ws://, wss://), several separated by commas", u, f.origin("nats-url"))
+				return nil, usagef("invalid value %q for %s: write nats://host:port (or tls://, ws://, wss://), several separated by commas", redactURL(u), f.origin("nats-url"))
 			}
 		}
 		p, err := nats.New(nats.Config{URL: o.natsURL})
 		if err != nil {
-			return nil, &usageError{msg: err.Error()}
+			msg := err.Error()
+			for _, u := range strings.Split(o.natsURL, ",") {
+				msg = redactIn(msg, strings.TrimSpace(u))
+			}
+			return nil, &usageError{msg: msg}
 		}
 		return p, nil
 	case "servicebus":
@@ -100,7 +105,7 @@ func (o *producerOptions) build(f *flags, out io.Writer) (producer.Producer, err
 		}
 		p, err := servicebus.New(servicebus.Config{ConnectionString: o.servicebusConnStr, Namespace: o.servicebusNamespace})
 		if err != nil {
-			return nil, &usageError{msg: err.Error()}
+			return nil, &usageError{msg: redactAccessKey(err.Error(), o.servicebusConnStr)}
 		}
 		return p, nil
 	default:

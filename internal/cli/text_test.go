@@ -58,8 +58,9 @@ func TestTheTrippedTableQuotesTopicsATerminalWouldNotShowAsWritten(t *testing.T)
 			`{"topic":"\ufffd\ufffd","state":"half-open"},{"topic":"café","state":"tripped"}]}`))
 	}))
 	defer srv.Close()
-	var out bytes.Buffer
-	require.NoError(t, topicsCommand(context.Background(), []string{"list", "--admin-url", srv.URL}, &out, noEnv))
+	var out, errOut bytes.Buffer
+	code := Main(context.Background(), []string{"topics", "list", "--admin-url", srv.URL}, &out, &errOut, noEnv)
+	require.Equal(t, ExitOK, code, errOut.String())
 	stdout := out.String()
 	require.Contains(t, stdout, "\norders ")
 	require.Contains(t, stdout, `"red\x1b[31m"`)

@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"context"
+	"fmt"
 	"log/slog"
 	"net/url"
 	"strconv"
@@ -96,6 +98,11 @@ func (o *topicBreakerOptions) build(f *flags, logger *slog.Logger, alerter alert
 		return nil, usagef("invalid value %q for %s: %s; write redis://[user:password@]host:port/db",
 			redactURL(o.redisURL), f.origin("redis-url"), redactIn(err.Error(), o.redisURL))
 	}
+	// go-redis writes its own lines (a dial that failed after its retries, say)
+	// to stderr as plain text, which breaks --log-format json; they go through
+	// the sweeper's log instead. The logger is the process's: one binary, one
+	// Redis URL.
+	redis.SetLogger(redisLog{logger: logger, url: o.redisURL})
 	return breaker.NewRedis(breaker.RedisConfig{
 		Client: redis.NewClient(opts),
 		// One shared state per outbox table.
@@ -113,6 +120,18 @@ func (o *topicBreakerOptions) build(f *flags, logger *slog.Logger, alerter alert
 			}
 		},
 	})
+}
+
+// redisLog carries go-redis's log lines into slog, at warn (they are about
+// connections failing), with the URL's secret taken out of them.
+type redisLog struct {
+	logger *slog.Logger
+	url    string
+}
+
+func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
+	msg := strings.TrimSpace(redactIn(fmt.Sprintf(format, v...), l.url))
+	l.logger.WarnContext(ctx, "redis client: "+strings.TrimPrefix(msg, "redis: "))
 }
 
 // redactURL hides a URL's password, for messages.
@@ -148,4 +167,17 @@ func redactIn(text, rawURL string) string {
 		return text
 	}
 	return strings.ReplaceAll(text, secret, "xxxxx")
+}
+
+// redactAccessKey returns text with the SharedAccessKey (and SharedAccessSignature)
+// values of a Service Bus connection string replaced by xxxxx.
+func redactAccessKey(text, connStr string) string {
+	for _, part := range strings.Split(connStr, ";") {
+		k, v, ok := strings.Cut(part, "=")
+		k = strings.ToLower(strings.TrimSpace(k))
+		if ok && v != "" && (k == "sharedaccesskey" || k == "sharedaccesssignature") {
+			text = strings.ReplaceAll(text, v, "xxxxx")
+		}
+	}
+	return text
 }

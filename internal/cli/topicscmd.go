@@ -14,21 +14,32 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/outbox-sweeper/sweeper/admin"
 	"github.com/outbox-sweeper/sweeper/breaker"
 )
 
 // topicsOptions are the flags of `sweeper topics`, which talks to a running
 // sweeper's admin API.
 type topicsOptions struct {
+	cmd        string // list, trip or reset
 	adminToken string
 	adminURL   string
 	jsonOut    bool
 	reason     string
 }
 
+// topicsFlags returns the flag set maker of topics cmd.
+func topicsFlags(cmd string) func(*topicsOptions) *flags {
+	return func(o *topicsOptions) *flags { return o.flags(cmd) }
+}
+
 func (o *topicsOptions) flags(cmd string) *flags {
+	o.cmd = cmd
 	f := newFlags("topics " + cmd)
-	f.String(&o.adminURL, "admin-url", "http://127.0.0.1:8080", "url", "the running sweeper's admin API")
+	if cmd != "list" {
+		f.operands = []string{"TOPIC"}
+	}
+	f.String(&o.adminURL, "admin-url", "http://"+admin.AddrDefault, "url", "the running sweeper's admin API")
 	f.String(&o.adminToken, "admin-token", "", "token", "its bearer token, if it has one")
 	f.bool(&o.jsonOut, "json", "print the API's JSON instead of a table")
 	f.noEnv["json"] = true
@@ -40,26 +51,10 @@ func (o *topicsOptions) flags(cmd string) *flags {
 }
 
 // topicsCommand runs `sweeper topics list|trip TOPIC|reset TOPIC`.
-func topicsCommand(ctx context.Context, args []string, out io.Writer, env Env) error {
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		return usagef("topics needs a command: list, trip TOPIC or reset TOPIC")
-	}
-	cmd, args := args[0], args[1:]
-	var topic string
-	switch cmd {
-	case "list":
-	case "trip", "reset":
-		if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-			return usagef("topics %s needs the topic: sweeper topics %s TOPIC [flags]", cmd, cmd)
-		}
-		topic, args = args[0], args[1:]
-	default:
-		return usagef("unknown topics command %q: the topics commands are list, trip and reset", cmd)
-	}
-	var o topicsOptions
-	f := o.flags(cmd)
-	if err := f.parse(args, env); err != nil {
-		return err
+func topicsCommand(ctx context.Context, o *topicsOptions, f *flags, out, _ io.Writer) error {
+	cmd, topic := o.cmd, ""
+	if len(f.args) > 0 {
+		topic = f.args[0]
 	}
 	if p := textProblem(topic); cmd != "list" && p != "" {
 		return usagef("topics %s: the topic %q %s; a topic that is not UTF-8 (rows of a SQL_ASCII database) cannot be tripped or reset by hand, "+
@@ -71,7 +66,7 @@ func topicsCommand(ctx context.Context, args []string, out io.Writer, env Env) e
 	}
 	base, err := url.Parse(o.adminURL)
 	if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
-		return usagef("invalid value %q for %s: write http://host:port", o.adminURL, f.origin("admin-url"))
+		return usagef("invalid value %q for %s: write http://host:port", redactURL(o.adminURL), f.origin("admin-url"))
 	}
 
 	method, path, body := http.MethodGet, "/topics/tripped", ""
@@ -93,7 +88,7 @@ func topicsCommand(ctx context.Context, args []string, out io.Writer, env Env) e
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return fmt.Errorf("reach the admin API at %s: %w (is the sweeper running with --admin-addr?)", o.adminURL, err)
+		return fmt.Errorf("reach the admin API at %s (%s): %s (is the sweeper running, with its --admin-addr at that address?)", redactURL(o.adminURL), f.origin("admin-url"), redactIn(err.Error(), o.adminURL))
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, 10<<20))
