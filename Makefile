@@ -15,7 +15,7 @@ LDFLAGS      := -s -w -X github.com/outbox-sweeper/sweeper/internal/cli.Version=
 DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 BENCHSTAT    := golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
 
-.PHONY: build run test services bench vet check-deploy clean
+.PHONY: build run test test-under-load services bench vet check-deploy clean
 
 # Loads .services.env (if scripts/services.sh wrote one) into a recipe line.
 LOADENV := set -a; [ ! -f .services.env ] || . ./.services.env; set +a;
@@ -48,6 +48,11 @@ services:
 
 test: services vet check-deploy
 	$(LOADENV) go test -race -count=1 -timeout 20m ./...
+
+# The suite RUNS times (5) while stress-ng occupies every core; COUNT=3 runs
+# each test three times. Proves the tests do not depend on the machine's speed.
+test-under-load:
+	RUNS=$(or $(RUNS),5) COUNT=$(or $(COUNT),1) scripts/under-load.sh
 
 # Drain: each run loads a fresh backlog and drains it once (-benchtime 1x), three
 # runs for a median; into a producer that accepts everything (outbox/), with 1, 2
