@@ -251,7 +251,7 @@ func pageQuerySetup(b *testing.B, tc pageQueryCase) (string, []string) {
 }
 
 // BenchmarkBlockedTick times a tick while the dependency breaker is open: no
-// page, no call to the broker. DESIGN.md asks for well under a millisecond.
+// page, no call to the broker. The design asks for well under a millisecond.
 func BenchmarkBlockedTick(b *testing.B) {
 	tbl := dbtest.Table(b)
 	benchutil.Load(b, tbl, 1000, 512, benchutil.Topics("topic", 10))

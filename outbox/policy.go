@@ -10,7 +10,7 @@ import (
 // knows into a [failure], asks [decide], and hands the [action] to the store,
 // which applies it in the batch's transaction. Nothing else judges a failure.
 //
-// The rules, from DESIGN.md ("Who is to blame"):
+// The rules, as the README gives them ("Who is to blame"):
 //   - A row is blamed (an attempt, and at --max-attempts a dead letter) only when
 //     it failed alone while the broker is known to be up: another send of the
 //     sweep succeeded, or the producer's health check passed right after. A
