@@ -40,7 +40,7 @@ vet:
 # package (.ci/run installs it).
 check-deploy:
 	go test -count=1 ./deploy/
-	@command -v promtool >/dev/null || { echo "check-deploy needs promtool: apt-get install prometheus (bash .ci/run does)"; exit 1; }
+	@command -v promtool >/dev/null || { echo "check-deploy needs promtool: scripts/services.sh test installs it (make test runs that), or apt-get install prometheus"; exit 1; }
 	promtool check rules deploy/prometheus/alerts.yml
 
 services:
