@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -82,6 +83,15 @@ func Handler(cfg Config) http.Handler {
 	}
 	mux.Handle("POST /topics/{topic}/reset", a.auth(a.reset))
 	mux.Handle("POST /topics/{topic}/trip", a.auth(a.trip))
+	// Go's profiles, for finding where a slow relay spends its time
+	// (go tool pprof 'http://127.0.0.1:7488/debug/pprof/profile?seconds=20').
+	// Behind the token: a profile names functions and a heap dump holds data.
+	// Shorter than the server's 30 s write timeout.
+	mux.Handle("GET /debug/pprof/", a.auth(pprof.Index))
+	mux.Handle("GET /debug/pprof/cmdline", a.auth(pprof.Cmdline))
+	mux.Handle("GET /debug/pprof/profile", a.auth(pprof.Profile))
+	mux.Handle("GET /debug/pprof/symbol", a.auth(pprof.Symbol))
+	mux.Handle("GET /debug/pprof/trace", a.auth(pprof.Trace))
 	return mux
 }
 

@@ -108,6 +108,7 @@ func TestTokenIsRequiredWhenSet(t *testing.T) {
 	for _, route := range []struct{ method, path string }{
 		{"GET", "/topics/tripped"}, {"POST", "/topics/x/trip"}, {"POST", "/topics/x/reset"}, {"GET", "/breaker"},
 		{"GET", "/dlq"}, {"POST", "/dlq/replay"}, {"POST", "/dlq/purge"},
+		{"GET", "/debug/pprof/"}, {"GET", "/debug/pprof/heap"}, {"GET", "/debug/pprof/profile"}, {"GET", "/debug/pprof/trace"},
 	} {
 		for _, tok := range []string{"", "wrong"} {
 			code, body := b.call(t, route.method, route.path, tok, `{"all":true}`)
@@ -120,6 +121,15 @@ func TestTokenIsRequiredWhenSet(t *testing.T) {
 	require.Equal(t, 200, code)
 	code, _ = b.call(t, "GET", "/healthz", "", "")
 	require.Equal(t, 200, code, "health needs no token")
+	req, err := http.NewRequest("GET", b.srv.URL+"/debug/pprof/goroutine?debug=1", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer s3cret")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, 200, resp.StatusCode, "profiles with the token")
+	require.Contains(t, string(raw), "goroutine profile:")
 }
 
 func TestRefusesANonLoopbackAddressWithoutAToken(t *testing.T) {
