@@ -3,6 +3,7 @@ package alert_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -48,37 +49,108 @@ func TestWebhookPostsJSONAndHidesTheURLsSecret(t *testing.T) {
 	require.NotContains(t, err.Error(), "SECRET-TOKEN")
 }
 
-type slow struct {
-	mu   sync.Mutex
-	got  []string
-	wait time.Duration
+// recording is an alerter that records what it got, in order.
+type recording struct {
+	mu  sync.Mutex
+	got []string
 }
 
-func (s *slow) Alert(_ context.Context, a alert.Alert) error {
-	time.Sleep(s.wait)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.got = append(s.got, a.Summary)
+func (r *recording) Alert(_ context.Context, a alert.Alert) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.got = append(r.got, a.Summary)
 	return nil
 }
 
+func (r *recording) snapshot() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.got...)
+}
+
+// held is a receiver that takes as long as the test says: each delivery tells
+// started, then waits for release.
+type held struct {
+	recording
+	started chan string
+	release chan struct{}
+}
+
+func (h *held) Alert(ctx context.Context, a alert.Alert) error {
+	h.started <- a.Summary
+	<-h.release
+	return h.recording.Alert(ctx, a)
+}
+
+// closeSpy is a context that tells when its Done channel is first asked for:
+// Queue.Close asks for it once it has stopped taking alerts and waits for
+// their delivery.
+type closeSpy struct {
+	context.Context
+	once    sync.Once
+	waiting chan struct{}
+}
+
+func (c *closeSpy) Done() <-chan struct{} {
+	c.once.Do(func() { close(c.waiting) })
+	return c.Context.Done()
+}
+
+// Raising an alert never waits for its delivery: with the receiver stuck on
+// the first one, three alerts are raised all the same; Close then waits for
+// the queued ones and delivers them in order.
 func TestQueueDoesNotBlockAndDrainsOnClose(t *testing.T) {
 	t.Parallel()
-	s := &slow{wait: 200 * time.Millisecond}
-	q := alert.NewQueue(s, slog.New(slog.DiscardHandler))
-	start := time.Now()
-	for _, m := range []string{"a", "b", "c"} {
-		require.NoError(t, q.Alert(context.Background(), alert.Alert{Summary: m}))
+	h := &held{started: make(chan string, 3), release: make(chan struct{})}
+	q := alert.NewQueue(h, slog.New(slog.DiscardHandler))
+	raised := make(chan error, 1)
+	go func() {
+		var err error
+		for _, m := range []string{"a", "b", "c"} {
+			err = errors.Join(err, q.Alert(context.Background(), alert.Alert{Summary: m}))
+		}
+		raised <- err
+	}()
+	// No delivery can finish before release: had raising waited for one, the
+	// alerts would never all be raised.
+	select {
+	case err := <-raised:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("raising an alert waited for its delivery")
 	}
-	require.Less(t, time.Since(start), 150*time.Millisecond, "raising an alert does not wait for delivery (200ms each)")
-	q.Close(context.Background())
-	require.Equal(t, []string{"a", "b", "c"}, s.got, "queued alerts delivered, in order, by Close")
+	select {
+	case first := <-h.started:
+		require.Equal(t, "a", first, "the first alert is the first delivered")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the queue never delivered the first alert")
+	}
+	require.Empty(t, h.snapshot(), "nothing delivered yet: the receiver is held")
+
+	// Close with b and c still queued and a in delivery; release the receiver
+	// only once Close is waiting, so that what it delivers it delivers while
+	// closing.
+	spy := &closeSpy{Context: context.Background(), waiting: make(chan struct{})}
+	closed := make(chan struct{})
+	go func() { q.Close(spy); close(closed) }()
+	select {
+	case <-spy.waiting:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close never waited for the queued alerts")
+	}
+	close(h.release)
+	select {
+	case <-closed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close did not return once the receiver answered")
+	}
+	require.Equal(t, []string{"a", "b", "c"}, h.snapshot(), "queued alerts delivered, in order, by Close")
 }
 
 func TestBothSendsToEach(t *testing.T) {
 	t.Parallel()
-	a, b := &slow{}, &slow{}
+	a, b := &recording{}, &recording{}
 	require.NoError(t, alert.Both{a, b}.Alert(context.Background(), alert.Alert{Summary: "x"}))
-	require.Equal(t, []string{"x"}, a.got)
-	require.Equal(t, []string{"x"}, b.got)
+	require.Equal(t, []string{"x"}, a.snapshot())
+	require.Equal(t, []string{"x"}, b.snapshot())
 }

@@ -68,13 +68,15 @@ func TestRetryStopsAtTheSendTimeout(t *testing.T) {
 	t.Parallel()
 	p := memory.New(memory.Config{})
 	p.FailNextCalls(100, errors.New("connection reset"))
-	r := breaker.Retry{Attempts: 100, Initial: 40 * time.Millisecond, Max: 40 * time.Millisecond, Rand: func() float64 { return 0.999 }}
+	// Without the deadline, the attempts would take 1,000 waits of 40ms: 40s.
+	r := breaker.Retry{Attempts: 1000, Initial: 40 * time.Millisecond, Max: 40 * time.Millisecond, Rand: func() float64 { return 0.999 }}
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
 	defer cancel()
 	start := time.Now()
 	err := r.Do(ctx, func(ctx context.Context) error { return p.Send(ctx, batch("t", 1)) })
 	require.ErrorContains(t, err, "connection reset", "the last failure, not just the deadline")
-	require.Less(t, time.Since(start), 400*time.Millisecond, "the send's deadline ends the retries")
+	require.Less(t, time.Since(start), 20*time.Second, "the send's deadline ends the retries")
+	// Each wait is a real 40ms, so a slow machine makes fewer calls, never more.
 	require.Less(t, p.Calls(), 10)
 }
 
@@ -137,13 +139,25 @@ func send(d *breaker.Dependency, v breaker.Verdict, cause error) error {
 
 var refused = errors.New("dial tcp: connection refused")
 
+const (
+	// openWindow is the open duration of breakers that a test must find still
+	// open a few calls after they opened: those calls take microseconds, and
+	// this leaves room for a machine thousands of times slower.
+	openWindow = 3 * time.Second
+	// patience bounds the waits for what must come: a breaker's change of state
+	// once its time is up, the notifier's delivery.
+	patience = 60 * time.Second
+)
+
 // The breaker opens after exactly Failures sends judged the broker's fault;
 // while open it refuses at once with a local-class error; after OpenDuration
 // exactly one trial goes through; a trial judged up closes it.
 func TestDependencyBreakerOpensFailsFastAndRecovers(t *testing.T) {
 	t.Parallel()
 	rec := &recorder{}
-	d := breaker.NewDependency(breaker.DependencyConfig{Failures: 3, OpenDuration: 500 * time.Millisecond,
+	// The breaker must stay open through the hundred refusals below however
+	// slow the machine; the test then waits the open duration out.
+	d := breaker.NewDependency(breaker.DependencyConfig{Failures: 3, OpenDuration: openWindow,
 		OnStateChange: rec.change, Alerter: rec})
 	t.Cleanup(func() { _ = d.Close(context.Background()) })
 
@@ -158,7 +172,7 @@ func TestDependencyBreakerOpensFailsFastAndRecovers(t *testing.T) {
 		require.Equal(t, producer.ClassLocal, producer.ClassOf(err), "refused at once: nothing was sent")
 	}
 
-	require.Eventually(t, func() bool { return d.State() == breaker.DependencyHalfOpen }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return d.State() == breaker.DependencyHalfOpen }, openWindow+patience, 10*time.Millisecond)
 	trial, err := d.Allow()
 	require.NoError(t, err)
 	_, err = d.Allow()
@@ -183,16 +197,18 @@ func TestBrokerUpNeverOpens(t *testing.T) {
 func TestDependencyTrialSuccessClosesAndIsObserved(t *testing.T) {
 	t.Parallel()
 	rec := &recorder{}
-	d := breaker.NewDependency(breaker.DependencyConfig{Failures: 2, OpenDuration: 100 * time.Millisecond,
+	// Open long enough that the check right after opening sees it open,
+	// however slow the machine.
+	d := breaker.NewDependency(breaker.DependencyConfig{Failures: 2, OpenDuration: openWindow,
 		OnStateChange: rec.change, Alerter: rec})
 	t.Cleanup(func() { _ = d.Close(context.Background()) })
 	require.NoError(t, send(d, breaker.BrokerDown, refused))
 	require.NoError(t, send(d, breaker.BrokerDown, refused))
 	require.Equal(t, breaker.DependencyOpen, d.State())
-	require.Eventually(t, func() bool { return d.State() == breaker.DependencyHalfOpen }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return d.State() == breaker.DependencyHalfOpen }, openWindow+patience, 10*time.Millisecond)
 	require.NoError(t, send(d, breaker.BrokerUp, nil))
 	require.Equal(t, breaker.DependencyClosed, d.State())
-	require.Eventually(t, func() bool { c, a := rec.snapshot(); return len(c) == 3 && len(a) == 3 }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { c, a := rec.snapshot(); return len(c) == 3 && len(a) == 3 }, patience, 10*time.Millisecond)
 	changes, alerts := rec.snapshot()
 	require.Contains(t, changes[0], "closed→open: 2 sends in a row failed (last: ")
 	require.Contains(t, changes[0], "connection refused")
@@ -224,9 +240,9 @@ func TestChangeReasonsNameTheirOwnFailure(t *testing.T) {
 	d := breaker.NewDependency(breaker.DependencyConfig{Failures: 1, OpenDuration: 100 * time.Millisecond, OnStateChange: rec.change})
 	t.Cleanup(func() { _ = d.Close(context.Background()) })
 	require.NoError(t, send(d, breaker.BrokerDown, errors.New("first: connection refused")))
-	require.Eventually(t, func() bool { return d.State() == breaker.DependencyHalfOpen }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return d.State() == breaker.DependencyHalfOpen }, patience, 10*time.Millisecond)
 	require.NoError(t, send(d, breaker.BrokerDown, errors.New("second: broker shutting down")))
-	require.Eventually(t, func() bool { c, _ := rec.snapshot(); return len(c) == 3 }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { c, _ := rec.snapshot(); return len(c) == 3 }, patience, 10*time.Millisecond)
 	changes, _ := rec.snapshot()
 	require.Contains(t, changes[0], "closed→open: 1 sends in a row failed (last: first: connection refused)")
 	require.Contains(t, changes[2], "half-open→open: the trial batch failed (second: broker shutting down)")

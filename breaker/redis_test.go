@@ -8,18 +8,32 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/internal/brokertest"
 )
 
+// patientOp bounds each Redis call of the tests' breakers against a Redis that
+// is up: it only has to outlast a busy machine. (A test of the timeout itself
+// sets its own.)
+const patientOp = 30 * time.Second
+
 // sharedPair returns two breakers, as two sweeper instances would have, sharing
 // state under a prefix of the test's own on the test Redis.
 func sharedPair(t *testing.T, s breaker.Settings, lease time.Duration) (*breaker.Redis, *breaker.Redis) {
 	t.Helper()
-	client := brokertest.RedisClient(t, brokertest.RedisURL(t))
-	prefix := brokertest.Name("outbox-breaker-test")
+	one, two, _, _ := sharedPairOn(t, s, lease)
+	return one, two
+}
+
+// sharedPairOn is sharedPair that also returns the client and the prefix, for
+// tests that look at the keys.
+func sharedPairOn(t *testing.T, s breaker.Settings, lease time.Duration) (one, two *breaker.Redis, client *redis.Client, prefix string) {
+	t.Helper()
+	client = brokertest.RedisClient(t, brokertest.RedisURL(t))
+	prefix = brokertest.Name("outbox-breaker-test")
 	t.Cleanup(func() {
 		keys, _ := client.Keys(context.Background(), prefix+":*").Result()
 		if len(keys) > 0 {
@@ -27,11 +41,12 @@ func sharedPair(t *testing.T, s breaker.Settings, lease time.Duration) (*breaker
 		}
 	})
 	mk := func(instance string) *breaker.Redis {
-		b, err := breaker.NewRedis(breaker.RedisConfig{Client: client, Prefix: prefix, Instance: instance, Settings: s, Lease: lease})
+		b, err := breaker.NewRedis(breaker.RedisConfig{Client: client, Prefix: prefix, Instance: instance, Settings: s, Lease: lease,
+			OpTimeout: patientOp})
 		require.NoError(t, err)
 		return b
 	}
-	return mk("one"), mk("two")
+	return mk("one"), mk("two"), client, prefix
 }
 
 func TestRedisTripIsSeenByEveryInstance(t *testing.T) {
@@ -67,7 +82,10 @@ func TestRedisFailuresOfAllInstancesCountTogether(t *testing.T) {
 // ticking do not halve a cooldown. When the holder stops, the other takes over.
 func TestRedisCooldownIsNotShortenedByMoreInstances(t *testing.T) {
 	t.Parallel()
-	one, two := sharedPair(t, breaker.Settings{CooldownTicks: 3}, 300*time.Millisecond)
+	// The lease must outlast the few calls between two of one's ticks however
+	// slow the machine: the test then waits for it to run out.
+	const lease = 5 * time.Second
+	one, two, client, prefix := sharedPairOn(t, breaker.Settings{CooldownTicks: 3}, lease)
 	one.Trip("A", "test")
 	for range 2 {
 		one.OnTick() // holds the lease: counts
@@ -76,7 +94,11 @@ func TestRedisCooldownIsNotShortenedByMoreInstances(t *testing.T) {
 	require.Equal(t, 1, two.Tripped()[0].CooldownTicksLeft, "two of three ticks counted, not four")
 	require.Equal(t, breaker.StateTripped, two.State("A"))
 
-	time.Sleep(400 * time.Millisecond) // one stops ticking; its lease runs out
+	// one stops ticking: wait until its lease has run out in Redis.
+	require.Eventually(t, func() bool {
+		n, err := client.Exists(context.Background(), prefix+":lease").Result()
+		return err == nil && n == 0
+	}, lease+60*time.Second, 50*time.Millisecond, "one's lease never ran out")
 	two.OnTick()
 	require.Equal(t, 0, one.Tripped()[0].CooldownTicksLeft, "two took over the count")
 	require.Equal(t, breaker.StateTripped, one.State("A"), "left out of the third tick too")
@@ -142,8 +164,10 @@ func TestRedisOutageFallsBackAndReconciles(t *testing.T) {
 	client := brokertest.RedisClient(t, url)
 	var mu sync.Mutex
 	var events []error
+	// Redis is stopped, not hung: calls fail at once, so the op timeout only
+	// has to outlast a busy machine while it is up.
 	b, err := breaker.NewRedis(breaker.RedisConfig{Client: client, Prefix: "outage", Instance: "one",
-		OpTimeout: 200 * time.Millisecond, OnRedisError: func(err error) {
+		OpTimeout: patientOp, OnRedisError: func(err error) {
 			mu.Lock()
 			defer mu.Unlock()
 			events = append(events, err)
@@ -164,7 +188,7 @@ func TestRedisOutageFallsBackAndReconciles(t *testing.T) {
 	mu.Unlock()
 
 	start()
-	require.Eventually(t, func() bool { b.OnTick(); return !b.Degraded() }, 10*time.Second, 50*time.Millisecond)
+	require.Eventually(t, func() bool { b.OnTick(); return !b.Degraded() }, 60*time.Second, 50*time.Millisecond)
 	mu.Lock()
 	require.Nil(t, events[len(events)-1], "told that Redis is back")
 	mu.Unlock()
@@ -189,7 +213,7 @@ func TestRedisDyingMidTickLosesNoFailure(t *testing.T) {
 	t.Parallel()
 	url, stop, start := brokertest.StartRedis(t)
 	b, err := breaker.NewRedis(breaker.RedisConfig{Client: brokertest.RedisClient(t, url), Prefix: "midtick",
-		OpTimeout: 200 * time.Millisecond})
+		OpTimeout: patientOp}) // stopped, not hung: see TestRedisOutageFallsBackAndReconciles
 	require.NoError(t, err)
 	b.Trip("A", "x")
 	b.Reset("A") // A's generation in Redis is now ahead of the shadow's
@@ -199,16 +223,26 @@ func TestRedisDyingMidTickLosesNoFailure(t *testing.T) {
 	require.True(t, b.Degraded())
 	require.Contains(t, b.Plan().Excluded, "A", "the failure counted on local state")
 	start()
-	require.Eventually(t, func() bool { b.OnTick(); return !b.Degraded() }, 10*time.Second, 50*time.Millisecond)
+	require.Eventually(t, func() bool { b.OnTick(); return !b.Degraded() }, 60*time.Second, 50*time.Millisecond)
 	require.Equal(t, breaker.StateTripped, b.State("A"), "and reached Redis")
 }
 
 // A Redis that hangs (stopped with SIGSTOP, so connections open but nothing
-// answers) costs each call its OpTimeout, not the client's own timeouts.
+// answers) costs each call its OpTimeout, not the client's own timeouts. The
+// client here waits ten minutes for an answer of its own accord, so a call that
+// ignored OpTimeout would hold the test for ten minutes; the handful of calls
+// below, each bounded by OpTimeout, take well under the bound asserted, however
+// slow the machine.
 func TestHungRedisCostsOnlyTheTimeout(t *testing.T) {
 	t.Parallel()
 	url, _, _ := brokertest.StartRedis(t)
-	client := brokertest.RedisClient(t, url)
+	opts, err := redis.ParseURL(url)
+	require.NoError(t, err)
+	// As brokertest.RedisClient configures it, but patient on its own.
+	opts.ContextTimeoutEnabled, opts.MaxRetries = true, 1
+	opts.ReadTimeout, opts.WriteTimeout = 10*time.Minute, 10*time.Minute
+	client := redis.NewClient(opts)
+	t.Cleanup(func() { _ = client.Close() })
 	b, err := breaker.NewRedis(breaker.RedisConfig{Client: client, Prefix: "hung", OpTimeout: 200 * time.Millisecond})
 	require.NoError(t, err)
 	b.OnTick()
@@ -221,7 +255,7 @@ func TestHungRedisCostsOnlyTheTimeout(t *testing.T) {
 	p := b.Plan()
 	b.Failure("A", p.Gen("A"), false, "x")
 	b.OnTick()
-	require.Less(t, time.Since(start), 2*time.Second, "a hung Redis must not hold the sweeper")
+	require.Less(t, time.Since(start), 2*time.Minute, "a hung Redis must not hold the sweeper beyond OpTimeout per call")
 	require.True(t, b.Degraded())
 	require.Contains(t, b.Plan().Excluded, "A")
 }

@@ -46,6 +46,7 @@ func TestRedisTopicThatIsNotUTF8ReachesConsumersAsIs(t *testing.T) {
 		changed []string
 	)
 	b, err := breaker.NewRedis(breaker.RedisConfig{Client: client, Prefix: prefix, Instance: "one", Lease: time.Minute,
+		OpTimeout: patientOp, // Redis is up throughout: a slow answer must not be taken for an outage
 		Settings: breaker.Settings{OnStateChange: func(topic string, from, to breaker.State, reason string) {
 			mu.Lock()
 			changed = append(changed, topic)

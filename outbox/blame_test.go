@@ -34,7 +34,7 @@ func TestOneUnclassifiedBadRowInAOneTopicOutbox(t *testing.T) {
 			s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, MaxAttempts: 3, BrokerBreaker: dep, Ordering: ordering,
 				Retry: breaker.Retry{Attempts: 2, Initial: time.Millisecond, Max: time.Millisecond}, TopicBackoffMax: 5 * time.Millisecond})
 			sweeps := 0
-			dbtest.Eventually(t, 10*time.Second, "the outbox drained", func() bool {
+			dbtest.Eventually(t, patience, "the outbox drained", func() bool {
 				_, err := s.Sweep(context.Background())
 				require.NoError(t, err)
 				sweeps++

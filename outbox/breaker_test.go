@@ -201,8 +201,10 @@ func TestTwoSweepersShareTheTopicBreakerThroughRedis(t *testing.T) {
 
 	calls := &topicCounter{n: map[string]int{}}
 	newInstance := func(name string) (*outbox.Sweeper, *memory.Producer) {
+		// Redis is up throughout: a slow answer must not be taken for an
+		// outage, which would leave each instance on its own state.
 		b, err := breaker.NewRedis(breaker.RedisConfig{Client: client, Prefix: prefix, Instance: name,
-			Settings: breaker.Settings{CooldownTicks: 2}})
+			Settings: breaker.Settings{CooldownTicks: 2}, OpTimeout: patience})
 		require.NoError(t, err)
 		p := memory.New(memory.Config{MaxBatch: 10})
 		p.SetSendFunc(calls.hook)
@@ -260,7 +262,9 @@ func TestRedisOutageDoesNotStopRelaying(t *testing.T) {
 	tbl := dbtest.Table(t)
 	url, stop, start := brokertest.StartRedis(t)
 	client := brokertest.RedisClient(t, url)
-	b, err := breaker.NewRedis(breaker.RedisConfig{Client: client, Prefix: "outage", OpTimeout: 200 * time.Millisecond})
+	// Redis is stopped, not hung, so calls fail at once while it is down: the
+	// op timeout only has to outlast a busy machine while it is up.
+	b, err := breaker.NewRedis(breaker.RedisConfig{Client: client, Prefix: "outage", OpTimeout: patience})
 	require.NoError(t, err)
 	prod := memory.New(memory.Config{})
 	prod.FailTopic("A", producer.NewTopicError("not_found", errors.New("A is down")))
@@ -282,11 +286,11 @@ func TestRedisOutageDoesNotStopRelaying(t *testing.T) {
 	require.Equal(t, breaker.StateTripped, b.State("A"), "tripped on local state")
 
 	start()
-	require.Eventually(t, func() bool {
+	dbtest.Eventually(t, patience, "the breaker back on Redis", func() bool {
 		_, err := s.Sweep(context.Background()) // its tick asks Redis again
 		require.NoError(t, err)
 		return !b.Degraded()
-	}, 10*time.Second, 50*time.Millisecond)
+	})
 	shared, err := client.HKeys(context.Background(), "outage:topics").Result()
 	require.NoError(t, err)
 	require.Equal(t, []string{"A"}, shared, "the local trip is shared once Redis is back")
@@ -354,7 +358,7 @@ func TestDependencyBreakerThroughTheSweeper(t *testing.T) {
 	for _, topic := range []string{"a", "b", "c"} {
 		prod.FailTopic(topic, refused)
 	}
-	guarded := brokerBreaker(t, breaker.DependencyConfig{Failures: 2, OpenDuration: 200 * time.Millisecond})
+	guarded := brokerBreaker(t, breaker.DependencyConfig{Failures: 2, OpenDuration: openWindow})
 	// A high topic threshold keeps the topic breaker out of this test.
 	topics := breaker.New(breaker.Settings{FailureThreshold: 1000})
 	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, TopicBreaker: topics, Concurrency: 1,
@@ -374,17 +378,16 @@ func TestDependencyBreakerThroughTheSweeper(t *testing.T) {
 	}
 	require.Zero(t, attempted, "a broker that is down is never the rows' fault")
 
-	start := time.Now()
 	res := sweep()
 	require.True(t, res.Blocked)
 	require.Zero(t, res.Pages, "no page read while open")
-	require.Less(t, time.Since(start), 50*time.Millisecond, "fail fast")
 	require.Equal(t, 2, prod.Calls(), "no call while open")
+	require.Equal(t, breaker.DependencyOpen, guarded.State(), "fail fast: the sweep returned without waiting for the breaker")
 
 	for _, topic := range []string{"a", "b", "c"} {
 		prod.HealTopic(topic)
 	}
-	time.Sleep(250 * time.Millisecond)
+	dbtest.Eventually(t, openWindow+patience, "the breaker half-open", func() bool { return guarded.State() == breaker.DependencyHalfOpen })
 	// Half-open: the first batch is the trial (concurrent ones would be refused:
 	// see breaker's TestDependencyBreakerOpensFailsFastAndRecovers); it succeeds,
 	// the breaker closes, and the other topics follow in the same tick.
@@ -409,7 +412,7 @@ func TestBrokerOutageDoesNotTripTheTopics(t *testing.T) {
 	for _, topic := range []string{"a", "b", "c"} {
 		prod.FailTopic(topic, refused)
 	}
-	guarded := brokerBreaker(t, breaker.DependencyConfig{Failures: 3, OpenDuration: 100 * time.Millisecond})
+	guarded := brokerBreaker(t, breaker.DependencyConfig{Failures: 3, OpenDuration: openWindow})
 	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, BrokerBreaker: guarded, Retry: once})
 	_, err := s.Sweep(context.Background())
 	require.NoError(t, err)
@@ -421,7 +424,7 @@ func TestBrokerOutageDoesNotTripTheTopics(t *testing.T) {
 	}
 	// The topics wait out their backoff (a few hundred ms) and the breaker its
 	// open duration; then everything goes.
-	dbtest.Eventually(t, 10*time.Second, "every row delivered", func() bool {
+	dbtest.Eventually(t, openWindow+patience, "every row delivered", func() bool {
 		_, err = s.Sweep(context.Background())
 		require.NoError(t, err)
 		return dbtest.Outstanding(t, tbl) == 0
@@ -441,8 +444,11 @@ func TestHalfOpenBrokerBreakerGetsOneBatchAlone(t *testing.T) {
 	}
 	prod := memory.New(memory.Config{})
 	down := refused
-	guarded := brokerBreaker(t, breaker.DependencyConfig{Failures: 1, OpenDuration: 100 * time.Millisecond})
-	// Sends take a while, so that concurrent ones would meet the half-open breaker.
+	guarded := brokerBreaker(t, breaker.DependencyConfig{Failures: 1, OpenDuration: openWindow})
+	// Sends take a while, so that concurrent ones would meet the half-open
+	// breaker. A slow machine only makes that likelier; were a send not held,
+	// a sweep that did send concurrently could slip through unnoticed, never
+	// fail one that sends the trial alone.
 	prod.SetSendFunc(func(ctx context.Context, b producer.Batch) error {
 		time.Sleep(30 * time.Millisecond)
 		return nil
@@ -455,7 +461,7 @@ func TestHalfOpenBrokerBreakerGetsOneBatchAlone(t *testing.T) {
 
 	// Still down when the breaker turns half-open: one send, nothing refused.
 	prod.FailNextCalls(1, down)
-	require.Eventually(t, func() bool { return guarded.State() == breaker.DependencyHalfOpen }, 5*time.Second, 10*time.Millisecond)
+	dbtest.Eventually(t, openWindow+patience, "the breaker half-open", func() bool { return guarded.State() == breaker.DependencyHalfOpen })
 	calls := prod.Calls()
 	res, err := s.Sweep(context.Background())
 	require.NoError(t, err)
@@ -468,7 +474,7 @@ func TestHalfOpenBrokerBreakerGetsOneBatchAlone(t *testing.T) {
 	}
 
 	// Back: the trial closes the breaker and the same sweep sends the rest.
-	require.Eventually(t, func() bool { return guarded.State() == breaker.DependencyHalfOpen }, 5*time.Second, 10*time.Millisecond)
+	dbtest.Eventually(t, openWindow+patience, "the breaker half-open", func() bool { return guarded.State() == breaker.DependencyHalfOpen })
 	res, err = s.Sweep(context.Background())
 	require.NoError(t, err)
 	require.Zero(t, res.FailedBatches, "no send refused by the half-open breaker")
@@ -544,7 +550,7 @@ func TestHalfOpenTrialsTakeTheTopicsInTurn(t *testing.T) {
 
 	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, BrokerBreaker: guarded, Retry: once,
 		TopicBreaker: breaker.New(breaker.Settings{FailureThreshold: 1000})})
-	dbtest.Eventually(t, 10*time.Second, "b delivered", func() bool {
+	dbtest.Eventually(t, patience, "b delivered", func() bool {
 		_, err := s.Sweep(context.Background())
 		require.NoError(t, err)
 		n := 0
@@ -568,7 +574,7 @@ func TestTheTrialTopicIsNotSentAgainInTheSameSweep(t *testing.T) {
 	prod.FailTopic("a", producer.NewTopicError("not_found", errors.New("no such queue")))
 	guarded := brokerBreaker(t, breaker.DependencyConfig{Failures: 1, OpenDuration: 30 * time.Millisecond})
 	failBroker(t, guarded, 1)
-	require.Eventually(t, func() bool { return guarded.State() == breaker.DependencyHalfOpen }, 5*time.Second, 5*time.Millisecond)
+	dbtest.Eventually(t, patience, "the breaker half-open", func() bool { return guarded.State() == breaker.DependencyHalfOpen })
 
 	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, BrokerBreaker: guarded, Retry: once,
 		TopicBreaker: breaker.New(breaker.Settings{FailureThreshold: 1000})})

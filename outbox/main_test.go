@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -120,3 +121,16 @@ var refused = producer.NewBrokerError("connection_lost", errors.New("dial tcp 12
 
 // once is the sweeper's in-call retry turned off, so tests count sends.
 var once = breaker.Retry{Attempts: 1}
+
+const (
+	// patience bounds the tests' waits for what must come (a row delivered, a
+	// breaker's change of state once its time is up): generous, since a busy
+	// machine only makes them longer, and a wait ends as soon as it is met.
+	patience = time.Minute
+	// openWindow is the open duration of a broker breaker that a test must
+	// still find open after the rest of the sweep that opened it and a few
+	// queries: those take milliseconds, and this leaves room for a machine
+	// hundreds of times slower. Tests that need the breaker half-open then
+	// wait for it.
+	openWindow = 3 * time.Second
+)

@@ -17,8 +17,8 @@ import (
 	"github.com/outbox-sweeper/sweeper/producer/memory"
 )
 
-// With ticks an hour apart, only a wake-up on commit can deliver a row within
-// seconds; with notify off, the same row waits for the tick.
+// With ticks an hour apart, only a wake-up on commit can deliver a row before
+// the hour is out; with notify off, the same row waits for the tick.
 func TestCommitWakesTheSweeper(t *testing.T) {
 	t.Parallel()
 	for _, notify := range []bool{true, false} {
@@ -33,28 +33,32 @@ func TestCommitWakesTheSweeper(t *testing.T) {
 			stop := dbtest.RunSweeper(t, newSweeper(t, dbtest.NamedPool(t, app), prod,
 				outbox.Config{Table: tbl, Tick: time.Hour, DisableNotify: !notify}))
 			defer stop()
-			dbtest.Eventually(t, 5*time.Second, "the first tick", func() bool { return len(prod.Messages()) == 1 })
+			dbtest.Eventually(t, patience, "the first tick", func() bool { return len(prod.Messages()) == 1 })
 			if notify {
-				dbtest.Eventually(t, 5*time.Second, "the sweeper listening", func() bool { return len(listenerSessions(t, app)) == 1 })
+				dbtest.Eventually(t, patience, "the sweeper listening", func() bool { return len(listenerSessions(t, app)) == 1 })
 				// The listener sweeps once when it connects; a sentinel row
 				// makes sure that sweep is over, so the rows below can only
 				// go through a notification.
 				writeMessages(t, tbl, topicMessages("sentinel", 1)...)
-				dbtest.Eventually(t, 5*time.Second, "the sentinel sent", func() bool { return len(prod.Messages()) == 2 })
+				dbtest.Eventually(t, patience, "the sentinel sent", func() bool { return len(prod.Messages()) == 2 })
 			}
 
 			start := time.Now()
 			writeMessages(t, tbl, topicMessages("woken", 3)...)
 			if !notify {
+				// Give a wake-up, were there one, a second to show: with
+				// notify on, the rows go in milliseconds. Nothing else can
+				// send them before the tick an hour away, so a slow machine
+				// can only make this check weaker, never fail it.
 				time.Sleep(time.Second)
 				require.Equal(t, 3, dbtest.Outstanding(t, tbl), "without notify, rows wait for the tick")
 				require.Empty(t, listenerSessions(t, app), "no listen connection")
 				return
 			}
-			dbtest.Eventually(t, 5*time.Second, "the rows sent", func() bool { return len(prod.Messages()) == 5 })
+			dbtest.Eventually(t, patience, "the rows sent", func() bool { return len(prod.Messages()) == 5 })
 			t.Logf("commit to broker: %s", time.Since(start))
 			// Sent a moment before their batch commits.
-			dbtest.Eventually(t, 5*time.Second, "every row marked dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
+			dbtest.Eventually(t, patience, "every row marked dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
 		})
 	}
 }
@@ -85,16 +89,27 @@ func TestOneNotificationPerCommit(t *testing.T) {
 	_, err = conn.Exec(ctx, "LISTEN "+outbox.NotifyChannel)
 	require.NoError(t, err)
 
+	// count returns how many notifications for tbl came since the last
+	// count: it sends a marker of its own on the channel, committed after
+	// whatever came before, and reads up to it. Postgres delivers the
+	// notifications of different transactions in commit order, so everything
+	// before the marker is in, however slow the server, and nothing after it.
+	markers := 0
 	count := func() int {
+		markers++
+		marker := fmt.Sprintf("marker %d of %s", markers, tbl)
+		_, err := dbtest.Pool(t).Exec(ctx, "SELECT pg_notify($1, $2)", outbox.NotifyChannel, marker)
+		require.NoError(t, err)
 		n := 0
 		for {
-			waitCtx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+			waitCtx, cancel := context.WithTimeout(ctx, patience)
 			note, err := conn.WaitForNotification(waitCtx)
 			cancel()
-			if err != nil {
+			require.NoError(t, err, "waiting for the marker")
+			switch note.Payload {
+			case marker:
 				return n
-			}
-			if note.Payload == tbl.String() {
+			case tbl.String():
 				n++
 			}
 		}
@@ -142,14 +157,14 @@ func TestLostListenConnectionIsReestablished(t *testing.T) {
 	defer stop()
 
 	var first []int32
-	dbtest.Eventually(t, 5*time.Second, "the sweeper listening", func() bool {
+	dbtest.Eventually(t, patience, "the sweeper listening", func() bool {
 		first = listenerSessions(t, app)
 		return len(first) == 1
 	})
 	var ok bool
 	require.NoError(t, dbtest.Pool(t).QueryRow(context.Background(), "SELECT pg_terminate_backend($1)", first[0]).Scan(&ok))
 	require.True(t, ok)
-	dbtest.Eventually(t, 10*time.Second, "a new listen connection", func() bool {
+	dbtest.Eventually(t, patience, "a new listen connection", func() bool {
 		now := listenerSessions(t, app)
 		return len(now) == 1 && now[0] != first[0]
 	})
@@ -157,9 +172,9 @@ func TestLostListenConnectionIsReestablished(t *testing.T) {
 	// As in TestCommitWakesTheSweeper, a sentinel outlasts the sweep made on
 	// reconnecting.
 	writeMessages(t, tbl, topicMessages("sentinel", 1)...)
-	dbtest.Eventually(t, 5*time.Second, "the sentinel sent", func() bool { return len(prod.Messages()) == 1 })
+	dbtest.Eventually(t, patience, "the sentinel sent", func() bool { return len(prod.Messages()) == 1 })
 	writeMessages(t, tbl, topicMessages("after-reconnect", 5)...)
-	dbtest.Eventually(t, 5*time.Second, "the rows sent", func() bool { return len(prod.Messages()) == 6 })
+	dbtest.Eventually(t, patience, "the rows sent", func() bool { return len(prod.Messages()) == 6 })
 }
 
 // Under OrderingTopic a topic whose lock another sweeper holds is not sent at
@@ -256,22 +271,22 @@ func TestWakeUpsDoNotShortenCooldowns(t *testing.T) {
 	stop := dbtest.RunSweeper(t, newSweeper(t, dbtest.NamedPool(t, app), prod,
 		outbox.Config{Table: tbl, Tick: time.Hour, TopicBreaker: topics, Observer: sweeps}))
 	defer stop()
-	dbtest.Eventually(t, 5*time.Second, "the sweeper listening", func() bool { return len(listenerSessions(t, app)) == 1 })
+	dbtest.Eventually(t, patience, "the sweeper listening", func() bool { return len(listenerSessions(t, app)) == 1 })
 	// Run's first sweep is a tick: trip after it, or its OnTick would end the
 	// one-tick cooldown.
-	dbtest.Eventually(t, 5*time.Second, "the first tick's sweep", func() bool { return sweeps.n.Load() > 0 })
+	dbtest.Eventually(t, patience, "the first tick's sweep", func() bool { return sweeps.n.Load() > 0 })
 	topics.Trip("held", "test")
 
 	for i := range 5 {
 		writeMessages(t, tbl, append(topicMessages("held", 1), topicMessages("free", 1)...)...)
-		dbtest.Eventually(t, 5*time.Second, "the free row sent", func() bool { return len(prod.Messages()) == i+1 })
+		dbtest.Eventually(t, patience, "the free row sent", func() bool { return len(prod.Messages()) == i+1 })
 	}
 	for _, m := range prod.Messages() {
 		require.Equal(t, "free", m.Topic)
 	}
 	require.Equal(t, breaker.StateTripped, topics.State("held"))
 	// The last free row reaches the producer a moment before its batch commits.
-	dbtest.Eventually(t, 5*time.Second, "only the held rows outstanding", func() bool { return dbtest.Outstanding(t, tbl) == 5 })
+	dbtest.Eventually(t, patience, "only the held rows outstanding", func() bool { return dbtest.Outstanding(t, tbl) == 5 })
 }
 
 // sweepCounter is an Observer that counts sweeps.

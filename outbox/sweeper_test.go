@@ -189,7 +189,7 @@ func TestFailedBatchKeepsItsRowsAndOtherTopicsGoOn(t *testing.T) {
 
 	// The trouble passes: A goes once its backoff ends, in order.
 	prod.HealTopic("A")
-	dbtest.Eventually(t, 10*time.Second, "A delivered", func() bool {
+	dbtest.Eventually(t, patience, "A delivered", func() bool {
 		_, err := s.Sweep(context.Background())
 		require.NoError(t, err)
 		return dbtest.Outstanding(t, tbl) == 0
@@ -420,7 +420,9 @@ func TestStopInTheMiddleOfABatchLosesNothing(t *testing.T) {
 		grace         time.Duration
 		brokerAnswers bool // the broker answers within the grace period
 	}{
-		{"batch finishes within the grace period", 5 * time.Second, true},
+		// A grace period no machine can run out of: the batch's mark has
+		// to fit in it.
+		{"batch finishes within the grace period", time.Minute, true},
 		{"grace period runs out", 50 * time.Millisecond, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -446,16 +448,22 @@ func TestStopInTheMiddleOfABatchLosesNothing(t *testing.T) {
 			done := make(chan error, 1)
 			go func() { done <- s.Run(ctx) }()
 
-			<-inSend
+			select {
+			case <-inSend:
+			case <-time.After(time.Minute):
+				t.Fatal("the first batch was never sent")
+			}
+			// Stopped while the broker holds the batch: cancel returns once
+			// Run's context is done, so the batch ends after the stop, and
+			// the sweep finds it stopped before any next batch.
 			cancel()
 			if tc.brokerAnswers {
-				time.Sleep(50 * time.Millisecond) // Run is now waiting on the batch
 				close(release)
 			}
 			select {
 			case err := <-done:
 				require.NoError(t, err)
-			case <-time.After(10 * time.Second):
+			case <-time.After(2 * time.Minute):
 				t.Fatal("Run did not return")
 			}
 

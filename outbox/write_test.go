@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
@@ -182,23 +183,23 @@ func TestWriteOrderedDeliversConcurrentWritersInCommitOrder(t *testing.T) {
 			defer slow.Rollback(ctx)
 			require.NoError(t, write(slow, "first"))
 
-			fastDone := make(chan error, 1)
-			go func() {
-				fastDone <- pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return write(tx, "second") })
-			}()
-			select {
-			case err := <-fastDone:
-				require.False(t, ordered, "WriteOrdered did not wait for the transaction holding the topic")
-				require.NoError(t, err)
-				dbtest.Eventually(t, 5*time.Second, "the second row sent", func() bool { return len(prod.Messages()) == 1 })
-			case <-time.After(300 * time.Millisecond):
-				require.True(t, ordered, "Write waited for another transaction")
+			fastPID, fastDone := writeInBackground(t, pool, func(tx pgx.Tx) error { return write(tx, "second") })
+			if ordered {
+				waitBlockedBy(t, backendPID(t, slow), fastPID, fastDone, "WriteOrdered waiting for the transaction holding the topic")
+			} else {
+				select {
+				case err := <-fastDone:
+					require.NoError(t, err)
+				case <-time.After(patience):
+					t.Fatal("Write waited for another transaction")
+				}
+				dbtest.Eventually(t, patience, "the second row sent", func() bool { return len(prod.Messages()) == 1 })
 			}
 			require.NoError(t, slow.Commit(ctx))
 			if ordered {
 				require.NoError(t, <-fastDone)
 			}
-			dbtest.Eventually(t, 5*time.Second, "both rows sent", func() bool { return len(prod.Messages()) == 2 })
+			dbtest.Eventually(t, patience, "both rows sent", func() bool { return len(prod.Messages()) == 2 })
 
 			var got []string
 			for _, m := range prod.Messages() {
@@ -239,17 +240,56 @@ func TestWriteOrderedTakesTheLockOfTheSQLExample(t *testing.T) {
 	_, err = other.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended('outbox-writer "+tbl.String()+" orders.paid', 0))")
 	require.NoError(t, err)
 
-	done := make(chan error, 1)
-	go func() {
-		done <- pgx.BeginFunc(ctx, dbtest.Pool(t), func(tx pgx.Tx) error {
-			return w.WriteOrdered(ctx, tx, outbox.Message{Topic: "orders.paid"})
-		})
-	}()
-	select {
-	case err := <-done:
-		t.Fatalf("WriteOrdered did not wait for the SQL example's lock: %v", err)
-	case <-time.After(300 * time.Millisecond):
-	}
+	pid, done := writeInBackground(t, dbtest.Pool(t), func(tx pgx.Tx) error {
+		return w.WriteOrdered(ctx, tx, outbox.Message{Topic: "orders.paid"})
+	})
+	waitBlockedBy(t, backendPID(t, other), pid, done, "WriteOrdered waiting for the SQL example's lock")
 	require.NoError(t, other.Rollback(ctx))
 	require.NoError(t, <-done)
+}
+
+// backendPID returns the id of the server process of a connection or
+// transaction.
+func backendPID(t *testing.T, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) int32 {
+	t.Helper()
+	var pid int32
+	require.NoError(t, q.QueryRow(context.Background(), "SELECT pg_backend_pid()").Scan(&pid))
+	return pid
+}
+
+// writeInBackground runs write in a transaction of its own on a connection of
+// its own, in the background. It returns that connection's backend pid, and a
+// channel that gets the transaction's outcome.
+func writeInBackground(t *testing.T, pool *pgxpool.Pool, write func(pgx.Tx) error) (int32, <-chan error) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	pid := backendPID(t, conn)
+	done := make(chan error, 1)
+	go func() {
+		defer conn.Release()
+		done <- pgx.BeginFunc(ctx, conn, write)
+	}()
+	return pid, done
+}
+
+// waitBlockedBy waits until the session waiter waits for a lock that the
+// session holder holds, as Postgres reports it; it fails t if done, the
+// waiter's outcome, comes first: then the waiter did not wait.
+func waitBlockedBy(t *testing.T, holder, waiter int32, done <-chan error, what string) {
+	t.Helper()
+	dbtest.Eventually(t, patience, what, func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("%s: it returned without waiting (%v)", what, err)
+		default:
+		}
+		var blocked bool
+		require.NoError(t, dbtest.Pool(t).QueryRow(context.Background(),
+			"SELECT $1::int = ANY(pg_blocking_pids($2))", holder, waiter).Scan(&blocked))
+		return blocked
+	})
 }

@@ -105,9 +105,13 @@ func topicNames(prefix string, n int) []string {
 
 // rabbitConsumers binds a queue per topic on exchange and collects deliveries.
 type rabbitConsumers struct {
-	mu   sync.Mutex
-	got  map[string][]received
-	dups int
+	mu      sync.Mutex
+	got     map[string][]received
+	dups    int
+	url     string
+	exch    string
+	topics  []string
+	markers map[string]int // markers received, by topic: see drain
 }
 
 func consumeRabbitMQ(t *testing.T, url, exchange string, topics []string) *rabbitConsumers {
@@ -123,7 +127,7 @@ func consumeRabbitMQ(t *testing.T, url, exchange string, topics []string) *rabbi
 			_ = c.ExchangeDelete(exchange, false, false)
 		}
 	})
-	rc := &rabbitConsumers{got: map[string][]received{}}
+	rc := &rabbitConsumers{got: map[string][]received{}, url: url, exch: exchange, topics: topics, markers: map[string]int{}}
 	for _, topic := range topics {
 		q, err := ch.QueueDeclare("", false, true, true, false, nil)
 		require.NoError(t, err)
@@ -132,6 +136,12 @@ func consumeRabbitMQ(t *testing.T, url, exchange string, topics []string) *rabbi
 		require.NoError(t, err)
 		go func() {
 			for d := range deliveries {
+				if d.Headers["source"] == markerSource {
+					rc.mu.Lock()
+					rc.markers[topic]++
+					rc.mu.Unlock()
+					continue
+				}
 				seq, _ := d.Headers["seq"].(int64)
 				if d.Headers["source"] != "round-trip" {
 					seq = -1 // checkRoundTrip fails on it: a header was lost
@@ -144,6 +154,50 @@ func consumeRabbitMQ(t *testing.T, url, exchange string, topics []string) *rabbi
 		}()
 	}
 	return rc
+}
+
+// markerSource is the "source" header of the markers drain publishes.
+const markerSource = "test-marker"
+
+// drain returns once every message the broker had queued for the consumers
+// when it was called has been received: it publishes a marker on each topic,
+// behind everything already in its queue, and waits for the markers to come
+// back. Call it once the senders are done, before looking for duplicates:
+// nothing the broker took from them can arrive after it.
+func (rc *rabbitConsumers) drain(t *testing.T) {
+	t.Helper()
+	rc.mu.Lock()
+	want := map[string]int{}
+	for _, topic := range rc.topics {
+		want[topic] = rc.markers[topic] + 1
+	}
+	rc.mu.Unlock()
+	conn, err := amqp.Dial(rc.url)
+	require.NoError(t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	require.NoError(t, ch.Confirm(false))
+	for _, topic := range rc.topics {
+		dc, err := ch.PublishWithDeferredConfirm(rc.exch, topic, true, false,
+			amqp.Publishing{Headers: amqp.Table{"source": markerSource}, Body: []byte("marker")})
+		require.NoError(t, err)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		acked, err := dc.WaitContext(ctx)
+		cancel()
+		require.NoError(t, err)
+		require.True(t, acked, "the broker refused a marker")
+	}
+	dbtest.Eventually(t, time.Minute, "the markers behind every queued message", func() bool {
+		rc.mu.Lock()
+		defer rc.mu.Unlock()
+		for topic, n := range want {
+			if rc.markers[topic] < n {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 func (rc *rabbitConsumers) count() int {
@@ -206,9 +260,10 @@ func TestRoundTripRabbitMQ(t *testing.T) {
 	p, err := rabbitmq.New(rabbitmq.Config{URL: url, Exchange: exchange})
 	require.NoError(t, err)
 	stop := runSweeper(t, tbl, p)
-	dbtest.Eventually(t, 60*time.Second, "every message consumed", func() bool { return rc.count() >= n })
+	dbtest.Eventually(t, 3*time.Minute, "every message consumed", func() bool { return rc.count() >= n })
 	stop()
 	require.Zero(t, dbtest.Outstanding(t, tbl))
+	rc.drain(t) // a duplicate still on its way would show now
 	checkRoundTrip(t, rc.snapshot(), ids, topics, n)
 }
 
@@ -234,12 +289,14 @@ func TestRabbitMQUnroutableTopicThroughTheSweeper(t *testing.T) {
 	require.NoError(t, dbtest.Pool(t).QueryRow(context.Background(),
 		"SELECT last_error FROM "+pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()+" WHERE topic = 'unbound' ORDER BY id LIMIT 1").Scan(&lastError))
 	require.Contains(t, lastError, "topic failure (unroutable)")
-	dbtest.Eventually(t, 10*time.Second, "20 messages", func() bool { return rc.count() >= 20 })
+	dbtest.Eventually(t, time.Minute, "20 messages", func() bool { return rc.count() >= 20 })
 	require.NoError(t, p.Close(context.Background()))
 }
 
 // The connection to RabbitMQ is cut again and again while the sweeper relays:
-// every row arrives at least once, none is lost.
+// every row arrives at least once, none is lost. The cuts come from the sends
+// themselves, every fifth one cutting while it publishes, so each falls in the
+// middle of the run whatever the machine's pace.
 func TestRabbitMQConnectionCutMidRunLosesNothing(t *testing.T) {
 	t.Parallel()
 	const n = 5000
@@ -253,15 +310,10 @@ func TestRabbitMQConnectionCutMidRunLosesNothing(t *testing.T) {
 	ids := writeRoundTrip(t, tbl, topics, n)
 	p, err := rabbitmq.New(rabbitmq.Config{URL: brokertest.WithHost(t, url, proxy.Addr()), Exchange: exchange, MaxBatch: 50})
 	require.NoError(t, err)
-	stop := runSweeper(t, tbl, p)
-	cuts := 0
-	for dbtest.Outstanding(t, tbl) > 0 && cuts < 20 {
-		time.Sleep(30 * time.Millisecond)
-		proxy.Cut()
-		cuts++
-	}
-	dbtest.Eventually(t, 60*time.Second, "every row dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
-	dbtest.Eventually(t, 30*time.Second, "every message consumed", func() bool { return rc.distinct() >= n })
+	cutter := &cuttingProducer{Producer: p, proxy: proxy, every: 5, max: 20}
+	stop := runSweeper(t, tbl, cutter)
+	dbtest.Eventually(t, 3*time.Minute, "every row dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
+	dbtest.Eventually(t, time.Minute, "every message consumed", func() bool { return rc.distinct() >= n })
 	stop()
 
 	seen := map[string]int{}
@@ -273,8 +325,46 @@ func TestRabbitMQConnectionCutMidRunLosesNothing(t *testing.T) {
 	for id, mid := range ids {
 		require.NotZero(t, seen[mid], "row %d lost", id)
 	}
+	cuts := cutter.count()
 	t.Logf("%d cuts; %d messages received for %d rows (%d duplicates)", cuts, rc.count(), n, rc.count()-n)
 	require.Greater(t, cuts, 1, "the test must cut the connection mid-run")
+}
+
+// cuttingProducer cuts the proxy's connections at every every-th send, up to
+// max times, at the moment the send starts publishing: a connection broken in
+// the middle of a relay, at a point that varies with the scheduling.
+type cuttingProducer struct {
+	*rabbitmq.Producer
+	proxy      *tcpproxy.Proxy
+	every, max int
+
+	mu    sync.Mutex
+	sends int
+	cuts  int
+}
+
+func (c *cuttingProducer) Send(ctx context.Context, b producer.Batch) error {
+	c.mu.Lock()
+	c.sends++
+	cut := c.sends%c.every == 0 && c.cuts < c.max
+	if cut {
+		c.cuts++
+	}
+	c.mu.Unlock()
+	if !cut {
+		return c.Producer.Send(ctx, b)
+	}
+	cutDone := make(chan struct{})
+	go func() { defer close(cutDone); c.proxy.Cut() }()
+	err := c.Producer.Send(ctx, b)
+	<-cutDone
+	return err
+}
+
+func (c *cuttingProducer) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cuts
 }
 
 // RabbitMQ itself closes the sweeper's connection (rabbitmqctl close_connection,
@@ -307,7 +397,7 @@ func TestRabbitMQConnectionForceClosedByBrokerLosesNothing(t *testing.T) {
 	for closes < 3 {
 		// Wait until the relay has sent what the gate allows, so each close
 		// falls on a relay that is under way.
-		dbtest.Eventually(t, 60*time.Second, "the relay under way", func() bool { return gate.waiting() })
+		dbtest.Eventually(t, 3*time.Minute, "the relay under way", func() bool { return gate.waiting() })
 		out, err := exec.Command(ctl, "list_connections", "pid", "client_properties", "-q", "--no-table-headers").CombinedOutput()
 		require.NoError(t, err, "%s", out)
 		for _, line := range strings.Split(string(out), "\n") {
@@ -321,8 +411,8 @@ func TestRabbitMQConnectionForceClosedByBrokerLosesNothing(t *testing.T) {
 		}
 	}
 	gate.open(n)
-	dbtest.Eventually(t, 60*time.Second, "every row dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
-	dbtest.Eventually(t, 30*time.Second, "every message consumed", func() bool { return rc.distinct() >= n })
+	dbtest.Eventually(t, 3*time.Minute, "every row dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
+	dbtest.Eventually(t, time.Minute, "every message consumed", func() bool { return rc.distinct() >= n })
 	stop()
 	require.NoError(t, p.Close(context.Background()))
 
@@ -414,7 +504,7 @@ func TestRoundTripNATS(t *testing.T) {
 	p, err := outboxnats.New(outboxnats.Config{URL: url})
 	require.NoError(t, err)
 	stop := runSweeper(t, tbl, p)
-	dbtest.Eventually(t, 60*time.Second, "every row dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
+	dbtest.Eventually(t, 3*time.Minute, "every row dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
 	stop()
 
 	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
@@ -422,7 +512,9 @@ func TestRoundTripNATS(t *testing.T) {
 	got := map[string][]received{}
 	count := 0
 	for count < n {
-		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(5*time.Second))
+		// Every message is stored by now: a fetch returns as soon as it has
+		// its thousand; the wait only bounds a stream that lacks some.
+		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(time.Minute))
 		require.NoError(t, err)
 		fetched := 0
 		for m := range batch.Messages() {
@@ -453,11 +545,15 @@ func TestBrokerDownOpensTheDependencyBreakerAndNothingIsLost(t *testing.T) {
 	proxy := tcpproxy.New(t, brokertest.HostPort(t, url))
 	tbl := migrated(t)
 
-	p, err := rabbitmq.New(rabbitmq.Config{URL: brokertest.WithHost(t, url, proxy.Addr()), Exchange: exchange, DialTimeout: 200 * time.Millisecond})
+	// While the broker is down the proxy refuses at once, so no dial or send
+	// waits for these timeouts: they only have to outlast a busy machine's
+	// handshake and confirms once it is back.
+	p, err := rabbitmq.New(rabbitmq.Config{URL: brokertest.WithHost(t, url, proxy.Addr()), Exchange: exchange, DialTimeout: 30 * time.Second})
 	require.NoError(t, err)
-	guarded := breaker.NewDependency(breaker.DependencyConfig{Failures: 2, OpenDuration: 400 * time.Millisecond})
+	const open = 400 * time.Millisecond
+	guarded := breaker.NewDependency(breaker.DependencyConfig{Failures: 2, OpenDuration: open})
 	s, err := outbox.NewSweeper(dbtest.Pool(t), p, outbox.Config{Table: tbl, Tick: 20 * time.Millisecond,
-		SendTimeout: time.Second, TopicBreaker: breaker.New(breaker.Settings{FailureThreshold: 1_000_000}),
+		SendTimeout: 30 * time.Second, TopicBreaker: breaker.New(breaker.Settings{FailureThreshold: 1_000_000}),
 		BrokerBreaker: guarded, Retry: breaker.Retry{Attempts: 2, Initial: 10 * time.Millisecond, Max: 20 * time.Millisecond}})
 	require.NoError(t, err)
 	stopRun := dbtest.RunSweeper(t, s)
@@ -467,7 +563,9 @@ func TestBrokerDownOpensTheDependencyBreakerAndNothingIsLost(t *testing.T) {
 		require.NoError(t, p.Close(context.Background()))
 	}
 
-	// The application writes 30 rows every 20 ms throughout.
+	// The application writes 30 rows every 20 ms throughout. The sleep paces
+	// the writes and d is how long a phase of the scenario lasts: neither
+	// waits for an event, and nothing asserted counts the writes.
 	written := 0
 	write := func(d time.Duration) {
 		for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
@@ -478,48 +576,62 @@ func TestBrokerDownOpensTheDependencyBreakerAndNothingIsLost(t *testing.T) {
 	write(300 * time.Millisecond)
 	proxy.Refuse(true)
 	proxy.Cut()
-	dbtest.Eventually(t, 10*time.Second, "the breaker open", func() bool {
+	dbtest.Eventually(t, time.Minute, "the breaker open", func() bool {
 		insertRows(t, tbl, topics[0], 1)
 		written++
 		return guarded.State() == breaker.DependencyOpen
 	})
-	acceptsAtOpen := proxy.Accepts()
-	write(1200 * time.Millisecond) // three open durations
-	during := proxy.Accepts() - acceptsAtOpen
-	// Each trial, one per open duration (400ms), may dial twice (two tries).
-	require.LessOrEqual(t, during, 10, "connection attempts while the broker is down are paced by the breaker: %d in 1.2s", during)
+	acceptsAtOpen, openAt := proxy.Accepts(), time.Now()
+	write(1200 * time.Millisecond) // three open durations, or more on a slow machine
+	during, elapsed := proxy.Accepts()-acceptsAtOpen, time.Since(openAt)
+	// One trial per open duration at most, counted on the wall clock, so a
+	// slow machine makes fewer per second, never more: over the time measured
+	// (the breaker opened a moment before it began, hence one more), each
+	// trial may dial twice (two tries), and sends let through before the
+	// breaker opened may still dial. A busy loop would dial hundreds of times.
+	limit := 2*(int(elapsed/open)+1) + 4
+	require.LessOrEqual(t, during, limit, "connection attempts while the broker is down are paced by the breaker: %d in %s", during, elapsed)
 
 	proxy.Refuse(false)
 	write(300 * time.Millisecond)
-	dbtest.Eventually(t, 30*time.Second, "every row dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
-	dbtest.Eventually(t, 30*time.Second, "every row received", func() bool { return rc.distinct() >= written })
+	dbtest.Eventually(t, 2*time.Minute, "every row dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
+	dbtest.Eventually(t, time.Minute, "every row received", func() bool { return rc.distinct() >= written })
 	stop()
 	require.Equal(t, breaker.DependencyClosed, guarded.State())
-	t.Logf("%d rows written, %d received (%d distinct); %d connection attempts during 1.2s of outage",
-		written, rc.count(), rc.distinct(), during)
+	t.Logf("%d rows written, %d received (%d distinct); %d connection attempts during %s of outage (at most %d allowed)",
+		written, rc.count(), rc.distinct(), during, elapsed.Round(time.Millisecond), limit)
 }
 
 // A broker that accepts connections and then says nothing: each send ends
-// within the send timeout, as a transient failure.
+// within the send timeout, as a transient failure. The dial timeout is an hour,
+// so a send it bounded instead would hold the test far past the generous bound
+// below, which a send ended by its 500ms deadline meets on any machine.
 func TestHungBrokerEndsEachSendWithinTheSendTimeout(t *testing.T) {
 	t.Parallel()
 	url := brokertest.RabbitMQURL(t)
 	proxy := tcpproxy.New(t, brokertest.HostPort(t, url))
 	proxy.Hang(true)
-	p, err := rabbitmq.New(rabbitmq.Config{URL: brokertest.WithHost(t, url, proxy.Addr())}) // DialTimeout 10s
+	p, err := rabbitmq.New(rabbitmq.Config{URL: brokertest.WithHost(t, url, proxy.Addr()), DialTimeout: time.Hour})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = p.Close(context.Background()) })
 	retry := breaker.Retry{Initial: 10 * time.Millisecond, Max: 20 * time.Millisecond}
 	for range 3 {
 		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-		start := time.Now()
-		err := retry.Do(ctx, func(ctx context.Context) error {
-			return p.Send(ctx, producer.Batch{Topic: "t", Messages: producertest.Messages("t", 1, 1)})
-		})
-		cancel()
-		require.Error(t, err)
-		require.Less(t, time.Since(start), 1500*time.Millisecond, "the send timeout bounds a hung broker")
-		require.NotEqual(t, producer.ClassTopic, producer.ClassOf(err))
+		sent := make(chan error, 1)
+		go func() {
+			sent <- retry.Do(ctx, func(ctx context.Context) error {
+				return p.Send(ctx, producer.Batch{Topic: "t", Messages: producertest.Messages("t", 1, 1)})
+			})
+		}()
+		select {
+		case err := <-sent:
+			cancel()
+			require.Error(t, err)
+			require.NotEqual(t, producer.ClassTopic, producer.ClassOf(err))
+		case <-time.After(time.Minute):
+			cancel()
+			t.Fatal("the send timeout did not bound a hung broker")
+		}
 	}
 }
 
@@ -543,7 +655,9 @@ func TestNATSDownFromTheStartDeadLettersNothing(t *testing.T) {
 	tbl := migrated(t)
 	insertRows(t, tbl, prefix+".a", 20)
 
-	p, err := outboxnats.New(outboxnats.Config{URL: brokertest.WithHost(t, url, proxy.Addr()), ConnectTimeout: 200 * time.Millisecond})
+	// The proxy refuses at once while the server is down: the connect timeout
+	// only has to outlast a busy machine once it is back.
+	p, err := outboxnats.New(outboxnats.Config{URL: brokertest.WithHost(t, url, proxy.Addr()), ConnectTimeout: 30 * time.Second})
 	require.NoError(t, err)
 	guarded := breaker.NewDependency(breaker.DependencyConfig{Failures: 2, OpenDuration: 200 * time.Millisecond})
 	t.Cleanup(func() { _ = guarded.Close(context.Background()); _ = p.Close(context.Background()) })
@@ -551,11 +665,22 @@ func TestNATSDownFromTheStartDeadLettersNothing(t *testing.T) {
 		BrokerBreaker: guarded, Retry: breaker.Retry{Attempts: 1},
 		TopicBreaker: breaker.New(breaker.Settings{FailureThreshold: 1_000_000})})
 	require.NoError(t, err)
-	for range 20 { // many more sweeps than --max-attempts
-		_, err := s.Sweep(context.Background())
+	// Twice as many sweeps that read the rows and cut them into batches as
+	// --max-attempts (the first two, then a trial each time the breaker turns
+	// half-open and the topic's backoff is over): the sweeps in between, which
+	// the open breaker or the backoff keep from the rows, do not count. The
+	// sleep only paces the sweeps; the count of sweeps that read the rows ends
+	// the loop.
+	reached := 0
+	dbtest.Eventually(t, 2*time.Minute, "six sweeps that read the rows", func() bool {
+		res, err := s.Sweep(context.Background())
 		require.NoError(t, err)
+		if res.Pages > 0 {
+			reached++
+		}
 		time.Sleep(30 * time.Millisecond)
-	}
+		return reached >= 6
+	})
 	require.Equal(t, 20, dbtest.Outstanding(t, tbl), "no row dead-lettered while the server was down")
 	var deadLetters int
 	require.NoError(t, dbtest.Pool(t).QueryRow(context.Background(), "SELECT count(*) FROM "+
@@ -563,7 +688,7 @@ func TestNATSDownFromTheStartDeadLettersNothing(t *testing.T) {
 	require.Zero(t, deadLetters)
 
 	proxy.Refuse(false)
-	dbtest.Eventually(t, 10*time.Second, "every row dispatched", func() bool {
+	dbtest.Eventually(t, 2*time.Minute, "every row dispatched", func() bool {
 		_, err := s.Sweep(context.Background())
 		require.NoError(t, err)
 		return dbtest.Outstanding(t, tbl) == 0

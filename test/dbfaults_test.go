@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -23,7 +24,7 @@ import (
 // readyz returns the status code of the admin API's /readyz, or 0 when it does
 // not answer.
 func readyz(addr string) int {
-	client := http.Client{Timeout: 3 * time.Second}
+	client := http.Client{Timeout: 30 * time.Second} // only bounds a server that never answers
 	resp, err := client.Get("http://" + addr + "/readyz")
 	if err != nil {
 		return 0
@@ -48,7 +49,7 @@ func TestPostgresRestartedMidRunLosesNothing(t *testing.T) {
 
 	addr := fmt.Sprintf("127.0.0.1:%d", dbtest.FreePort(t))
 	p := start(t, nil, "run", "--database-url", srv.URL(), "--tick", "100ms", "--page-size", "50", "--admin-addr", addr)
-	dbtest.Eventually(t, 20*time.Second, "ready", func() bool { return readyz(addr) == http.StatusOK })
+	dbtest.Eventually(t, 2*time.Minute, "ready", func() bool { return readyz(addr) == http.StatusOK })
 
 	// The application writes 20 rows every 10ms; writes fail while the server
 	// is down, and a commit cut off by the stop may or may not have landed,
@@ -65,7 +66,7 @@ func TestPostgresRestartedMidRunLosesNothing(t *testing.T) {
 	t.Cleanup(stopWriter) // a test that fails midway must not leave the writer running
 	wg.Go(func() {
 		for i := 0; ; i++ {
-			select {
+			select { // paces the writes: the application writes throughout
 			case <-stopWriting:
 				return
 			case <-time.After(10 * time.Millisecond):
@@ -82,15 +83,20 @@ func TestPostgresRestartedMidRunLosesNothing(t *testing.T) {
 		}
 	})
 
-	dbtest.Eventually(t, 20*time.Second, "rows relayed before the restart", func() bool { return len(p.Lines()) >= 200 })
+	dbtest.Eventually(t, 2*time.Minute, "rows relayed before the restart", func() bool { return len(p.Lines()) >= 200 })
 	srv.Stop()
-	dbtest.Eventually(t, 10*time.Second, "/readyz reporting the outage", func() bool { return readyz(addr) == http.StatusServiceUnavailable })
-	time.Sleep(time.Second)
+	dbtest.Eventually(t, time.Minute, "/readyz reporting the outage", func() bool { return readyz(addr) == http.StatusServiceUnavailable })
+	// The outage lasts: once the sweeper has failed a sweep more on it,
+	// /readyz still reports it.
+	failedSweeps := strings.Count(p.Stderr(), "sweep failed; retrying")
+	dbtest.Eventually(t, 2*time.Minute, "a later sweep failing on the outage", func() bool {
+		return strings.Count(p.Stderr(), "sweep failed; retrying") > failedSweeps
+	})
 	require.Equal(t, http.StatusServiceUnavailable, readyz(addr), "the outage lasts")
 	srv.Start()
-	dbtest.Eventually(t, 30*time.Second, "/readyz ready again", func() bool { return readyz(addr) == http.StatusOK })
+	dbtest.Eventually(t, 2*time.Minute, "/readyz ready again", func() bool { return readyz(addr) == http.StatusOK })
 	relayedBefore := len(p.Lines())
-	dbtest.Eventually(t, 30*time.Second, "rows relayed after the restart", func() bool { return len(p.Lines()) >= relayedBefore+200 })
+	dbtest.Eventually(t, 2*time.Minute, "rows relayed after the restart", func() bool { return len(p.Lines()) >= relayedBefore+200 })
 	stopWriter()
 
 	outstanding := func() int {
@@ -98,13 +104,13 @@ func TestPostgresRestartedMidRunLosesNothing(t *testing.T) {
 		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM outbox WHERE dispatched_at IS NULL").Scan(&n))
 		return n
 	}
-	dbtest.Eventually(t, 60*time.Second, "every row dispatched", func() bool { return outstanding() == 0 })
+	dbtest.Eventually(t, 2*time.Minute, "every row dispatched", func() bool { return outstanding() == 0 })
 	// The listener reconnects on its own backoff, which may come after the drain.
-	dbtest.Eventually(t, 30*time.Second, "the listen connection back", func() bool {
+	dbtest.Eventually(t, time.Minute, "the listen connection back", func() bool {
 		return strings.Contains(p.Stderr(), "listening for commits again")
 	})
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
-	require.Equal(t, 0, p.wait(t, 30*time.Second))
+	require.Equal(t, 0, p.wait(t, time.Minute))
 
 	rows, err := pool.Query(ctx, "SELECT id FROM outbox")
 	require.NoError(t, err)
@@ -129,10 +135,11 @@ func TestPostgresRestartedMidRunLosesNothing(t *testing.T) {
 }
 
 // A sweeper that freezes in the middle of a send (here: its stdout is a pipe
-// nobody reads, and then it is stopped with SIGSTOP) holds its batch's rows in
-// an open transaction. Postgres ends that session once it has been idle for
-// --send-timeout plus 5s, and another instance relays the rows: the bound on how
-// long a dead or frozen instance can hold rows.
+// nobody reads, so a batch's write blocks for good, and then it is stopped with
+// SIGSTOP) holds its batch's rows in an open transaction. Postgres ends that
+// session once it has been idle for --send-timeout plus 5s, and another
+// instance relays the rows: the bound on how long a dead or frozen instance can
+// hold rows.
 func TestFrozenInstanceRowsArePickedUpWithinTheBound(t *testing.T) {
 	t.Parallel()
 	tbl := migrated(t)
@@ -153,24 +160,80 @@ func TestFrozenInstanceRowsArePickedUpWithinTheBound(t *testing.T) {
 	require.NoError(t, frozen.Start())
 	t.Cleanup(func() { _ = frozen.Process.Kill(); _ = frozen.Wait() })
 
-	dbtest.Eventually(t, 20*time.Second, "the frozen instance holding a batch", func() bool {
-		var n int
-		require.NoError(t, dbtest.Pool(t).QueryRow(context.Background(),
-			"SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state = 'idle in transaction'", app).Scan(&n))
-		return n > 0
-	})
-	require.NoError(t, frozen.Process.Signal(syscall.SIGSTOP))
-	held := dbtest.Outstanding(t, tbl)
-	require.Positive(t, held)
+	// The frozen instance's batch: its session idle in a transaction that has
+	// claimed rows of the outbox (the claim's UPDATE takes ROW EXCLUSIVE on the
+	// table, in the statement that sets the transaction's idle timeout; a page
+	// read takes ACCESS SHARE only), since when, and Postgres's clock now.
+	outboxIdent := pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()
+	const claimed = `EXISTS (SELECT FROM pg_locks l WHERE l.pid = a.pid AND l.relation = $2::regclass AND l.mode = 'RowExclusiveLock')`
+	type session struct {
+		pid     int32
+		state   string // "" once the session is gone
+		since   time.Time
+		claimed bool
+		now     time.Time
+	}
+	look := func(pid int32) session {
+		x := session{pid: pid}
+		var state *string
+		var since *time.Time
+		require.NoError(t, dbtest.Pool(t).QueryRow(context.Background(), `
+			SELECT clock_timestamp(), a.state, a.state_change, coalesce(`+claimed+`, false)
+			FROM (SELECT 1) one LEFT JOIN pg_stat_activity a ON a.pid = $1`, pid, outboxIdent).Scan(&x.now, &state, &since, &x.claimed))
+		if state != nil {
+			x.state, x.since = *state, *since
+		}
+		return x
+	}
 
-	begin := time.Now()
+	// Follow its batches' sessions until Postgres ends one: until the pipe is
+	// full batches go quickly and their sessions move on; the batch whose
+	// write fills the pipe never ends, and its session stays idle until
+	// Postgres ends it. No signal is sent meanwhile: a process stopped in the
+	// middle of talking to Postgres could leave its session in a state no
+	// idle timeout covers.
+	var (
+		held            int
+		idleFrom, ended time.Time
+	)
+	dbtest.Eventually(t, 3*time.Minute, "a batch of the frozen instance held until Postgres ends its session", func() bool {
+		var c session
+		err := dbtest.Pool(t).QueryRow(context.Background(), `SELECT a.pid, a.state_change FROM pg_stat_activity a
+			WHERE a.application_name = $1 AND a.state = 'idle in transaction' AND `+claimed, app, outboxIdent).Scan(&c.pid, &c.since)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return false
+		}
+		require.NoError(t, err)
+		held, idleFrom = dbtest.Outstanding(t, tbl), c.since
+		for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			x := look(c.pid)
+			switch {
+			case x.state == "" && x.now.Sub(idleFrom) >= outbox.IdleInTransactionTimeout(sendTimeout):
+				ended = x.now // ended once its idle timeout was up: by it
+				return true
+			case x.claimed && strings.HasPrefix(x.state, "idle in transaction") && x.since.Equal(idleFrom):
+				// still idle in the same batch
+			default:
+				return false // moved on: that batch was not the frozen one
+			}
+		}
+		t.Fatalf("Postgres never ended session %d, idle in a batch since %s", c.pid, idleFrom)
+		return false
+	})
+	// Frozen in its send for good, it is stopped too: nothing of it stirs
+	// while the other instance relays.
+	require.NoError(t, frozen.Process.Signal(syscall.SIGSTOP))
+	require.Positive(t, held)
+	heldFor := ended.Sub(idleFrom)
+	bound := outbox.IdleInTransactionTimeout(sendTimeout) // send timeout + 5s
+	t.Logf("Postgres ended the frozen batch's session %s after it went idle (bound %s); %d rows outstanding then",
+		heldFor.Round(10*time.Millisecond), bound, held)
+	// Both times are Postgres's. The slack covers only this test's polling
+	// (every 10ms, each query slow on a loaded machine), not the instance.
+	require.Less(t, heldFor, bound+5*time.Second, "the frozen batch held its rows past the bound")
+
+	// Another instance relays them.
 	p := start(t, nil, "run", "--database-url", url, "--schema", tbl.Schema, "--tick", "100ms")
-	dbtest.Eventually(t, 30*time.Second, "every row dispatched by the other instance", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
-	took := time.Since(begin)
-	t.Logf("the other instance relayed the %d outstanding rows %s after the freeze", held, took.Round(10*time.Millisecond))
-	// The frozen batch's rows were held for at most send timeout + 5s; the
-	// rest is the other instance's start and a tick, with room for a loaded
-	// machine.
-	require.Less(t, took, sendTimeout+5*time.Second+5*time.Second)
-	dbtest.Eventually(t, 10*time.Second, "every outstanding row relayed", func() bool { return len(p.Lines()) >= held })
+	dbtest.Eventually(t, 2*time.Minute, "every row dispatched by the other instance", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
+	dbtest.Eventually(t, time.Minute, "every outstanding row relayed", func() bool { return len(p.Lines()) >= held })
 }

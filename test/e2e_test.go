@@ -105,9 +105,9 @@ func TestRunRelaysToStdoutAndExitsZeroOnSIGTERM(t *testing.T) {
 
 	p := start(t, []string{"OUTBOX_DATABASE_URL=" + dbtest.URL(t), "OUTBOX_SCHEMA=" + tbl.Schema, "OUTBOX_LOG_FORMAT=json"},
 		"run", "--tick", "50ms", "--page-size", "16")
-	dbtest.Eventually(t, 20*time.Second, "50 lines on stdout", func() bool { return len(p.Lines()) >= 50 })
+	dbtest.Eventually(t, 2*time.Minute, "50 lines on stdout", func() bool { return len(p.Lines()) >= 50 })
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
-	require.Equal(t, 0, p.wait(t, 20*time.Second), p.Stderr())
+	require.Equal(t, 0, p.wait(t, time.Minute), p.Stderr())
 
 	msgs := parseLines(t, p.Lines())
 	require.Len(t, msgs, 50)
@@ -134,11 +134,11 @@ func TestRunOnACronSchedule(t *testing.T) {
 	tbl := migrated(t)
 	insertRows(t, tbl, "a", 5)
 	p := start(t, nil, "run", "--database-url", dbtest.URL(t), "--schema", tbl.Schema, "--schedule", "@every 1s")
-	dbtest.Eventually(t, 20*time.Second, "5 lines", func() bool { return len(p.Lines()) >= 5 })
+	dbtest.Eventually(t, 2*time.Minute, "5 lines", func() bool { return len(p.Lines()) >= 5 })
 	insertRows(t, tbl, "b", 5) // picked up by a later tick
-	dbtest.Eventually(t, 20*time.Second, "10 lines", func() bool { return len(p.Lines()) >= 10 })
+	dbtest.Eventually(t, 2*time.Minute, "10 lines", func() bool { return len(p.Lines()) >= 10 })
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGINT))
-	require.Equal(t, 0, p.wait(t, 20*time.Second))
+	require.Equal(t, 0, p.wait(t, time.Minute))
 	require.Len(t, parseLines(t, p.Lines()), 10)
 }
 
@@ -149,9 +149,9 @@ func TestRunWithTheTopicBreakerInRedis(t *testing.T) {
 	insertRows(t, tbl, "a", 5)
 	p := start(t, nil, "run", "--database-url", dbtest.URL(t), "--schema", tbl.Schema, "--tick", "50ms",
 		"--redis-url", brokertest.RedisURL(t))
-	dbtest.Eventually(t, 20*time.Second, "5 lines", func() bool { return len(p.Lines()) >= 5 })
+	dbtest.Eventually(t, 2*time.Minute, "5 lines", func() bool { return len(p.Lines()) >= 5 })
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
-	require.Equal(t, 0, p.wait(t, 20*time.Second))
+	require.Equal(t, 0, p.wait(t, time.Minute))
 	require.NotContains(t, p.Stderr(), "redis does not answer")
 }
 
@@ -167,30 +167,27 @@ func TestDatabaseDownAtStartThenDroppedMidRun(t *testing.T) {
 
 	p := start(t, nil, "run", "--database-url", databaseURLVia(t, proxy.Addr()), "--schema", tbl.Schema,
 		"--tick", "50ms", "--page-size", "10")
-	dbtest.Eventually(t, 20*time.Second, "a logged retry", func() bool { return strings.Contains(p.Stderr(), "sweep failed; retrying") })
+	dbtest.Eventually(t, 2*time.Minute, "a logged retry", func() bool { return strings.Contains(p.Stderr(), "sweep failed; retrying") })
 	require.Empty(t, p.Lines())
 
 	proxy.Refuse(false)
-	dbtest.Eventually(t, 30*time.Second, "the first 100 rows", func() bool { return len(p.Lines()) >= 100 })
+	dbtest.Eventually(t, 2*time.Minute, "the first 100 rows", func() bool { return len(p.Lines()) >= 100 })
 	// Logged when the sweep that relayed them returns, a moment after the lines.
-	dbtest.Eventually(t, 10*time.Second, "the recovery logged", func() bool { return strings.Contains(p.Stderr(), "sweep succeeded again") })
+	dbtest.Eventually(t, time.Minute, "the recovery logged", func() bool { return strings.Contains(p.Stderr(), "sweep succeeded again") })
 
-	// Cut every connection while rows keep arriving.
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for i := range 10 {
-			insertRows(t, tbl, fmt.Sprint("b", i), 50)
-			time.Sleep(20 * time.Millisecond)
-		}
-	})
-	for range 5 {
-		time.Sleep(60 * time.Millisecond)
+	// Cut every connection while rows keep arriving: 100 rows at a time, each
+	// time cut once the sweeper has begun relaying them, so that every cut
+	// falls in the middle of the relay whatever the machine's pace.
+	for i := range 5 {
+		relayed := len(p.Lines())
+		insertRows(t, tbl, fmt.Sprint("b", 2*i), 50)
+		insertRows(t, tbl, fmt.Sprint("b", 2*i+1), 50)
+		dbtest.Eventually(t, 2*time.Minute, "the new rows being relayed", func() bool { return len(p.Lines()) > relayed })
 		proxy.Cut()
 	}
-	wg.Wait()
-	dbtest.Eventually(t, 60*time.Second, "every row dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
+	dbtest.Eventually(t, 2*time.Minute, "every row dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
-	require.Equal(t, 0, p.wait(t, 20*time.Second))
+	require.Equal(t, 0, p.wait(t, time.Minute))
 
 	seen := map[int64]int{}
 	for _, m := range parseLines(t, p.Lines()) {
@@ -220,17 +217,15 @@ func TestKilledSweeperLosesNothing(t *testing.T) {
 	for dbtest.Outstanding(t, tbl) > 0 {
 		p := start(t, nil, args...)
 		// Let it relay a share of the rows (however slow the machine, each
-		// process makes progress), then kill it without warning a moment
-		// later, at a point that varies from kill to kill.
-		dbtest.Eventually(t, 30*time.Second, "a share relayed, or an empty outbox", func() bool {
-			return len(p.Lines()) >= rows/20 || dbtest.Outstanding(t, tbl) == 0
+		// process makes progress), then kill it without warning, at a point
+		// that varies from kill to kill: 0 to 39 lines past the share, so
+		// within a batch of 50 as often as between two.
+		share := rows/20 + kills*7%40
+		dbtest.Eventually(t, 2*time.Minute, "a share relayed, or an empty outbox", func() bool {
+			return len(p.Lines()) >= share || dbtest.Outstanding(t, tbl) == 0
 		})
-		// This sleep only moves where in a batch the kill lands (0 to 39 ms
-		// after the share); progress is already assured, so no length of it
-		// can change the outcome.
-		time.Sleep(time.Duration(kills*7%40) * time.Millisecond)
 		require.NoError(t, p.cmd.Process.Kill())
-		p.wait(t, 10*time.Second)
+		p.wait(t, time.Minute)
 		kills++
 		lines := p.Lines()
 		if n := len(lines); n > 0 && !strings.HasSuffix(lines[n-1], "}") {
@@ -335,16 +330,42 @@ func TestBinaryProbeAlertsTheWebhook(t *testing.T) {
 	require.NoError(t, err)
 	p := start(t, nil, "run", "--database-url", dbtest.URL(t), "--schema", tbl.Schema,
 		"--alert-webhook-url", srv.URL, "--dlq-probe-schedule", "@every 1s")
-	dbtest.Eventually(t, 20*time.Second, "an alert", func() bool { mu.Lock(); defer mu.Unlock(); return len(bodies) > 0 })
-	time.Sleep(2500 * time.Millisecond) // two more probes, which must not alert again
+	dbtest.Eventually(t, 2*time.Minute, "an alert", func() bool { mu.Lock(); defer mu.Unlock(); return len(bodies) > 0 })
+	// Two more probes, which must not alert again: the third's start shows
+	// the second has ended (an instance runs its probes one after another).
+	for range 3 {
+		awaitProbe(t, tbl)
+	}
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
-	require.Equal(t, 0, p.wait(t, 20*time.Second))
+	require.Equal(t, 0, p.wait(t, time.Minute))
 	mu.Lock()
 	defer mu.Unlock()
 	require.Len(t, bodies, 1, "one alert per growth")
 	require.Contains(t, bodies[0], `"correlation_ids":["corr-x"]`)
 	require.NotContains(t, bodies[0], "SECRET")
 	require.Contains(t, p.Stderr(), "dead letters in")
+}
+
+// awaitProbe waits for the next dead-letter probe of tbl to start, and lets it
+// run. Each probe reads the watermark row FOR UPDATE, in the transaction in
+// which it looks for dead letters and alerts: the test holds that row until a
+// session waits for it, and lets go.
+func awaitProbe(t *testing.T, tbl outbox.Table) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := dbtest.Pool(t).Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	_, err = tx.Exec(ctx, "SELECT FROM "+pgx.Identifier{tbl.Schema, tbl.Name + "_probe"}.Sanitize()+" FOR UPDATE")
+	require.NoError(t, err)
+	var pid int32
+	require.NoError(t, tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
+	dbtest.Eventually(t, 2*time.Minute, "a dead-letter probe", func() bool {
+		var waiting bool
+		require.NoError(t, dbtest.Pool(t).QueryRow(ctx,
+			"SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid)))", pid).Scan(&waiting))
+		return waiting
+	})
 }
 
 // The binary serves the admin API: readiness, and a topic tripped and reset
@@ -359,7 +380,7 @@ func TestBinaryAdminAPI(t *testing.T) {
 	p := start(t, []string{"OUTBOX_ADMIN_ADDR=" + addr, "OUTBOX_ADMIN_TOKEN=t0ken"},
 		"run", "--database-url", dbtest.URL(t), "--schema", tbl.Schema)
 	base := "http://" + addr
-	dbtest.Eventually(t, 20*time.Second, "ready", func() bool {
+	dbtest.Eventually(t, 2*time.Minute, "ready", func() bool {
 		resp, err := http.Get(base + "/readyz")
 		if err != nil {
 			return false
@@ -415,5 +436,5 @@ func TestBinaryAdminAPI(t *testing.T) {
 	require.Contains(t, out, "is closed")
 
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
-	require.Equal(t, 0, p.wait(t, 20*time.Second))
+	require.Equal(t, 0, p.wait(t, time.Minute))
 }

@@ -28,7 +28,7 @@ func TestLatencyAtAThousandCommitsASecondEveryRowArrives(t *testing.T) {
 	t.Logf("%d rows at %.0f commits/s: commit→received p50 %s, p99 %s, max %s (race detector on); %d duplicates",
 		res.Rows, res.WriteRate, res.Quantile(0.5), res.Quantile(0.99), res.Quantile(1), res.Duplicates)
 	// A row arrives a moment before its batch's commit marks it dispatched.
-	dbtest.Eventually(t, 10*time.Second, "every row marked dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
+	dbtest.Eventually(t, time.Minute, "every row marked dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
-	require.Equal(t, 0, p.wait(t, 30*time.Second))
+	require.Equal(t, 0, p.wait(t, time.Minute))
 }

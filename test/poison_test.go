@@ -3,6 +3,7 @@ package test
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"slices"
@@ -170,7 +171,9 @@ func deadLetterReasons(t *testing.T, tbl outbox.Table) map[int64][2]string {
 	return out
 }
 
-// writeOne writes m and returns its row id.
+// writeOne writes m and returns its row id. The id is read in the writing
+// transaction: once it commits, a sweeper woken by the commit may move the row
+// to the dead-letter table before a later query could find it.
 func writeOne(t *testing.T, tbl outbox.Table, m outbox.Message) int64 {
 	t.Helper()
 	if m.MessageID == "" {
@@ -178,10 +181,14 @@ func writeOne(t *testing.T, tbl outbox.Table, m outbox.Message) int64 {
 	}
 	w, err := outbox.NewWriter(tbl)
 	require.NoError(t, err)
-	require.NoError(t, w.Write(context.Background(), dbtest.Pool(t), m))
+	ctx := context.Background()
 	var id int64
-	require.NoError(t, dbtest.Pool(t).QueryRow(context.Background(), "SELECT id FROM "+
-		pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()+" WHERE message_id = $1", m.MessageID).Scan(&id))
+	require.NoError(t, pgx.BeginFunc(ctx, dbtest.Pool(t), func(tx pgx.Tx) error {
+		if err := w.Write(ctx, tx, m); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, "SELECT id FROM "+pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()+" WHERE message_id = $1", m.MessageID).Scan(&id)
+	}))
 	return id
 }
 
@@ -198,15 +205,17 @@ type poisonRow struct {
 
 // poisonRun runs the binary with args while a healthy topic gets a row every
 // 100 ms, writes the poison rows with good neighbours in a mixed topic, and
-// checks: every healthy row arrives once, p99 of commit to arrival under 2 s;
-// the mixed topic's good rows arrive once; each poison row is dead-lettered
-// with the right reason, or its topic refused with its rows untouched; the
-// process never dies.
+// checks: every healthy row arrives once, and nothing held it up (no batch of
+// it failed, no failure was put on the broker, no sweep failed, the broker
+// breaker never opened; and p99 of commit to arrival stays under 10s, below
+// the 15s send timeout a hung send would cost); the mixed topic's good rows
+// arrive once; each poison row is dead-lettered with the right reason, or its
+// topic refused with its rows untouched; the process never dies.
 func poisonRun(t *testing.T, tbl outbox.Table, args []string, healthy, mixed string, poison []poisonRow, got *arrivals) {
 	t.Helper()
-	p := start(t, nil, args...)
+	p := start(t, nil, append(args, "--log-format", "json")...)
 	h := writeHealthy(t, tbl, healthy, 100*time.Millisecond)
-	dbtest.Eventually(t, 30*time.Second, "the first healthy rows", func() bool { return h.allArrived(got) })
+	dbtest.Eventually(t, 2*time.Minute, "the first healthy rows", func() bool { return h.allArrived(got) })
 
 	var goodIDs []string
 	dead, waiting := map[int64]poisonRow{}, map[int64]poisonRow{}
@@ -225,7 +234,7 @@ func poisonRun(t *testing.T, tbl outbox.Table, args []string, healthy, mixed str
 	goodIDs = append(goodIDs, last)
 	writeOne(t, tbl, outbox.Message{Topic: mixed, MessageID: last, Payload: []byte("good-last")})
 
-	dbtest.Eventually(t, 60*time.Second, "the poison rows handled and the good ones delivered", func() bool {
+	dbtest.Eventually(t, 3*time.Minute, "the poison rows handled and the good ones delivered", func() bool {
 		for _, id := range goodIDs {
 			if !got.has(id) {
 				return false
@@ -234,13 +243,17 @@ func poisonRun(t *testing.T, tbl outbox.Table, args []string, healthy, mixed str
 		return len(deadLetterReasons(t, tbl)) >= len(dead)
 	})
 	// Thirty more healthy rows after the poison, then every healthy row must
-	// have arrived, fast.
+	// have arrived.
 	after := h.writtenCount() + 30
-	dbtest.Eventually(t, 30*time.Second, "thirty more healthy rows written", func() bool { return h.writtenCount() >= after })
+	dbtest.Eventually(t, 2*time.Minute, "thirty more healthy rows written", func() bool { return h.writtenCount() >= after })
 	h.halt()
-	dbtest.Eventually(t, 30*time.Second, "every healthy row", func() bool { return h.allArrived(got) })
+	dbtest.Eventually(t, 2*time.Minute, "every healthy row", func() bool { return h.allArrived(got) })
 	lat := h.latencies(got)
-	require.Less(t, p99(lat), 2*time.Second, "p99 of the healthy topic's commit-to-arrival over %d rows (max %s)", len(lat), lat[len(lat)-1])
+	// How long a row takes depends on the machine (the worst of 40 rows,
+	// under a CPU hog, came near 0.75s), so the bound is only the backstop
+	// for a stall of a send timeout; what would hold the healthy topic up for
+	// less is in the log, checked below.
+	require.Less(t, p99(lat), 10*time.Second, "p99 of the healthy topic's commit-to-arrival over %d rows (max %s)", len(lat), lat[len(lat)-1])
 
 	dls := deadLetterReasons(t, tbl)
 	for id, pr := range dead {
@@ -267,10 +280,23 @@ func poisonRun(t *testing.T, tbl outbox.Table, args []string, healthy, mixed str
 	default:
 	}
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
-	require.Equal(t, 0, p.wait(t, 30*time.Second), p.Stderr())
+	require.Equal(t, 0, p.wait(t, time.Minute), p.Stderr())
 	require.NotContains(t, p.Stderr(), "panic")
 	require.NotContains(t, p.Stderr(), "broker circuit breaker open", "the poison never looked like an outage")
-	t.Logf("healthy: %d rows, p50 %s, p99 %s, max %s", len(lat), lat[len(lat)/2], p99(lat), lat[len(lat)-1])
+	failures := 0
+	for _, line := range strings.Split(strings.TrimSpace(p.Stderr()), "\n") {
+		var l struct{ Msg, Topic, Class string }
+		require.NoError(t, json.Unmarshal([]byte(line), &l), "a log line that is not JSON: %q", line)
+		if l.Class != "" {
+			failures++
+		}
+		require.NotEqual(t, "sweep failed; retrying", l.Msg, "a sweep failed: %s", line)
+		require.False(t, l.Topic == healthy && l.Class != "", "a batch of the healthy topic failed: %s", line)
+		require.NotEqual(t, "broker", l.Class, "a failure put on the broker: the poison looked like an outage: %s", line)
+	}
+	require.Positive(t, failures, "the poison's failures are logged, with their class")
+	t.Logf("healthy: %d rows, p50 %s, p99 %s, max %s; %d failed batches logged, none of the healthy topic or the broker",
+		len(lat), lat[len(lat)/2], p99(lat), lat[len(lat)-1], failures)
 }
 
 // Rows the AMQP client would refuse, or that would break the shared
@@ -389,7 +415,7 @@ func TestLongBrokerOutageChargesNoRow(t *testing.T) {
 				ids = append(ids, id)
 			}
 			write()
-			dbtest.Eventually(t, 30*time.Second, "the first row", func() bool { return got.has(ids[0]) })
+			dbtest.Eventually(t, 2*time.Minute, "the first row", func() bool { return got.has(ids[0]) })
 
 			if mode == "refusing" {
 				proxy.Refuse(true)
@@ -413,7 +439,7 @@ func TestLongBrokerOutageChargesNoRow(t *testing.T) {
 			proxy.Hang(false)
 			proxy.Cut() // the hung connections
 			write()
-			dbtest.Eventually(t, 90*time.Second, "every row delivered after the outage", func() bool {
+			dbtest.Eventually(t, 3*time.Minute, "every row delivered after the outage", func() bool {
 				for _, id := range ids {
 					if !got.has(id) {
 						return false
@@ -422,10 +448,10 @@ func TestLongBrokerOutageChargesNoRow(t *testing.T) {
 				return true
 			})
 			// The dispatched mark commits a moment after the broker took the batch.
-			dbtest.Eventually(t, 30*time.Second, "every row marked dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
+			dbtest.Eventually(t, time.Minute, "every row marked dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
 			require.Empty(t, deadLetterReasons(t, tbl))
 			require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
-			require.Equal(t, 0, p.wait(t, 30*time.Second), p.Stderr())
+			require.Equal(t, 0, p.wait(t, time.Minute), p.Stderr())
 			t.Logf("%s broker for %s: %d rows, all delivered, none charged", mode, outage(t), len(ids))
 		})
 	}

@@ -41,17 +41,24 @@ func TestThreeInstancesKeepTopicOrderAndSendNothingTwice(t *testing.T) {
 		procs = append(procs, start(t, nil, rabbitArgs(t, tbl, url, exchange,
 			"--ordering", "topic", "--tick", "100ms", "--log-level", "debug")...))
 	}
+	// Every instance sweeping before the rows come, however long each takes
+	// to start, so that all three compete for the topics.
+	for i, p := range procs {
+		dbtest.Eventually(t, 2*time.Minute, fmt.Sprintf("instance %d started", i), func() bool {
+			return strings.Contains(p.Stderr(), "sweeper started")
+		})
+	}
 	ids := writeRoundTrip(t, tbl, topics, n) // 50 transactions of 1,000 rows
-	dbtest.Eventually(t, 120*time.Second, "every message consumed", func() bool { return rc.count() >= n })
+	dbtest.Eventually(t, 5*time.Minute, "every message consumed", func() bool { return rc.count() >= n })
 	for _, p := range procs {
 		require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
 	}
 	for i, p := range procs {
-		require.Equal(t, 0, p.wait(t, 30*time.Second), "instance %d exit code", i)
+		require.Equal(t, 0, p.wait(t, time.Minute), "instance %d exit code", i)
 		require.Contains(t, p.Stderr(), "batch dispatched", "instance %d sent nothing: topics were not spread", i)
 	}
-	time.Sleep(200 * time.Millisecond) // deliveries still on their way would be duplicates
 	require.Zero(t, dbtest.Outstanding(t, tbl))
+	rc.drain(t) // deliveries still on their way would be duplicates
 	checkRoundTrip(t, rc.snapshot(), ids, topics, n)
 }
 
@@ -73,7 +80,7 @@ func TestChaosKilledInstancesLoseNothing(t *testing.T) {
 	rc := consumeRabbitMQ(t, url, exchange, topics)
 	tbl := migrated(t)
 	args := rabbitArgs(t, tbl, url, exchange, "--tick", "100ms", "--page-size", "200")
-	deadline := time.Now().Add(3 * time.Minute)
+	deadline := time.Now().Add(5 * time.Minute) // for the chaos; the drain has its own
 
 	// The application: transactions of 1 to 50 rows, at a pace that spreads n
 	// rows over writeTime, each row with a seq header for checkRoundTrip.
@@ -106,6 +113,8 @@ func TestChaosKilledInstancesLoseNothing(t *testing.T) {
 			}
 			i += size
 			written.Store(int64(i))
+			// Paces the writes to spread them over writeTime; a slow
+			// machine writes later, which the chaos loop waits for.
 			if ahead := time.Duration(i)*writeTime/n - time.Since(begin); ahead > 0 {
 				time.Sleep(ahead)
 			}
@@ -122,24 +131,39 @@ func TestChaosKilledInstancesLoseNothing(t *testing.T) {
 			require.False(t, t.Failed(), "the application's writes failed")
 		default:
 		}
-		time.Sleep(time.Duration(100+rng.IntN(900)) * time.Millisecond)
+		// The next kill comes after a random share of the relay (250 to
+		// 2,500 messages, half a second or so at the writer's pace), so that
+		// each lands in the middle of the run whatever the machine's speed;
+		// or at once when there is nothing left to relay.
+		target := rc.count() + 250 + rng.IntN(2250)
+		dbtest.Eventually(t, 2*time.Minute, "the relay moving on before the next kill", func() bool {
+			if rc.count() >= target {
+				return true
+			}
+			select {
+			case <-writerDone:
+				return dbtest.Outstanding(t, tbl) == 0
+			default:
+				return false
+			}
+		})
 		i := rng.IntN(len(procs))
 		require.NoError(t, procs[i].cmd.Process.Kill())
-		procs[i].wait(t, 10*time.Second)
+		procs[i].wait(t, time.Minute)
 		procs[i] = start(t, nil, args...)
 		kills++
 	}
 	<-writerDone
 	require.False(t, t.Failed())
 
-	dbtest.Eventually(t, time.Until(deadline)+30*time.Second, "every row dispatched and consumed", func() bool {
+	dbtest.Eventually(t, 5*time.Minute, "every row dispatched and consumed", func() bool {
 		return dbtest.Outstanding(t, tbl) == 0 && rc.distinct() >= n
 	})
 	for _, p := range procs {
 		require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
-		require.Equal(t, 0, p.wait(t, 30*time.Second))
+		require.Equal(t, 0, p.wait(t, time.Minute))
 	}
-	time.Sleep(200 * time.Millisecond)
+	rc.drain(t) // redeliveries still on their way count among the duplicates
 
 	got := rc.snapshot()
 	seen := map[float64]int{}

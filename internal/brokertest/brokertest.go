@@ -138,7 +138,7 @@ func StartRedis(t *testing.T) (url string, stop, start func()) {
 			t.Fatalf("start redis-server: %v", err)
 		}
 		redisPIDs.Store(url, cmd.Process.Pid)
-		deadline := time.Now().Add(10 * time.Second)
+		deadline := time.Now().Add(time.Minute) // a busy machine's start; the poll below ends it as soon as it answers
 		for {
 			c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 			if err == nil {

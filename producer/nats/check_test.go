@@ -23,7 +23,7 @@ func TestCheckPassesAgainstTheServerAndConnectsIfNeeded(t *testing.T) {
 	p, err := outboxnats.New(outboxnats.Config{URL: brokertest.NATSURL(t)})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = p.Close(context.Background()) })
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	require.NoError(t, p.Check(ctx))
 	require.NotNil(t, outboxnats.Conn(p))
@@ -54,14 +54,14 @@ func TestCheckFailsWhileReconnectingAndPassesOnceBack(t *testing.T) {
 
 	proxy.Refuse(true)
 	proxy.Cut()
-	require.Eventually(t, func() bool { return !outboxnats.Conn(p).IsConnected() }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return !outboxnats.Conn(p).IsConnected() }, time.Minute, 5*time.Millisecond)
 	err = producertest.CheckWithin(t, p, 2*time.Second)
 	require.Equal(t, producer.ClassBroker, producer.ClassOf(err), "%v", err)
 
 	proxy.Refuse(false)
 	require.Eventually(t, func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		return p.Check(ctx) == nil
-	}, 20*time.Second, 50*time.Millisecond)
+	}, 2*time.Minute, 50*time.Millisecond)
 }

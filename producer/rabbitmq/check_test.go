@@ -18,7 +18,7 @@ import (
 func TestCheckPassesAgainstTheBrokerAndConnectsIfNeeded(t *testing.T) {
 	t.Parallel()
 	f := setup(t, rabbitmq.Config{})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	require.NoError(t, f.p.Check(ctx))
 
@@ -73,7 +73,7 @@ func TestCheckFailsWithinItsDeadlineWhenAnOpenConnectionGoesSilent(t *testing.T)
 	require.Equal(t, "no_answer", producer.ReasonOf(err))
 
 	fr.set(false)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	require.NoError(t, p.Check(ctx))
 }

@@ -207,7 +207,7 @@ func TestClosedSenderIsReplaced(t *testing.T) {
 	first := b.senders["a"]
 	err := b.p.Send(ctx, producer.Batch{Topic: "a", Messages: msgs("a", 1, 1)})
 	require.Equal(t, producer.ClassTransient, producer.ClassOf(err))
-	require.Eventually(t, first.closed.Load, 5*time.Second, time.Millisecond)
+	require.Eventually(t, first.closed.Load, time.Minute, time.Millisecond)
 	require.NoError(t, b.p.Send(ctx, producer.Batch{Topic: "a", Messages: msgs("a", 1, 1)}))
 	require.Equal(t, 2, b.created)
 }
