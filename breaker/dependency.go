@@ -324,7 +324,9 @@ func (r Retry) WithDefaults() Retry {
 func (r Retry) Do(ctx context.Context, try func(context.Context) error) error {
 	r = r.WithDefaults()
 	tries := 0
-	var last error
+	// cause is the last failure that was not the send's own deadline: when the
+	// final try runs into the deadline, it says why the tries failed.
+	var last, cause error
 	retryable := func(err error) bool {
 		c := producer.ClassOf(err)
 		return c == producer.ClassTransient || c == producer.ClassBroker
@@ -334,6 +336,9 @@ func (r Retry) Do(ctx context.Context, try func(context.Context) error) error {
 		last = try(ctx)
 		if last == nil {
 			return struct{}{}, nil
+		}
+		if ctx.Err() == nil || !errors.Is(last, ctx.Err()) {
+			cause = last
 		}
 		if !retryable(last) {
 			return struct{}{}, backoff.Permanent(last)
@@ -352,6 +357,10 @@ func (r Retry) Do(ctx context.Context, try func(context.Context) error) error {
 			return ctx.Err() // stopping: local
 		}
 		return fmt.Errorf("send deadline reached after %d tries: %w", tries, last)
+	case last != nil && cause != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) && errors.Is(last, ctx.Err()):
+		// The last try was cut short by the deadline (on a slow machine, or a
+		// broker that answers slowly): the failure before it is the news.
+		return fmt.Errorf("send deadline reached after %d tries: %w", tries, cause)
 	case last != nil && tries > 1:
 		return fmt.Errorf("after %d tries: %w", tries, last)
 	case last != nil:

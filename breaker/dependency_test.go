@@ -80,6 +80,26 @@ func TestRetryStopsAtTheSendTimeout(t *testing.T) {
 	require.Less(t, p.Calls(), 10)
 }
 
+// A last try cut short by the send's deadline reports the failure before it,
+// not only "context deadline exceeded" (seen under a CPU hog, where the
+// deadline fell during a try).
+func TestADeadlineThatCutsTheLastTryKeepsTheCause(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	calls := 0
+	err := breaker.Retry{Attempts: 5, Initial: time.Millisecond, Max: time.Millisecond}.Do(ctx, func(ctx context.Context) error {
+		calls++
+		if calls == 1 {
+			return errors.New("connection reset")
+		}
+		<-ctx.Done() // a try that hangs until the deadline
+		return ctx.Err()
+	})
+	require.Equal(t, 2, calls)
+	require.ErrorContains(t, err, "send deadline reached after 2 tries: connection reset")
+}
+
 // Topic- and message-class errors are not retried.
 func TestTopicAndMessageErrorsAreNotRetried(t *testing.T) {
 	t.Parallel()
