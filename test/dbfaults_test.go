@@ -205,6 +205,9 @@ func TestFrozenInstanceRowsArePickedUpWithinTheBound(t *testing.T) {
 		}
 		require.NoError(t, err)
 		held, idleFrom = dbtest.Outstanding(t, tbl), c.since
+		// The poll's pace (10ms) cannot decide the outcome: the end is read on
+		// Postgres's clock (x.now), and a poll that comes late only adds to
+		// heldFor, which the bound below allows 5 s of slack for.
 		for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 			x := look(c.pid)
 			switch {

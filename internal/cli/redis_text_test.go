@@ -83,19 +83,17 @@ func TestAnInstanceStartsOverARedisHoldingATopicThatIsNotUTF8(t *testing.T) {
 		return fmt.Sprintf("%d %s", resp.StatusCode, raw)
 	}
 	want := `outbox_topic_tripped{topic="\\xff\\xfe"} 1`
-	deadline := time.Now().Add(2 * time.Minute) // the instance's start and first tick, on a busy machine
 	var got string
-	for time.Now().Before(deadline) {
+	// The instance's start and first tick, on a busy machine.
+	dbtest.Eventually(t, 2*time.Minute, "the topic in /metrics", func() bool {
 		select {
 		case code := <-done:
 			t.Fatalf("the instance stopped with exit %d:\n%s", code, stderr.String())
 		default:
 		}
-		if got = scrape(); strings.HasPrefix(got, "200 ") && strings.Contains(got, want) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond) // the poll's pace: the deadline above decides, not this
-	}
+		got = scrape()
+		return strings.HasPrefix(got, "200 ") && strings.Contains(got, want)
+	})
 	require.Contains(t, got, want, "stderr:\n%s", stderr.String())
 	require.Contains(t, stderr.String(), "half-open", "the first tick ended the cooldown and told the hook")
 
