@@ -584,3 +584,84 @@ func TestBatchIdleTimeoutFollowsTheSendTimeoutWithinPostgresLimit(t *testing.T) 
 	require.NoError(t, err)
 	require.Equal(t, 3, res.Dispatched)
 }
+
+// The claim sets its transaction's idle timeout and takes the topic's lock
+// before it looks at a row, whatever rows it finds: the bound on how long a
+// frozen sweeper holds rows must not depend on the plan Postgres picks. And a
+// claim that finds the topic's lock taken locks no row: another sweeper's
+// batch of the topic is in flight, and the rows stay free for it.
+func TestClaimSetsItsIdleTimeoutAndTopicLockBeforeAnyRow(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("claimed", 3)...)
+	ctx := context.Background()
+	pool := dbtest.NewPool(t, 4)
+	ident := pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()
+	claim := outboxsql.Statement("claim_batch", outboxsql.Tables{Outbox: ident})
+	rows, err := pool.Query(ctx, "SELECT id FROM "+ident+" ORDER BY id")
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	require.Len(t, ids, 3)
+	key := tbl.TopicLockKey("claimed")
+
+	// claimIn runs the claim in tx and returns how many rows it claimed.
+	claimIn := func(tx pgx.Tx, ids []int64, topicLock bool) int {
+		rows, err := tx.Query(ctx, claim, ids, topicLock, key, "7000ms")
+		require.NoError(t, err)
+		n := 0
+		_, err = pgx.ForEachRow(rows, []any{new(int64), new(int)}, func() error { n++; return nil })
+		require.NoError(t, err)
+		return n
+	}
+	// heldBy reports the idle timeout in force in tx and how many advisory
+	// locks its session holds.
+	heldBy := func(tx pgx.Tx) (timeout string, locks int) {
+		require.NoError(t, tx.QueryRow(ctx, "SHOW idle_in_transaction_session_timeout").Scan(&timeout))
+		require.NoError(t, tx.QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()").Scan(&locks))
+		return timeout, locks
+	}
+	for _, tc := range []struct {
+		name      string
+		ids       []int64
+		topicLock bool
+		claimed   int
+	}{
+		{"rows, topic lock", ids, true, 3},
+		{"no rows, topic lock", []int64{-1}, true, 0},
+		{"rows, no topic lock", ids, false, 3},
+		{"no rows, no topic lock", []int64{-1}, false, 0},
+	} {
+		func() {
+			tx, err := pool.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback(ctx) }() // before the schema is dropped, also on failure
+			require.Equal(t, tc.claimed, claimIn(tx, tc.ids, tc.topicLock), tc.name)
+			timeout, locks := heldBy(tx)
+			require.Equal(t, "7s", timeout, "%s: the claim's idle timeout", tc.name)
+			wantLocks := 0
+			if tc.topicLock {
+				wantLocks = 1
+			}
+			require.Equal(t, wantLocks, locks, "%s: advisory locks held", tc.name)
+		}()
+	}
+
+	// Another batch of the topic holds its lock: the claim takes nothing and
+	// locks nothing.
+	other, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = other.Rollback(ctx) }()
+	_, err = other.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", key)
+	require.NoError(t, err)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	require.Zero(t, claimIn(tx, ids, true))
+	timeout, locks := heldBy(tx)
+	require.Equal(t, "7s", timeout)
+	require.Equal(t, 0, locks, "the topic's lock is another batch's")
+	var free int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM (SELECT id FROM "+ident+" FOR UPDATE SKIP LOCKED) r").Scan(&free))
+	require.Equal(t, 3, free, "a claim that found the topic's lock taken must lock no row")
+}

@@ -16,7 +16,7 @@
 -- lock, and claims nothing when another sweeper's batch of the topic holds it:
 -- at most one sweeper sends a topic at a time. The lock goes with the
 -- transaction, so a sweeper that dies frees it at once. CASE keeps the lock
--- from being taken when $2 is not set; MATERIALIZED takes it once, not per row.
+-- from being taken when $2 is not set.
 --
 -- The transaction then sits idle while the broker answers. $4 bounds that for
 -- this transaction only (set_config(…, true) is SET LOCAL): if this sweeper
@@ -24,18 +24,25 @@
 -- the session after $4 and the rows and the lock go to other sweepers. Set here
 -- rather than per session so it reaches nothing else the pool's sessions do,
 -- and passes through connection poolers.
+--
+-- Both happen once, before any row is looked at, whatever plan the planner
+-- picks: the uncorrelated (SELECT held FROM topic_lock) is a one-time filter
+-- over the whole update (EXPLAIN: "One-Time Filter"), so the timeout is set
+-- before the first row is locked, and no row is locked when the topic's lock
+-- is not held. Joined to the rows instead, the CTE ran only when some row
+-- matched, in an order the plan decided.
 WITH topic_lock AS MATERIALIZED (
     SELECT set_config('idle_in_transaction_session_timeout', $4::text, true) AS idle_timeout,
            CASE WHEN $2::boolean THEN pg_try_advisory_xact_lock($3::bigint) ELSE true END AS held
 )
 UPDATE {{outbox}}
 SET dispatched_at = now()
-WHERE id IN (
+WHERE (SELECT held FROM topic_lock)
+  AND id IN (
     SELECT o.id
-    FROM {{outbox}} o, topic_lock
-    WHERE topic_lock.held
-      AND o.id = ANY($1::bigint[])
+    FROM {{outbox}} o
+    WHERE o.id = ANY($1::bigint[])
       AND o.dispatched_at IS NULL
     FOR UPDATE OF o SKIP LOCKED
-)
+  )
 RETURNING id, attempts
