@@ -66,6 +66,21 @@ func TestEachCommandHasItsOwnHelp(t *testing.T) {
 		require.Contains(t, stderr, group+" needs a command")
 		require.Contains(t, stderr, "sweeper "+group+" --help")
 	}
+	// Help for a command that does not exist is a usage error that names it
+	// and the commands there are.
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"help", "frobnicate"}, `unknown command "frobnicate": the commands are run, migrate, dlq, topics, healthcheck, version and help`},
+		{[]string{"help", "dlq", "frob"}, `unknown dlq command "frob": the dlq commands are list, replay, purge`},
+		{[]string{"help", "topics", "frob"}, `unknown topics command "frob"`},
+	} {
+		code, stdout, stderr := runMain(t, noEnv, tc.args...)
+		require.Equal(t, ExitUsage, code, "%v", tc.args)
+		require.Empty(t, stdout, "%v", tc.args)
+		require.Contains(t, stderr, tc.want, "%v", tc.args)
+	}
 	code, stdout, _ := runMain(t, noEnv, "--help")
 	require.Equal(t, ExitOK, code)
 	for _, c := range commands {
