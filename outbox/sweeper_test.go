@@ -585,8 +585,8 @@ func TestBatchIdleTimeoutFollowsTheSendTimeoutWithinPostgresLimit(t *testing.T) 
 	require.Equal(t, 3, res.Dispatched)
 }
 
-// The claim sets its transaction's idle timeout and takes the topic's lock
-// before it looks at a row, whatever rows it finds: the bound on how long a
+// The claim sets its transaction's idle timeout (and commit without a disk
+// sync) and takes the topic's lock before it looks at a row, whatever rows it finds: the bound on how long a
 // frozen sweeper holds rows must not depend on the plan Postgres picks. And a
 // claim that finds the topic's lock taken locks no row: another sweeper's
 // batch of the topic is in flight, and the rows stay free for it.
@@ -617,6 +617,9 @@ func TestClaimSetsItsIdleTimeoutAndTopicLockBeforeAnyRow(t *testing.T) {
 	// heldBy reports the idle timeout in force in tx and how many advisory
 	// locks its session holds.
 	heldBy := func(tx pgx.Tx) (timeout string, locks int) {
+		var syncCommit string
+		require.NoError(t, tx.QueryRow(ctx, "SHOW synchronous_commit").Scan(&syncCommit))
+		require.Equal(t, "off", syncCommit, "the claim's marks need no disk sync: lost, a row is sent again")
 		require.NoError(t, tx.QueryRow(ctx, "SHOW idle_in_transaction_session_timeout").Scan(&timeout))
 		require.NoError(t, tx.QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()").Scan(&locks))
 		return timeout, locks

@@ -25,7 +25,18 @@
 -- rather than per session so it reaches nothing else the pool's sessions do,
 -- and passes through connection poolers.
 --
--- Both happen once, before any row is looked at, whatever plan the planner
+-- The transaction commits without waiting for its WAL to reach disk
+-- (synchronous_commit off, for it alone). Its marks say "sent"; if Postgres
+-- crashes before it flushes them (a fraction of a second, wal_writer_delay
+-- times three at most), the rows are outstanding again after recovery and are
+-- sent again: a duplicate, which at-least-once allows, never a loss (the rows
+-- themselves were committed by the application with its own settings). WAL is
+-- flushed in order, so what is lost is always the latest marks, and a topic's
+-- rows come again in id order. The same holds for what a failure records in
+-- this transaction (attempts, a move to the dead-letter table): lost, the row
+-- is tried again. Waiting for the flush cost each batch a disk sync.
+--
+-- All three happen once, before any row is looked at, whatever plan the planner
 -- picks: the uncorrelated (SELECT held FROM topic_lock) is a one-time filter
 -- over the whole update (EXPLAIN: "One-Time Filter"), so the timeout is set
 -- before the first row is locked, and no row is locked when the topic's lock
@@ -33,6 +44,7 @@
 -- matched, in an order the plan decided.
 WITH topic_lock AS MATERIALIZED (
     SELECT set_config('idle_in_transaction_session_timeout', $4::text, true) AS idle_timeout,
+           set_config('synchronous_commit', 'off', true) AS synchronous_commit,
            CASE WHEN $2::boolean THEN pg_try_advisory_xact_lock($3::bigint) ELSE true END AS held
 )
 UPDATE {{outbox}}

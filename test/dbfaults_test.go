@@ -33,11 +33,22 @@ func readyz(addr string) int {
 	return resp.StatusCode
 }
 
-// Postgres, a server of the test's own, is restarted while the application
-// writes and the binary relays: the sweeper reports the outage on /readyz while
-// it lasts, reconnects, and every row that made it into the outbox is relayed.
+// Postgres, a server of the test's own, is restarted (or crashes) while the
+// application writes and the binary relays: the sweeper reports the outage on
+// /readyz while it lasts, reconnects, and every row that made it into the
+// outbox is relayed. A crash loses the sweeper's latest marks (they commit
+// without waiting for the disk): their rows are sent again, never lost.
 func TestPostgresRestartedMidRunLosesNothing(t *testing.T) {
 	t.Parallel()
+	for _, mode := range []string{"restarted", "crashed"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			postgresStoppedMidRun(t, mode == "crashed")
+		})
+	}
+}
+
+func postgresStoppedMidRun(t *testing.T, crash bool) {
 	srv := dbtest.StartServer(t)
 	code, _, stderr := runOnce(t, "migrate", "--database-url", srv.URL())
 	require.Equal(t, 0, code, stderr)
@@ -84,7 +95,11 @@ func TestPostgresRestartedMidRunLosesNothing(t *testing.T) {
 	})
 
 	dbtest.Eventually(t, 2*time.Minute, "rows relayed before the restart", func() bool { return len(p.Lines()) >= 200 })
-	srv.Stop()
+	if crash {
+		srv.Crash()
+	} else {
+		srv.Stop()
+	}
 	dbtest.Eventually(t, time.Minute, "/readyz reporting the outage", func() bool { return readyz(addr) == http.StatusServiceUnavailable })
 	// The outage lasts: once the sweeper has failed a sweep more on it,
 	// /readyz still reports it.

@@ -74,6 +74,15 @@ func (s *Server) Stop() {
 	s.run("pg_ctl", "-D", s.dir, "-m", "fast", "-w", "stop")
 }
 
+// Crash stops the server the way a crash does (immediate: every process
+// quits at once, nothing is flushed, recovery replays the WAL at the next
+// start) and waits until it is down. What was committed without waiting for
+// the WAL's flush (synchronous_commit off) may be lost.
+func (s *Server) Crash() {
+	s.t.Helper()
+	s.run("pg_ctl", "-D", s.dir, "-m", "immediate", "-w", "stop")
+}
+
 func (s *Server) command(name string, args ...string) *exec.Cmd {
 	path := filepath.Join(s.bin, name)
 	if s.asPostgres {
