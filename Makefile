@@ -15,7 +15,7 @@ LDFLAGS      := -s -w -X github.com/outbox-sweeper/sweeper/internal/cli.Version=
 DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 BENCHSTAT    := golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
 
-.PHONY: build run test test-under-load services bench vet check-deploy clean
+.PHONY: build run test test-under-load services bench bench-binary vet check-deploy clean
 
 # Loads .services.env (if scripts/services.sh wrote one) into a recipe line.
 LOADENV := set -a; [ ! -f .services.env ] || . ./.services.env; set +a;
@@ -59,19 +59,29 @@ test-under-load:
 # and 3 sweepers (DrainInstances), and into RabbitMQ and NATS JetStream
 # (test/bench/). PageQuery: the page query alone, at two table sizes, and with
 # 10,000,000 dispatched rows kept (PageQueryRetained: loading them takes minutes).
-# test/bench/ also measures commit-to-arrival latency at 1,000 commits a second
-# (LatencyNATS, 20 s a run) and the binary's peak RSS on a 1,000,000-row backlog.
+# test/bench/ also measures the binary's peak RSS on a 1,000,000-row backlog.
 # MessageIDIndex: the unique index's cost on writes and on a sweep; Split: finding
-# one bad row in a 500-row batch. DrainBinary runs the binary on 100,000 rows; set
-# OUTBOX_BENCH_BASE=<rev> to alternate it with an older build (see BENCHMARKS.md).
+# one bad row in a 500-row batch. DrainBinary runs the binary, with its defaults, on
+# 100,000 rows into stdout, RabbitMQ and NATS, beside the ceilings of
+# test/bench/ceiling (the database alone, each broker alone) measured in the same
+# run, and reports its share of the combined ceiling (of-ceiling); Latency runs the
+# binary at 1,000 commits a second into NATS and RabbitMQ. Set
+# OUTBOX_BENCH_BASE=<rev> to alternate the binary with an older build (see
+# BENCHMARKS.md). make bench-binary runs only those two.
+bench-binary:
+	scripts/services.sh test
+	$(LOADENV) go test -run '^$$' -bench 'DrainBinary|Latency' -benchtime 1x -count 3 -timeout 30m ./test/bench/ | tee bench.out
+	go run $(BENCHSTAT) bench.out
+
 bench:
-	go test -run '^$$' -bench 'Drain' -benchtime 1x -count 3 -timeout 30m ./outbox/ | tee bench.out
-	go test -run '^$$' -bench 'PageQuery|TopicsQuery' -benchtime 2000x -count 3 -timeout 30m ./outbox/ | tee -a bench.out
-	go test -run '^$$' -bench 'BlockedTick' -benchtime 100000x -count 3 -timeout 30m ./outbox/ | tee -a bench.out
-	go test -run '^$$' -bench 'WriteMessageIDIndex$$' -benchtime 100x -count 3 -timeout 30m ./outbox/ | tee -a bench.out
-	go test -run '^$$' -bench 'SweepMessageIDIndex' -benchtime 5x -count 3 -timeout 30m ./outbox/ | tee -a bench.out
-	go test -run '^$$' -bench 'Split' -benchtime 20x -count 3 -timeout 30m ./outbox/ | tee -a bench.out
-	go test -run '^$$' -bench . -benchtime 1x -count 3 -timeout 30m ./test/bench/ | tee -a bench.out
+	scripts/services.sh test
+	$(LOADENV) go test -run '^$$' -bench 'Drain' -benchtime 1x -count 3 -timeout 30m ./outbox/ | tee bench.out
+	$(LOADENV) go test -run '^$$' -bench 'PageQuery|TopicsQuery' -benchtime 2000x -count 3 -timeout 30m ./outbox/ | tee -a bench.out
+	$(LOADENV) go test -run '^$$' -bench 'BlockedTick' -benchtime 100000x -count 3 -timeout 30m ./outbox/ | tee -a bench.out
+	$(LOADENV) go test -run '^$$' -bench 'WriteMessageIDIndex$$' -benchtime 100x -count 3 -timeout 30m ./outbox/ | tee -a bench.out
+	$(LOADENV) go test -run '^$$' -bench 'SweepMessageIDIndex' -benchtime 5x -count 3 -timeout 30m ./outbox/ | tee -a bench.out
+	$(LOADENV) go test -run '^$$' -bench 'Split' -benchtime 20x -count 3 -timeout 30m ./outbox/ | tee -a bench.out
+	$(LOADENV) go test -run '^$$' -bench . -benchtime 1x -count 3 -timeout 30m ./test/bench/ | tee -a bench.out
 	go run $(BENCHSTAT) bench.out
 
 clean:

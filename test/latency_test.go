@@ -14,7 +14,7 @@ import (
 
 // The binary relays to NATS JetStream while the application commits 1,000
 // single-row transactions a second for 20s: every row arrives. The latency
-// figures are `make bench`'s (BenchmarkLatencyNATS, without the race
+// figures are `make bench`'s (BenchmarkLatency, without the race
 // detector); here they are only logged.
 func TestLatencyAtAThousandCommitsASecondEveryRowArrives(t *testing.T) {
 	t.Parallel()
@@ -24,7 +24,7 @@ func TestLatencyAtAThousandCommitsASecondEveryRowArrives(t *testing.T) {
 	tbl := migrated(t)
 	p := start(t, nil, "run", "--database-url", dbtest.URL(t), "--schema", tbl.Schema, "--producer", "nats", "--nats-url", url)
 
-	res := benchutil.Latency(t, tbl, url, prefix, topics, 1000, 20*time.Second)
+	res := benchutil.Latency(t, tbl, benchutil.NATSSubscriber(url, prefix), topics, 1000, 20*time.Second)
 	t.Logf("%d rows at %.0f commits/s: commit→received p50 %s, p99 %s, max %s (race detector on); %d duplicates",
 		res.Rows, res.WriteRate, res.Quantile(0.5), res.Quantile(0.99), res.Quantile(1), res.Duplicates)
 	// A row arrives a moment before its batch's commit marks it dispatched.

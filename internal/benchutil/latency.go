@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outbox-sweeper/sweeper/internal/brokertest"
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
@@ -34,7 +35,7 @@ func writeOne(ctx context.Context, pool *pgxpool.Pool, w *outbox.Writer, topic s
 }
 
 // LatencyResult is what Latency measured: every row's time from just before its
-// transaction's commit to its arrival at a NATS subscriber, sorted.
+// transaction's commit to its arrival at a subscriber, sorted.
 type LatencyResult struct {
 	Rows      int
 	Latencies []time.Duration
@@ -77,13 +78,93 @@ func NATSStream(tb testing.TB, url, prefix string, topics int) []string {
 	return Topics(prefix, topics)
 }
 
+// Subscriber starts receiving what the sweeper relays, calling arrived with each
+// message's body as it comes, and returns a function that stops it. It is
+// ready when it returns: nothing published after that is missed.
+type Subscriber func(tb testing.TB, arrived func(body []byte)) (stop func())
+
+// NATSSubscriber subscribes to prefix.> on the NATS server at url.
+func NATSSubscriber(url, prefix string) Subscriber {
+	return func(tb testing.TB, arrived func([]byte)) func() {
+		nc, err := natsgo.Connect(url)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		sub, err := nc.Subscribe(prefix+".>", func(m *natsgo.Msg) { arrived(m.Data) })
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if err := sub.SetPendingLimits(-1, -1); err != nil {
+			tb.Fatal(err)
+		}
+		if err := nc.Flush(); err != nil {
+			tb.Fatal(err)
+		}
+		return nc.Close
+	}
+}
+
+// RabbitMQSubscriber consumes, with automatic acks, a queue of its own bound to
+// prefix.# on exchange (a topic exchange it declares) of the RabbitMQ at url.
+func RabbitMQSubscriber(url, exchange, prefix string) Subscriber {
+	return func(tb testing.TB, arrived func([]byte)) func() {
+		conn, err := amqp.Dial(url)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		ch, err := conn.Channel()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if err := ch.ExchangeDeclare(exchange, "topic", true, false, false, false, nil); err != nil {
+			tb.Fatal(err)
+		}
+		q, err := ch.QueueDeclare("", false, true, true, false, nil)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if err := ch.QueueBind(q.Name, prefix+".#", exchange, false, nil); err != nil {
+			tb.Fatal(err)
+		}
+		deliveries, err := ch.Consume(q.Name, "", true, true, false, false, nil)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for d := range deliveries {
+				arrived(d.Body)
+			}
+		}()
+		return func() {
+			_ = conn.Close() // ends deliveries
+			<-done
+			_ = exchangeDelete(url, exchange)
+		}
+	}
+}
+
+func exchangeDelete(url, exchange string) error {
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	return ch.ExchangeDelete(exchange, false, false)
+}
+
 // Latency writes rate single-row transactions a second for d into tbl, spread
 // over topics, from enough goroutines to keep the pace, while a sweeper someone
-// else runs relays them to NATS. A subscriber on prefix.> takes each message's
-// arrival; the clock starts just before each commit is sent, so a figure
-// includes the commit's round trip and never flatters. It fails tb if a row has
-// not arrived 30s after the last write.
-func Latency(tb testing.TB, tbl outbox.Table, natsURL, prefix string, topics []string, rate int, d time.Duration) LatencyResult {
+// else runs relays them to the broker sub receives from. The clock starts just
+// before each commit is sent, so a figure includes the commit's round trip and
+// never flatters. It fails tb if a row has not arrived 30s after the last
+// write.
+func Latency(tb testing.TB, tbl outbox.Table, sub Subscriber, topics []string, rate int, d time.Duration) LatencyResult {
 	tb.Helper()
 	n := int(d.Seconds() * float64(rate))
 	committing := make([]atomic.Int64, n) // unix nanos just before each row's commit
@@ -91,16 +172,11 @@ func Latency(tb testing.TB, tbl outbox.Table, natsURL, prefix string, topics []s
 	arrived := make([]atomic.Int64, n)    // unix nanos of its first arrival
 	var received, dups atomic.Int64
 
-	nc, err := natsgo.Connect(natsURL)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer nc.Close()
-	sub, err := nc.Subscribe(prefix+".>", func(m *natsgo.Msg) {
+	stop := sub(tb, func(body []byte) {
 		now := time.Now().UnixNano()
-		seq, err := strconv.Atoi(string(m.Data))
+		seq, err := strconv.Atoi(string(body))
 		if err != nil || seq < 0 || seq >= n {
-			tb.Errorf("unexpected message %q on %s", m.Data, m.Subject)
+			tb.Errorf("unexpected message %q", body)
 			return
 		}
 		if arrived[seq].CompareAndSwap(0, now) {
@@ -109,16 +185,7 @@ func Latency(tb testing.TB, tbl outbox.Table, natsURL, prefix string, topics []s
 			dups.Add(1)
 		}
 	})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer sub.Unsubscribe()
-	if err := sub.SetPendingLimits(-1, -1); err != nil {
-		tb.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		tb.Fatal(err)
-	}
+	defer stop()
 
 	w, err := outbox.NewWriter(tbl)
 	if err != nil {

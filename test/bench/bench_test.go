@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -50,8 +49,7 @@ func forEachConfig(b *testing.B, run func(b *testing.B, cfg outbox.Config)) {
 }
 
 // BenchmarkDrainRabbitMQ: every topic has a bound queue that keeps its newest
-// 1,000 messages (older ones are dropped, which RabbitMQ still confirms), so the
-// broker's memory stays small without a consumer competing for the two cores.
+// 1,000 messages (rabbitTopology).
 func BenchmarkDrainRabbitMQ(b *testing.B) {
 	forEachConfig(b, benchmarkDrainRabbitMQ)
 }
@@ -60,37 +58,7 @@ func benchmarkDrainRabbitMQ(b *testing.B, cfg outbox.Config) {
 	url := brokertest.RabbitMQURL(b)
 	topics := benchutil.Topics("bench", 10)
 	benchutil.Drain(b, backlog, topics, cfg, func(b *testing.B) producer.Producer {
-		exchange := brokertest.Name("outbox_bench")
-		conn, err := amqp.Dial(url)
-		if err != nil {
-			b.Fatal(err)
-		}
-		ch, err := conn.Channel()
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := ch.ExchangeDeclare(exchange, "topic", true, false, false, false, nil); err != nil {
-			b.Fatal(err)
-		}
-		var queues []string
-		for _, topic := range topics {
-			q, err := ch.QueueDeclare("", true, false, false, false, amqp.Table{"x-max-length": int32(1000)})
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := ch.QueueBind(q.Name, topic, exchange, false, nil); err != nil {
-				b.Fatal(err)
-			}
-			queues = append(queues, q.Name)
-		}
-		b.Cleanup(func() {
-			for _, q := range queues {
-				_, _ = ch.QueueDelete(q, false, false, false)
-			}
-			_ = ch.ExchangeDelete(exchange, false, false)
-			_ = conn.Close()
-		})
-		p, err := rabbitmq.New(rabbitmq.Config{URL: url, Exchange: exchange})
+		p, err := rabbitmq.New(rabbitmq.Config{URL: url, Exchange: rabbitTopology(b, url, topics)})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -99,6 +67,61 @@ func benchmarkDrainRabbitMQ(b *testing.B, cfg outbox.Config) {
 		}
 		return p
 	})
+}
+
+// rabbitTopology declares an exchange of its own and, for each topic, a queue
+// bound to it that keeps its newest 1,000 messages (older ones are dropped,
+// which RabbitMQ still confirms), so that the broker's memory stays small
+// without a consumer competing for the two cores. It returns the exchange.
+func rabbitTopology(b *testing.B, url string, topics []string) string {
+	b.Helper()
+	exchange := brokertest.Name("outbox_bench")
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := ch.ExchangeDeclare(exchange, "topic", true, false, false, false, nil); err != nil {
+		b.Fatal(err)
+	}
+	var queues []string
+	b.Cleanup(func() {
+		for _, q := range queues {
+			_, _ = ch.QueueDelete(q, false, false, false)
+		}
+		_ = ch.ExchangeDelete(exchange, false, false)
+		_ = conn.Close()
+	})
+	for _, topic := range topics {
+		q, err := ch.QueueDeclare("", true, false, false, false, amqp.Table{"x-max-length": int32(1000)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		queues = append(queues, q.Name)
+		if err := ch.QueueBind(q.Name, topic, exchange, false, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return exchange
+}
+
+// natsStream creates a file-backed stream named prefix that captures every
+// subject under prefix and keeps its newest max messages.
+func natsStream(b *testing.B, prefix string, max int64) {
+	b.Helper()
+	nc, err := natsgo.Connect(brokertest.NATSURL(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(nc.Close) // registered first, so it runs after the stream is deleted
+	js, err := jetstream.New(nc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	brokertest.CreateStream(b, js, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}, MaxMsgs: max})
 }
 
 // BenchmarkDrainNATS: one file-backed stream captures every topic and keeps its
@@ -112,58 +135,69 @@ func benchmarkDrainNATS(b *testing.B, cfg outbox.Config) {
 	prefix := brokertest.Name("bench")
 	topics := benchutil.Topics(prefix, 10)
 	benchutil.Drain(b, backlog, topics, cfg, func(b *testing.B) producer.Producer {
-		nc, err := natsgo.Connect(url)
-		if err != nil {
-			b.Fatal(err)
-		}
-		js, err := jetstream.New(nc)
-		if err != nil {
-			b.Fatal(err)
-		}
-		ctx := context.Background()
-		b.Cleanup(nc.Close) // registered first, so it runs after the stream is deleted
-		_ = js.DeleteStream(ctx, prefix)
-		brokertest.CreateStream(b, js, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}, MaxMsgs: 20_000})
+		natsStream(b, prefix, 20_000)
 		p, err := outboxnats.New(outboxnats.Config{URL: url})
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := p.Connect(ctx); err != nil {
+		if err := p.Connect(context.Background()); err != nil {
 			b.Fatal(err)
 		}
 		return p
 	})
 }
 
-// BenchmarkLatencyNATS: the application commits 1,000 single-row transactions
-// a second for 20s while a sweeper with the defaults (wake-up on commit on)
-// relays them to NATS JetStream; the figures are each row's time from just
-// before its commit to its arrival at a subscriber.
-func BenchmarkLatencyNATS(b *testing.B) {
-	url := brokertest.NATSURL(b)
-	for range b.N {
-		prefix := brokertest.Name("latency")
-		topics := benchutil.NATSStream(b, url, prefix, 10)
-		tbl := dbtest.Table(b)
-		p, err := outboxnats.New(outboxnats.Config{URL: url})
-		if err != nil {
-			b.Fatal(err)
-		}
-		s, err := outbox.NewSweeper(dbtest.NewPool(b, 8), p, outbox.Config{Table: tbl})
-		if err != nil {
-			b.Fatal(err)
-		}
-		stop := dbtest.RunSweeper(b, s)
-		res := benchutil.Latency(b, tbl, url, prefix, topics, 1000, 20*time.Second)
-		stop()
-		_ = p.Close(context.Background())
-		b.ReportMetric(float64(res.Quantile(0.5).Microseconds())/1000, "p50-ms")
-		b.ReportMetric(float64(res.Quantile(0.99).Microseconds())/1000, "p99-ms")
-		b.ReportMetric(float64(res.Quantile(1).Microseconds())/1000, "max-ms")
-		b.ReportMetric(float64(res.QuantileFromAck(0.5).Microseconds())/1000, "p50-from-ack-ms")
-		b.ReportMetric(float64(res.QuantileFromAck(0.99).Microseconds())/1000, "p99-from-ack-ms")
-		b.ReportMetric(res.WriteRate, "commits/s")
-		b.ReportMetric(0, "ns/op")
+// BenchmarkLatency: the application commits 1,000 single-row transactions a
+// second for 20s while the sweeper binary with its defaults (wake-up on commit
+// on) relays them to NATS JetStream or RabbitMQ; the figures are each row's
+// time from just before its commit to its arrival at a subscriber.
+func BenchmarkLatency(b *testing.B) {
+	bin := build(b, "", "cmd/sweeper")
+	for _, broker := range []string{"nats", "rabbitmq"} {
+		b.Run("broker="+broker, func(b *testing.B) {
+			for range b.N {
+				prefix := brokertest.Name("latency")
+				var (
+					topics []string
+					sub    benchutil.Subscriber
+					args   []string
+				)
+				switch broker {
+				case "nats":
+					url := brokertest.NATSURL(b)
+					topics = benchutil.NATSStream(b, url, prefix, 10)
+					sub = benchutil.NATSSubscriber(url, prefix)
+					args = []string{"--producer", "nats", "--nats-url", url}
+				case "rabbitmq":
+					url := brokertest.RabbitMQURL(b)
+					topics = benchutil.Topics(prefix, 10)
+					exchange := brokertest.Name("latency")
+					sub = benchutil.RabbitMQSubscriber(url, exchange, prefix)
+					args = []string{"--producer", "rabbitmq", "--rabbitmq-url", url, "--rabbitmq-exchange", exchange}
+				}
+				tbl := dbtest.Table(b)
+				cmd := exec.Command(bin, append([]string{"run", "--database-url", dbtest.URL(b), "--schema", tbl.Schema,
+					"--admin-addr", "", "--log-level", "warn"}, args...)...)
+				cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+				cmd.Stderr = os.Stderr
+				// The subscriber (and with it the exchange) comes first: Latency
+				// starts it, and the sweeper's first sends wait for the first
+				// commits, which come after.
+				if err := cmd.Start(); err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+				res := benchutil.Latency(b, tbl, sub, topics, 1000, 20*time.Second)
+				_ = cmd.Process.Signal(syscall.SIGTERM)
+				b.ReportMetric(float64(res.Quantile(0.5).Microseconds())/1000, "p50-ms")
+				b.ReportMetric(float64(res.Quantile(0.99).Microseconds())/1000, "p99-ms")
+				b.ReportMetric(float64(res.Quantile(1).Microseconds())/1000, "max-ms")
+				b.ReportMetric(float64(res.QuantileFromAck(0.5).Microseconds())/1000, "p50-from-ack-ms")
+				b.ReportMetric(float64(res.QuantileFromAck(0.99).Microseconds())/1000, "p99-from-ack-ms")
+				b.ReportMetric(res.WriteRate, "commits/s")
+				b.ReportMetric(0, "ns/op")
+			}
+		})
 	}
 }
 
@@ -173,11 +207,7 @@ func BenchmarkLatencyNATS(b *testing.B) {
 // peak RSS (VmHWM) over the whole drain, and the drain rate.
 func BenchmarkPeakRSSBacklog(b *testing.B) {
 	const backlog = 1_000_000
-	bin := filepath.Join(b.TempDir(), "sweeper")
-	build := exec.Command("go", "build", "-o", bin, "../../cmd/sweeper")
-	if out, err := build.CombinedOutput(); err != nil {
-		b.Fatalf("build the sweeper: %v\n%s", err, out)
-	}
+	bin := build(b, "", "cmd/sweeper")
 	for range b.N {
 		tbl := dbtest.Table(b)
 		benchutil.Load(b, tbl, backlog, 512, benchutil.Topics("topic", 10))

@@ -1,0 +1,189 @@
+package bench_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/outbox-sweeper/sweeper/internal/benchutil"
+	"github.com/outbox-sweeper/sweeper/internal/brokertest"
+	"github.com/outbox-sweeper/sweeper/internal/dbtest"
+)
+
+// BenchmarkDrainBinary drains 100,000 rows of 512 bytes over 10 topics through
+// the sweeper binary as users run it (built without the race detector, its
+// defaults, started and timed until the outbox is empty), into stdout (into
+// /dev/null), RabbitMQ and NATS JetStream. In each run it also measures, on
+// the same machine and in the same minute, the ceilings of
+// test/bench/ceiling: what the database does alone (claiming, marking and
+// reading back the rows in 1,000-row statements) and what the broker does
+// alone (a plain publisher with the same delivery guarantee). Both share the
+// machine's cores with whatever relays between them, so the best a relay can
+// do here is the combined ceiling, 1 / (1/database + 1/broker); the figure
+// that matters is the binary's share of it, "of-ceiling".
+//
+// With OUTBOX_BENCH_BASE set to a git revision it also builds that revision
+// and alternates the two binaries, run after run, so that a machine whose
+// speed drifts slows both alike, and reports the base's rate and new/base:
+//
+//	OUTBOX_BENCH_BASE=0b8cd58 go test -run '^$' -bench DrainBinary -benchtime 3x ./test/bench/
+func BenchmarkDrainBinary(b *testing.B) {
+	bins := []string{build(b, "", "cmd/sweeper")}
+	if base := os.Getenv("OUTBOX_BENCH_BASE"); base != "" {
+		bins = append(bins, build(b, base, "cmd/sweeper"))
+	}
+	ceiling := build(b, "", "test/bench/ceiling")
+	for _, t := range []struct {
+		producer string
+		setup    func(b *testing.B, topics []string) (sweeperArgs, ceilingArgs []string)
+	}{
+		{"stdout", func(b *testing.B, topics []string) ([]string, []string) {
+			return []string{"--producer", "stdout"}, []string{"stdout"}
+		}},
+		{"rabbitmq", func(b *testing.B, topics []string) ([]string, []string) {
+			url := brokertest.RabbitMQURL(b)
+			exchange := rabbitTopology(b, url, topics)
+			return []string{"--producer", "rabbitmq", "--rabbitmq-url", url, "--rabbitmq-exchange", exchange},
+				[]string{"rabbitmq", "--url", url, "--exchange", exchange}
+		}},
+		{"nats", func(b *testing.B, topics []string) ([]string, []string) {
+			url := brokertest.NATSURL(b)
+			return []string{"--producer", "nats", "--nats-url", url}, []string{"nats", "--url", url}
+		}},
+	} {
+		b.Run("producer="+t.producer, func(b *testing.B) {
+			prefix := brokertest.Name("binary")
+			topics := benchutil.Topics(prefix, 10)
+			if t.producer == "nats" {
+				natsStream(b, prefix, 20_000)
+			}
+			sweeperArgs, ceilingArgs := t.setup(b, topics)
+			ceilingArgs = append(ceilingArgs, "--topics", strings.Join(topics, ","), "--messages", strconv.Itoa(backlog), "--size", "512")
+			rates := make([][]float64, len(bins))
+			var dbRates, brokerRates, shares []float64
+			for i := range b.N {
+				dbRates = append(dbRates, dbCeiling(b, ceiling, topics))
+				brokerRates = append(brokerRates, runCeiling(b, ceiling, ceilingArgs...))
+				for k := range bins {
+					j := (i + k) % len(bins) // alternate which goes first
+					rates[j] = append(rates[j], drainOnce(b, bins[j], topics, sweeperArgs))
+				}
+				combined := 1 / (1/dbRates[i] + 1/brokerRates[i])
+				shares = append(shares, rates[0][i]/combined)
+				b.Logf("run %d: binary %.0f msg/s, database %.0f, broker %.0f, combined %.0f: %.2f of the ceiling",
+					i+1, rates[0][i], dbRates[i], brokerRates[i], combined, shares[i])
+			}
+			b.ReportMetric(median(rates[0]), "msg/s")
+			b.ReportMetric(median(dbRates), "db-msg/s")
+			b.ReportMetric(median(brokerRates), "broker-msg/s")
+			b.ReportMetric(median(shares), "of-ceiling")
+			if len(bins) > 1 {
+				b.ReportMetric(median(rates[1]), "base-msg/s")
+				ratios := make([]float64, len(rates[0]))
+				for i := range ratios {
+					ratios[i] = rates[0][i] / rates[1][i]
+				}
+				b.ReportMetric(median(ratios), "new/base")
+				b.Logf("new %v\nbase %v", rates[0], rates[1])
+			}
+			b.ReportMetric(0, "ns/op")
+		})
+	}
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// build builds the package at pkg (a path in the module) at rev (empty: this
+// tree) without the race detector and returns the binary's path.
+func build(b *testing.B, rev, pkg string) string {
+	b.Helper()
+	dir := b.TempDir()
+	src := filepath.Join("..", "..", pkg)
+	if rev != "" {
+		tree := filepath.Join(dir, "tree")
+		if out, err := exec.Command("git", "worktree", "add", "--detach", tree, rev).CombinedOutput(); err != nil {
+			b.Fatalf("check out %s: %v\n%s", rev, err, out)
+		}
+		b.Cleanup(func() { _ = exec.Command("git", "worktree", "remove", "--force", tree).Run() })
+		src = filepath.Join(tree, pkg)
+	}
+	bin := filepath.Join(dir, filepath.Base(pkg))
+	cmd := exec.Command("go", "build", "-o", bin, ".")
+	cmd.Dir = src
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("build %s at %q: %v\n%s", pkg, rev, err, out)
+	}
+	return bin
+}
+
+// runCeiling runs the ceiling program and returns its rate.
+func runCeiling(b *testing.B, bin string, args ...string) float64 {
+	b.Helper()
+	var stderr bytes.Buffer
+	cmd := exec.Command(bin, args...)
+	cmd.Stderr = &stderr // stdout: the stdout ceiling's messages, into /dev/null
+	if err := cmd.Run(); err != nil {
+		b.Fatalf("ceiling %v: %v\n%s", args, err, stderr.String())
+	}
+	var out struct {
+		Messages int
+		Seconds  float64
+	}
+	if err := json.Unmarshal(bytes.TrimSpace(stderr.Bytes()), &out); err != nil || out.Messages == 0 {
+		b.Fatalf("ceiling %v printed %q: %v", args, stderr.String(), err)
+	}
+	return float64(out.Messages) / out.Seconds
+}
+
+// dbCeiling loads a fresh backlog and returns the database ceiling's rate on it.
+func dbCeiling(b *testing.B, bin string, topics []string) float64 {
+	b.Helper()
+	tbl := dbtest.Table(b)
+	benchutil.Load(b, tbl, backlog, 512, topics)
+	rate := runCeiling(b, bin, "db", "--database-url", dbtest.URL(b), "--table", tbl.String())
+	if n := dbtest.Outstanding(b, tbl); n != 0 {
+		b.Fatalf("the database ceiling left %d rows outstanding", n)
+	}
+	return rate
+}
+
+// drainOnce loads a fresh backlog and returns the binary's drain rate, from its
+// start to an empty outbox.
+func drainOnce(b *testing.B, bin string, topics, args []string) float64 {
+	b.Helper()
+	tbl := dbtest.Table(b)
+	benchutil.Load(b, tbl, backlog, 512, topics)
+	cmd := exec.Command(bin, append([]string{"run", "--database-url", dbtest.URL(b), "--schema", tbl.Schema,
+		"--admin-addr", "", "--log-level", "warn"}, args...)...)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	cmd.Stderr = os.Stderr // stdout: the messages, into /dev/null
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = cmd.Process.Kill() })
+	for dbtest.Outstanding(b, tbl) > 0 {
+		if time.Since(start) > 5*time.Minute {
+			b.Fatal("the backlog did not drain in 5 minutes")
+		}
+		time.Sleep(20 * time.Millisecond) // the poll's pace: it bounds the figure's resolution (0.4 % of a 5 s drain), not its outcome
+	}
+	elapsed := time.Since(start)
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	if err := cmd.Wait(); err != nil {
+		b.Fatalf("sweeper exit: %v", err)
+	}
+	return float64(backlog) / elapsed.Seconds()
+}
