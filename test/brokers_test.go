@@ -116,17 +116,7 @@ type rabbitConsumers struct {
 
 func consumeRabbitMQ(t *testing.T, url, exchange string, topics []string) *rabbitConsumers {
 	t.Helper()
-	conn, err := amqp.Dial(url)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close() })
-	ch, err := conn.Channel()
-	require.NoError(t, err)
-	require.NoError(t, ch.ExchangeDeclare(exchange, "topic", true, false, false, false, nil))
-	t.Cleanup(func() {
-		if c, err := conn.Channel(); err == nil {
-			_ = c.ExchangeDelete(exchange, false, false)
-		}
-	})
+	ch := brokertest.RabbitMQExchange(t, url, exchange)
 	rc := &rabbitConsumers{got: map[string][]received{}, url: url, exch: exchange, topics: topics, markers: map[string]int{}}
 	for _, topic := range topics {
 		q, err := ch.QueueDeclare("", false, true, true, false, nil)

@@ -20,7 +20,7 @@ func TestLatencyAtAThousandCommitsASecondEveryRowArrives(t *testing.T) {
 	t.Parallel()
 	url := brokertest.NATSURL(t)
 	prefix := brokertest.Name("latency")
-	topics := benchutil.NATSStream(t, url, prefix, 10)
+	topics := benchutil.NATSStream(t, url, prefix, 10, 100_000)
 	tbl := migrated(t)
 	p := start(t, nil, "run", "--database-url", dbtest.URL(t), "--schema", tbl.Schema, "--producer", "nats", "--nats-url", url)
 

@@ -17,7 +17,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-sweeper/sweeper/internal/brokertest"
@@ -326,13 +325,7 @@ func TestPoisonRowsOnRabbitMQNeverStallTheHealthyTopic(t *testing.T) {
 // by message id.
 func consumeAMQP(t *testing.T, url, exchange string, keys []string, got *arrivals) {
 	t.Helper()
-	conn, err := amqp.Dial(url)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close() })
-	ch, err := conn.Channel()
-	require.NoError(t, err)
-	require.NoError(t, ch.ExchangeDeclare(exchange, "topic", true, false, false, false, nil))
-	t.Cleanup(func() { _ = ch.ExchangeDelete(exchange, false, false) })
+	ch := brokertest.RabbitMQExchange(t, url, exchange)
 	q, err := ch.QueueDeclare("", false, true, true, false, nil)
 	require.NoError(t, err)
 	for _, k := range keys {

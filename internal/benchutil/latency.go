@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outbox-sweeper/sweeper/internal/brokertest"
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
@@ -61,9 +60,10 @@ func quantile(sorted []time.Duration, q float64) time.Duration {
 	return sorted[min(len(sorted)-1, int(q*float64(len(sorted))))]
 }
 
-// NATSStream creates a JetStream stream capturing prefix.> for a test, so the
-// sweeper's publishes are acknowledged, and returns the topics to write.
-func NATSStream(tb testing.TB, url, prefix string, topics int) []string {
+// NATSStream creates a file-backed JetStream stream capturing prefix.> for a
+// test, keeping its newest maxMsgs messages, so the sweeper's publishes are
+// acknowledged, and returns the topics to write.
+func NATSStream(tb testing.TB, url, prefix string, topics int, maxMsgs int64) []string {
 	tb.Helper()
 	nc, err := natsgo.Connect(url)
 	if err != nil {
@@ -74,7 +74,7 @@ func NATSStream(tb testing.TB, url, prefix string, topics int) []string {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	brokertest.CreateStream(tb, js, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}, MaxMsgs: 100_000})
+	brokertest.CreateStream(tb, js, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}, MaxMsgs: maxMsgs})
 	return Topics(prefix, topics)
 }
 
@@ -105,20 +105,11 @@ func NATSSubscriber(url, prefix string) Subscriber {
 }
 
 // RabbitMQSubscriber consumes, with automatic acks, a queue of its own bound to
-// prefix.# on exchange (a topic exchange it declares) of the RabbitMQ at url.
+// prefix.# on exchange (a topic exchange it declares, deleted at cleanup) of
+// the RabbitMQ at url.
 func RabbitMQSubscriber(url, exchange, prefix string) Subscriber {
 	return func(tb testing.TB, arrived func([]byte)) func() {
-		conn, err := amqp.Dial(url)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		ch, err := conn.Channel()
-		if err != nil {
-			tb.Fatal(err)
-		}
-		if err := ch.ExchangeDeclare(exchange, "topic", true, false, false, false, nil); err != nil {
-			tb.Fatal(err)
-		}
+		ch := brokertest.RabbitMQExchange(tb, url, exchange)
 		q, err := ch.QueueDeclare("", false, true, true, false, nil)
 		if err != nil {
 			tb.Fatal(err)
@@ -138,24 +129,10 @@ func RabbitMQSubscriber(url, exchange, prefix string) Subscriber {
 			}
 		}()
 		return func() {
-			_ = conn.Close() // ends deliveries
+			_ = ch.Close() // ends deliveries; the queue goes with it (exclusive)
 			<-done
-			_ = exchangeDelete(url, exchange)
 		}
 	}
-}
-
-func exchangeDelete(url, exchange string) error {
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return err
-	}
-	return ch.ExchangeDelete(exchange, false, false)
 }
 
 // Latency writes rate single-row transactions a second for d into tbl, spread

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -95,6 +96,32 @@ func Name(prefix string) string {
 }
 
 var nameSeq atomic.Int64
+
+// RabbitMQExchange connects to the RabbitMQ at url and declares exchange as
+// the sweeper's producer does (a durable topic exchange), and returns a
+// channel on that connection for the caller's queues. At cleanup it deletes
+// the exchange and closes the connection.
+func RabbitMQExchange(t testing.TB, url, exchange string) *amqp.Channel {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatalf("connect to RabbitMQ: %v", err)
+	}
+	t.Cleanup(func() {
+		if ch, err := conn.Channel(); err == nil { // the caller may have closed its own
+			_ = ch.ExchangeDelete(exchange, false, false)
+		}
+		_ = conn.Close()
+	})
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatalf("open a RabbitMQ channel: %v", err)
+	}
+	if err := ch.ExchangeDeclare(exchange, "topic", true, false, false, false, nil); err != nil {
+		t.Fatalf("declare exchange %q: %v", exchange, err)
+	}
+	return ch
+}
 
 // CreateStream creates a JetStream stream for a test and deletes it at cleanup.
 // It tries up to three times: nats-server 2.9 removes its streams directory when

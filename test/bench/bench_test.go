@@ -7,15 +7,12 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	natsgo "github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outbox-sweeper/sweeper/internal/benchutil"
@@ -76,24 +73,12 @@ func benchmarkDrainRabbitMQ(b *testing.B, cfg outbox.Config) {
 func rabbitTopology(b *testing.B, url string, topics []string) string {
 	b.Helper()
 	exchange := brokertest.Name("outbox_bench")
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ch, err := conn.Channel()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := ch.ExchangeDeclare(exchange, "topic", true, false, false, false, nil); err != nil {
-		b.Fatal(err)
-	}
+	ch := brokertest.RabbitMQExchange(b, url, exchange)
 	var queues []string
-	b.Cleanup(func() {
+	b.Cleanup(func() { // before the exchange goes
 		for _, q := range queues {
 			_, _ = ch.QueueDelete(q, false, false, false)
 		}
-		_ = ch.ExchangeDelete(exchange, false, false)
-		_ = conn.Close()
 	})
 	for _, topic := range topics {
 		q, err := ch.QueueDeclare("", true, false, false, false, amqp.Table{"x-max-length": int32(1000)})
@@ -108,22 +93,6 @@ func rabbitTopology(b *testing.B, url string, topics []string) string {
 	return exchange
 }
 
-// natsStream creates a file-backed stream named prefix that captures every
-// subject under prefix and keeps its newest max messages.
-func natsStream(b *testing.B, prefix string, max int64) {
-	b.Helper()
-	nc, err := natsgo.Connect(brokertest.NATSURL(b))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(nc.Close) // registered first, so it runs after the stream is deleted
-	js, err := jetstream.New(nc)
-	if err != nil {
-		b.Fatal(err)
-	}
-	brokertest.CreateStream(b, js, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}, MaxMsgs: max})
-}
-
 // BenchmarkDrainNATS: one file-backed stream captures every topic and keeps its
 // newest 20,000 messages.
 func BenchmarkDrainNATS(b *testing.B) {
@@ -132,10 +101,8 @@ func BenchmarkDrainNATS(b *testing.B) {
 
 func benchmarkDrainNATS(b *testing.B, cfg outbox.Config) {
 	url := brokertest.NATSURL(b)
-	prefix := brokertest.Name("bench")
-	topics := benchutil.Topics(prefix, 10)
+	topics := benchutil.NATSStream(b, url, brokertest.Name("bench"), 10, 20_000)
 	benchutil.Drain(b, backlog, topics, cfg, func(b *testing.B) producer.Producer {
-		natsStream(b, prefix, 20_000)
 		p, err := outboxnats.New(outboxnats.Config{URL: url})
 		if err != nil {
 			b.Fatal(err)
@@ -165,7 +132,7 @@ func BenchmarkLatency(b *testing.B) {
 				switch broker {
 				case "nats":
 					url := brokertest.NATSURL(b)
-					topics = benchutil.NATSStream(b, url, prefix, 10)
+					topics = benchutil.NATSStream(b, url, prefix, 10, 100_000)
 					sub = benchutil.NATSSubscriber(url, prefix)
 					args = []string{"--producer", "nats", "--nats-url", url}
 				case "rabbitmq":
@@ -176,13 +143,10 @@ func BenchmarkLatency(b *testing.B) {
 					args = []string{"--producer", "rabbitmq", "--rabbitmq-url", url, "--rabbitmq-exchange", exchange}
 				}
 				tbl := dbtest.Table(b)
-				cmd := exec.Command(bin, append([]string{"run", "--database-url", dbtest.URL(b), "--schema", tbl.Schema,
-					"--admin-addr", "", "--log-level", "warn"}, args...)...)
-				cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
-				cmd.Stderr = os.Stderr
-				// The subscriber (and with it the exchange) comes first: Latency
-				// starts it, and the sweeper's first sends wait for the first
-				// commits, which come after.
+				cmd := sweeperCmd(b, bin, tbl, args...)
+				// Latency starts the subscriber, and both it and the sweeper
+				// declare the exchange alike; the sweeper's first sends wait
+				// for the first commits, which come after the subscriber.
 				if err := cmd.Start(); err != nil {
 					b.Fatal(err)
 				}
@@ -211,10 +175,7 @@ func BenchmarkPeakRSSBacklog(b *testing.B) {
 	for range b.N {
 		tbl := dbtest.Table(b)
 		benchutil.Load(b, tbl, backlog, 512, benchutil.Topics("topic", 10))
-		cmd := exec.Command(bin, "run", "--database-url", dbtest.URL(b), "--schema", tbl.Schema,
-			"--admin-addr", "", "--log-level", "warn")
-		cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
-		cmd.Stderr = os.Stderr
+		cmd := sweeperCmd(b, bin, tbl)
 		start := time.Now()
 		if err := cmd.Start(); err != nil {
 			b.Fatal(err)

@@ -16,6 +16,7 @@ import (
 	"github.com/outbox-sweeper/sweeper/internal/benchutil"
 	"github.com/outbox-sweeper/sweeper/internal/brokertest"
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
+	"github.com/outbox-sweeper/sweeper/outbox"
 )
 
 // BenchmarkDrainBinary drains 100,000 rows of 512 bytes over 10 topics through
@@ -43,29 +44,28 @@ func BenchmarkDrainBinary(b *testing.B) {
 	ceiling := build(b, "", "test/bench/ceiling")
 	for _, t := range []struct {
 		producer string
-		setup    func(b *testing.B, topics []string) (sweeperArgs, ceilingArgs []string)
+		// setup readies the broker for 10 topics under prefix and returns them,
+		// with the arguments of the sweeper and of the broker's ceiling.
+		setup func(b *testing.B, prefix string) (topics, sweeperArgs, ceilingArgs []string)
 	}{
-		{"stdout", func(b *testing.B, topics []string) ([]string, []string) {
-			return []string{"--producer", "stdout"}, []string{"stdout"}
+		{"stdout", func(b *testing.B, prefix string) ([]string, []string, []string) {
+			return benchutil.Topics(prefix, 10), []string{"--producer", "stdout"}, []string{"stdout"}
 		}},
-		{"rabbitmq", func(b *testing.B, topics []string) ([]string, []string) {
+		{"rabbitmq", func(b *testing.B, prefix string) ([]string, []string, []string) {
 			url := brokertest.RabbitMQURL(b)
+			topics := benchutil.Topics(prefix, 10)
 			exchange := rabbitTopology(b, url, topics)
-			return []string{"--producer", "rabbitmq", "--rabbitmq-url", url, "--rabbitmq-exchange", exchange},
+			return topics, []string{"--producer", "rabbitmq", "--rabbitmq-url", url, "--rabbitmq-exchange", exchange},
 				[]string{"rabbitmq", "--url", url, "--exchange", exchange}
 		}},
-		{"nats", func(b *testing.B, topics []string) ([]string, []string) {
+		{"nats", func(b *testing.B, prefix string) ([]string, []string, []string) {
 			url := brokertest.NATSURL(b)
-			return []string{"--producer", "nats", "--nats-url", url}, []string{"nats", "--url", url}
+			return benchutil.NATSStream(b, url, prefix, 10, 20_000),
+				[]string{"--producer", "nats", "--nats-url", url}, []string{"nats", "--url", url}
 		}},
 	} {
 		b.Run("producer="+t.producer, func(b *testing.B) {
-			prefix := brokertest.Name("binary")
-			topics := benchutil.Topics(prefix, 10)
-			if t.producer == "nats" {
-				natsStream(b, prefix, 20_000)
-			}
-			sweeperArgs, ceilingArgs := t.setup(b, topics)
+			topics, sweeperArgs, ceilingArgs := t.setup(b, brokertest.Name("binary"))
 			ceilingArgs = append(ceilingArgs, "--topics", strings.Join(topics, ","), "--messages", strconv.Itoa(backlog), "--size", "512")
 			rates := make([][]float64, len(bins))
 			var dbRates, brokerRates, shares []float64
@@ -128,6 +128,17 @@ func build(b *testing.B, rev, pkg string) string {
 	return bin
 }
 
+// sweeperCmd is the sweeper binary bin's run on tbl's schema, as users run it
+// (its defaults, no admin API, warnings and errors only, on stderr) with args
+// added. Its stdout, the stdout producer's messages, goes to /dev/null.
+func sweeperCmd(b *testing.B, bin string, tbl outbox.Table, args ...string) *exec.Cmd {
+	cmd := exec.Command(bin, append([]string{"run", "--database-url", dbtest.URL(b), "--schema", tbl.Schema,
+		"--admin-addr", "", "--log-level", "warn"}, args...)...)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	cmd.Stderr = os.Stderr
+	return cmd
+}
+
 // runCeiling runs the ceiling program and returns its rate.
 func runCeiling(b *testing.B, bin string, args ...string) float64 {
 	b.Helper()
@@ -165,10 +176,7 @@ func drainOnce(b *testing.B, bin string, topics, args []string) float64 {
 	b.Helper()
 	tbl := dbtest.Table(b)
 	benchutil.Load(b, tbl, backlog, 512, topics)
-	cmd := exec.Command(bin, append([]string{"run", "--database-url", dbtest.URL(b), "--schema", tbl.Schema,
-		"--admin-addr", "", "--log-level", "warn"}, args...)...)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
-	cmd.Stderr = os.Stderr // stdout: the messages, into /dev/null
+	cmd := sweeperCmd(b, bin, tbl, args...)
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)

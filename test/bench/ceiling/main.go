@@ -92,8 +92,8 @@ func main() {
 	fmt.Fprintln(os.Stderr, string(out)) // stderr: stdout may carry the messages
 }
 
-// db claims, marks and reads back every outstanding row. The connection is
-// made before the clock starts would be fairer still; it is a millisecond.
+// db claims, marks and reads back every outstanding row. Its time includes
+// connecting, as the sweeper's does.
 func db(ctx context.Context, url, table string) (int, error) {
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
