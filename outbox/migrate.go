@@ -61,6 +61,7 @@ func Migrate(ctx context.Context, conn *pgx.Conn, t Table) (MigrateResult, error
 		"prefix":      t.Name,
 		"schema":      pgx.Identifier{t.Schema}.Sanitize(),
 		"probe":       t.probeIdent(),
+		"awake_key":   awakeKey(t),
 	}
 	if err := m.LoadMigrations(migrations.FS); err != nil {
 		return MigrateResult{}, fmt.Errorf("load embedded migrations: %w", err)

@@ -83,37 +83,7 @@ func TestOneNotificationPerCommit(t *testing.T) {
 	t.Parallel()
 	tbl := dbtest.Table(t)
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dbtest.URL(t))
-	require.NoError(t, err)
-	defer conn.Close(ctx)
-	_, err = conn.Exec(ctx, "LISTEN "+outbox.NotifyChannel)
-	require.NoError(t, err)
-
-	// count returns how many notifications for tbl came since the last
-	// count: it sends a marker of its own on the channel, committed after
-	// whatever came before, and reads up to it. Postgres delivers the
-	// notifications of different transactions in commit order, so everything
-	// before the marker is in, however slow the server, and nothing after it.
-	markers := 0
-	count := func() int {
-		markers++
-		marker := fmt.Sprintf("marker %d of %s", markers, tbl)
-		_, err := dbtest.Pool(t).Exec(ctx, "SELECT pg_notify($1, $2)", outbox.NotifyChannel, marker)
-		require.NoError(t, err)
-		n := 0
-		for {
-			waitCtx, cancel := context.WithTimeout(ctx, patience)
-			note, err := conn.WaitForNotification(waitCtx)
-			cancel()
-			require.NoError(t, err, "waiting for the marker")
-			switch note.Payload {
-			case marker:
-				return n
-			case tbl.String():
-				n++
-			}
-		}
-	}
+	count := notificationCounter(t, tbl)
 
 	// Postgres folds a transaction's identical notifications, so the count
 	// alone would not tell a row trigger from a statement one: ask the catalog
@@ -144,6 +114,100 @@ func TestOneNotificationPerCommit(t *testing.T) {
 	require.NoError(t, w.Write(ctx, tx, topicMessages("rolled-back", 1)...))
 	require.NoError(t, tx.Rollback(ctx))
 	require.Equal(t, 0, count(), "a rolled-back insert")
+}
+
+// notificationCounter listens on the outbox's channel and returns a function
+// that counts the notifications for tbl since its last call: it sends a marker
+// of its own on the channel, committed after whatever came before, and reads up
+// to it. Postgres delivers the notifications of different transactions in
+// commit order, so everything before the marker is in, however slow the
+// server, and nothing after it.
+func notificationCounter(t *testing.T, tbl outbox.Table) func() int {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dbtest.URL(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(ctx) })
+	_, err = conn.Exec(ctx, "LISTEN "+outbox.NotifyChannel)
+	require.NoError(t, err)
+	markers := 0
+	return func() int {
+		t.Helper()
+		markers++
+		marker := fmt.Sprintf("marker %d of %s", markers, tbl)
+		_, err := dbtest.Pool(t).Exec(ctx, "SELECT pg_notify($1, $2)", outbox.NotifyChannel, marker)
+		require.NoError(t, err)
+		n := 0
+		for {
+			waitCtx, cancel := context.WithTimeout(ctx, patience)
+			note, err := conn.WaitForNotification(waitCtx)
+			cancel()
+			require.NoError(t, err, "waiting for the marker")
+			switch note.Payload {
+			case marker:
+				return n
+			case tbl.String():
+				n++
+			}
+		}
+	}
+}
+
+// While a sweeper holds the awake lock (it is sweeping again and again on its
+// own), commits do not notify, so they take no cluster-wide lock. When it lets
+// the lock go, it learns which transactions were running, and it is settled
+// only once they have ended: a row written while the lock was held and
+// committed after it went, which notified no one, is still swept at once.
+func TestCommitsDoNotNotifyWhileASweeperIsAwake(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	count := notificationCounter(t, tbl)
+	w, err := outbox.NewWriter(tbl)
+	require.NoError(t, err)
+	lock := func(tbl outbox.Table) outbox.AwakeLock {
+		l := outbox.NewAwakeLock(pool.Config().ConnConfig.Copy(), tbl)
+		t.Cleanup(l.Close)
+		return l
+	}
+
+	awake, other := lock(tbl), lock(tbl)
+	require.True(t, awake.Acquire(ctx))
+	require.False(t, other.Acquire(ctx), "one sweeper holds it at a time")
+	require.True(t, lock(outbox.Table{Schema: tbl.Schema, Name: "other_outbox"}).Acquire(ctx),
+		"another outbox has a lock of its own")
+
+	writeMessages(t, tbl, topicMessages("quiet", 1)...)
+	require.Equal(t, 0, count(), "a commit while a sweeper is awake")
+
+	// A writer that wrote while the lock was held, still running when it goes.
+	writer, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = writer.Rollback(ctx) }()
+	require.NoError(t, w.Write(ctx, writer, topicMessages("straddling", 1)...))
+
+	running, held := awake.Release(ctx)
+	require.True(t, held)
+	require.NotEmpty(t, running)
+	require.True(t, other.Acquire(ctx), "free once released")
+	_, held = other.Release(ctx)
+	require.True(t, held)
+	_, held = other.Release(ctx)
+	require.False(t, held, "released twice")
+	require.False(t, awake.Settled(ctx, running), "the writer is still running")
+	// A transaction that began after the release does not hold it up.
+	later, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = later.Rollback(ctx) }()
+	_, err = later.Exec(ctx, "SELECT pg_current_xact_id()")
+	require.NoError(t, err)
+	require.NoError(t, writer.Commit(ctx))
+	require.True(t, awake.Settled(ctx, running), "the writer has ended")
+	require.Equal(t, 0, count(), "its commit notified no one: the sweep after settling is what finds its row")
+
+	writeMessages(t, tbl, topicMessages("woken", 1)...)
+	require.Equal(t, 1, count(), "with no sweeper awake, a commit notifies again")
 }
 
 // A listen connection that Postgres ends is opened again, and commits wake the

@@ -390,7 +390,10 @@ func (s *Sweeper) Run(ctx context.Context) error {
 	})
 	defer stopGrace()
 
-	var wake <-chan struct{}
+	var (
+		wake  <-chan struct{}
+		awake *awakeLock
+	)
 	if !s.cfg.DisableNotify {
 		var listening func(bool)
 		if o, ok := s.cfg.Observer.(ListenObserver); ok {
@@ -403,6 +406,8 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		defer wg.Wait()
 		defer stopListening()
 		wake = l.wake
+		awake = newAwakeLock(s.store.pool.Config().ConnConfig.Copy(), s.cfg.Table, s.logger)
+		defer awake.close()
 	}
 
 	retry := backoff.NewExponentialBackOff()
@@ -413,25 +418,37 @@ func (s *Sweeper) Run(ctx context.Context) error {
 	s.logger.Info("sweeper started", "table", s.cfg.Table.String(), "page_size", s.cfg.PageSize,
 		"concurrency", s.cfg.Concurrency, "ordering", string(s.cfg.Ordering), "notify", !s.cfg.DisableNotify)
 	next := time.Now()
+	var st stayAwake
 	for {
 		// While sweeps fail, only the backoff decides when to try again.
 		woken := wake
 		if failing > 0 {
 			woken = nil
 		}
-		tick, ok := waitFor(ctx, next, woken)
+		at := next
+		if poll, ok := st.pollAt(); ok && failing == 0 && poll.Before(next) {
+			at = poll
+		}
+		reached, ok := waitFor(ctx, at, woken)
 		if !ok {
 			s.logger.Info("sweeper stopped")
 			return nil
 		}
+		tick := reached && at.Equal(next)
 		start := time.Now()
-		// A wake-up sweeps in between ticks: it leaves the cooldowns alone and
-		// pages until the next tick is due, as a tick does.
+		// A wake-up or a poll sweeps in between ticks: it leaves the cooldowns
+		// alone and pages until the next tick is due, as a tick does.
 		due := next
 		if tick {
 			due = s.cfg.Schedule.Next(start)
 		}
+		// Whether the transactions to wait out have ended is asked before the
+		// sweep, so that the sweep sees whatever they wrote.
+		settled := awake == nil || st.settled(work, awake)
 		res, err := s.sweep(ctx, work, due, tick)
+		if awake != nil {
+			st.swept(work, awake, res.Dispatched > 0 && err == nil, settled)
+		}
 		if s.cfg.Observer != nil && !res.Blocked {
 			s.cfg.Observer.SweepDone(time.Since(start))
 		}

@@ -42,7 +42,10 @@ type LatencyResult struct {
 	// writer, sorted; negative when the row arrived first. The true commit lies
 	// between the two clocks, so Latencies is an upper bound and FromAck a
 	// lower one; their difference in the tail is time spent committing.
-	FromAck    []time.Duration
+	FromAck []time.Duration
+	// Commits is every row's commit as its writer saw it, sorted: what the
+	// database alone took, the floor under Latencies.
+	Commits    []time.Duration
 	WriteRate  float64 // rows per second the writers achieved
 	Duplicates int
 }
@@ -52,6 +55,9 @@ func (r LatencyResult) Quantile(q float64) time.Duration { return quantile(r.Lat
 
 // QuantileFromAck returns the q-quantile of FromAck.
 func (r LatencyResult) QuantileFromAck(q float64) time.Duration { return quantile(r.FromAck, q) }
+
+// QuantileCommit returns the q-quantile of Commits.
+func (r LatencyResult) QuantileCommit(q float64) time.Duration { return quantile(r.Commits, q) }
 
 func quantile(sorted []time.Duration, q float64) time.Duration {
 	if len(sorted) == 0 {
@@ -135,6 +141,9 @@ func RabbitMQSubscriber(url, exchange, prefix string) Subscriber {
 	}
 }
 
+// warmUp is the payload of the rows Latency writes before its clock starts.
+const warmUp = "warm-up"
+
 // Latency writes rate single-row transactions a second for d into tbl, spread
 // over topics, from enough goroutines to keep the pace, while a sweeper someone
 // else runs relays them to the broker sub receives from. The clock starts just
@@ -147,10 +156,14 @@ func Latency(tb testing.TB, tbl outbox.Table, sub Subscriber, topics []string, r
 	committing := make([]atomic.Int64, n) // unix nanos just before each row's commit
 	committed := make([]atomic.Int64, n)  // unix nanos when its commit returned
 	arrived := make([]atomic.Int64, n)    // unix nanos of its first arrival
-	var received, dups atomic.Int64
+	var received, dups, warm atomic.Int64
 
 	stop := sub(tb, func(body []byte) {
 		now := time.Now().UnixNano()
+		if string(body) == warmUp {
+			warm.Add(1)
+			return
+		}
 		seq, err := strconv.Atoi(string(body))
 		if err != nil || seq < 0 || seq >= n {
 			tb.Errorf("unexpected message %q", body)
@@ -169,6 +182,29 @@ func Latency(tb testing.TB, tbl outbox.Table, sub Subscriber, topics []string, r
 		tb.Fatal(err)
 	}
 	pool := dbtest.NewPool(tb, 16)
+	// Warm up before the clock starts: the writers' connections open (16
+	// handshakes at once would slow the first second), and one row per topic
+	// goes through the sweeper, so that it has started, reached the broker,
+	// and met every topic. Then it is left to fall asleep as it would.
+	conns := make([]*pgxpool.Conn, 16)
+	for i := range conns {
+		if conns[i], err = pool.Acquire(context.Background()); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	for _, c := range conns {
+		c.Release()
+	}
+	for _, topic := range topics {
+		if err := w.Write(context.Background(), pool, outbox.Message{Topic: topic, Payload: []byte(warmUp)}); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(30 * time.Second); warm.Load() < int64(len(topics)); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			tb.Fatalf("%d of %d warm-up rows arrived within 30s", warm.Load(), len(topics))
+		}
+	}
 	seqs := make(chan int, rate)
 	var wg sync.WaitGroup
 	var failed atomic.Bool
@@ -213,12 +249,14 @@ func Latency(tb testing.TB, tbl outbox.Table, sub Subscriber, topics []string, r
 		tb.Fatalf("%d of %d rows arrived within 30s of the last write", got, n)
 	}
 	res := LatencyResult{Rows: n, WriteRate: writeRate, Duplicates: int(dups.Load()),
-		Latencies: make([]time.Duration, n), FromAck: make([]time.Duration, n)}
+		Latencies: make([]time.Duration, n), FromAck: make([]time.Duration, n), Commits: make([]time.Duration, n)}
 	for i := range n {
 		res.Latencies[i] = time.Duration(arrived[i].Load() - committing[i].Load())
 		res.FromAck[i] = time.Duration(arrived[i].Load() - committed[i].Load())
+		res.Commits[i] = time.Duration(committed[i].Load() - committing[i].Load())
 	}
 	slices.Sort(res.Latencies)
 	slices.Sort(res.FromAck)
+	slices.Sort(res.Commits)
 	return res
 }

@@ -117,52 +117,71 @@ func benchmarkDrainNATS(b *testing.B, cfg outbox.Config) {
 // BenchmarkLatency: the application commits 1,000 single-row transactions a
 // second for 20s while the sweeper binary with its defaults (wake-up on commit
 // on) relays them to NATS JetStream or RabbitMQ; the figures are each row's
-// time from just before its commit to its arrival at a subscriber.
+// time from just before its commit to its arrival at a subscriber, from its
+// commit's return, and the commit alone (what the database takes, the floor
+// under the rest). With OUTBOX_BENCH_BASE set to a git revision, that
+// revision's binary runs too, right after, on the same schema (the current
+// migrations): bin=new and bin=base.
 func BenchmarkLatency(b *testing.B) {
-	bin := build(b, "", "cmd/sweeper")
-	for _, broker := range []string{"nats", "rabbitmq"} {
-		b.Run("broker="+broker, func(b *testing.B) {
-			for range b.N {
-				prefix := brokertest.Name("latency")
-				var (
-					topics []string
-					sub    benchutil.Subscriber
-					args   []string
-				)
-				switch broker {
-				case "nats":
-					url := brokertest.NATSURL(b)
-					topics = benchutil.NATSStream(b, url, prefix, 10, 100_000)
-					sub = benchutil.NATSSubscriber(url, prefix)
-					args = []string{"--producer", "nats", "--nats-url", url}
-				case "rabbitmq":
-					url := brokertest.RabbitMQURL(b)
-					topics = benchutil.Topics(prefix, 10)
-					exchange := brokertest.Name("latency")
-					sub = benchutil.RabbitMQSubscriber(url, exchange, prefix)
-					args = []string{"--producer", "rabbitmq", "--rabbitmq-url", url, "--rabbitmq-exchange", exchange}
-				}
-				tbl := dbtest.Table(b)
-				cmd := sweeperCmd(b, bin, tbl, args...)
-				// Latency starts the subscriber, and both it and the sweeper
-				// declare the exchange alike; the sweeper's first sends wait
-				// for the first commits, which come after the subscriber.
-				if err := cmd.Start(); err != nil {
-					b.Fatal(err)
-				}
-				b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-				res := benchutil.Latency(b, tbl, sub, topics, 1000, 20*time.Second)
-				_ = cmd.Process.Signal(syscall.SIGTERM)
-				b.ReportMetric(float64(res.Quantile(0.5).Microseconds())/1000, "p50-ms")
-				b.ReportMetric(float64(res.Quantile(0.99).Microseconds())/1000, "p99-ms")
-				b.ReportMetric(float64(res.Quantile(1).Microseconds())/1000, "max-ms")
-				b.ReportMetric(float64(res.QuantileFromAck(0.5).Microseconds())/1000, "p50-from-ack-ms")
-				b.ReportMetric(float64(res.QuantileFromAck(0.99).Microseconds())/1000, "p99-from-ack-ms")
-				b.ReportMetric(res.WriteRate, "commits/s")
-				b.ReportMetric(0, "ns/op")
-			}
-		})
+	bins := []string{build(b, "", "cmd/sweeper")}
+	if base := os.Getenv("OUTBOX_BENCH_BASE"); base != "" {
+		bins = append(bins, build(b, base, "cmd/sweeper"))
 	}
+	for _, broker := range []string{"nats", "rabbitmq"} {
+		for i, bin := range bins {
+			name := "broker=" + broker
+			if len(bins) > 1 {
+				name += "/bin=" + []string{"new", "base"}[i]
+			}
+			b.Run(name, func(b *testing.B) {
+				for range b.N {
+					latency(b, bin, broker)
+				}
+			})
+		}
+	}
+}
+
+func latency(b *testing.B, bin, broker string) {
+	prefix := brokertest.Name("latency")
+	var (
+		topics []string
+		sub    benchutil.Subscriber
+		args   []string
+	)
+	switch broker {
+	case "nats":
+		url := brokertest.NATSURL(b)
+		topics = benchutil.NATSStream(b, url, prefix, 10, 100_000)
+		sub = benchutil.NATSSubscriber(url, prefix)
+		args = []string{"--producer", "nats", "--nats-url", url}
+	case "rabbitmq":
+		url := brokertest.RabbitMQURL(b)
+		topics = benchutil.Topics(prefix, 10)
+		exchange := brokertest.Name("latency")
+		sub = benchutil.RabbitMQSubscriber(url, exchange, prefix)
+		args = []string{"--producer", "rabbitmq", "--rabbitmq-url", url, "--rabbitmq-exchange", exchange}
+	}
+	tbl := dbtest.Table(b)
+	cmd := sweeperCmd(b, bin, tbl, args...)
+	// Latency starts the subscriber, and both it and the sweeper declare the
+	// exchange alike; Latency's warm-up rows wait for the sweeper.
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	res := benchutil.Latency(b, tbl, sub, topics, 1000, 20*time.Second)
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	b.ReportMetric(ms(res.Quantile(0.5)), "p50-ms")
+	b.ReportMetric(ms(res.Quantile(0.99)), "p99-ms")
+	b.ReportMetric(ms(res.Quantile(1)), "max-ms")
+	b.ReportMetric(ms(res.QuantileFromAck(0.5)), "p50-from-ack-ms")
+	b.ReportMetric(ms(res.QuantileFromAck(0.99)), "p99-from-ack-ms")
+	b.ReportMetric(ms(res.QuantileCommit(0.5)), "commit-p50-ms")
+	b.ReportMetric(ms(res.QuantileCommit(0.99)), "commit-p99-ms")
+	b.ReportMetric(res.WriteRate, "commits/s")
+	b.ReportMetric(0, "ns/op")
 }
 
 // BenchmarkPeakRSSBacklog runs the sweeper binary, built without the race

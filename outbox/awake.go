@@ -1,0 +1,224 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// awakeTimeout bounds each statement on the awake lock's connection: the lock
+// is an optimisation, and the sweep loop must not wait long on it.
+const awakeTimeout = 5 * time.Second
+
+// awakeKey is the advisory lock a sweeper holds while it sweeps again and again
+// on its own, and the outbox's trigger (migration 6) tests before notifying:
+// one key per table.
+func awakeKey(t Table) int64 { return advisoryKey("outbox-sweeper awake " + t.String()) }
+
+// awakeLock holds the table's awake lock on a connection of its own, so that
+// the application's commits do not notify while this sweeper is sweeping
+// anyway. A commit that notifies takes a cluster-wide lock until its commit
+// record is flushed (migration 6 says why that matters); under a steady
+// stream of commits, nearly every one would.
+//
+// The lock is about latency only. No row is ever lost to it: ticks sweep
+// whatever notified or not. A sweeper that cannot take it (another holds it,
+// or the connection fails) sweeps as before, and the trigger notifies
+// whenever no one holds it. What needs care is letting it go: a commit whose
+// trigger saw the lock held did not notify, and may become visible only after
+// the sweeper's last sweep, to wait for the next tick. So release returns the
+// transactions running just after, and the sweeper sweeps on, at widening
+// intervals, until they have all ended (settled) and once more after that,
+// before it waits for notifications alone.
+//
+// It is used by the sweep loop's goroutine only.
+type awakeLock struct {
+	connConfig *pgx.ConnConfig
+	key        int64
+	logger     *slog.Logger
+	conn       *pgx.Conn
+	held       bool
+	// failing is set after an error, so that a database that is down logs
+	// once, not at every sweep.
+	failing bool
+}
+
+func newAwakeLock(connConfig *pgx.ConnConfig, t Table, logger *slog.Logger) *awakeLock {
+	return &awakeLock{connConfig: connConfig, key: awakeKey(t), logger: logger}
+}
+
+// acquire tries to take the lock, connecting first if need be, and reports
+// whether this sweeper holds it.
+func (a *awakeLock) acquire(ctx context.Context) bool {
+	if a.held {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(ctx, awakeTimeout)
+	defer cancel()
+	if a.conn == nil || a.conn.IsClosed() {
+		conn, err := pgx.ConnectConfig(ctx, a.connConfig)
+		if err != nil {
+			a.failed("connect", err)
+			return false
+		}
+		a.conn = conn
+	}
+	if err := a.conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", a.key).Scan(&a.held); err != nil {
+		a.failed("take", err)
+		return false
+	}
+	a.failing = false
+	return a.held
+}
+
+// release lets the lock go and returns the ids of the transactions running
+// just after, for settled ("" for none), and whether it held the lock: if it
+// did not, no commit skipped its notification on its account.
+func (a *awakeLock) release(ctx context.Context) (running string, held bool) {
+	if !a.held {
+		return "", false
+	}
+	a.held = false
+	ctx, cancel := context.WithTimeout(ctx, awakeTimeout)
+	defer cancel()
+	// Two statements: what the second reads must be after the unlock. The
+	// running transactions are read from pg_stat_activity rather than from a
+	// snapshot: a snapshot does not list transactions whose ids are above the
+	// last one completed, though they run.
+	if _, err := a.conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", a.key); err != nil {
+		// The session may still hold the lock: end it, which frees it. The
+		// rows of commits that did not notify then wait for a tick at most.
+		a.failed("release", err)
+		return "", true
+	}
+	if err := a.conn.QueryRow(ctx, `SELECT coalesce(string_agg(backend_xid::text, ','), '')
+		FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()`).Scan(&running); err != nil {
+		a.failed("read the running transactions after releasing", err)
+		return "", true
+	}
+	return running, true
+}
+
+// settled reports whether every transaction in running (from release) has
+// ended, so that a sweep from now on sees every row a commit that did not
+// notify wrote.
+func (a *awakeLock) settled(ctx context.Context, running string) bool {
+	if running == "" || a.conn == nil || a.conn.IsClosed() {
+		return true // nothing to wait out, or no way to know: the ticks cover it
+	}
+	ctx, cancel := context.WithTimeout(ctx, awakeTimeout)
+	defer cancel()
+	var done bool
+	err := a.conn.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity
+		WHERE backend_xid::text = ANY(string_to_array($1, ',')))`, running).Scan(&done)
+	if err != nil {
+		a.failed("check the transactions running at release", err)
+		return true
+	}
+	return done
+}
+
+// failed logs err once per failing spell and drops the connection, which
+// frees the lock if the session still held it.
+func (a *awakeLock) failed(what string, err error) {
+	a.close()
+	if errors.Is(err, context.Canceled) || a.failing {
+		return
+	}
+	a.failing = true
+	a.logger.Warn(fmt.Sprintf("awake lock: cannot %s it; commits keep notifying, which costs them more under load", what), "err", err)
+}
+
+// close ends the connection, which frees the lock.
+func (a *awakeLock) close() {
+	a.held = false
+	if a.conn != nil {
+		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = a.conn.Close(closeCtx)
+		cancel()
+		a.conn = nil
+	}
+}
+
+// Pacing of an awake sweeper (stayAwake).
+const (
+	// awakePoll is the interval of an awake sweeper's sweeps once they find
+	// nothing. While it holds the lock, commits do not notify: a row
+	// committed now waits for the next of these sweeps, so the interval is
+	// the latency a lull adds, and it is kept short rather than widened.
+	awakePoll = time.Millisecond
+	// lingerFor is how long an awake sweeper keeps polling after its last
+	// dispatch before it lets the lock go. Shorter, a stream of commits with
+	// gaps (a slow disk flush holds them all back at once) would make it let
+	// go and take the lock over and over; longer, a trickle of commits keeps
+	// it polling for nothing. Each empty sweep is one index probe per topic
+	// list (outstanding_topics.sql).
+	lingerFor = 50 * time.Millisecond
+	// settlePollMax caps the interval of the sweeps that wait out the
+	// transactions running when the lock went.
+	settlePollMax = 100 * time.Millisecond
+)
+
+// stayAwake is the sweep loop's state around the awake lock: a sweep that
+// dispatches rows makes the sweeper sweep again at once, holding the lock (so
+// commits meanwhile need not notify), until sweeps find nothing for a while;
+// then it lets the lock go and waits out the transactions running at that
+// moment.
+type stayAwake struct {
+	awake bool
+	// settling is set from letting the lock go to the first sweep that began
+	// after every transaction in running had ended.
+	settling bool
+	running  string
+	waits    int       // sweeps so far while settling
+	last     time.Time // when the last sweep ended
+	busy     time.Time // when the last sweep that dispatched ended
+}
+
+// pollAt returns when the next sweep is due, if the loop should sweep before
+// the next tick or notification.
+func (st *stayAwake) pollAt() (time.Time, bool) {
+	switch {
+	case st.awake && st.last.Equal(st.busy):
+		return st.last, true // it dispatched: at once
+	case st.awake:
+		return st.last.Add(awakePoll), true
+	case st.settling:
+		return st.last.Add(min(time.Millisecond<<st.waits, settlePollMax)), true
+	}
+	return time.Time{}, false
+}
+
+// settled reports whether the transactions to wait out have ended; the loop
+// asks before a sweep, so that the sweep sees whatever they wrote.
+func (st *stayAwake) settled(ctx context.Context, a *awakeLock) bool {
+	return !st.settling || a.settled(ctx, st.running)
+}
+
+// swept moves the state on after a sweep: dispatched says whether it sent
+// rows, settled what st.settled said before it began.
+func (st *stayAwake) swept(ctx context.Context, a *awakeLock, dispatched, settled bool) {
+	st.last = time.Now()
+	switch {
+	case dispatched:
+		// A wait under way is dropped: the list read when the lock goes
+		// next covers whatever is still running then, and the sweep after it
+		// what ended before.
+		st.awake, st.busy, st.settling, st.running, st.waits = true, st.last, false, "", 0
+		a.acquire(ctx)
+	case st.awake:
+		if st.last.Sub(st.busy) >= lingerFor {
+			st.awake = false
+			st.running, st.settling = a.release(ctx)
+		}
+	case st.settling:
+		st.waits++
+		if settled {
+			st.settling, st.running, st.waits = false, "", 0
+		}
+	}
+}

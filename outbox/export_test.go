@@ -1,0 +1,26 @@
+package outbox
+
+import (
+	"context"
+	"log/slog"
+	"os"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// AwakeLock exposes the awake lock to the external tests, which need the
+// database helpers that the package's own tests cannot import.
+type AwakeLock struct{ a *awakeLock }
+
+func NewAwakeLock(connConfig *pgx.ConnConfig, t Table) AwakeLock {
+	return AwakeLock{newAwakeLock(connConfig, t.WithDefaults(), slog.New(slog.NewTextHandler(os.Stderr, nil)))}
+}
+
+func (l AwakeLock) Acquire(ctx context.Context) bool   { return l.a.acquire(ctx) }
+func (l AwakeLock) Release(ctx context.Context) (running string, held bool) {
+	return l.a.release(ctx)
+}
+func (l AwakeLock) Settled(ctx context.Context, snapshot string) bool {
+	return l.a.settled(ctx, snapshot)
+}
+func (l AwakeLock) Close() { l.a.close() }
