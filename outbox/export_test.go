@@ -16,7 +16,7 @@ func NewAwakeLock(connConfig *pgx.ConnConfig, t Table) AwakeLock {
 	return AwakeLock{newAwakeLock(connConfig, t.WithDefaults(), slog.New(slog.NewTextHandler(os.Stderr, nil)))}
 }
 
-func (l AwakeLock) Acquire(ctx context.Context) bool   { return l.a.acquire(ctx) }
+func (l AwakeLock) Acquire(ctx context.Context) bool { return l.a.acquire(ctx) }
 func (l AwakeLock) Release(ctx context.Context) (running string, held bool) {
 	return l.a.release(ctx)
 }
