@@ -159,9 +159,9 @@ func (s *store) explain(err error) error {
 // flight; if this process dies mid-send, Postgres ends the session and rolls the
 // transaction back at once, so no lease has to run out before another sweeper may
 // take the rows; and the claim costs no write beyond the mark itself. The claim
-// marks the rows dispatched in the same statement, so a successful batch costs
-// three round trips (begin, claim, commit); the mark counts only once the commit
-// follows the broker's acceptance. A failure that blames nobody is a rollback.
+// marks the rows dispatched in the same statement, and is sent with the BEGIN, so
+// a successful batch costs two round trips (begin and claim, commit); the mark
+// counts only once the commit follows the broker's acceptance. A failure that blames nobody is a rollback.
 // The price is one pooled connection per batch in flight, which --concurrency
 // bounds.
 //
@@ -172,7 +172,7 @@ func (s *store) explain(err error) error {
 // will be sent again (at-least-once).
 type claim struct {
 	s  *store
-	tx pgx.Tx
+	tx *batchTx
 	// batch holds the claimed rows, in id order.
 	batch producer.Batch
 	// ids and attempts are the claimed rows as the claim returned them (in no
@@ -205,29 +205,25 @@ func stmtCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 func (s *store) claim(ctx context.Context, b producer.Batch) (c *claim, contended bool, err error) {
 	claimCtx, cancel := stmtCtx(ctx)
 	defer cancel()
-	tx, err := s.pool.Begin(claimCtx)
+	c = &claim{s: s, ids: make([]int64, 0, len(b.Messages)), attempts: make([]int, 0, len(b.Messages))}
+	var id int64
+	var n int
+	c.tx, err = beginWith(claimCtx, s.pool, func(rows pgx.Rows) error {
+		_, err := pgx.ForEachRow(rows, []any{&id, &n}, func() error {
+			c.ids, c.attempts = append(c.ids, id), append(c.attempts, n)
+			return nil
+		})
+		return err
+	}, s.claimBatch, b.IDs(), s.topicLocks, s.table.TopicLockKey(b.Topic), s.idleTimeout)
 	if err != nil {
-		return nil, false, fmt.Errorf("begin batch of topic %q: %w", b.Topic, err)
+		return nil, false, fmt.Errorf("claim batch of topic %q, %d rows: %w", b.Topic, len(b.Messages), err)
 	}
-	ok := false
+	ok, tx := false, c.tx
 	defer func() {
 		if !ok {
 			rollback(ctx, tx)
 		}
 	}()
-	rows, err := tx.Query(claimCtx, s.claimBatch, b.IDs(), s.topicLocks, s.table.TopicLockKey(b.Topic), s.idleTimeout)
-	if err != nil {
-		return nil, false, fmt.Errorf("claim batch of topic %q, %d rows: %w", b.Topic, len(b.Messages), err)
-	}
-	c = &claim{s: s, tx: tx, ids: make([]int64, 0, len(b.Messages)), attempts: make([]int, 0, len(b.Messages))}
-	var id int64
-	var n int
-	if _, err := pgx.ForEachRow(rows, []any{&id, &n}, func() error {
-		c.ids, c.attempts = append(c.ids, id), append(c.attempts, n)
-		return nil
-	}); err != nil {
-		return nil, false, fmt.Errorf("claim batch of topic %q, %d rows: %w", b.Topic, len(b.Messages), err)
-	}
 	if len(c.ids) < len(b.Messages) {
 		contended = true
 		if s.topicLocks || len(c.ids) == 0 {
@@ -240,10 +236,10 @@ func (s *store) claim(ctx context.Context, b producer.Batch) (c *claim, contende
 	return c, contended, nil
 }
 
-func rollback(ctx context.Context, tx pgx.Tx) {
+func rollback(ctx context.Context, tx *batchTx) {
 	rollbackCtx, cancel := stmtCtx(ctx)
 	defer cancel()
-	_ = tx.Rollback(rollbackCtx) // a no-op after Commit
+	tx.rollback(rollbackCtx) // a no-op after Commit
 }
 
 // dispatched commits the claim: the broker accepted every row.
@@ -343,7 +339,7 @@ const ReasonMaxRetriesExceeded = "max_retries_exceeded"
 
 // stormy reports whether dead-lettering n more rows of topic would pass the
 // storm guard's limit within its window.
-func (s *store) stormy(ctx context.Context, tx pgx.Tx, topic string, n int) (bool, error) {
+func (s *store) stormy(ctx context.Context, tx querier, topic string, n int) (bool, error) {
 	if s.policy.stormLimit <= 0 {
 		return false, nil
 	}
@@ -356,7 +352,7 @@ func (s *store) stormy(ctx context.Context, tx pgx.Tx, topic string, n int) (boo
 
 // moveToDeadLetters moves the rows of ids with at least minAttempts attempts to
 // the dead-letter table, noting in out what moved.
-func (s *store) moveToDeadLetters(ctx context.Context, tx pgx.Tx, topic string, ids []int64, minAttempts int, reason, errText string, out *applied) error {
+func (s *store) moveToDeadLetters(ctx context.Context, tx querier, topic string, ids []int64, minAttempts int, reason, errText string, out *applied) error {
 	rows, err := tx.Query(ctx, s.deadLetter, ids, minAttempts, reason, errText)
 	if err != nil {
 		return fmt.Errorf("dead-letter rows of topic %q: %w", topic, err)
