@@ -146,17 +146,20 @@ func (a *awakeLock) close() {
 
 // Pacing of an awake sweeper (stayAwake).
 const (
-	// awakePoll is the interval of an awake sweeper's sweeps once they find
-	// nothing. While it holds the lock, commits do not notify: a row
-	// committed now waits for the next of these sweeps, so the interval is
-	// the latency a lull adds, and it is kept short rather than widened.
-	awakePoll = time.Millisecond
+	// awakePoll and awakePollMax pace an awake sweeper's sweeps once they find
+	// nothing: 1 ms apart, doubling every second empty sweep up to 4 ms.
+	// While it holds the lock, commits do not notify: a row committed in a
+	// lull waits for the next of these sweeps, so the interval is what a lull
+	// adds to latency. Growing it keeps what a lull costs the database low: a
+	// sweep that finds nothing is one index probe per topic list
+	// (outstanding_topics.sql), about 14 of them to a lull.
+	awakePoll    = time.Millisecond
+	awakePollMax = 4 * time.Millisecond
 	// lingerFor is how long an awake sweeper keeps polling after its last
 	// dispatch before it lets the lock go. Shorter, a stream of commits with
 	// gaps (a slow disk flush holds them all back at once) would make it let
 	// go and take the lock over and over; longer, a trickle of commits keeps
-	// it polling for nothing. Each empty sweep is one index probe per topic
-	// list (outstanding_topics.sql).
+	// it polling for nothing.
 	lingerFor = 50 * time.Millisecond
 	// settlePollMax caps the interval of the sweeps that wait out the
 	// transactions running when the lock went.
@@ -174,6 +177,7 @@ type stayAwake struct {
 	// after every transaction in running had ended.
 	settling bool
 	running  string
+	empty    int       // sweeps in a row that found nothing, while awake
 	waits    int       // sweeps so far while settling
 	last     time.Time // when the last sweep ended
 	busy     time.Time // when the last sweep that dispatched ended
@@ -186,7 +190,7 @@ func (st *stayAwake) pollAt() (time.Time, bool) {
 	case st.awake && st.last.Equal(st.busy):
 		return st.last, true // it dispatched: at once
 	case st.awake:
-		return st.last.Add(awakePoll), true
+		return st.last.Add(min(awakePoll<<(st.empty/2), awakePollMax)), true
 	case st.settling:
 		return st.last.Add(min(time.Millisecond<<st.waits, settlePollMax)), true
 	}
@@ -200,17 +204,23 @@ func (st *stayAwake) settled(ctx context.Context, a *awakeLock) bool {
 }
 
 // swept moves the state on after a sweep: dispatched says whether it sent
-// rows, settled what st.settled said before it began.
-func (st *stayAwake) swept(ctx context.Context, a *awakeLock, dispatched, settled bool) {
+// rows, pressed whether commits notified while it ran, settled what
+// st.settled said before it began.
+//
+// A sweeper wakes up for good only when pressed: at a rate where each commit
+// finds it asleep, notifying costs the commits little (nobody queues for the
+// lock), and polling would cost the database more than it saves them.
+func (st *stayAwake) swept(ctx context.Context, a *awakeLock, dispatched, pressed, settled bool) {
 	st.last = time.Now()
 	switch {
-	case dispatched:
+	case dispatched && (st.awake || pressed):
 		// A wait under way is dropped: the list read when the lock goes
 		// next covers whatever is still running then, and the sweep after it
 		// what ended before.
-		st.awake, st.busy, st.settling, st.running, st.waits = true, st.last, false, "", 0
+		st.awake, st.busy, st.settling, st.running, st.waits, st.empty = true, st.last, false, "", 0, 0
 		a.acquire(ctx)
 	case st.awake:
+		st.empty++
 		if st.last.Sub(st.busy) >= lingerFor {
 			st.awake = false
 			st.running, st.settling = a.release(ctx)

@@ -447,7 +447,9 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		settled := awake == nil || st.settled(work, awake)
 		res, err := s.sweep(ctx, work, due, tick)
 		if awake != nil {
-			st.swept(work, awake, res.Dispatched > 0 && err == nil, settled)
+			// A notification that came during the sweep says commits come
+			// faster than sweeps: the rate at which notifying costs them.
+			st.swept(work, awake, res.Dispatched > 0 && err == nil, len(wake) > 0, settled)
 		}
 		if s.cfg.Observer != nil && !res.Blocked {
 			s.cfg.Observer.SweepDone(time.Since(start))
