@@ -15,6 +15,11 @@ LDFLAGS      := -s -w -X github.com/outbox-sweeper/sweeper/internal/cli.Version=
 DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 BENCHSTAT    := golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
 
+# bash with pipefail: a recipe that pipes go test into tee fails when go test
+# does (with sh, a failed benchmark printed FAIL and make said nothing).
+SHELL       := /bin/bash
+.SHELLFLAGS := -o pipefail -c
+
 .PHONY: build run test test-under-load services bench bench-binary vet check-deploy clean
 
 # Loads .services.env (if scripts/services.sh wrote one) into a recipe line.

@@ -24,3 +24,6 @@ func (l AwakeLock) Settled(ctx context.Context, snapshot string) bool {
 	return l.a.settled(ctx, snapshot)
 }
 func (l AwakeLock) Close() { l.a.close() }
+
+// AwakeKeyOf is the awake lock's key for t.
+func AwakeKeyOf(t Table) int64 { return awakeKey(t.WithDefaults()) }

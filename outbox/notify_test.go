@@ -203,7 +203,8 @@ func TestCommitsDoNotNotifyWhileASweeperIsAwake(t *testing.T) {
 	_, err = later.Exec(ctx, "SELECT pg_current_xact_id()")
 	require.NoError(t, err)
 	require.NoError(t, writer.Commit(ctx))
-	require.True(t, awake.Settled(ctx, running), "the writer has ended")
+	// Other transactions running at the release (other tests') end too.
+	dbtest.Eventually(t, patience, "settled once the writer has ended", func() bool { return awake.Settled(ctx, running) })
 	require.Equal(t, 0, count(), "its commit notified no one: the sweep after settling is what finds its row")
 
 	writeMessages(t, tbl, topicMessages("woken", 1)...)
@@ -360,3 +361,92 @@ func (*sweepCounter) BatchDispatched(string, int, []time.Duration) {}
 func (*sweepCounter) BatchFailed(string, producer.Class)           {}
 func (*sweepCounter) DeadLettered(string, int)                     {}
 func (c *sweepCounter) SweepDone(time.Duration)                    { c.n.Add(1) }
+
+// An awake sweeper lets its lock go only after the transactions running at that
+// moment have ended, and sweeps once more: a row whose statement saw the lock
+// held (so its commit notifies no one) and that commits after the lock went is
+// sent at once, not at the next tick, an hour away here.
+func TestAwakeSweeperLeavesNoRowForTheTick(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	key := outbox.AwakeKeyOf(tbl)
+	// held tests the lock as the trigger does, from one statement, so that
+	// the shared lock it may take goes back on the same session.
+	held := func() bool {
+		var h bool
+		require.NoError(t, pool.QueryRow(ctx,
+			"SELECT CASE WHEN pg_try_advisory_lock_shared($1) THEN NOT pg_advisory_unlock_shared($1) ELSE true END", key).Scan(&h))
+		return h
+	}
+	w, err := outbox.NewWriter(tbl)
+	require.NoError(t, err)
+	count := notificationCounter(t, tbl)
+	prod := memory.New(memory.Config{})
+	app := "awake-" + tbl.Schema
+	stop := dbtest.RunSweeper(t, newSweeper(t, dbtest.NamedPool(t, app), prod, outbox.Config{Table: tbl, Tick: time.Hour}))
+	defer stop()
+	sent := func(payload string) bool {
+		for _, m := range prod.Messages() {
+			if string(m.Payload) == payload {
+				return true
+			}
+		}
+		return false
+	}
+
+	// Each attempt presses the sweeper awake with commits back to back, writes
+	// a row while it holds the lock, and commits it once the lock has gone.
+	// An attempt counts only if that commit notified no one (the lock was not
+	// let go and taken again between the row's insert and the check after it).
+	for attempt := 1; ; attempt++ {
+		require.LessOrEqual(t, attempt, 10, "no attempt wrote its row while the sweeper held the lock")
+		pressCtx, stopPressing := context.WithCancel(ctx)
+		pressed := make(chan error, 1)
+		go func() {
+			for i := 0; pressCtx.Err() == nil; i++ {
+				if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					return w.Write(ctx, tx, outbox.Message{Topic: "press", Payload: fmt.Appendf(nil, "press-%d-%d", attempt, i)})
+				}); err != nil {
+					pressed <- err
+					return
+				}
+			}
+			pressed <- nil
+		}()
+		dbtest.Eventually(t, patience, "the sweeper awake", held)
+		straddler, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		// Before the schema's drop, which its locks would block, should the
+		// test fail with it open.
+		t.Cleanup(func() { _ = straddler.Rollback(ctx) })
+		payload := fmt.Sprintf("straddling-%d", attempt)
+		require.NoError(t, w.Write(ctx, straddler, outbox.Message{Topic: "straddling", Payload: []byte(payload)}))
+		wroteWhileHeld := held()
+		stopPressing()
+		require.NoError(t, <-pressed)
+		if !wroteWhileHeld {
+			require.NoError(t, straddler.Rollback(ctx))
+			continue
+		}
+		count() // what the pressing commits sent
+		dbtest.Eventually(t, patience, "the sweeper letting the lock go", func() bool { return !held() })
+		// The lock may also look free while an awake sweeper failed to take
+		// it; what shows that this one let it go and is waiting out the
+		// straddler is its connection asking after running transactions.
+		dbtest.Eventually(t, patience, "the sweeper waiting out the running transactions", func() bool {
+			var waiting bool
+			require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+				WHERE application_name = $1 AND query LIKE '%backend_xid::text = ANY%')`, app).Scan(&waiting))
+			return waiting
+		})
+		require.NoError(t, straddler.Commit(ctx))
+		if count() != 0 {
+			continue // it notified after all: sent, but not by the path under test
+		}
+		dbtest.Eventually(t, patience, "the row sent without a notification or a tick", func() bool { return sent(payload) })
+		t.Logf("attempt %d", attempt)
+		return
+	}
+}

@@ -208,7 +208,11 @@ func nats(ctx context.Context, url string, topics []string, n int, payload []byt
 	}
 	futures := make([]jetstream.PubAckFuture, 0, n)
 	for i := range n {
-		f, err := js.PublishMsgAsync(&natsgo.Msg{Subject: topics[i%len(topics)], Data: payload}, jetstream.WithMsgID(rand.Text()))
+		// With 4,000 acks outstanding a publish waits for room; the
+		// client's default gives up after 200ms, which a busy server's
+		// acks can take: wait as long as the run may.
+		f, err := js.PublishMsgAsync(&natsgo.Msg{Subject: topics[i%len(topics)], Data: payload},
+			jetstream.WithMsgID(rand.Text()), jetstream.WithStallWait(time.Minute))
 		if err != nil {
 			return 0, err
 		}
