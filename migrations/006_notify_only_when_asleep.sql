@@ -4,7 +4,7 @@
 -- each, instead of sharing flushes. At 1,000 single-row commits a second on a
 -- disk that flushes in half a millisecond that queue is nearly always busy, and
 -- it tips over: on the project's benchmark machine the application's commits
--- went from about 2 ms to over a second (BENCHMARKS.md, "Wake-up on commit").
+-- went from about 2 ms to over a second (BENCHMARKS.md, "Wake-up without the commit queue").
 --
 -- A notification is only needed when no sweeper is already sweeping. A sweeper
 -- that finds rows stays awake, sweeping again at once, and holds the advisory
