@@ -43,9 +43,22 @@ type awakeLock struct {
 	conn       *pgx.Conn
 	held       bool
 	// failing is set after an error, so that a database that is down logs
-	// once, not at every sweep.
+	// once, not at every sweep; no connection is tried again before retryAt,
+	// so that a connection refused (max_connections reached, say) does not
+	// cost every sweep a connection attempt.
 	failing bool
+	retryAt time.Time
+	// checked is when the held lock's connection last answered.
+	checked time.Time
 }
+
+// awakeCheck is how often an awake sweeper makes sure the lock's connection
+// is still there.
+const awakeCheck = time.Second
+
+// awakeRetry is how long the awake lock waits after a failure before it
+// connects again.
+const awakeRetry = 5 * time.Second
 
 func newAwakeLock(connConfig *pgx.ConnConfig, t Table, logger *slog.Logger) *awakeLock {
 	return &awakeLock{connConfig: connConfig, key: awakeKey(t), logger: logger}
@@ -54,24 +67,39 @@ func newAwakeLock(connConfig *pgx.ConnConfig, t Table, logger *slog.Logger) *awa
 // acquire tries to take the lock, connecting first if need be, and reports
 // whether this sweeper holds it.
 func (a *awakeLock) acquire(ctx context.Context) bool {
-	if a.held {
-		return true
-	}
 	ctx, cancel := context.WithTimeout(ctx, awakeTimeout)
 	defer cancel()
+	if a.held {
+		// A session that ended (Postgres restarted, a proxy cut it) took
+		// the lock with it, and nothing else would tell: a sweeper kept
+		// awake by a steady load would go on believing it held it while
+		// every commit notified again.
+		if time.Since(a.checked) < awakeCheck {
+			return true
+		}
+		if err := a.conn.Ping(ctx); err != nil {
+			a.failed("keep the lock (its connection failed)", err)
+			return false
+		}
+		a.checked = time.Now()
+		return true
+	}
 	if a.conn == nil || a.conn.IsClosed() {
+		if time.Now().Before(a.retryAt) {
+			return false
+		}
 		conn, err := pgx.ConnectConfig(ctx, a.connConfig)
 		if err != nil {
-			a.failed("connect", err)
+			a.failed("connect to hold the lock", err)
 			return false
 		}
 		a.conn = conn
 	}
 	if err := a.conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", a.key).Scan(&a.held); err != nil {
-		a.failed("take", err)
+		a.failed("take the lock", err)
 		return false
 	}
-	a.failing = false
+	a.failing, a.checked = false, time.Now()
 	return a.held
 }
 
@@ -92,12 +120,12 @@ func (a *awakeLock) release(ctx context.Context) (running string, held bool) {
 	if _, err := a.conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", a.key); err != nil {
 		// The session may still hold the lock: end it, which frees it. The
 		// rows of commits that did not notify then wait for a tick at most.
-		a.failed("release", err)
+		a.failed("release the lock", err)
 		return "", true
 	}
 	if err := a.conn.QueryRow(ctx, `SELECT coalesce(string_agg(backend_xid::text, ','), '')
 		FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()`).Scan(&running); err != nil {
-		a.failed("read the running transactions after releasing", err)
+		a.failed("read the transactions running after releasing the lock", err)
 		return "", true
 	}
 	return running, true
@@ -116,7 +144,7 @@ func (a *awakeLock) settled(ctx context.Context, running string) bool {
 	err := a.conn.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity
 		WHERE backend_xid::text = ANY(string_to_array($1, ',')))`, running).Scan(&done)
 	if err != nil {
-		a.failed("check the transactions running at release", err)
+		a.failed("check on the transactions running at the release", err)
 		return true
 	}
 	return done
@@ -126,11 +154,12 @@ func (a *awakeLock) settled(ctx context.Context, running string) bool {
 // frees the lock if the session still held it.
 func (a *awakeLock) failed(what string, err error) {
 	a.close()
+	a.retryAt = time.Now().Add(awakeRetry)
 	if errors.Is(err, context.Canceled) || a.failing {
 		return
 	}
 	a.failing = true
-	a.logger.Warn(fmt.Sprintf("awake lock: cannot %s it; commits keep notifying, which costs them more under load", what), "err", err)
+	a.logger.Warn(fmt.Sprintf("awake lock: could not %s; commits go on notifying the sweeper, which costs them more under load; nothing is lost (retrying in %s)", what, awakeRetry), "err", err)
 }
 
 // close ends the connection, which frees the lock.

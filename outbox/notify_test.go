@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -449,4 +450,76 @@ func TestAwakeSweeperLeavesNoRowForTheTick(t *testing.T) {
 		t.Logf("attempt %d", attempt)
 		return
 	}
+}
+
+// The awake lock's connection ending (Postgres restarted, a proxy cut it)
+// frees the lock with it: commits notify again, nothing waits for the tick (an
+// hour away), and the sweeper takes the lock again on a new connection.
+func TestLostAwakeConnectionLosesNothing(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	key := outbox.AwakeKeyOf(tbl)
+	holder := func() int32 {
+		var pid int32
+		err := pool.QueryRow(ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
+			AND mode = 'ExclusiveLock' AND objsubid = 1
+			AND classid = (($1::bigint >> 32) & 4294967295)::oid AND objid = ($1::bigint & 4294967295)::oid`, key).Scan(&pid)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return 0
+		}
+		require.NoError(t, err)
+		return pid
+	}
+	w, err := outbox.NewWriter(tbl)
+	require.NoError(t, err)
+	prod := memory.New(memory.Config{})
+	stop := dbtest.RunSweeper(t, newSweeper(t, dbtest.NamedPool(t, "awake-lost-"+tbl.Schema), prod, outbox.Config{Table: tbl, Tick: time.Hour}))
+	defer stop()
+
+	// press commits back to back until the returned function is called.
+	var written atomic.Int64
+	press := func() (stop func()) {
+		pressCtx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() {
+			for pressCtx.Err() == nil {
+				i := written.Load()
+				if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					return w.Write(ctx, tx, outbox.Message{Topic: fmt.Sprintf("t%d", i%3), Payload: fmt.Appendf(nil, "%d", i)})
+				}); err != nil {
+					done <- err
+					return
+				}
+				written.Add(1)
+			}
+			done <- nil
+		}()
+		return func() { cancel(); require.NoError(t, <-done) }
+	}
+	sentAll := func() bool {
+		return dbtest.Outstanding(t, tbl) == 0 && len(prod.Messages()) >= int(written.Load())
+	}
+
+	stopPressing := press()
+	var first int32
+	dbtest.Eventually(t, patience, "the sweeper holding the awake lock", func() bool { first = holder(); return first != 0 })
+	var ok bool
+	require.NoError(t, pool.QueryRow(ctx, "SELECT pg_terminate_backend($1)", first).Scan(&ok))
+	require.True(t, ok)
+	require.Eventually(t, func() bool { return holder() == 0 }, patience, 10*time.Millisecond, "the lock gone with its session")
+	before := written.Load()
+	dbtest.Eventually(t, patience, "more commits after the loss", func() bool { return written.Load() > before+10 })
+	stopPressing()
+	dbtest.Eventually(t, patience, "every row sent, the tick an hour away", sentAll)
+
+	// Pressed again, it takes the lock on a new connection.
+	stopPressing = press()
+	dbtest.Eventually(t, patience, "the lock held again, on a new connection", func() bool {
+		pid := holder()
+		return pid != 0 && pid != first
+	})
+	stopPressing()
+	dbtest.Eventually(t, patience, "every row sent", sentAll)
 }
