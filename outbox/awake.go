@@ -206,22 +206,23 @@ type stayAwake struct {
 	// after every transaction in running had ended.
 	settling bool
 	running  string
-	empty    int       // sweeps in a row that found nothing, while awake
-	waits    int       // sweeps so far while settling
-	last     time.Time // when the last sweep ended
-	busy     time.Time // when the last sweep that dispatched ended
+	// n counts the sweeps since the last dispatch while awake, or since
+	// letting go while settling: the intervals widen with it.
+	n    int
+	last time.Time // when the last sweep ended
+	busy time.Time // when the last sweep that dispatched ended
 }
 
 // pollAt returns when the next sweep is due, if the loop should sweep before
 // the next tick or notification.
 func (st *stayAwake) pollAt() (time.Time, bool) {
 	switch {
-	case st.awake && st.last.Equal(st.busy):
+	case st.awake && st.n == 0:
 		return st.last, true // it dispatched: at once
 	case st.awake:
-		return st.last.Add(min(awakePoll<<(st.empty/2), awakePollMax)), true
+		return st.last.Add(min(awakePoll<<(st.n/2), awakePollMax)), true
 	case st.settling:
-		return st.last.Add(min(time.Millisecond<<st.waits, settlePollMax)), true
+		return st.last.Add(min(time.Millisecond<<st.n, settlePollMax)), true
 	}
 	return time.Time{}, false
 }
@@ -246,18 +247,18 @@ func (st *stayAwake) swept(ctx context.Context, a *awakeLock, dispatched, presse
 		// A wait under way is dropped: the list read when the lock goes
 		// next covers whatever is still running then, and the sweep after it
 		// what ended before.
-		st.awake, st.busy, st.settling, st.running, st.waits, st.empty = true, st.last, false, "", 0, 0
+		st.awake, st.busy, st.settling, st.running, st.n = true, st.last, false, "", 0
 		a.acquire(ctx)
 	case st.awake:
-		st.empty++
+		st.n++
 		if st.last.Sub(st.busy) >= lingerFor {
-			st.awake = false
+			st.awake, st.n = false, 0
 			st.running, st.settling = a.release(ctx)
 		}
 	case st.settling:
-		st.waits++
+		st.n++
 		if settled {
-			st.settling, st.running, st.waits = false, "", 0
+			st.settling, st.running, st.n = false, "", 0
 		}
 	}
 }

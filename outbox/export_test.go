@@ -3,7 +3,6 @@ package outbox
 import (
 	"context"
 	"log/slog"
-	"os"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -13,7 +12,7 @@ import (
 type AwakeLock struct{ a *awakeLock }
 
 func NewAwakeLock(connConfig *pgx.ConnConfig, t Table) AwakeLock {
-	return AwakeLock{newAwakeLock(connConfig, t.WithDefaults(), slog.New(slog.NewTextHandler(os.Stderr, nil)))}
+	return AwakeLock{newAwakeLock(connConfig, t.WithDefaults(), slog.New(slog.DiscardHandler))}
 }
 
 func (l AwakeLock) Acquire(ctx context.Context) bool { return l.a.acquire(ctx) }

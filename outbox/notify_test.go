@@ -378,15 +378,7 @@ func TestAwakeSweeperLeavesNoRowForTheTick(t *testing.T) {
 	tbl := dbtest.Table(t)
 	ctx := context.Background()
 	pool := dbtest.Pool(t)
-	key := outbox.AwakeKeyOf(tbl)
-	// held tests the lock as the trigger does, from one statement, so that
-	// the shared lock it may take goes back on the same session.
-	held := func() bool {
-		var h bool
-		require.NoError(t, pool.QueryRow(ctx,
-			"SELECT CASE WHEN pg_try_advisory_lock_shared($1) THEN NOT pg_advisory_unlock_shared($1) ELSE true END", key).Scan(&h))
-		return h
-	}
+	held := func() bool { return awakeHolder(t, tbl) != 0 }
 	w, err := outbox.NewWriter(tbl)
 	require.NoError(t, err)
 	count := notificationCounter(t, tbl)
@@ -409,19 +401,7 @@ func TestAwakeSweeperLeavesNoRowForTheTick(t *testing.T) {
 	// let go and taken again between the row's insert and the check after it).
 	for attempt := 1; ; attempt++ {
 		require.LessOrEqual(t, attempt, 10, "no attempt wrote its row while the sweeper held the lock")
-		pressCtx, stopPressing := context.WithCancel(ctx)
-		pressed := make(chan error, 1)
-		go func() {
-			for i := 0; pressCtx.Err() == nil; i++ {
-				if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					return w.Write(ctx, tx, outbox.Message{Topic: "press", Payload: fmt.Appendf(nil, "press-%d-%d", attempt, i)})
-				}); err != nil {
-					pressed <- err
-					return
-				}
-			}
-			pressed <- nil
-		}()
+		stopPressing := pressCommits(t, w)
 		dbtest.Eventually(t, patience, "the sweeper awake", held)
 		straddler, err := pool.Begin(ctx)
 		require.NoError(t, err)
@@ -432,7 +412,6 @@ func TestAwakeSweeperLeavesNoRowForTheTick(t *testing.T) {
 		require.NoError(t, w.Write(ctx, straddler, outbox.Message{Topic: "straddling", Payload: []byte(payload)}))
 		wroteWhileHeld := held()
 		stopPressing()
-		require.NoError(t, <-pressed)
 		if !wroteWhileHeld {
 			require.NoError(t, straddler.Rollback(ctx))
 			continue
@@ -466,44 +445,15 @@ func TestLostAwakeConnectionLosesNothing(t *testing.T) {
 	tbl := dbtest.Table(t)
 	ctx := context.Background()
 	pool := dbtest.Pool(t)
-	key := outbox.AwakeKeyOf(tbl)
-	holder := func() int32 {
-		var pid int32
-		err := pool.QueryRow(ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
-			AND mode = 'ExclusiveLock' AND objsubid = 1
-			AND classid = (($1::bigint >> 32) & 4294967295)::oid AND objid = ($1::bigint & 4294967295)::oid`, key).Scan(&pid)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return 0
-		}
-		require.NoError(t, err)
-		return pid
-	}
+	holder := func() int32 { return awakeHolder(t, tbl) }
 	w, err := outbox.NewWriter(tbl)
 	require.NoError(t, err)
 	prod := memory.New(memory.Config{})
 	stop := dbtest.RunSweeper(t, newSweeper(t, dbtest.NamedPool(t, "awake-lost-"+tbl.Schema), prod, outbox.Config{Table: tbl, Tick: time.Hour}))
 	defer stop()
 
-	// press commits back to back until the returned function is called.
 	var written atomic.Int64
-	press := func() (stop func()) {
-		pressCtx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() {
-			for pressCtx.Err() == nil {
-				i := written.Load()
-				if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					return w.Write(ctx, tx, outbox.Message{Topic: fmt.Sprintf("t%d", i%3), Payload: fmt.Appendf(nil, "%d", i)})
-				}); err != nil {
-					done <- err
-					return
-				}
-				written.Add(1)
-			}
-			done <- nil
-		}()
-		return func() { cancel(); require.NoError(t, <-done) }
-	}
+	press := func() (stop func()) { return pressCommits(t, w, &written) }
 	sentAll := func() bool {
 		return dbtest.Outstanding(t, tbl) == 0 && len(prod.Messages()) >= int(written.Load())
 	}
@@ -514,7 +464,7 @@ func TestLostAwakeConnectionLosesNothing(t *testing.T) {
 	var ok bool
 	require.NoError(t, pool.QueryRow(ctx, "SELECT pg_terminate_backend($1)", first).Scan(&ok))
 	require.True(t, ok)
-	require.Eventually(t, func() bool { return holder() == 0 }, patience, 10*time.Millisecond, "the lock gone with its session")
+	dbtest.Eventually(t, patience, "the lock gone with its session", func() bool { return holder() == 0 })
 	before := written.Load()
 	dbtest.Eventually(t, patience, "more commits after the loss", func() bool { return written.Load() > before+10 })
 	stopPressing()
@@ -528,4 +478,63 @@ func TestLostAwakeConnectionLosesNothing(t *testing.T) {
 	})
 	stopPressing()
 	dbtest.Eventually(t, patience, "every row sent", sentAll)
+}
+
+// awakeHolder returns the pid of the session holding tbl's awake lock, 0 for
+// none. It reads pg_locks rather than trying the lock, which for a moment
+// would keep a sweeper from taking it.
+func awakeHolder(t *testing.T, tbl outbox.Table) int32 {
+	t.Helper()
+	var pid int32
+	err := dbtest.Pool(t).QueryRow(context.Background(), `SELECT pid FROM pg_locks WHERE locktype = 'advisory'
+		AND granted AND mode = 'ExclusiveLock' AND objsubid = 1
+		AND classid = (($1::bigint >> 32) & 4294967295)::oid AND objid = ($1::bigint & 4294967295)::oid`,
+		outbox.AwakeKeyOf(tbl)).Scan(&pid)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0
+	}
+	require.NoError(t, err)
+	return pid
+}
+
+// pressCommits commits rows through w back to back, each in a transaction of
+// its own, over three topics, counting them in written (if set), until the
+// returned function is called: faster than a sweep, so the sweeper stays awake.
+func pressCommits(t *testing.T, w *outbox.Writer, written ...*atomic.Int64) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		for i := 0; ctx.Err() == nil; i++ {
+			if err := pgx.BeginFunc(context.Background(), dbtest.Pool(t), func(tx pgx.Tx) error {
+				return w.Write(context.Background(), tx, outbox.Message{Topic: fmt.Sprintf("press-%d", i%3), Payload: fmt.Appendf(nil, "press-%d", i)})
+			}); err != nil {
+				done <- err
+				return
+			}
+			for _, n := range written {
+				n.Add(1)
+			}
+		}
+		done <- nil
+	}()
+	return func() { cancel(); require.NoError(t, <-done) }
+}
+
+// An awake lock that cannot reach the database is harmless: it holds nothing,
+// has nothing to wait out, and the sweeper sweeps as without it.
+func TestAwakeLockWithoutADatabaseHoldsNothing(t *testing.T) {
+	t.Parallel()
+	cfg := dbtest.Pool(t).Config().ConnConfig.Copy()
+	cfg.Port = 1 // nothing listens there
+	cfg.ConnectTimeout = time.Second
+	l := outbox.NewAwakeLock(cfg, dbtest.Table(t))
+	defer l.Close()
+	ctx := context.Background()
+	require.False(t, l.Acquire(ctx))
+	require.False(t, l.Acquire(ctx), "again, within the retry's wait")
+	running, held := l.Release(ctx)
+	require.False(t, held)
+	require.Empty(t, running)
+	require.True(t, l.Settled(ctx, running))
 }

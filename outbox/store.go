@@ -159,9 +159,10 @@ func (s *store) explain(err error) error {
 // flight; if this process dies mid-send, Postgres ends the session and rolls the
 // transaction back at once, so no lease has to run out before another sweeper may
 // take the rows; and the claim costs no write beyond the mark itself. The claim
-// marks the rows dispatched in the same statement, and is sent with the BEGIN, so
-// a successful batch costs two round trips (begin and claim, commit); the mark
-// counts only once the commit follows the broker's acceptance. A failure that blames nobody is a rollback.
+// marks the rows dispatched in the same statement, and is sent with the BEGIN,
+// so a successful batch costs two round trips (begin and claim, commit); the
+// mark counts only once the commit follows the broker's acceptance. A failure
+// that blames nobody is a rollback.
 // The price is one pooled connection per batch in flight, which --concurrency
 // bounds.
 //
@@ -339,7 +340,7 @@ const ReasonMaxRetriesExceeded = "max_retries_exceeded"
 
 // stormy reports whether dead-lettering n more rows of topic would pass the
 // storm guard's limit within its window.
-func (s *store) stormy(ctx context.Context, tx querier, topic string, n int) (bool, error) {
+func (s *store) stormy(ctx context.Context, tx *batchTx, topic string, n int) (bool, error) {
 	if s.policy.stormLimit <= 0 {
 		return false, nil
 	}
@@ -352,7 +353,7 @@ func (s *store) stormy(ctx context.Context, tx querier, topic string, n int) (bo
 
 // moveToDeadLetters moves the rows of ids with at least minAttempts attempts to
 // the dead-letter table, noting in out what moved.
-func (s *store) moveToDeadLetters(ctx context.Context, tx querier, topic string, ids []int64, minAttempts int, reason, errText string, out *applied) error {
+func (s *store) moveToDeadLetters(ctx context.Context, tx *batchTx, topic string, ids []int64, minAttempts int, reason, errText string, out *applied) error {
 	rows, err := tx.Query(ctx, s.deadLetter, ids, minAttempts, reason, errText)
 	if err != nil {
 		return fmt.Errorf("dead-letter rows of topic %q: %w", topic, err)

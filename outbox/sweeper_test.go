@@ -586,8 +586,8 @@ func TestBatchIdleTimeoutFollowsTheSendTimeoutWithinPostgresLimit(t *testing.T) 
 }
 
 // The claim sets its transaction's idle timeout (and commit without a disk
-// sync) and takes the topic's lock before it looks at a row, whatever rows it finds: the bound on how long a
-// frozen sweeper holds rows must not depend on the plan Postgres picks. And a
+// sync) and takes the topic's lock before it looks at a row, whatever rows it
+// finds: the bound on how long a frozen sweeper holds rows must not depend on the plan Postgres picks. And a
 // claim that finds the topic's lock taken locks no row: another sweeper's
 // batch of the topic is in flight, and the rows stay free for it.
 func TestClaimSetsItsIdleTimeoutAndTopicLockBeforeAnyRow(t *testing.T) {

@@ -10,13 +10,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// querier is what a batch's statements need of its transaction.
-type querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
 // batchTx is a batch's transaction, begun in the same round trip as its claim
 // (beginWith) rather than in one of its own, as pgx's Begin does: a batch that
 // succeeds costs two round trips, the claim and the commit, instead of three.

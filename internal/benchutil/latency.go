@@ -157,11 +157,14 @@ func Latency(tb testing.TB, tbl outbox.Table, sub Subscriber, topics []string, r
 	committed := make([]atomic.Int64, n)  // unix nanos when its commit returned
 	arrived := make([]atomic.Int64, n)    // unix nanos of its first arrival
 	var received, dups, warm atomic.Int64
+	warmed := make(chan struct{})
 
 	stop := sub(tb, func(body []byte) {
 		now := time.Now().UnixNano()
 		if string(body) == warmUp {
-			warm.Add(1)
+			if warm.Add(1) == int64(len(topics)) {
+				close(warmed)
+			}
 			return
 		}
 		seq, err := strconv.Atoi(string(body))
@@ -200,10 +203,10 @@ func Latency(tb testing.TB, tbl outbox.Table, sub Subscriber, topics []string, r
 			tb.Fatal(err)
 		}
 	}
-	for deadline := time.Now().Add(30 * time.Second); warm.Load() < int64(len(topics)); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			tb.Fatalf("%d of %d warm-up rows arrived within 30s", warm.Load(), len(topics))
-		}
+	select {
+	case <-warmed:
+	case <-time.After(30 * time.Second):
+		tb.Fatalf("%d of %d warm-up rows arrived within 30s", warm.Load(), len(topics))
 	}
 	seqs := make(chan int, rate)
 	var wg sync.WaitGroup

@@ -194,28 +194,13 @@ func BenchmarkPeakRSSBacklog(b *testing.B) {
 	for range b.N {
 		tbl := dbtest.Table(b)
 		benchutil.Load(b, tbl, backlog, 512, benchutil.Topics("topic", 10))
-		cmd := sweeperCmd(b, bin, tbl)
-		start := time.Now()
-		if err := cmd.Start(); err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { _ = cmd.Process.Kill() }) // after a failure; a no-op once it has exited
-		for dbtest.Outstanding(b, tbl) > 0 {
-			if time.Since(start) > 10*time.Minute {
-				_ = cmd.Process.Kill()
-				b.Fatal("the backlog did not drain in 10 minutes")
+		var status []byte
+		elapsed := drain(b, bin, tbl, 10*time.Minute, func(pid int) {
+			var err error
+			if status, err = os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err != nil {
+				b.Fatal(err)
 			}
-			time.Sleep(200 * time.Millisecond)
-		}
-		elapsed := time.Since(start)
-		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", cmd.Process.Pid))
-		if err != nil {
-			b.Fatal(err)
-		}
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		if err := cmd.Wait(); err != nil {
-			b.Fatalf("sweeper exit: %v", err)
-		}
+		})
 		var peakKB int64
 		for _, line := range strings.Split(string(status), "\n") {
 			if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {

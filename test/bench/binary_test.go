@@ -176,22 +176,33 @@ func drainOnce(b *testing.B, bin string, topics, args []string) float64 {
 	b.Helper()
 	tbl := dbtest.Table(b)
 	benchutil.Load(b, tbl, backlog, 512, topics)
+	return float64(backlog) / drain(b, bin, tbl, 5*time.Minute, nil, args...).Seconds()
+}
+
+// drain runs bin with args on tbl's backlog until the outbox is empty, calls
+// drained (if set) with the process still running, stops it, and returns the
+// time from its start to the empty outbox. It fails b past limit.
+func drain(b *testing.B, bin string, tbl outbox.Table, limit time.Duration, drained func(pid int), args ...string) time.Duration {
+	b.Helper()
 	cmd := sweeperCmd(b, bin, tbl, args...)
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { _ = cmd.Process.Kill() })
+	b.Cleanup(func() { _ = cmd.Process.Kill() }) // after a failure; a no-op once it has exited
 	for dbtest.Outstanding(b, tbl) > 0 {
-		if time.Since(start) > 5*time.Minute {
-			b.Fatal("the backlog did not drain in 5 minutes")
+		if time.Since(start) > limit {
+			b.Fatalf("the backlog did not drain in %s", limit)
 		}
 		time.Sleep(20 * time.Millisecond) // the poll's pace: it bounds the figure's resolution (0.4 % of a 5 s drain), not its outcome
 	}
 	elapsed := time.Since(start)
+	if drained != nil {
+		drained(cmd.Process.Pid)
+	}
 	_ = cmd.Process.Signal(syscall.SIGTERM)
 	if err := cmd.Wait(); err != nil {
 		b.Fatalf("sweeper exit: %v", err)
 	}
-	return float64(backlog) / elapsed.Seconds()
+	return elapsed
 }
