@@ -247,6 +247,23 @@ func Outstanding(t testing.TB, tbl outbox.Table) int {
 	return n
 }
 
+// AnyOutstanding reports whether tbl holds an outstanding row. Unlike
+// Outstanding it reads one entry of the outstanding index, not all of them, so
+// a benchmark can poll it while it times a drain: counting 100,000 rows every
+// 20 ms took about a fifth of the two cores the drain it timed needed.
+func AnyOutstanding(t testing.TB, tbl outbox.Table) bool {
+	t.Helper()
+	// Not EXISTS (…): inside it the planner drops the ORDER BY and may scan
+	// the heap from its start, through every row the drain has marked.
+	var n int
+	err := Pool(t).QueryRow(context.Background(), "SELECT count(*) FROM (SELECT 1 FROM "+
+		pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()+" WHERE dispatched_at IS NULL ORDER BY id LIMIT 1) first").Scan(&n)
+	if err != nil {
+		t.Fatalf("look for outstanding rows of %s: %v", tbl, err)
+	}
+	return n > 0
+}
+
 // Eventually polls cond every 10ms until it holds, and fails t after timeout.
 // Tests wait on the database this way rather than sleeping a guessed time.
 func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
