@@ -92,11 +92,7 @@ func isolateSuspects(batches []producer.Batch) []producer.Batch {
 // tr.contended). retry says whether the send gets in-call retries.
 func (s *Sweeper) sendBatch(st *sweepState, b producer.Batch, gen uint64, retry bool, tr *topicResult) (stop bool, err error) {
 	for len(b.Messages) > 0 {
-		c, contended, err := s.store.claim(st.work, b)
-		if err != nil {
-			tr.failed = true
-			return true, err
-		}
+		c, contended := st.page.claim(b)
 		if contended {
 			claimed := 0
 			if c != nil {
@@ -117,20 +113,18 @@ func (s *Sweeper) sendBatch(st *sweepState, b producer.Batch, gen uint64, retry 
 		if s.broker != nil {
 			if done, err = s.broker.Allow(); err != nil {
 				// Open, or half-open with its trial out: nothing is sent and
-				// nothing is learnt; the rows go back as they were.
-				c.release(st.work)
+				// nothing is learnt; the page's end puts the rows back as they
+				// were.
 				tr.failed = true
 				return true, nil
 			}
 		}
+		sent := c.sending()
 		sendErr := s.send(st.work, b, retry)
+		sent()
 		tr.batches++
 		if sendErr == nil {
-			if err := c.dispatched(st.work); err != nil {
-				done(breaker.BrokerUp, nil)
-				tr.failed = true
-				return true, err
-			}
+			c.dispatched()
 			done(breaker.BrokerUp, nil)
 			st.up.Store(true)
 			s.succeeded(b, gen, tr)
@@ -301,10 +295,7 @@ func (s *Sweeper) rejectCut(st *sweepState, g topicGroup, gen uint64, err error,
 		}
 	}
 	if a.deadLetterNamed {
-		c, contended, dbErr := s.store.claim(st.work, named)
-		if dbErr != nil {
-			return true, dbErr
-		}
+		c, contended := st.page.claim(named)
 		if c == nil {
 			// Another sweeper has them: under OrderingTopic the topic waits
 			// for it; under OrderingNone the rest goes on.
@@ -338,9 +329,7 @@ func (s *Sweeper) rejectCut(st *sweepState, g topicGroup, gen uint64, err error,
 		// The rows keep the reason as their last_error, so that an operator
 		// looking at them sees why they wait. Rows another sweeper holds are
 		// left as they are.
-		if c, _, dbErr := s.store.claim(st.work, page); dbErr != nil {
-			return true, dbErr
-		} else if c != nil {
+		if c, _ := st.page.claim(page); c != nil {
 			if _, dbErr := c.apply(st.work, a, err); dbErr != nil {
 				return true, dbErr
 			}

@@ -45,10 +45,14 @@ type store struct {
 	// topicLocks is set for OrderingTopic: a batch's claim takes its topic's
 	// advisory lock.
 	topicLocks bool
-	// idleTimeout is the batch transaction's idle_in_transaction_session_timeout.
+	// idleTimeout is the page transaction's idle_in_transaction_session_timeout;
+	// sendTimeout, the send timeout it is counted from.
 	idleTimeout string
+	sendTimeout time.Duration
 
 	claimBatch        string
+	claimPageSQL      string
+	unclaim           string
 	deadLetter        string
 	outstandingTopics string
 	pageOutstanding   string
@@ -70,7 +74,10 @@ func newStore(pool *pgxpool.Pool, t Table, policy deadLetterPolicy, ordering Ord
 		policy:            policy,
 		topicLocks:        ordering == OrderingTopic,
 		idleTimeout:       fmt.Sprintf("%dms", IdleInTransactionTimeout(sendTimeout).Milliseconds()),
+		sendTimeout:       sendTimeout,
 		claimBatch:        t.statement("claim_batch"),
+		claimPageSQL:      t.statement("claim_page"),
+		unclaim:           t.statement("unclaim"),
 		deadLetter:        t.statement("dead_letter"),
 		outstandingTopics: t.statement("outstanding_topics"),
 		pageOutstanding:   t.statement("page_outstanding"),
@@ -149,113 +156,6 @@ func (s *store) explain(err error) error {
 	return err
 }
 
-// claim is one batch's claim: its transaction holds the rows' locks (and under
-// OrderingTopic the topic's advisory lock) from the claim, across the send, to
-// the outcome, which ends it: dispatched, release or apply.
-//
-// Why a transaction that holds row locks across the network call, rather than a
-// claim column with a lease: the lock is the claim. A second sweeper's claim
-// skips locked rows (SKIP LOCKED), so it never sends a row this one has in
-// flight; if this process dies mid-send, Postgres ends the session and rolls the
-// transaction back at once, so no lease has to run out before another sweeper may
-// take the rows; and the claim costs no write beyond the mark itself. The claim
-// marks the rows dispatched in the same statement, and is sent with the BEGIN,
-// so a successful batch costs two round trips (begin and claim, commit); the
-// mark counts only once the commit follows the broker's acceptance. A failure
-// that blames nobody is a rollback.
-// The price is one pooled connection per batch in flight, which --concurrency
-// bounds.
-//
-// Each statement gets its own dbTimeout on a context detached from the send's,
-// so the outcome of a send is recorded even while the sweeper shuts down. An
-// error from a claim's method is a database error: the outcome could not be
-// recorded. If it comes after a successful send, the rows stay outstanding and
-// will be sent again (at-least-once).
-type claim struct {
-	s  *store
-	tx *batchTx
-	// batch holds the claimed rows, in id order.
-	batch producer.Batch
-	// ids and attempts are the claimed rows as the claim returned them (in no
-	// order), with each one's attempts read under its lock.
-	ids      []int64
-	attempts []int
-}
-
-// attemptsOf returns the attempts of claimed row id. The policy asks it only
-// of a row sent alone, so a scan beats building a map for every batch.
-func (c *claim) attemptsOf(id int64) int {
-	for i, x := range c.ids {
-		if x == id {
-			return c.attempts[i]
-		}
-	}
-	return 0
-}
-
-func stmtCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
-}
-
-// claim claims the rows of b in a transaction of their own. contended says some
-// rows were not claimable: another sweeper has them in flight (or holds the
-// topic's lock), or dispatched them since the page was read. Under
-// OrderingTopic a batch is claimed whole or not at all (sending the rest could
-// overtake rows in flight elsewhere); under OrderingNone the claimable part is
-// claimed. c is nil when nothing was claimed.
-func (s *store) claim(ctx context.Context, b producer.Batch) (c *claim, contended bool, err error) {
-	claimCtx, cancel := stmtCtx(ctx)
-	defer cancel()
-	c = &claim{s: s, ids: make([]int64, 0, len(b.Messages)), attempts: make([]int, 0, len(b.Messages))}
-	var id int64
-	var n int
-	c.tx, err = beginWith(claimCtx, s.pool, func(rows pgx.Rows) error {
-		_, err := pgx.ForEachRow(rows, []any{&id, &n}, func() error {
-			c.ids, c.attempts = append(c.ids, id), append(c.attempts, n)
-			return nil
-		})
-		return err
-	}, s.claimBatch, b.IDs(), s.topicLocks, s.table.TopicLockKey(b.Topic), s.idleTimeout)
-	if err != nil {
-		return nil, false, fmt.Errorf("claim batch of topic %q, %d rows: %w", b.Topic, len(b.Messages), err)
-	}
-	ok, tx := false, c.tx
-	defer func() {
-		if !ok {
-			rollback(ctx, tx)
-		}
-	}()
-	if len(c.ids) < len(b.Messages) {
-		contended = true
-		if s.topicLocks || len(c.ids) == 0 {
-			return nil, true, nil
-		}
-		b = subset(b, slices.Sorted(slices.Values(c.ids)))
-	}
-	c.batch = b
-	ok = true
-	return c, contended, nil
-}
-
-func rollback(ctx context.Context, tx *batchTx) {
-	rollbackCtx, cancel := stmtCtx(ctx)
-	defer cancel()
-	tx.rollback(rollbackCtx) // a no-op after Commit
-}
-
-// dispatched commits the claim: the broker accepted every row.
-func (c *claim) dispatched(ctx context.Context) error {
-	commitCtx, cancel := stmtCtx(ctx)
-	defer cancel()
-	if err := c.tx.Commit(commitCtx); err != nil {
-		return fmt.Errorf("commit %d sent rows of topic %q as dispatched (they will be sent again): %w", len(c.batch.Messages), c.batch.Topic, err)
-	}
-	return nil
-}
-
-// release rolls the claim back: every row is outstanding as it was.
-func (c *claim) release(ctx context.Context) { rollback(ctx, c.tx) }
-
 // applied is what the store did about a failure.
 type applied struct {
 	// attempted says the row counted an attempt.
@@ -273,14 +173,26 @@ type applied struct {
 	a action
 }
 
-// apply records a failed send as the policy's action says, and ends the claim.
-// Rows it neither charges nor dead-letters go back outstanding as they were.
+// apply records a failed send as the policy's action says, in the page's
+// transaction. Rows it neither charges nor dead-letters stay outstanding as
+// they were when the page ends (unless sent again in this page). An error is
+// the page's: its transaction is rolled back at its end, and every row of the
+// page is outstanding again.
 func (c *claim) apply(ctx context.Context, a action, sendErr error) (applied, error) {
 	out := applied{a: a}
-	topic := c.batch.Topic
+	p, topic := c.p, c.batch.Topic
 	recordCtx, cancel := stmtCtx(ctx)
 	defer cancel()
-	defer rollback(ctx, c.tx) // a no-op after Commit
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.err != nil {
+		return out, p.err
+	}
+	defer p.used()
+	fail := func(err error) (applied, error) {
+		p.err = err
+		return out, err
+	}
 
 	var named []int64
 	if a.deadLetterNamed {
@@ -290,9 +202,9 @@ func (c *claim) apply(ctx context.Context, a action, sendErr error) (applied, er
 		}
 	}
 	if a.deadLetters() {
-		storm, err := c.s.stormy(recordCtx, c.tx, topic, max(len(named), 1))
+		storm, err := p.s.stormy(recordCtx, p.tx, topic, max(len(named), 1))
 		if err != nil {
-			return out, err
+			return fail(err)
 		}
 		if storm {
 			out.storm, a = true, a.stormed()
@@ -300,15 +212,18 @@ func (c *claim) apply(ctx context.Context, a action, sendErr error) (applied, er
 		}
 	}
 	if !a.attempt && !a.deadLetters() && !a.note {
-		return out, nil // the rollback releases the rows
+		return out, nil // the page's end releases the rows
 	}
 	errText := truncate(sendErr.Error(), maxErrorText)
 	charged := []int64{}
 	if a.attempt {
 		charged = c.batch.IDs()
 	}
-	if _, err := c.tx.Exec(recordCtx, c.s.recordFailure, c.batch.IDs(), charged, errText, a.note); err != nil {
-		return out, fmt.Errorf("record failed send of %d rows of topic %q: %w", len(c.batch.Messages), topic, err)
+	if _, err := p.tx.Exec(recordCtx, p.s.recordFailure, c.batch.IDs(), charged, errText, a.note); err != nil {
+		return fail(fmt.Errorf("record failed send of %d rows of topic %q: %w", len(c.batch.Messages), topic, err))
+	}
+	for _, id := range charged {
+		p.attempts[id]++
 	}
 	out.attempted = a.attempt
 	if a.deadLetterNamed {
@@ -318,18 +233,15 @@ func (c *claim) apply(ctx context.Context, a action, sendErr error) (applied, er
 			byReason[r] = append(byReason[r], id)
 		}
 		for _, r := range slices.Sorted(maps.Keys(byReason)) {
-			if err := c.s.moveToDeadLetters(recordCtx, c.tx, topic, byReason[r], 0, r, errText, &out); err != nil {
-				return out, err
+			if err := p.s.moveToDeadLetters(recordCtx, p.tx, topic, byReason[r], 0, r, errText, &out); err != nil {
+				return fail(err)
 			}
 		}
 	}
 	if a.exhausted {
-		if err := c.s.moveToDeadLetters(recordCtx, c.tx, topic, c.batch.IDs(), c.s.policy.maxAttempts, ReasonMaxRetriesExceeded, errText, &out); err != nil {
-			return out, err
+		if err := p.s.moveToDeadLetters(recordCtx, p.tx, topic, c.batch.IDs(), p.s.policy.maxAttempts, ReasonMaxRetriesExceeded, errText, &out); err != nil {
+			return fail(err)
 		}
-	}
-	if err := c.tx.Commit(recordCtx); err != nil {
-		return out, fmt.Errorf("record failed send of %d rows of topic %q: %w", len(c.batch.Messages), topic, err)
 	}
 	return out, nil
 }

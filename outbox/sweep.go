@@ -21,6 +21,8 @@ type sweepState struct {
 	// trial is set while the sweep sends the half-open broker breaker's one
 	// batch: its topic sends that batch and nothing more.
 	trial bool
+	// page is the claim of the page being sent.
+	page *pageClaim
 	// up says the broker is known to be up in this sweep: a send succeeded, or
 	// the producer's check passed. down says a check failed and nothing has
 	// succeeded since. They are the policy's evidence.
@@ -78,9 +80,23 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (S
 			return res, err
 		}
 		res.Pages++
-		st.trial = true
-		_, err = s.sendPage(st, groupByTopic(msgs), &res)
-		st.trial = false
+		if len(msgs) == 0 {
+			return res, nil
+		}
+		p, b, err := s.store.claimIDs(work, producer.Batch{Topic: live[i], Messages: msgs})
+		if err != nil {
+			return res, err
+		}
+		if p == nil {
+			res.Skipped += len(msgs) // another sweeper has them: the trial waits
+			return res, nil
+		}
+		st.trial, st.page = true, p
+		_, err = s.sendPage(st, groupByTopic(b.Messages), &res)
+		st.trial, st.page = false, nil
+		if settleErr := p.settle(work); err == nil {
+			err = settleErr
+		}
 		if err != nil || s.brokerState() != breaker.DependencyClosed {
 			return res, err
 		}
@@ -92,43 +108,64 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (S
 		// are more), so the page size bounds memory however many topics there
 		// are; topics beyond it wait their turn at the back of the queue.
 		window := min(len(live), s.cfg.PageSize)
-		share := (s.cfg.PageSize + window - 1) / window
-		msgs, err := s.store.page(work, live[:window], after[:window], share)
-		if err != nil {
-			return res, fmt.Errorf("read a page of outstanding rows from %s: %w", s.cfg.Table, err)
+		if s.store.topicLocks {
+			window = min(window, maxLockedTopics)
 		}
-		res.Pages++
-		groups := groupByTopic(msgs)
-		stopped, err := s.sendPage(st, groups, &res)
+		share := (s.cfg.PageSize + window - 1) / window
+		p, msgs, found, err := s.store.claimPage(work, live[:window], after[:window], share)
 		if err != nil {
 			return res, err
+		}
+		res.Pages++
+		// Rows another transaction holds were skipped. Under OrderingTopic a
+		// topic that did not get all it read sends none of it: nothing may
+		// overtake a row in flight elsewhere.
+		done := make(map[string]bool, window)
+		claimed := make(map[string]int, len(found))
+		for _, m := range msgs {
+			claimed[m.Topic]++
+		}
+		for t, f := range found {
+			if n := claimed[t]; n < f.candidates {
+				res.Skipped += f.candidates - n
+				if s.cfg.Ordering == OrderingTopic {
+					done[t] = true
+				}
+			}
+		}
+		if len(done) > 0 {
+			msgs = slices.DeleteFunc(msgs, func(m producer.Message) bool { return done[m.Topic] })
+		}
+		var stopped []string
+		if p != nil {
+			st.page = p
+			stopped, err = s.sendPage(st, groupByTopic(msgs), &res)
+			st.page = nil
+			if settleErr := p.settle(work); err == nil {
+				err = settleErr
+			}
+			if err != nil {
+				return res, err
+			}
 		}
 		if s.brokerState() == breaker.DependencyOpen {
 			return res, nil // the broker went down during the page
 		}
-		// Topics that stopped, or returned less than a share (nothing more
-		// behind it), are done for this sweep; the others page on, after the
-		// topics that waited.
-		done := make(map[string]bool, window)
+		// Topics that stopped, or read less than a share (nothing more behind
+		// it), are done for this sweep; the others page on, after the topics
+		// that waited.
 		for _, t := range stopped {
 			done[t] = true
-		}
-		last := make(map[string]int64, len(groups))
-		for _, g := range groups {
-			last[g.topic] = g.msgs[len(g.msgs)-1].ID
-			if len(g.msgs) < share {
-				done[g.topic] = true
-			}
 		}
 		next := make([]string, 0, len(live))
 		nextAfter := make([]int64, 0, len(live))
 		next, nextAfter = append(next, live[window:]...), append(nextAfter, after[window:]...)
-		for i, t := range live[:window] {
-			id, paged := last[t]
-			if !paged || done[t] {
+		for _, t := range live[:window] {
+			f, paged := found[t]
+			if !paged || done[t] || f.candidates < share {
 				continue // drained (nothing in this page), stopped, or short
 			}
-			next, nextAfter = append(next, t), append(nextAfter, max(id, after[i]))
+			next, nextAfter = append(next, t), append(nextAfter, f.last)
 		}
 		live, after = next, nextAfter
 		if !due.IsZero() && !time.Now().Before(due) {
@@ -137,6 +174,13 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (S
 	}
 	return res, nil
 }
+
+// maxLockedTopics bounds the topics of a page under OrderingTopic, where the
+// page's transaction holds each one's advisory lock: Postgres keeps them in a
+// lock table shared by every session, of max_locks_per_transaction ×
+// max_connections entries (6,400 by default), and a transaction that finds it
+// full fails ("out of shared memory").
+const maxLockedTopics = 256
 
 // maxTrialCandidates bounds the topics read to find a trial batch.
 const maxTrialCandidates = 8

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -667,4 +668,59 @@ func TestClaimSetsItsIdleTimeoutAndTopicLockBeforeAnyRow(t *testing.T) {
 	var free int
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM (SELECT id FROM "+ident+" FOR UPDATE SKIP LOCKED) r").Scan(&free))
 	require.Equal(t, 3, free, "a claim that found the topic's lock taken must lock no row")
+}
+
+// A page's transaction stays open across all of its sends, however many there
+// are; its idle timeout (the send timeout plus 5 s) bounds only how long a
+// frozen sweeper holds rows. A running sweeper keeps it from idling that long,
+// so a page whose sends together outlast the timeout still commits, and no row
+// is sent twice.
+func TestPageOutlastsTheIdleTimeout(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	const topics = 12
+	for i := range topics {
+		writeMessages(t, tbl, topicMessages(fmt.Sprintf("t%02d", i), 2)...)
+	}
+	ctx := context.Background()
+	const sendTimeout = time.Second
+	idle := outbox.IdleInTransactionTimeout(sendTimeout)
+
+	// Each send waits (less than the send timeout) until the page's transaction
+	// is older than its idle timeout, then returns: the sends of the page
+	// together outlast it, each within its own timeout.
+	var outlived atomic.Bool
+	prod := memory.New(memory.Config{})
+	prod.SetSendFunc(func(ctx context.Context, b producer.Batch) error {
+		deadline := time.Now().Add(sendTimeout * 8 / 10)
+		for time.Now().Before(deadline) && !outlived.Load() {
+			var old bool
+			// The page's session is the one holding its topics' locks.
+			err := dbtest.Pool(t).QueryRow(ctx, `SELECT coalesce(bool_or(now() - a.xact_start > $1::interval), false)
+				FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+				WHERE l.locktype = 'advisory' AND (l.classid::bigint << 32 | l.objid::bigint) = $2`,
+				fmt.Sprintf("%d ms", (idle+time.Second).Milliseconds()), tbl.TopicLockKey("t00")).Scan(&old)
+			if err != nil {
+				return err
+			}
+			if old {
+				outlived.Store(true)
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		return nil
+	})
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, Concurrency: 1, SendTimeout: sendTimeout})
+	res, err := s.Sweep(ctx)
+	require.NoError(t, err)
+	require.True(t, outlived.Load(), "the page ended before its transaction was older than its idle timeout (%s)", idle)
+	require.Equal(t, 2*topics, res.Dispatched)
+	require.Zero(t, dbtest.Outstanding(t, tbl), "the page's commit must have held")
+	seen := map[int64]bool{}
+	for _, m := range prod.Messages() {
+		require.False(t, seen[m.ID], "row %d sent twice", m.ID)
+		seen[m.ID] = true
+	}
+	require.Len(t, seen, 2*topics)
 }

@@ -75,6 +75,32 @@ func (tx *batchTx) Commit(ctx context.Context) error {
 	return nil
 }
 
+// commitAfter commits, after running sql with args first if run is set, in one
+// round trip, and gives the connection back.
+func (tx *batchTx) commitAfter(ctx context.Context, run bool, sql string, args ...any) error {
+	if !run {
+		return tx.Commit(ctx)
+	}
+	var b pgx.Batch
+	b.Queue(sql, args...)
+	commit := b.Queue("commit")
+	var tag pgconn.CommandTag
+	commit.Exec(func(ct pgconn.CommandTag) error {
+		tag = ct
+		return nil
+	})
+	err := tx.conn.SendBatch(ctx, &b).Close()
+	if err == nil && tag.String() == "ROLLBACK" {
+		err = errCommitRolledBack
+	}
+	if err != nil {
+		tx.rollback(ctx) // after a failed statement the transaction is still open
+		return fmt.Errorf("commit: %w", err)
+	}
+	tx.finish(nil)
+	return nil
+}
+
 // rollback rolls back and gives the connection back. After the first call, or
 // after Commit, it does nothing.
 func (tx *batchTx) rollback(ctx context.Context) {

@@ -1,5 +1,7 @@
--- Claims the rows of one batch and marks them dispatched, in the batch's
--- transaction, before the send. Only rows still outstanding and not held by
+-- Claims the rows of one batch by id and marks them dispatched, in the batch's
+-- transaction, before the send: the half-open broker breaker's trial, whose
+-- rows were read first (page_outstanding.sql). Pages are claimed by
+-- claim_page.sql. Only rows still outstanding and not held by
 -- another transaction are taken (SKIP LOCKED): rows another sweeper has in flight
 -- are skipped, and a row dispatched since the page was read no longer matches.
 -- The mark becomes visible only when the transaction commits, after the broker

@@ -1,5 +1,6 @@
--- Reads the next page of outstanding rows, fairly across topics, without
--- locking them (the rows are claimed batch by batch later: claim_batch.sql).
+-- Reads outstanding rows of topics without locking them: the half-open broker
+-- breaker's trial looks for its batch with it (the trial then claims the rows
+-- by id: claim_batch.sql). Pages are read and claimed by claim_page.sql.
 --
 --   $1  the topics to read (from outstanding_topics.sql, less those stopped)
 --   $2  per topic, the last id already paged in this tick (0 for none)

@@ -151,8 +151,9 @@ func postgresStoppedMidRun(t *testing.T, crash bool) {
 
 // A sweeper that freezes in the middle of a send (here: its stdout is a pipe
 // nobody reads, so a batch's write blocks for good, and then it is stopped with
-// SIGSTOP) holds its batch's rows in an open transaction. Postgres ends that
-// session once it has been idle for --send-timeout plus 5s, and another
+// SIGSTOP) holds its page's rows in an open transaction. Its keep-alive stops
+// once the send has outlasted --send-timeout, Postgres ends that session once
+// it has been idle for --send-timeout plus 5s, and another
 // instance relays the rows: the bound on how long a dead or frozen instance can
 // hold rows.
 func TestFrozenInstanceRowsArePickedUpWithinTheBound(t *testing.T) {

@@ -1,0 +1,297 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-sweeper/sweeper/producer"
+)
+
+// pageClaim is a page's claim: one transaction that holds the locks of every
+// row of the page (and under OrderingTopic each topic's advisory lock) from the
+// claim, across the sends, to the page's end (settle), which commits the marks
+// of the rows the broker accepted and undoes the others'.
+//
+// Why a transaction that holds row locks across the network calls, rather than
+// a claim column with a lease: the lock is the claim. A second sweeper's claim
+// skips locked rows (SKIP LOCKED), so it never sends a row this one has in
+// flight; if this process dies mid-send, Postgres ends the session and rolls
+// the transaction back at once, so no lease has to run out before another
+// sweeper may take the rows; and the claim costs no write beyond the mark
+// itself. The claim reads the page and marks its rows dispatched in one
+// statement, sent with the BEGIN; the marks count only once the commit follows
+// the sends.
+//
+// Why one transaction for the page rather than one per batch: with many topics
+// a page holds a few rows of each, and a transaction per batch cost the
+// database more than the rows did (claim_page.sql has the figures). The
+// batches' outcomes stay independent: a batch's failure is recorded in the
+// transaction as it comes and touches only its own rows, and a row is marked
+// only if its own send succeeded. The price: a database error while recording
+// (or a failed commit) rolls the whole page back, so rows other batches sent
+// are sent again (at-least-once), and a page's marks become visible only when
+// its last batch is done.
+//
+// The sends of a page run concurrently; mu serializes the statements they
+// make on the transaction's one connection (only failures make any).
+type pageClaim struct {
+	s  *store
+	mu sync.Mutex
+	tx *batchTx
+	// err is the first database error in the transaction: the page then rolls
+	// back, whatever else happens.
+	err error
+	// held is the claimed rows, read-only after the claim. attempts holds each
+	// one's attempts, read under its lock and counted on as failures charge
+	// them; sent, the rows the broker accepted. Both under mu.
+	held     map[int64]struct{}
+	attempts map[int64]int
+	sent     map[int64]bool
+	// last is when the last statement on tx ended; keepAlive reads it.
+	// sending holds when each send in flight began, under mu.
+	last    time.Time
+	sending map[*claim]time.Time
+	stop    chan struct{}
+	wg      sync.WaitGroup
+}
+
+// pageTopic is what a page's claim found of one topic.
+type pageTopic struct {
+	// candidates counts the outstanding rows read, claimed or not; last is the
+	// highest id among them, where the topic's next page starts.
+	candidates int
+	last       int64
+	// locked says the topic's advisory lock was taken (always, but under
+	// OrderingTopic).
+	locked bool
+}
+
+func stmtCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
+}
+
+// claimPage reads and claims up to share outstanding rows of each of topics,
+// each after the id its entry in after names (0: from its first). It returns
+// the claim (nil if no row was claimed: nothing is left open), the claimed rows
+// in id order, and what it found of each topic that had outstanding rows.
+func (s *store) claimPage(ctx context.Context, topics []string, after []int64, share int) (*pageClaim, []producer.Message, map[string]pageTopic, error) {
+	claimCtx, cancel := stmtCtx(ctx)
+	defer cancel()
+	keys := make([]int64, len(topics))
+	for i, t := range topics {
+		keys[i] = s.table.TopicLockKey(t)
+	}
+	msgs := make([]producer.Message, 0, share*len(topics))
+	found := make(map[string]pageTopic, len(topics))
+	var (
+		summary                               bool
+		id, candidates                        *int64
+		messageID, contentType, correlationID *string
+		partitionKey                          *string
+		createdAt                             *time.Time
+		attempts                              *int
+		locked                                *bool
+		m                                     producer.Message
+	)
+	tx, err := beginWith(claimCtx, s.pool, func(rows pgx.Rows) error {
+		_, err := pgx.ForEachRow(rows, []any{&summary, &id, &messageID, &m.Topic, &m.Payload, &m.Headers,
+			&contentType, &correlationID, &partitionKey, &createdAt, &attempts, &candidates, &locked}, func() error {
+			if summary {
+				found[m.Topic] = pageTopic{candidates: int(*candidates), last: *id, locked: *locked}
+			} else {
+				m.ID, m.MessageID, m.CreatedAt, m.Attempts = *id, *messageID, *createdAt, *attempts
+				m.ContentType, m.CorrelationID, m.PartitionKey = deref(contentType), deref(correlationID), deref(partitionKey)
+				msgs = append(msgs, m)
+			}
+			m = producer.Message{} // Payload and Headers must not share memory with the next row.
+			return nil
+		})
+		return err
+	}, s.claimPageSQL, topics, after, keys, share, s.topicLocks, s.idleTimeout)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("claim a page of %d topics of %s: %w", len(topics), s.table, s.explain(err))
+	}
+	if len(msgs) == 0 {
+		rollback(ctx, tx)
+		return nil, nil, found, nil
+	}
+	slices.SortFunc(msgs, func(a, b producer.Message) int { return int(a.ID - b.ID) })
+	return s.held(tx, msgs), msgs, found, nil
+}
+
+// claimIDs claims the rows of b (read unlocked, by page) in a transaction of
+// their own: the half-open broker breaker's trial. Under OrderingTopic it takes
+// the topic's lock, and claims b whole or not at all. It returns the claimed
+// rows in id order; the claim is nil when none was claimed.
+func (s *store) claimIDs(ctx context.Context, b producer.Batch) (*pageClaim, producer.Batch, error) {
+	claimCtx, cancel := stmtCtx(ctx)
+	defer cancel()
+	var ids []int64
+	var id int64
+	var n int
+	tx, err := beginWith(claimCtx, s.pool, func(rows pgx.Rows) error {
+		_, err := pgx.ForEachRow(rows, []any{&id, &n}, func() error {
+			ids = append(ids, id)
+			return nil
+		})
+		return err
+	}, s.claimBatch, b.IDs(), s.topicLocks, s.table.TopicLockKey(b.Topic), s.idleTimeout)
+	if err != nil {
+		return nil, producer.Batch{}, fmt.Errorf("claim batch of topic %q, %d rows: %w", b.Topic, len(b.Messages), err)
+	}
+	if len(ids) == 0 || (s.topicLocks && len(ids) < len(b.Messages)) {
+		rollback(ctx, tx)
+		return nil, producer.Batch{}, nil
+	}
+	b = subset(b, slices.Sorted(slices.Values(ids)))
+	// The claim read each row's attempts under its lock; the page, before it.
+	return s.held(tx, b.Messages), b, nil
+}
+
+// held starts the claim of msgs, claimed in tx, and the keep-alive that stops
+// its transaction from idling past its timeout while the page sends.
+func (s *store) held(tx *batchTx, msgs []producer.Message) *pageClaim {
+	p := &pageClaim{s: s, tx: tx, held: make(map[int64]struct{}, len(msgs)), attempts: make(map[int64]int, len(msgs)),
+		sent: make(map[int64]bool, len(msgs)), last: time.Now(), sending: map[*claim]time.Time{}, stop: make(chan struct{})}
+	for _, m := range msgs {
+		p.held[m.ID] = struct{}{}
+		p.attempts[m.ID] = m.Attempts
+	}
+	p.wg.Go(p.keepAlive)
+	return p
+}
+
+// keepAliveEvery is how long a page's transaction may sit idle before the
+// keep-alive runs a statement on it. The transaction's idle timeout (the send
+// timeout plus idleMargin) bounds how long a frozen sweeper holds its rows; a
+// page sends many batches one after another, each within the send timeout, so
+// without this a page longer than the timeout would lose its session midway.
+//
+// It keeps the transaction alive only while the page moves: once a send has
+// been in flight for longer than the send timeout allows (a producer stuck in
+// a call that ignores its context, a write to a pipe nobody reads), it stops
+// for good, and Postgres ends the session after the idle timeout, as it does
+// for a frozen process, so that another instance sends the rows.
+const keepAliveEvery = time.Second
+
+func (p *pageClaim) keepAlive() {
+	t := time.NewTicker(keepAliveEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-t.C:
+		}
+		p.mu.Lock()
+		for _, since := range p.sending {
+			if time.Since(since) > p.s.sendTimeout+keepAliveEvery {
+				p.mu.Unlock()
+				return // wedged
+			}
+		}
+		if p.err == nil && time.Since(p.last) >= keepAliveEvery {
+			ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
+			if _, err := p.tx.Exec(ctx, "SELECT 1"); err != nil {
+				p.err = fmt.Errorf("keep the page's transaction open: %w", err)
+			}
+			cancel()
+			p.last = time.Now()
+		}
+		p.mu.Unlock()
+	}
+}
+
+// used notes that a statement has just ended on the transaction. Call with mu
+// held.
+func (p *pageClaim) used() { p.last = time.Now() }
+
+// settle ends the page: it commits the marks of the rows sent and undoes the
+// others', in one round trip, or rolls everything back after a database error,
+// which it returns. ctx's cancellation does not stop it.
+func (p *pageClaim) settle(ctx context.Context) error {
+	close(p.stop)
+	p.wg.Wait()
+	endCtx, cancel := stmtCtx(ctx)
+	defer cancel()
+	if p.err != nil {
+		p.tx.rollback(endCtx)
+		return p.err
+	}
+	unsent := []int64{}
+	for id := range p.held {
+		if !p.sent[id] {
+			unsent = append(unsent, id)
+		}
+	}
+	if err := p.tx.commitAfter(endCtx, len(unsent) > 0, p.s.unclaim, unsent); err != nil {
+		return fmt.Errorf("commit a page of %d sent rows of %s as dispatched (they will be sent again): %w", len(p.sent), p.s.table, err)
+	}
+	return nil
+}
+
+// claim is one batch's share of its page's claim.
+type claim struct {
+	p *pageClaim
+	// batch holds the claimed rows, in id order.
+	batch producer.Batch
+}
+
+// claim returns the claim of the rows of b that the page holds. contended says
+// some were not held.
+func (p *pageClaim) claim(b producer.Batch) (c *claim, contended bool) {
+	held := make([]int64, 0, len(b.Messages))
+	for _, m := range b.Messages {
+		if _, ok := p.held[m.ID]; ok {
+			held = append(held, m.ID)
+		}
+	}
+	if len(held) == 0 {
+		return nil, true
+	}
+	if len(held) < len(b.Messages) {
+		return &claim{p: p, batch: subset(b, held)}, true
+	}
+	return &claim{p: p, batch: b}, false
+}
+
+// attemptsOf returns the attempts of claimed row id.
+func (c *claim) attemptsOf(id int64) int {
+	c.p.mu.Lock()
+	defer c.p.mu.Unlock()
+	return c.p.attempts[id]
+}
+
+// sending notes that c's send begins, for the keep-alive; it returns the
+// function that notes its end.
+func (c *claim) sending() (done func()) {
+	c.p.mu.Lock()
+	defer c.p.mu.Unlock()
+	c.p.sending[c] = time.Now()
+	return func() {
+		c.p.mu.Lock()
+		defer c.p.mu.Unlock()
+		delete(c.p.sending, c)
+	}
+}
+
+// dispatched records that the broker accepted every row: the page's end
+// commits their marks.
+func (c *claim) dispatched() {
+	c.p.mu.Lock()
+	defer c.p.mu.Unlock()
+	for _, m := range c.batch.Messages {
+		c.p.sent[m.ID] = true
+	}
+}
+
+func rollback(ctx context.Context, tx *batchTx) {
+	rollbackCtx, cancel := stmtCtx(ctx)
+	defer cancel()
+	tx.rollback(rollbackCtx) // a no-op after Commit
+}
