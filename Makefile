@@ -62,7 +62,7 @@ test-under-load:
 # Drain: each run loads a fresh backlog and drains it once (-benchtime 1x), three
 # runs for a median; into a producer that accepts everything (outbox/), with 1, 2
 # and 3 sweepers (DrainInstances), and into RabbitMQ and NATS JetStream
-# (test/bench/). PageQuery: the page query alone, at two table sizes, and with
+# (test/bench/). PageQuery: the page claim alone (rolled back), at two table sizes, and with
 # 10,000,000 dispatched rows kept (PageQueryRetained: loading them takes minutes).
 # test/bench/ also measures the binary's peak RSS on a 1,000,000-row backlog.
 # MessageIDIndex: the unique index's cost on writes and on a sweep; Split: finding

@@ -66,9 +66,6 @@ type pageTopic struct {
 	// highest id among them, where the topic's next page starts.
 	candidates int
 	last       int64
-	// locked says the topic's advisory lock was taken (always, but under
-	// OrderingTopic).
-	locked bool
 }
 
 func stmtCtx(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -95,14 +92,13 @@ func (s *store) claimPage(ctx context.Context, topics []string, after []int64, s
 		partitionKey                          *string
 		createdAt                             *time.Time
 		attempts                              *int
-		locked                                *bool
 		m                                     producer.Message
 	)
 	tx, err := beginWith(claimCtx, s.pool, func(rows pgx.Rows) error {
 		_, err := pgx.ForEachRow(rows, []any{&summary, &id, &messageID, &m.Topic, &m.Payload, &m.Headers,
-			&contentType, &correlationID, &partitionKey, &createdAt, &attempts, &candidates, &locked}, func() error {
+			&contentType, &correlationID, &partitionKey, &createdAt, &attempts, &candidates}, func() error {
 			if summary {
-				found[m.Topic] = pageTopic{candidates: int(*candidates), last: *id, locked: *locked}
+				found[m.Topic] = pageTopic{candidates: int(*candidates), last: *id}
 			} else {
 				m.ID, m.MessageID, m.CreatedAt, m.Attempts = *id, *messageID, *createdAt, *attempts
 				m.ContentType, m.CorrelationID, m.PartitionKey = deref(contentType), deref(correlationID), deref(partitionKey)
@@ -122,35 +118,6 @@ func (s *store) claimPage(ctx context.Context, topics []string, after []int64, s
 	}
 	slices.SortFunc(msgs, func(a, b producer.Message) int { return int(a.ID - b.ID) })
 	return s.held(tx, msgs), msgs, found, nil
-}
-
-// claimIDs claims the rows of b (read unlocked, by page) in a transaction of
-// their own: the half-open broker breaker's trial. Under OrderingTopic it takes
-// the topic's lock, and claims b whole or not at all. It returns the claimed
-// rows in id order; the claim is nil when none was claimed.
-func (s *store) claimIDs(ctx context.Context, b producer.Batch) (*pageClaim, producer.Batch, error) {
-	claimCtx, cancel := stmtCtx(ctx)
-	defer cancel()
-	var ids []int64
-	var id int64
-	var n int
-	tx, err := beginWith(claimCtx, s.pool, func(rows pgx.Rows) error {
-		_, err := pgx.ForEachRow(rows, []any{&id, &n}, func() error {
-			ids = append(ids, id)
-			return nil
-		})
-		return err
-	}, s.claimBatch, b.IDs(), s.topicLocks, s.table.TopicLockKey(b.Topic), s.idleTimeout)
-	if err != nil {
-		return nil, producer.Batch{}, fmt.Errorf("claim batch of topic %q, %d rows: %w", b.Topic, len(b.Messages), err)
-	}
-	if len(ids) == 0 || (s.topicLocks && len(ids) < len(b.Messages)) {
-		rollback(ctx, tx)
-		return nil, producer.Batch{}, nil
-	}
-	b = subset(b, slices.Sorted(slices.Values(ids)))
-	// The claim read each row's attempts under its lock; the page, before it.
-	return s.held(tx, b.Messages), b, nil
 }
 
 // held starts the claim of msgs, claimed in tx, and the keep-alive that stops
@@ -215,24 +182,38 @@ func (p *pageClaim) used() { p.last = time.Now() }
 // others', in one round trip, or rolls everything back after a database error,
 // which it returns. ctx's cancellation does not stop it.
 func (p *pageClaim) settle(ctx context.Context) error {
-	close(p.stop)
-	p.wg.Wait()
-	endCtx, cancel := stmtCtx(ctx)
-	defer cancel()
 	if p.err != nil {
-		p.tx.rollback(endCtx)
+		p.release(ctx)
 		return p.err
 	}
+	p.stopKeepAlive()
+	endCtx, cancel := stmtCtx(ctx)
+	defer cancel()
 	unsent := []int64{}
 	for id := range p.held {
 		if !p.sent[id] {
 			unsent = append(unsent, id)
 		}
 	}
-	if err := p.tx.commitAfter(endCtx, len(unsent) > 0, p.s.unclaim, unsent); err != nil {
+	unclaim := ""
+	if len(unsent) > 0 {
+		unclaim = p.s.unclaim
+	}
+	if err := p.tx.commit(endCtx, unclaim, unsent); err != nil {
 		return fmt.Errorf("commit a page of %d sent rows of %s as dispatched (they will be sent again): %w", len(p.sent), p.s.table, err)
 	}
 	return nil
+}
+
+// release rolls the page back: every row is outstanding as it was.
+func (p *pageClaim) release(ctx context.Context) {
+	p.stopKeepAlive()
+	rollback(ctx, p.tx)
+}
+
+func (p *pageClaim) stopKeepAlive() {
+	close(p.stop)
+	p.wg.Wait()
 }
 
 // claim is one batch's share of its page's claim.

@@ -50,12 +50,10 @@ type store struct {
 	idleTimeout string
 	sendTimeout time.Duration
 
-	claimBatch        string
 	claimPageSQL      string
 	unclaim           string
 	deadLetter        string
 	outstandingTopics string
-	pageOutstanding   string
 	recentDeadLetters string
 	recordFailure     string
 }
@@ -75,12 +73,10 @@ func newStore(pool *pgxpool.Pool, t Table, policy deadLetterPolicy, ordering Ord
 		topicLocks:        ordering == OrderingTopic,
 		idleTimeout:       fmt.Sprintf("%dms", IdleInTransactionTimeout(sendTimeout).Milliseconds()),
 		sendTimeout:       sendTimeout,
-		claimBatch:        t.statement("claim_batch"),
 		claimPageSQL:      t.statement("claim_page"),
 		unclaim:           t.statement("unclaim"),
 		deadLetter:        t.statement("dead_letter"),
 		outstandingTopics: t.statement("outstanding_topics"),
-		pageOutstanding:   t.statement("page_outstanding"),
 		recentDeadLetters: t.statement("recent_dead_letters"),
 		recordFailure:     t.statement("record_failure"),
 	}
@@ -111,32 +107,6 @@ func (s *store) topics(ctx context.Context, excluded []string) ([]string, error)
 		return nil, s.explain(err)
 	}
 	return topics, nil
-}
-
-// page reads up to share outstanding rows of each of topics, each topic's after
-// the id its entry in after names (0: from its first), and returns them in id
-// order. It locks nothing.
-func (s *store) page(ctx context.Context, topics []string, after []int64, share int) ([]producer.Message, error) {
-	rows, err := s.pool.Query(ctx, s.pageOutstanding, topics, after, share)
-	if err != nil {
-		return nil, s.explain(err)
-	}
-	msgs := make([]producer.Message, 0, share*len(topics))
-	var (
-		contentType, correlationID, partitionKey *string
-		m                                        producer.Message
-	)
-	_, err = pgx.ForEachRow(rows, []any{&m.ID, &m.MessageID, &m.Topic, &m.Payload, &m.Headers,
-		&contentType, &correlationID, &partitionKey, &m.CreatedAt, &m.Attempts}, func() error {
-		m.ContentType, m.CorrelationID, m.PartitionKey = deref(contentType), deref(correlationID), deref(partitionKey)
-		msgs = append(msgs, m)
-		m = producer.Message{} // Payload and Headers must not share memory with the next row.
-		return nil
-	})
-	if err != nil {
-		return nil, s.explain(err)
-	}
-	return msgs, nil
 }
 
 func deref(s *string) string {

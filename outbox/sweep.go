@@ -75,28 +75,13 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (S
 	// topic sits out the rest of the sweep: it had its batch, and its outcome
 	// is in.
 	if s.brokerState() == breaker.DependencyHalfOpen && len(live) > 0 {
-		i, msgs, err := s.trialPage(work, live)
-		if err != nil {
+		i, p, msgs, err := s.trialClaim(work, live, &res)
+		if err != nil || p == nil {
 			return res, err
 		}
-		res.Pages++
-		if len(msgs) == 0 {
-			return res, nil
-		}
-		p, b, err := s.store.claimIDs(work, producer.Batch{Topic: live[i], Messages: msgs})
-		if err != nil {
-			return res, err
-		}
-		if p == nil {
-			res.Skipped += len(msgs) // another sweeper has them: the trial waits
-			return res, nil
-		}
-		st.trial, st.page = true, p
-		_, err = s.sendPage(st, groupByTopic(b.Messages), &res)
-		st.trial, st.page = false, nil
-		if settleErr := p.settle(work); err == nil {
-			err = settleErr
-		}
+		st.trial = true
+		_, err = s.sendClaimed(st, p, msgs, &res)
+		st.trial = false
 		if err != nil || s.brokerState() != breaker.DependencyClosed {
 			return res, err
 		}
@@ -112,39 +97,13 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (S
 			window = min(window, maxLockedTopics)
 		}
 		share := (s.cfg.PageSize + window - 1) / window
-		p, msgs, found, err := s.store.claimPage(work, live[:window], after[:window], share)
+		p, msgs, found, done, err := s.claimPage(work, live[:window], after[:window], share, &res)
 		if err != nil {
 			return res, err
 		}
-		res.Pages++
-		// Rows another transaction holds were skipped. Under OrderingTopic a
-		// topic that did not get all it read sends none of it: nothing may
-		// overtake a row in flight elsewhere.
-		done := make(map[string]bool, window)
-		claimed := make(map[string]int, len(found))
-		for _, m := range msgs {
-			claimed[m.Topic]++
-		}
-		for t, f := range found {
-			if n := claimed[t]; n < f.candidates {
-				res.Skipped += f.candidates - n
-				if s.cfg.Ordering == OrderingTopic {
-					done[t] = true
-				}
-			}
-		}
-		if len(done) > 0 {
-			msgs = slices.DeleteFunc(msgs, func(m producer.Message) bool { return done[m.Topic] })
-		}
 		var stopped []string
 		if p != nil {
-			st.page = p
-			stopped, err = s.sendPage(st, groupByTopic(msgs), &res)
-			st.page = nil
-			if settleErr := p.settle(work); err == nil {
-				err = settleErr
-			}
-			if err != nil {
+			if stopped, err = s.sendClaimed(st, p, msgs, &res); err != nil {
 				return res, err
 			}
 		}
@@ -182,31 +141,80 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (S
 // full fails ("out of shared memory").
 const maxLockedTopics = 256
 
-// maxTrialCandidates bounds the topics read to find a trial batch.
+// maxTrialCandidates bounds the topics claimed to find a trial batch.
 const maxTrialCandidates = 8
 
-// trialPage reads the page the half-open broker breaker's trial is taken from:
-// the next topic in turn, so one topic whose batch fails by itself cannot be
-// the only trial there ever is; and among the next few, the first whose
-// oldest row has never failed, so the trial does not fall on a row already
-// known to fail alone. It returns the topic's index in live and its rows.
-func (s *Sweeper) trialPage(ctx context.Context, live []string) (int, []producer.Message, error) {
-	start := int(s.probes.Add(1)-1) % len(live)
-	first, firstMsgs := -1, []producer.Message(nil)
-	for k := range min(len(live), maxTrialCandidates) {
-		i := (start + k) % len(live)
-		msgs, err := s.store.page(ctx, live[i:i+1], []int64{0}, s.cfg.PageSize)
-		if err != nil {
-			return 0, nil, fmt.Errorf("read a page of outstanding rows from %s: %w", s.cfg.Table, err)
-		}
-		if len(msgs) > 0 && msgs[0].Attempts == 0 {
-			return i, msgs, nil
-		}
-		if first < 0 {
-			first, firstMsgs = i, msgs
+// claimPage claims a page (store.claimPage), adding to res. Rows another
+// transaction holds were skipped; under OrderingTopic a topic that did not get
+// all it read sends none of it (nothing may overtake a row in flight
+// elsewhere): done names those topics, and their rows are left out of msgs
+// (the page's end undoes their marks).
+func (s *Sweeper) claimPage(ctx context.Context, topics []string, after []int64, share int, res *SweepResult) (
+	p *pageClaim, msgs []producer.Message, found map[string]pageTopic, done map[string]bool, err error) {
+	p, msgs, found, err = s.store.claimPage(ctx, topics, after, share)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	res.Pages++
+	done = make(map[string]bool)
+	claimed := make(map[string]int, len(found))
+	for _, m := range msgs {
+		claimed[m.Topic]++
+	}
+	for t, f := range found {
+		if n := claimed[t]; n < f.candidates {
+			res.Skipped += f.candidates - n
+			if s.cfg.Ordering == OrderingTopic {
+				done[t] = true
+			}
 		}
 	}
-	return first, firstMsgs, nil
+	if len(done) > 0 {
+		msgs = slices.DeleteFunc(msgs, func(m producer.Message) bool { return done[m.Topic] })
+	}
+	return p, msgs, found, done, nil
+}
+
+// trialClaim claims the page the half-open broker breaker's trial is taken
+// from: the next topic in turn, so one topic whose batch fails by itself
+// cannot be the only trial there ever is; and among the next few, the first
+// whose oldest row has never failed, so the trial does not fall on a row
+// already known to fail alone (failing that, the first that had rows to
+// claim). It returns the topic's index in live, the claim (nil when no topic
+// had a row to claim) and its rows.
+func (s *Sweeper) trialClaim(ctx context.Context, live []string, res *SweepResult) (int, *pageClaim, []producer.Message, error) {
+	claim := func(i int) (*pageClaim, []producer.Message, error) {
+		p, msgs, _, _, err := s.claimPage(ctx, live[i:i+1], []int64{0}, s.cfg.PageSize, res)
+		if p != nil && len(msgs) == 0 { // held elsewhere in part, under OrderingTopic
+			p.release(ctx)
+			p = nil
+		}
+		return p, msgs, err
+	}
+	start := int(s.probes.Add(1)-1) % len(live)
+	first := -1
+	for k := range min(len(live), maxTrialCandidates) {
+		i := (start + k) % len(live)
+		p, msgs, err := claim(i)
+		if err != nil {
+			return 0, nil, nil, err
+		}
+		if p == nil {
+			continue
+		}
+		if msgs[0].Attempts == 0 {
+			return i, p, msgs, nil
+		}
+		p.release(ctx) // claimed again below if no better one comes
+		if first < 0 {
+			first = i
+		}
+	}
+	if first < 0 {
+		return 0, nil, nil, nil
+	}
+	p, msgs, err := claim(first)
+	return first, p, msgs, err
 }
 
 // brokerState is the broker breaker's state; closed when there is none.
@@ -215,6 +223,18 @@ func (s *Sweeper) brokerState() breaker.DependencyState {
 		return breaker.DependencyClosed
 	}
 	return s.broker.State()
+}
+
+// sendClaimed sends the rows of claimed page p and ends the page, adding to
+// res. It returns the topics that stopped for the rest of the sweep.
+func (s *Sweeper) sendClaimed(st *sweepState, p *pageClaim, msgs []producer.Message, res *SweepResult) ([]string, error) {
+	st.page = p
+	stopped, err := s.sendPage(st, groupByTopic(msgs), res)
+	st.page = nil
+	if settleErr := p.settle(st.work); err == nil {
+		err = settleErr
+	}
+	return stopped, err
 }
 
 // sendPage sends a page's topics concurrently, adding to res. It returns the

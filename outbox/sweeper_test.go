@@ -543,10 +543,11 @@ func TestConfigValidateNamesTheFlagAndValue(t *testing.T) {
 	}
 }
 
-// The page query must read each topic through the (topic, id) index, whatever
+// The page's claim must read each topic through the (topic, id) index, whatever
 // the planner's statistics say: here they predate a drain that dispatched most
 // rows, the case in which a plainly written query walked the primary key and
-// filtered every dispatched row, a second per page at this size.
+// filtered every dispatched row, a second per page at this size. The primary
+// key serves only the lookups by id of the rows read.
 func TestPageQueryReadsTheTopicIndexWhenStatisticsAreStale(t *testing.T) {
 	t.Parallel()
 	tbl := dbtest.Table(t)
@@ -559,14 +560,20 @@ func TestPageQueryReadsTheTopicIndexWhenStatisticsAreStale(t *testing.T) {
 	_, err = pool.Exec(ctx, "UPDATE "+ident+" SET dispatched_at = now() WHERE id % 100 < 95")
 	require.NoError(t, err)
 
-	query := outboxsql.Statement("page_outstanding", outboxsql.Tables{Outbox: ident})
-	rows, err := pool.Query(ctx, "EXPLAIN "+query, benchutil.Topics("topic", 20), make([]int64, 20), 25)
+	query := outboxsql.Statement("claim_page", outboxsql.Tables{Outbox: ident})
+	rows, err := pool.Query(ctx, "EXPLAIN "+query, benchutil.Topics("topic", 20), make([]int64, 20), make([]int64, 20), 25, true, "20000ms")
 	require.NoError(t, err)
 	plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
 	text := strings.Join(plan, "\n")
 	require.Contains(t, text, tbl.Name+"_outstanding_topic_idx", text)
-	require.NotContains(t, text, "pkey", text)
+	require.NotContains(t, text, "Seq Scan", text)
+	for i, line := range plan {
+		if strings.Contains(line, "pkey") {
+			require.Less(t, i+1, len(plan), text)
+			require.Contains(t, plan[i+1], "Index Cond: (id = ", "the primary key may only look rows up by id:\n%s", text)
+		}
+	}
 }
 
 // A batch's transaction may sit idle for the send timeout plus 5s; a send
@@ -586,11 +593,12 @@ func TestBatchIdleTimeoutFollowsTheSendTimeoutWithinPostgresLimit(t *testing.T) 
 	require.Equal(t, 3, res.Dispatched)
 }
 
-// The claim sets its transaction's idle timeout (and commit without a disk
-// sync) and takes the topic's lock before it looks at a row, whatever rows it
-// finds: the bound on how long a frozen sweeper holds rows must not depend on the plan Postgres picks. And a
-// claim that finds the topic's lock taken locks no row: another sweeper's
-// batch of the topic is in flight, and the rows stay free for it.
+// The page's claim sets its transaction's idle timeout (and commit without a
+// disk sync) and takes the topic's lock before it looks at a row, whatever rows
+// it finds: the bound on how long a frozen sweeper holds rows must not depend
+// on the plan Postgres picks. And a claim that finds the topic's lock taken
+// locks no row: another sweeper's page of the topic is in flight, and the rows
+// stay free for it.
 func TestClaimSetsItsIdleTimeoutAndTopicLockBeforeAnyRow(t *testing.T) {
 	t.Parallel()
 	tbl := dbtest.Table(t)
@@ -598,7 +606,7 @@ func TestClaimSetsItsIdleTimeoutAndTopicLockBeforeAnyRow(t *testing.T) {
 	ctx := context.Background()
 	pool := dbtest.NewPool(t, 4)
 	ident := pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()
-	claim := outboxsql.Statement("claim_batch", outboxsql.Tables{Outbox: ident})
+	claim := outboxsql.Statement("claim_page", outboxsql.Tables{Outbox: ident})
 	rows, err := pool.Query(ctx, "SELECT id FROM "+ident+" ORDER BY id")
 	require.NoError(t, err)
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
@@ -606,13 +614,20 @@ func TestClaimSetsItsIdleTimeoutAndTopicLockBeforeAnyRow(t *testing.T) {
 	require.Len(t, ids, 3)
 	key := tbl.TopicLockKey("claimed")
 
-	// claimIn runs the claim in tx and returns how many rows it claimed.
-	claimIn := func(tx pgx.Tx, ids []int64, topicLock bool) int {
-		rows, err := tx.Query(ctx, claim, ids, topicLock, key, "7000ms")
+	// claimIn runs the claim of the topic's rows after id after in tx and
+	// returns how many rows it claimed.
+	claimIn := func(tx pgx.Tx, after int64, topicLock bool) int {
+		rows, err := tx.Query(ctx, claim, []string{"claimed"}, []int64{after}, []int64{key}, 10, topicLock, "7000ms")
 		require.NoError(t, err)
 		n := 0
-		_, err = pgx.ForEachRow(rows, []any{new(int64), new(int)}, func() error { n++; return nil })
-		require.NoError(t, err)
+		for rows.Next() {
+			values, err := rows.Values()
+			require.NoError(t, err)
+			if values[0] == false { // a claimed row, not the topic's summary
+				n++
+			}
+		}
+		require.NoError(t, rows.Err())
 		return n
 	}
 	// heldBy reports the idle timeout in force in tx and how many advisory
@@ -627,20 +642,20 @@ func TestClaimSetsItsIdleTimeoutAndTopicLockBeforeAnyRow(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name      string
-		ids       []int64
+		after     int64
 		topicLock bool
 		claimed   int
 	}{
-		{"rows, topic lock", ids, true, 3},
-		{"no rows, topic lock", []int64{-1}, true, 0},
-		{"rows, no topic lock", ids, false, 3},
-		{"no rows, no topic lock", []int64{-1}, false, 0},
+		{"rows, topic lock", 0, true, 3},
+		{"no rows, topic lock", ids[2], true, 0},
+		{"rows, no topic lock", 0, false, 3},
+		{"no rows, no topic lock", ids[2], false, 0},
 	} {
 		func() {
 			tx, err := pool.Begin(ctx)
 			require.NoError(t, err)
 			defer func() { _ = tx.Rollback(ctx) }() // before the schema is dropped, also on failure
-			require.Equal(t, tc.claimed, claimIn(tx, tc.ids, tc.topicLock), tc.name)
+			require.Equal(t, tc.claimed, claimIn(tx, tc.after, tc.topicLock), tc.name)
 			timeout, locks := heldBy(tx)
 			require.Equal(t, "7s", timeout, "%s: the claim's idle timeout", tc.name)
 			wantLocks := 0
@@ -651,7 +666,7 @@ func TestClaimSetsItsIdleTimeoutAndTopicLockBeforeAnyRow(t *testing.T) {
 		}()
 	}
 
-	// Another batch of the topic holds its lock: the claim takes nothing and
+	// Another page of the topic holds its lock: the claim takes nothing and
 	// locks nothing.
 	other, err := pool.Begin(ctx)
 	require.NoError(t, err)
@@ -661,10 +676,10 @@ func TestClaimSetsItsIdleTimeoutAndTopicLockBeforeAnyRow(t *testing.T) {
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	require.Zero(t, claimIn(tx, ids, true))
+	require.Zero(t, claimIn(tx, 0, true))
 	timeout, locks := heldBy(tx)
 	require.Equal(t, "7s", timeout)
-	require.Equal(t, 0, locks, "the topic's lock is another batch's")
+	require.Equal(t, 0, locks, "the topic's lock is another page's")
 	var free int
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM (SELECT id FROM "+ident+" FOR UPDATE SKIP LOCKED) r").Scan(&free))
 	require.Equal(t, 3, free, "a claim that found the topic's lock taken must lock no row")
@@ -707,6 +722,9 @@ func TestPageOutlastsTheIdleTimeout(t *testing.T) {
 				outlived.Store(true)
 				break
 			}
+			// The poll's pace: it cannot decide the outcome, which is the
+			// page's length; a late poll only ends this send at its deadline,
+			// and the next send looks again.
 			time.Sleep(20 * time.Millisecond)
 		}
 		return nil
@@ -723,4 +741,67 @@ func TestPageOutlastsTheIdleTimeout(t *testing.T) {
 		seen[m.ID] = true
 	}
 	require.Len(t, seen, 2*topics)
+}
+
+// A page's connection that drops mid-page, before the page's commit or while a
+// failure is recorded, rolls the whole page back: the sweep fails, every row
+// of the page is outstanding again as it was (the batch already accepted
+// included: it is sent again), and the next sweep relays them all.
+func TestDroppedConnectionMidPageLosesNothing(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		// sendErr is what the second topic's send answers, once the page's
+		// connection is gone: nil leaves the end to the page's commit; an error
+		// makes the sweeper record a failure first.
+		sendErr error
+	}{
+		{"at the commit", nil},
+		{"while recording a failure", errors.New("refused")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tbl := dbtest.Table(t)
+			writeMessages(t, tbl, topicMessages("a", 2)...)
+			writeMessages(t, tbl, topicMessages("b", 2)...)
+			ctx := context.Background()
+			prod := memory.New(memory.Config{})
+			prod.SetSendFunc(func(ctx context.Context, b producer.Batch) error {
+				if b.Topic != "b" {
+					return nil
+				}
+				// The page's session is the one holding its topics' locks; the
+				// call waits until it has ended.
+				var ended bool
+				if err := dbtest.Pool(t).QueryRow(ctx, `SELECT bool_or(pg_terminate_backend(l.pid, 10000)) FROM pg_locks l
+					WHERE l.locktype = 'advisory' AND (l.classid::bigint << 32 | l.objid::bigint) = $1`,
+					tbl.TopicLockKey("a")).Scan(&ended); err != nil || !ended {
+					return fmt.Errorf("end the page's session: ended %v: %w", ended, err)
+				}
+				return tc.sendErr
+			})
+			s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, Concurrency: 1})
+			_, err := s.Sweep(ctx)
+			require.Error(t, err, "the page's end could not be recorded")
+			require.Equal(t, 4, dbtest.Outstanding(t, tbl), "every row of the page is outstanding again")
+			var attempts, dead int
+			require.NoError(t, dbtest.Pool(t).QueryRow(ctx, "SELECT coalesce(sum(attempts), 0) FROM "+
+				pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()).Scan(&attempts))
+			require.Zero(t, attempts, "what the page recorded went with it")
+			require.NoError(t, dbtest.Pool(t).QueryRow(ctx, "SELECT count(*) FROM "+
+				pgx.Identifier{tbl.Schema, tbl.DeadLetterName()}.Sanitize()).Scan(&dead))
+			require.Zero(t, dead)
+
+			prod.SetSendFunc(nil)
+			res, err := s.Sweep(ctx)
+			require.NoError(t, err)
+			require.Equal(t, 4, res.Dispatched)
+			require.Zero(t, dbtest.Outstanding(t, tbl))
+			seen := map[int64]bool{}
+			for _, m := range prod.Messages() {
+				seen[m.ID] = true
+			}
+			require.Len(t, seen, 4, "every row delivered")
+		})
+	}
 }

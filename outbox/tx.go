@@ -10,13 +10,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// batchTx is a batch's transaction, begun in the same round trip as its claim
-// (beginWith) rather than in one of its own, as pgx's Begin does: a batch that
-// succeeds costs two round trips, the claim and the commit, instead of three.
-// At a few rows a batch, that round trip was a third of the database's share
-// of a message's latency.
+// batchTx is a page's transaction, begun in the same round trip as its claim
+// (beginWith) rather than in one of its own, as pgx's Begin does, and ended in
+// the same round trip as its last statement (commit): a page that succeeds
+// costs two round trips. At a few rows a page, a round trip was a third of the
+// database's share of a message's latency.
 //
-// It holds its pooled connection from beginWith to Commit or Rollback, which
+// It holds its pooled connection from beginWith to commit or rollback, which
 // give it back. A connection given back mid-transaction (a failed rollback) is
 // closed by the pool, never reused.
 type batchTx struct {
@@ -58,34 +58,16 @@ func (tx *batchTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Ro
 // answers it with ROLLBACK, not an error (pgx's Tx does the same check).
 var errCommitRolledBack = errors.New("commit unexpectedly resulted in rollback")
 
-// Commit commits and gives the connection back. After the first call it does
-// nothing.
-func (tx *batchTx) Commit(ctx context.Context) error {
-	if tx.done {
-		return nil
-	}
-	tag, err := tx.conn.Exec(ctx, "commit")
-	if err == nil && tag.String() == "ROLLBACK" {
-		err = errCommitRolledBack
-	}
-	tx.finish(err)
-	if err != nil {
-		return fmt.Errorf("commit: %w", err)
-	}
-	return nil
-}
-
-// commitAfter commits, after running sql with args first if run is set, in one
-// round trip, and gives the connection back.
-func (tx *batchTx) commitAfter(ctx context.Context, run bool, sql string, args ...any) error {
-	if !run {
-		return tx.Commit(ctx)
-	}
+// commit commits and gives the connection back. A non-empty sql runs first,
+// with args, in the same round trip: the page's last statement travels with
+// its COMMIT, as its first travels with its BEGIN (beginWith).
+func (tx *batchTx) commit(ctx context.Context, sql string, args ...any) error {
 	var b pgx.Batch
-	b.Queue(sql, args...)
-	commit := b.Queue("commit")
+	if sql != "" {
+		b.Queue(sql, args...)
+	}
 	var tag pgconn.CommandTag
-	commit.Exec(func(ct pgconn.CommandTag) error {
+	b.Queue("commit").Exec(func(ct pgconn.CommandTag) error {
 		tag = ct
 		return nil
 	})
@@ -102,7 +84,7 @@ func (tx *batchTx) commitAfter(ctx context.Context, run bool, sql string, args .
 }
 
 // rollback rolls back and gives the connection back. After the first call, or
-// after Commit, it does nothing.
+// after commit, it does nothing.
 func (tx *batchTx) rollback(ctx context.Context) {
 	if tx.done {
 		return

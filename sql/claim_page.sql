@@ -13,23 +13,42 @@
 --   $6  idle_in_transaction_session_timeout for this transaction, e.g. '20000ms'
 --
 -- It returns the claimed rows (summary false), then one summary row per topic
--- that had outstanding rows: how many it read (candidates, locked or not), the
--- last id it read, and whether the topic's lock was taken. Candidates less
--- claimed rows are rows another transaction holds (SKIP LOCKED): under
--- --ordering none they wait for a later sweep; under --ordering topic a topic
--- that did not get all of them sends none (the sweeper undoes their marks), so
--- nothing overtakes a row in flight elsewhere.
+-- that had outstanding rows: how many it read (candidates, locked or not) and
+-- the last id it read. Candidates less claimed rows are rows another
+-- transaction holds (SKIP LOCKED), or all of a topic whose lock another sweeper
+-- holds: under --ordering none they wait for a later sweep; under --ordering
+-- topic a topic that did not get all of them sends none (the sweeper undoes
+-- their marks), so nothing overtakes a row in flight elsewhere.
 --
 -- Why one statement and one transaction for the whole page rather than one per
 -- batch: at 1,000 topics a page's share is one row a topic, and a transaction
 -- per topic drained 2,300 rows a second where the database alone claims 40,000.
 -- Reading and claiming together also reads each row once.
 --
--- As in claim_batch.sql: $6 bounds how long a frozen sweeper holds the rows (the
--- sweeper keeps the transaction from idling that long while it sends), the
--- transaction commits without waiting for its WAL (a mark lost in a crash of
--- Postgres means a row sent again, never a row lost), and each topic's lock,
--- taken with pg_try_advisory_xact_lock, goes with the transaction.
+-- With $5 set, each topic's transaction-scoped advisory lock is tried first,
+-- and a topic whose lock another sweeper holds is read but not claimed: at most
+-- one sweeper sends a topic at a time. The locks go with the transaction, so a
+-- sweeper that dies frees them at once.
+--
+-- The transaction then sits idle while the broker answers. $6 bounds that for
+-- this transaction only (set_config(…, true) is SET LOCAL): if this sweeper
+-- freezes or its host vanishes without closing the connection, Postgres ends
+-- the session after $6 and the rows and the locks go to other sweepers (a live
+-- sweeper keeps the transaction from idling that long while its sends go on).
+-- Set here rather than per session so it reaches nothing else the pool's
+-- sessions do, and passes through connection poolers. settings is read before
+-- the topics, and so before any row is looked at, whatever plan is picked.
+--
+-- The transaction commits without waiting for its WAL to reach disk
+-- (synchronous_commit off, for it alone). Its marks say "sent"; if Postgres
+-- crashes before it flushes them (a fraction of a second, wal_writer_delay
+-- times three at most), the rows are outstanding again after recovery and are
+-- sent again: a duplicate, which at-least-once allows, never a loss (the rows
+-- themselves were committed by the application with its own settings). WAL is
+-- flushed in order, so what is lost is always the latest marks, and a topic's
+-- rows come again in id order. The same holds for what a failure records in
+-- this transaction (attempts, a move to the dead-letter table): lost, the row
+-- is tried again.
 --
 -- The claimed rows come back from the UPDATE as ids and attempts (read under the
 -- lock), and the rest is read by id from the statement's snapshot, which holds
@@ -37,13 +56,18 @@
 -- Returning whole rows from the UPDATE cost more (they pass through the CTE's
 -- tuplestore).
 --
--- The candidates are read through the (topic, id) index with row comparisons,
--- as in page_outstanding.sql (which explains why), and locked and marked
--- through the primary key. The ids go from step to step as arrays (= ANY
--- (ARRAY(…))), not as IN (subquery): pgx prepares the statement, and after five
--- runs Postgres may keep a generic plan, which cannot see the share ($4) and
--- planned IN as a hash join over a sequential scan of the whole table (98 ms
--- for a 500-row page of a 100,000-row table, against 13 ms).
+-- Each topic's candidates are read through the (topic, id) index in id order.
+-- Its range is written as row comparisons on (topic, id), not as topic = … AND
+-- id > …, and ordered by (topic, id), so that the (topic, id) index serves it
+-- without a sort. Written plainly, the planner may walk the primary key in id
+-- order and filter, betting that the LIMIT stops it early; when its statistics
+-- predate a drain, that bet reads every dispatched row in each page (a second a
+-- page at 100,000 rows). The candidates are then locked and marked through the
+-- primary key. The ids go from step to step as arrays (= ANY (ARRAY(…))), not
+-- as IN (subquery): pgx prepares the statement, and after five runs Postgres
+-- may keep a generic plan, which cannot see the share ($4) and planned IN as a
+-- hash join over a sequential scan of the whole table (98 ms for a 500-row
+-- page of a 100,000-row table, against 13 ms).
 WITH settings AS MATERIALIZED (
     SELECT set_config('idle_in_transaction_session_timeout', $6::text, true) AS idle_timeout,
            set_config('synchronous_commit', 'off', true) AS synchronous_commit
@@ -76,10 +100,10 @@ WITH settings AS MATERIALIZED (
     RETURNING id, attempts
 )
 SELECT false AS summary, o.id, o.message_id::text, o.topic, o.payload, o.headers, o.content_type, o.correlation_id,
-       o.partition_key, o.created_at, c.attempts, NULL::bigint AS candidates, NULL::boolean AS held
+       o.partition_key, o.created_at, c.attempts, NULL::bigint AS candidates
 FROM claimed c
 JOIN {{outbox}} o ON o.id = c.id
 UNION ALL
-SELECT true, max(id), NULL, topic, NULL, NULL, NULL, NULL, NULL, NULL, NULL, count(*), bool_and(held)
+SELECT true, max(id), NULL, topic, NULL, NULL, NULL, NULL, NULL, NULL, NULL, count(*)
 FROM candidates
 GROUP BY topic
