@@ -27,6 +27,12 @@ import (
 // statement, sent with the BEGIN; the marks count only once the commit follows
 // the sends.
 //
+// During a drain the transaction carries several pages (pagesPerTransaction):
+// the next is claimed in it while the current one sends (claimAhead), so the
+// database and the broker work at once, and it commits after the last. Topic
+// locks are the transaction's, so a second transaction could not claim ahead
+// under OrderingTopic.
+//
 // Why one transaction for the page rather than one per batch: with many topics
 // a page holds a few rows of each, and a transaction per batch cost the
 // database more than the rows did (claim_page.sql has the figures). The
@@ -37,18 +43,23 @@ import (
 // are sent again (at-least-once), and a page's marks become visible only when
 // its last batch is done.
 //
-// The sends of a page run concurrently; mu serializes the statements they
-// make on the transaction's one connection (only failures make any).
+// The sends of a page run concurrently; conn serializes the statements made
+// on the transaction's one connection (failures', the keep-alive's, the claim
+// of the next page), and mu guards the rest. Where both are taken, conn comes
+// first: a send's bookkeeping takes mu alone, so it never waits for the next
+// page's claim.
 type pageClaim struct {
-	s  *store
-	mu sync.Mutex
-	tx *batchTx
+	s    *store
+	conn sync.Mutex
+	mu   sync.Mutex
+	tx   *batchTx
 	// err is the first database error in the transaction: the page then rolls
 	// back, whatever else happens.
 	err error
-	// held is the claimed rows, read-only after the claim. attempts holds each
-	// one's attempts, read under its lock and counted on as failures charge
-	// them; sent, the rows the broker accepted. Both under mu.
+	// held is the claimed rows, written by hold while no send is in flight
+	// and read by claim. attempts holds each one's attempts, read under its
+	// lock and counted on as failures charge them; sent, the rows the broker
+	// accepted. Both under mu.
 	held     map[int64]struct{}
 	attempts map[int64]int
 	sent     map[int64]bool
@@ -73,18 +84,83 @@ func stmtCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 }
 
 // claimPage reads and claims up to share outstanding rows of each of topics,
-// each after the id its entry in after names (0: from its first). It returns
-// the claim (nil if no row was claimed: nothing is left open), the claimed rows
-// in id order, and what it found of each topic that had outstanding rows.
+// each after the id its entry in after names (0: from its first), in a
+// transaction of its own. It returns the claim (nil if no row was claimed:
+// nothing is left open), the claimed rows in id order, and what it found of
+// each topic that had outstanding rows.
 func (s *store) claimPage(ctx context.Context, topics []string, after []int64, share int) (*pageClaim, []producer.Message, map[string]pageTopic, error) {
 	claimCtx, cancel := stmtCtx(ctx)
 	defer cancel()
-	keys := make([]int64, len(topics))
-	for i, t := range topics {
-		keys[i] = s.table.TopicLockKey(t)
+	r := s.pageRead(topics, share)
+	tx, err := beginWith(claimCtx, s.pool, r.scan, s.claimPageSQL, r.args(after)...)
+	if err != nil {
+		return nil, nil, nil, r.failed(err)
 	}
-	msgs := make([]producer.Message, 0, share*len(topics))
-	found := make(map[string]pageTopic, len(topics))
+	if len(r.msgs) == 0 {
+		rollback(ctx, tx)
+		return nil, nil, r.found, nil
+	}
+	p := s.held(tx)
+	p.hold(r.sorted())
+	return p, r.msgs, r.found, nil
+}
+
+// claimAhead claims the next page in p's transaction, as claimPage does, while
+// p's sends go on: the database reads and marks the next page while the
+// broker takes this one. It takes conn for its statement, as failures do; the
+// rows are p's only once hold takes them, which the caller does when no send
+// is in flight (claim reads held without mu). A database error is p's: the
+// page then rolls back.
+func (p *pageClaim) claimAhead(ctx context.Context, topics []string, after []int64, share int) ([]producer.Message, map[string]pageTopic, error) {
+	claimCtx, cancel := stmtCtx(ctx)
+	defer cancel()
+	r := p.s.pageRead(topics, share)
+	p.conn.Lock()
+	defer p.conn.Unlock()
+	p.mu.Lock()
+	err := p.err
+	p.mu.Unlock()
+	if err != nil {
+		return nil, nil, err
+	}
+	rows, err := p.tx.Query(claimCtx, p.s.claimPageSQL, r.args(after)...)
+	if err == nil {
+		err = r.scan(rows)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.used()
+	if err != nil {
+		p.err = r.failed(err)
+		return nil, nil, p.err
+	}
+	return r.sorted(), r.found, nil
+}
+
+// pageRead reads the rows of claim_page.sql.
+type pageRead struct {
+	s      *store
+	topics []string
+	share  int
+	msgs   []producer.Message
+	found  map[string]pageTopic
+}
+
+func (s *store) pageRead(topics []string, share int) *pageRead {
+	return &pageRead{s: s, topics: topics, share: share,
+		msgs: make([]producer.Message, 0, share*len(topics)), found: make(map[string]pageTopic, len(topics))}
+}
+
+// args are claim_page.sql's arguments.
+func (r *pageRead) args(after []int64) []any {
+	keys := make([]int64, len(r.topics))
+	for i, t := range r.topics {
+		keys[i] = r.s.table.TopicLockKey(t)
+	}
+	return []any{r.topics, after, keys, r.share, r.s.topicLocks, r.s.idleTimeout}
+}
+
+func (r *pageRead) scan(rows pgx.Rows) error {
 	var (
 		summary                               bool
 		id, candidates                        *int64
@@ -94,43 +170,47 @@ func (s *store) claimPage(ctx context.Context, topics []string, after []int64, s
 		attempts                              *int
 		m                                     producer.Message
 	)
-	tx, err := beginWith(claimCtx, s.pool, func(rows pgx.Rows) error {
-		_, err := pgx.ForEachRow(rows, []any{&summary, &id, &messageID, &m.Topic, &m.Payload, &m.Headers,
-			&contentType, &correlationID, &partitionKey, &createdAt, &attempts, &candidates}, func() error {
-			if summary {
-				found[m.Topic] = pageTopic{candidates: int(*candidates), last: *id}
-			} else {
-				m.ID, m.MessageID, m.CreatedAt, m.Attempts = *id, *messageID, *createdAt, *attempts
-				m.ContentType, m.CorrelationID, m.PartitionKey = deref(contentType), deref(correlationID), deref(partitionKey)
-				msgs = append(msgs, m)
-			}
-			m = producer.Message{} // Payload and Headers must not share memory with the next row.
-			return nil
-		})
-		return err
-	}, s.claimPageSQL, topics, after, keys, share, s.topicLocks, s.idleTimeout)
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("claim a page of %d topics of %s: %w", len(topics), s.table, s.explain(err))
-	}
-	if len(msgs) == 0 {
-		rollback(ctx, tx)
-		return nil, nil, found, nil
-	}
-	slices.SortFunc(msgs, func(a, b producer.Message) int { return int(a.ID - b.ID) })
-	return s.held(tx, msgs), msgs, found, nil
+	_, err := pgx.ForEachRow(rows, []any{&summary, &id, &messageID, &m.Topic, &m.Payload, &m.Headers,
+		&contentType, &correlationID, &partitionKey, &createdAt, &attempts, &candidates}, func() error {
+		if summary {
+			r.found[m.Topic] = pageTopic{candidates: int(*candidates), last: *id}
+		} else {
+			m.ID, m.MessageID, m.CreatedAt, m.Attempts = *id, *messageID, *createdAt, *attempts
+			m.ContentType, m.CorrelationID, m.PartitionKey = deref(contentType), deref(correlationID), deref(partitionKey)
+			r.msgs = append(r.msgs, m)
+		}
+		m = producer.Message{} // Payload and Headers must not share memory with the next row.
+		return nil
+	})
+	return err
 }
 
-// held starts the claim of msgs, claimed in tx, and the keep-alive that stops
-// its transaction from idling past its timeout while the page sends.
-func (s *store) held(tx *batchTx, msgs []producer.Message) *pageClaim {
-	p := &pageClaim{s: s, tx: tx, held: make(map[int64]struct{}, len(msgs)), attempts: make(map[int64]int, len(msgs)),
-		sent: make(map[int64]bool, len(msgs)), last: time.Now(), sending: map[*claim]time.Time{}, stop: make(chan struct{})}
+func (r *pageRead) sorted() []producer.Message {
+	slices.SortFunc(r.msgs, func(a, b producer.Message) int { return int(a.ID - b.ID) })
+	return r.msgs
+}
+
+func (r *pageRead) failed(err error) error {
+	return fmt.Errorf("claim a page of %d topics of %s: %w", len(r.topics), r.s.table, r.s.explain(err))
+}
+
+// held starts the claim of a transaction, and the keep-alive that stops it
+// from idling past its timeout while the page sends.
+func (s *store) held(tx *batchTx) *pageClaim {
+	p := &pageClaim{s: s, tx: tx, held: map[int64]struct{}{}, attempts: map[int64]int{},
+		sent: map[int64]bool{}, last: time.Now(), sending: map[*claim]time.Time{}, stop: make(chan struct{})}
+	p.wg.Go(p.keepAlive)
+	return p
+}
+
+// hold adds claimed rows msgs to the page. Call it while no send is in flight.
+func (p *pageClaim) hold(msgs []producer.Message) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	for _, m := range msgs {
 		p.held[m.ID] = struct{}{}
 		p.attempts[m.ID] = m.Attempts
 	}
-	p.wg.Go(p.keepAlive)
-	return p
 }
 
 // keepAliveEvery is how long a page's transaction may sit idle before the
@@ -155,10 +235,12 @@ func (p *pageClaim) keepAlive() {
 			return
 		case <-t.C:
 		}
+		p.conn.Lock()
 		p.mu.Lock()
 		for _, since := range p.sending {
 			if time.Since(since) > p.s.sendTimeout+keepAliveEvery {
 				p.mu.Unlock()
+				p.conn.Unlock()
 				return // wedged
 			}
 		}
@@ -171,6 +253,7 @@ func (p *pageClaim) keepAlive() {
 			p.last = time.Now()
 		}
 		p.mu.Unlock()
+		p.conn.Unlock()
 	}
 }
 

@@ -153,6 +153,8 @@ func (c *claim) apply(ctx context.Context, a action, sendErr error) (applied, er
 	p, topic := c.p, c.batch.Topic
 	recordCtx, cancel := stmtCtx(ctx)
 	defer cancel()
+	p.conn.Lock()
+	defer p.conn.Unlock()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.err != nil {

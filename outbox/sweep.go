@@ -51,11 +51,10 @@ func (st *sweepState) evidence() evidence {
 // pages, and every page moves on. Rows left behind (poison, held by another
 // sweeper) wait for the next sweep, which starts each topic from its lowest id.
 // Topics that appear during a tick are read from the next one.
-func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (SweepResult, error) {
+func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (res SweepResult, err error) {
 	if tick {
 		s.breaker.OnTick()
 	}
-	var res SweepResult
 	// An open broker breaker fails the tick fast: no page, no call to the
 	// broker, and the rows keep their attempts.
 	if s.brokerState() == breaker.DependencyOpen {
@@ -88,50 +87,157 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (S
 		live = slices.Delete(live, i, i+1)
 		after = after[:len(live)] // all zero: no topic has paged yet
 	}
-	for stop.Err() == nil && len(live) > 0 {
-		// A page reads at most PageSize topics (a share of one each when there
-		// are more), so the page size bounds memory however many topics there
-		// are; topics beyond it wait their turn at the back of the queue.
-		window := min(len(live), s.cfg.PageSize)
-		if s.store.topicLocks {
-			window = min(window, maxLockedTopics)
+	var (
+		p      *pageClaim // the open page transaction, between its claim and its end
+		pages  int        // pages claimed in p
+		next   *aheadPage // the next page, claimed in p while the current one sends
+		halted = map[string]bool{}
+	)
+	defer func() {
+		if p != nil { // an early return: err is already set, or the sweep ends
+			if settleErr := p.settle(work); err == nil {
+				err = settleErr
+			}
 		}
-		share := (s.cfg.PageSize + window - 1) / window
-		p, msgs, found, done, err := s.claimPage(work, live[:window], after[:window], share, &res)
-		if err != nil {
-			return res, err
-		}
-		var stopped []string
-		if p != nil {
-			if stopped, err = s.sendClaimed(st, p, msgs, &res); err != nil {
+	}()
+	for stop.Err() == nil {
+		var cur *aheadPage
+		if next != nil {
+			cur, next = next, nil
+		} else {
+			if live, after = withoutHalted(live, after, halted); len(live) == 0 {
+				break
+			}
+			window, share := s.window(len(live))
+			cur = &aheadPage{window: window, share: share}
+			if p, cur.msgs, cur.found, err = s.store.claimPage(work, live[:window], after[:window], share); err != nil {
 				return res, err
 			}
+			pages = 0
+		}
+		pages++
+		done := s.account(cur, &res)
+		if len(halted) > 0 { // a page claimed ahead holds rows of topics that stopped since
+			cur.msgs = slices.DeleteFunc(cur.msgs, func(m producer.Message) bool { return halted[m.Topic] })
+		}
+		live, after = advance(live, after, cur, done, halted)
+		if p == nil { // nothing claimed: every row read is held elsewhere
+			if !due.IsZero() && !time.Now().Before(due) {
+				break
+			}
+			continue
+		}
+		// While the broker takes this page, the database claims the next in the
+		// same transaction (the page's topic locks are this transaction's). A
+		// transaction carries at most pagesPerTransaction pages, so that the
+		// marks of a drain are committed as it goes.
+		var ahead chan error
+		if len(live) > 0 && pages < pagesPerTransaction && (due.IsZero() || time.Now().Before(due)) {
+			window, share := s.window(len(live))
+			next = &aheadPage{window: window, share: share}
+			ahead = make(chan error, 1)
+			go func(topics []string, after []int64) {
+				var err error
+				next.msgs, next.found, err = p.claimAhead(work, topics, after, share)
+				ahead <- err
+			}(live[:window], after[:window])
+		}
+		st.page = p
+		stopped, sendErr := s.sendPage(st, groupByTopic(cur.msgs), &res)
+		st.page = nil
+		if ahead != nil {
+			if aheadErr := <-ahead; sendErr == nil {
+				sendErr = aheadErr
+			}
+			p.hold(next.msgs) // all of them, so that the page's end undoes the marks of those not sent
+		}
+		if sendErr != nil {
+			return res, sendErr // the deferred settle rolls back
 		}
 		if s.brokerState() == breaker.DependencyOpen {
 			return res, nil // the broker went down during the page
 		}
-		// Topics that stopped, or read less than a share (nothing more behind
-		// it), are done for this sweep; the others page on, after the topics
-		// that waited.
+		// Topics that stopped are done for this sweep, in the page claimed
+		// ahead too.
 		for _, t := range stopped {
-			done[t] = true
+			halted[t] = true
 		}
-		next := make([]string, 0, len(live))
-		nextAfter := make([]int64, 0, len(live))
-		next, nextAfter = append(next, live[window:]...), append(nextAfter, after[window:]...)
-		for _, t := range live[:window] {
-			f, paged := found[t]
-			if !paged || done[t] || f.candidates < share {
-				continue // drained (nothing in this page), stopped, or short
+		if next == nil {
+			err = p.settle(work)
+			p = nil
+			if err != nil {
+				return res, err
 			}
-			next, nextAfter = append(next, t), append(nextAfter, f.last)
 		}
-		live, after = next, nextAfter
 		if !due.IsZero() && !time.Now().Before(due) {
 			break
 		}
 	}
 	return res, nil
+}
+
+// pagesPerTransaction bounds the pages one transaction claims, one ahead of
+// another while the previous sends. More pages a transaction keep the database
+// and the broker busy at once for longer; fewer commit a drain's progress
+// sooner and resend less after a crash (a transaction's rows are sent again
+// if it never commits).
+const pagesPerTransaction = 8
+
+// aheadPage is a claimed page: its rows, what it found of each topic, and the
+// window and share it was read with.
+type aheadPage struct {
+	window, share int
+	msgs          []producer.Message
+	found         map[string]pageTopic
+}
+
+// window returns how many of live topics the next page reads, and the share of
+// each. A page reads at most PageSize topics (a share of one each when there
+// are more), so the page size bounds memory however many topics there are;
+// topics beyond it wait their turn at the back of the queue.
+func (s *Sweeper) window(live int) (window, share int) {
+	window = min(live, s.cfg.PageSize)
+	if s.store.topicLocks {
+		window = min(window, maxLockedTopics)
+	}
+	return window, (s.cfg.PageSize + window - 1) / window
+}
+
+// advance returns the topics that page on after page pg, which read the first
+// pg.window of live: the topics that waited, then those of the page that read
+// a full share (more may be behind it) and are not done; none halted; each
+// with the id its next page starts after.
+func advance(live []string, after []int64, pg *aheadPage, done, halted map[string]bool) ([]string, []int64) {
+	next := make([]string, 0, len(live))
+	nextAfter := make([]int64, 0, len(live))
+	for i, t := range live[pg.window:] {
+		if !halted[t] {
+			next, nextAfter = append(next, t), append(nextAfter, after[pg.window+i])
+		}
+	}
+	for _, t := range live[:pg.window] {
+		f, paged := pg.found[t]
+		if !paged || done[t] || halted[t] || f.candidates < pg.share {
+			continue // drained (nothing in this page), stopped, or short
+		}
+		next, nextAfter = append(next, t), append(nextAfter, f.last)
+	}
+	return next, nextAfter
+}
+
+// withoutHalted returns live, and its after, without the halted topics.
+func withoutHalted(live []string, after []int64, halted map[string]bool) ([]string, []int64) {
+	if len(halted) == 0 {
+		return live, after
+	}
+	keep := 0
+	for i, t := range live {
+		if !halted[t] {
+			live[keep], after[keep] = t, after[i]
+			keep++
+		}
+	}
+	return live[:keep], after[:keep]
 }
 
 // maxLockedTopics bounds the topics of a page under OrderingTopic, where the
@@ -144,24 +250,31 @@ const maxLockedTopics = 256
 // maxTrialCandidates bounds the topics claimed to find a trial batch.
 const maxTrialCandidates = 8
 
-// claimPage claims a page (store.claimPage), adding to res. Rows another
-// transaction holds were skipped; under OrderingTopic a topic that did not get
-// all it read sends none of it (nothing may overtake a row in flight
-// elsewhere): done names those topics, and their rows are left out of msgs
-// (the page's end undoes their marks).
+// claimPage claims a page (store.claimPage) in a transaction of its own,
+// adding to res (see account); msgs leaves out the rows of topics done.
 func (s *Sweeper) claimPage(ctx context.Context, topics []string, after []int64, share int, res *SweepResult) (
-	p *pageClaim, msgs []producer.Message, found map[string]pageTopic, done map[string]bool, err error) {
-	p, msgs, found, err = s.store.claimPage(ctx, topics, after, share)
-	if err != nil {
-		return nil, nil, nil, nil, err
+	p *pageClaim, msgs []producer.Message, err error) {
+	pg := &aheadPage{window: len(topics), share: share}
+	if p, pg.msgs, pg.found, err = s.store.claimPage(ctx, topics, after, share); err != nil {
+		return nil, nil, err
 	}
+	s.account(pg, res)
+	return p, pg.msgs, nil
+}
+
+// account counts claimed page pg in res. Rows another transaction holds were
+// skipped; under OrderingTopic a topic that did not get all it read sends none
+// of it (nothing may overtake a row in flight elsewhere): account leaves their
+// rows out of pg.msgs (the page's end undoes their marks) and returns those
+// topics, done for this sweep.
+func (s *Sweeper) account(pg *aheadPage, res *SweepResult) (done map[string]bool) {
 	res.Pages++
 	done = make(map[string]bool)
-	claimed := make(map[string]int, len(found))
-	for _, m := range msgs {
+	claimed := make(map[string]int, len(pg.found))
+	for _, m := range pg.msgs {
 		claimed[m.Topic]++
 	}
-	for t, f := range found {
+	for t, f := range pg.found {
 		if n := claimed[t]; n < f.candidates {
 			res.Skipped += f.candidates - n
 			if s.cfg.Ordering == OrderingTopic {
@@ -170,9 +283,9 @@ func (s *Sweeper) claimPage(ctx context.Context, topics []string, after []int64,
 		}
 	}
 	if len(done) > 0 {
-		msgs = slices.DeleteFunc(msgs, func(m producer.Message) bool { return done[m.Topic] })
+		pg.msgs = slices.DeleteFunc(pg.msgs, func(m producer.Message) bool { return done[m.Topic] })
 	}
-	return p, msgs, found, done, nil
+	return done
 }
 
 // trialClaim claims the page the half-open broker breaker's trial is taken
@@ -184,7 +297,7 @@ func (s *Sweeper) claimPage(ctx context.Context, topics []string, after []int64,
 // had a row to claim) and its rows.
 func (s *Sweeper) trialClaim(ctx context.Context, live []string, res *SweepResult) (int, *pageClaim, []producer.Message, error) {
 	claim := func(i int) (*pageClaim, []producer.Message, error) {
-		p, msgs, _, _, err := s.claimPage(ctx, live[i:i+1], []int64{0}, s.cfg.PageSize, res)
+		p, msgs, err := s.claimPage(ctx, live[i:i+1], []int64{0}, s.cfg.PageSize, res)
 		if p != nil && len(msgs) == 0 { // held elsewhere in part, under OrderingTopic
 			p.release(ctx)
 			p = nil

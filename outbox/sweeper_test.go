@@ -755,9 +755,13 @@ func TestDroppedConnectionMidPageLosesNothing(t *testing.T) {
 		// connection is gone: nil leaves the end to the page's commit; an error
 		// makes the sweeper record a failure first.
 		sendErr error
+		// pageSize 2 makes two pages of the four rows: the second is claimed
+		// in the page's transaction while the first sends, and goes with it.
+		pageSize int
 	}{
-		{"at the commit", nil},
-		{"while recording a failure", errors.New("refused")},
+		{"at the commit", nil, 0},
+		{"while recording a failure", errors.New("refused"), 0},
+		{"with the next page claimed ahead", nil, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -780,7 +784,7 @@ func TestDroppedConnectionMidPageLosesNothing(t *testing.T) {
 				}
 				return tc.sendErr
 			})
-			s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, Concurrency: 1})
+			s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, Concurrency: 1, PageSize: tc.pageSize})
 			_, err := s.Sweep(ctx)
 			require.Error(t, err, "the page's end could not be recorded")
 			require.Equal(t, 4, dbtest.Outstanding(t, tbl), "every row of the page is outstanding again")
@@ -793,9 +797,14 @@ func TestDroppedConnectionMidPageLosesNothing(t *testing.T) {
 			require.Zero(t, dead)
 
 			prod.SetSendFunc(nil)
-			res, err := s.Sweep(ctx)
-			require.NoError(t, err)
-			require.Equal(t, 4, res.Dispatched)
+			var dispatched int
+			for dispatched < 4 { // with pageSize 2, a topic whose first page went with the connection waits for the next sweep
+				res, err := s.Sweep(ctx)
+				require.NoError(t, err)
+				require.NotZero(t, res.Dispatched, "a sweep with rows outstanding sends some")
+				dispatched += res.Dispatched
+			}
+			require.Equal(t, 4, dispatched)
 			require.Zero(t, dbtest.Outstanding(t, tbl))
 			seen := map[int64]bool{}
 			for _, m := range prod.Messages() {
@@ -804,4 +813,71 @@ func TestDroppedConnectionMidPageLosesNothing(t *testing.T) {
 			require.Len(t, seen, 4, "every row delivered")
 		})
 	}
+}
+
+// A page's transaction claims the next page while the current one sends. A
+// topic that stops in the current page must send nothing of what was claimed
+// for it ahead, and the page's end must let those rows go: every row marked
+// dispatched is one the broker took, and each topic's rows went in id order.
+func TestPagesClaimedAheadSendNothingOfATopicThatStopped(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("a", 30)...)
+	writeMessages(t, tbl, topicMessages("b", 30)...)
+	ctx := context.Background()
+	prod := memory.New(memory.Config{})
+	refusal := producer.NewTopicError("test_refusal", errors.New("b is refused from its row b-12 on"))
+	prod.SetSendFunc(func(_ context.Context, b producer.Batch) error {
+		for _, m := range b.Messages {
+			if string(m.Payload) == "b-12" {
+				return refusal
+			}
+		}
+		return nil
+	})
+	// A share of 5 rows a topic: b fails in its third page, while its fourth
+	// (b-15 to b-19) has been claimed ahead.
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, PageSize: 10, Concurrency: 2})
+	res, err := s.Sweep(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []string{"b"}, res.FailedTopics)
+
+	sent := map[string][]string{}
+	for _, m := range prod.Messages() {
+		sent[m.Topic] = append(sent[m.Topic], string(m.Payload))
+	}
+	want := func(topic string, n int) []string {
+		var out []string
+		for i := range n {
+			out = append(out, fmt.Sprintf("%s-%d", topic, i))
+		}
+		return out
+	}
+	require.Equal(t, want("a", 30), sent["a"], "a sent whole, in order")
+	require.Equal(t, want("b", 10), sent["b"], "b sent up to the batch that failed, and nothing after it")
+
+	// What is marked is what was sent; and the rows claimed ahead were claimed
+	// and let go (their row version is the sweeper's), not left alone.
+	rows, err := dbtest.Pool(t).Query(ctx, "SELECT convert_from(payload, 'UTF8'), dispatched_at IS NOT NULL, xmin::text FROM "+
+		pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()+" WHERE topic = 'b' ORDER BY id")
+	require.NoError(t, err)
+	type row struct {
+		Payload    string
+		Dispatched bool
+		Xmin       string
+	}
+	bRows, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
+	require.NoError(t, err)
+	require.Len(t, bRows, 30)
+	written := bRows[29].Xmin // b-29: never read, still the writer's version
+	for i, r := range bRows {
+		require.Equal(t, i < 10, r.Dispatched, "%s dispatched", r.Payload)
+		if i >= 15 && i < 20 {
+			require.NotEqual(t, written, r.Xmin, "%s was claimed ahead, then let go", r.Payload)
+		}
+		if i >= 20 {
+			require.Equal(t, written, r.Xmin, "%s was never claimed: b had stopped", r.Payload)
+		}
+	}
+	require.Equal(t, 20, dbtest.Outstanding(t, tbl))
 }

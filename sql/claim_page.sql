@@ -1,4 +1,5 @@
--- Reads and claims a page in one statement, in the page's transaction: up to a
+-- Reads and claims a page in one statement, in the page's transaction (which, during
+-- a drain, claims the next page in the same way while this one sends): up to a
 -- share of outstanding rows of each topic, read in id order from where the
 -- topic's previous page ended, locked and marked dispatched. The marks become
 -- visible only when the transaction commits, after the sends; the page's end
