@@ -26,3 +26,6 @@ func (l AwakeLock) Close() { l.a.close() }
 
 // AwakeKeyOf is the awake lock's key for t.
 func AwakeKeyOf(t Table) int64 { return awakeKey(t.WithDefaults()) }
+
+// TxSettings is the statement that sets a page transaction's planner settings.
+const TxSettings = txSettings

@@ -576,6 +576,53 @@ func TestPageQueryReadsTheTopicIndexWhenStatisticsAreStale(t *testing.T) {
 	}
 }
 
+// The page's transaction plans its claim by index whatever the table's size.
+// pgx prepares the claim and Postgres may keep a generic plan; one made while
+// the table was small read the whole table twice a claim, and kept doing so as
+// it grew (8 ms a 9-row claim at 20,000 rows, in BenchmarkLatency). Planned
+// for a 5-row table, the claim reads it whole without the settings.
+func TestClaimKeepsToTheIndexesWithAGenericPlanFromASmallTable(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("small", 5)...)
+	ctx := context.Background()
+	ident := pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()
+	pool := dbtest.Pool(t)
+	_, err := pool.Exec(ctx, "VACUUM ANALYZE "+ident) // the statistics of a 5-row table, as a generic plan made early would see
+	require.NoError(t, err)
+	claim := outboxsql.Statement("claim_page", outboxsql.Tables{Outbox: ident})
+	plan := func(settings bool) string {
+		conn, err := pool.Acquire(ctx)
+		require.NoError(t, err)
+		defer conn.Release()
+		tx, err := conn.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		if settings {
+			_, err = tx.Exec(ctx, outbox.TxSettings)
+			require.NoError(t, err)
+		}
+		_, err = tx.Exec(ctx, "SET LOCAL plan_cache_mode = force_generic_plan")
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, "PREPARE claim_generic (text[], bigint[], bigint[], int, boolean, text) AS "+claim)
+		require.NoError(t, err)
+		rows, err := tx.Query(ctx, "EXPLAIN EXECUTE claim_generic (ARRAY['topic-1', 'topic-2'], ARRAY[0, 0], ARRAY[1, 2], 50, true, '20000ms')")
+		require.NoError(t, err)
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, "DEALLOCATE claim_generic")
+		require.NoError(t, err)
+		return strings.Join(lines, "\n")
+	}
+	// Without the settings the planner reads the table whole: what the test
+	// guards against happens here.
+	require.Contains(t, plan(false), "Seq Scan")
+	text := plan(true)
+	require.NotContains(t, text, "Seq Scan", text)
+	require.NotContains(t, text, "Bitmap", text)
+	require.Contains(t, text, tbl.Name+"_outstanding_topic_idx", text)
+}
+
 // A batch's transaction may sit idle for the send timeout plus 5s; a send
 // timeout beyond Postgres's limit for that setting is capped rather than
 // failing every claim.

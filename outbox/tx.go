@@ -24,8 +24,9 @@ type batchTx struct {
 	done bool
 }
 
-// beginWith acquires a connection and sends BEGIN and the statement sql in one
-// round trip; scan reads the statement's rows. On error nothing is left open.
+// beginWith acquires a connection and sends BEGIN, the transaction's
+// planner settings (txSettings) and the statement sql in one round trip; scan
+// reads the statement's rows. On error nothing is left open.
 func beginWith(ctx context.Context, pool *pgxpool.Pool, scan func(pgx.Rows) error, sql string, args ...any) (*batchTx, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
@@ -34,6 +35,7 @@ func beginWith(ctx context.Context, pool *pgxpool.Pool, scan func(pgx.Rows) erro
 	tx := &batchTx{conn: conn}
 	var b pgx.Batch
 	b.Queue("begin")
+	b.Queue(txSettings)
 	b.Queue(sql, args...).Query(scan)
 	if err := conn.SendBatch(ctx, &b).Close(); err != nil {
 		tx.rollback(ctx)
@@ -41,6 +43,19 @@ func beginWith(ctx context.Context, pool *pgxpool.Pool, scan func(pgx.Rows) erro
 	}
 	return tx, nil
 }
+
+// txSettings plans a page's statements (set for its transaction alone, and
+// before its claim is planned: a setting the statement made itself would come
+// too late for its plan) by index, never by reading the whole table. pgx
+// prepares the claim, and after five runs Postgres may keep a generic plan:
+// one made while the table was small (a new outbox, statistics from before a
+// burst) read it whole, twice a claim, and at 1,000 commits a second with the
+// table grown to 20,000 rows a 9-row claim read 976 buffers and took 8 ms. A
+// bitmap scan of a topic's candidates never marks the index entries of
+// dispatched rows dead, so every claim would step over each of them through
+// its heap page until autovacuum comes; a plain index scan marks them the
+// first time they are dead to everyone.
+const txSettings = "SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true)"
 
 func (tx *batchTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	return tx.conn.Exec(ctx, sql, args...)
