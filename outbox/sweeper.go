@@ -351,8 +351,9 @@ type BrokerBreaker interface {
 }
 
 // NewSweeper returns a sweeper over pool's outbox table cfg.Table, sending to p.
-// It reports an invalid configuration. The pool should allow Concurrency+1
-// connections: one per topic in flight and one to read pages.
+// It reports an invalid configuration. Sweeping takes one of the pool's
+// connections at a time (a page's transaction, or the topic list), whatever
+// Concurrency: sends use none.
 func NewSweeper(pool *pgxpool.Pool, p producer.Producer, cfg Config) (*Sweeper, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {

@@ -41,6 +41,11 @@ const (
 // local Postgres of a development machine.
 const DatabaseURLDefault = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
 
+// poolSize is the run command's pool: pages and the topic list (one at a
+// time), retention, the probe, the admin API (two), the metrics refresh and a
+// spare. The README counts it against max_connections.
+const poolSize = 8
+
 // Version is set at build time with -ldflags "-X …/internal/cli.Version=v1.2.3".
 var Version = ""
 
@@ -234,9 +239,10 @@ func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Wri
 	if err != nil {
 		return err
 	}
-	// One connection per topic in flight, one to read pages, one each for
-	// retention and the probe, and one spare.
-	poolCfg.MaxConns = int32(o.concurrency + 7) // two for the admin API, one for the metrics refresh
+	// One for pages (a page's transaction holds one across its sends, whatever
+	// --concurrency), one each for retention and the probe, two for the admin
+	// API, one for the metrics refresh, and a spare.
+	poolCfg.MaxConns = poolSize
 	logger := o.logger(errOut)
 	cfg.Logger = logger
 	syncAlerter, err := o.maintenanceOptions.alerter(f, logger)
