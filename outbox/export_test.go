@@ -29,3 +29,6 @@ func AwakeKeyOf(t Table) int64 { return awakeKey(t.WithDefaults()) }
 
 // TxSettings is the statement that sets a page transaction's planner settings.
 const TxSettings = txSettings
+
+// MaxLockedTopics bounds the topic locks one transaction holds.
+const MaxLockedTopics = maxLockedTopics

@@ -92,6 +92,9 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 		pages  int        // pages claimed in p
 		next   *aheadPage // the next page, claimed in p while the current one sends
 		halted = map[string]bool{}
+		// read holds the topics p's pages have read: under OrderingTopic,
+		// those whose locks p may hold.
+		read map[string]bool
 	)
 	defer func() {
 		if p != nil { // an early return: err is already set, or the sweep ends
@@ -113,7 +116,10 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 			if p, cur.msgs, cur.found, err = s.store.claimPage(work, live[:window], after[:window], share); err != nil {
 				return res, err
 			}
-			pages = 0
+			pages, read = 0, make(map[string]bool, window)
+			for _, t := range live[:window] {
+				read[t] = true
+			}
 		}
 		pages++
 		done := s.account(cur, &res)
@@ -132,8 +138,11 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 		// transaction carries at most pagesPerTransaction pages, so that the
 		// marks of a drain are committed as it goes.
 		var ahead chan error
-		if len(live) > 0 && pages < pagesPerTransaction && (due.IsZero() || time.Now().Before(due)) {
-			window, share := s.window(len(live))
+		if window, share := s.aheadWindow(live, read); window > 0 && pages < pagesPerTransaction &&
+			(due.IsZero() || time.Now().Before(due)) {
+			for _, t := range live[:window] {
+				read[t] = true
+			}
 			next = &aheadPage{window: window, share: share}
 			ahead = make(chan error, 1)
 			go func(topics []string, after []int64) {
@@ -203,6 +212,33 @@ func (s *Sweeper) window(live int) (window, share int) {
 	return window, (s.cfg.PageSize + window - 1) / window
 }
 
+// aheadWindow returns how many of live topics the page claimed ahead in a
+// transaction reads, and the share of each: as window, but under
+// OrderingTopic only as many topics as keep the transaction's locks (one for
+// each topic read, the topics its pages have read) within maxLockedTopics. The
+// topics that would go past it wait for the next transaction, which begins
+// with them.
+func (s *Sweeper) aheadWindow(live []string, read map[string]bool) (window, share int) {
+	if len(live) == 0 {
+		return 0, 0
+	}
+	window, share = s.window(len(live))
+	if !s.store.topicLocks {
+		return window, share
+	}
+	budget := maxLockedTopics - len(read)
+	for i, t := range live[:window] {
+		if read[t] {
+			continue
+		}
+		if budget == 0 {
+			return i, (s.cfg.PageSize + i - 1) / max(i, 1)
+		}
+		budget--
+	}
+	return window, share
+}
+
 // advance returns the topics that page on after page pg, which read the first
 // pg.window of live: the topics that waited, then those of the page that read
 // a full share (more may be behind it) and are not done; none halted; each
@@ -240,8 +276,9 @@ func withoutHalted(live []string, after []int64, halted map[string]bool) ([]stri
 	return live[:keep], after[:keep]
 }
 
-// maxLockedTopics bounds the topics of a page under OrderingTopic, where the
-// page's transaction holds each one's advisory lock: Postgres keeps them in a
+// maxLockedTopics bounds the topics of a page's transaction under
+// OrderingTopic (its pages claimed ahead included), which holds each one's
+// advisory lock: Postgres keeps them in a
 // lock table shared by every session, of max_locks_per_transaction ×
 // max_connections entries (6,400 by default), and a transaction that finds it
 // full fails ("out of shared memory").

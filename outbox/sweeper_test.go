@@ -928,3 +928,55 @@ func TestPagesClaimedAheadSendNothingOfATopicThatStopped(t *testing.T) {
 	}
 	require.Equal(t, 20, dbtest.Outstanding(t, tbl))
 }
+
+// TestATransactionHoldsAtMostMaxLockedTopicsLocks: under OrderingTopic a
+// page's transaction holds the advisory lock of each topic it claimed, and the
+// pages claimed ahead in it must not add to them past the bound, or sweepers
+// with many topics fill Postgres's shared lock table ("out of shared memory").
+func TestATransactionHoldsAtMostMaxLockedTopicsLocks(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	const topics = outbox.MaxLockedTopics + 44
+	var msgs []outbox.Message
+	keys := make([]int64, 0, topics)
+	for i := range topics {
+		topic := fmt.Sprintf("t%03d", i)
+		msgs = append(msgs, topicMessages(topic, 4)...)
+		keys = append(keys, tbl.TopicLockKey(topic))
+	}
+	writeMessages(t, tbl, msgs...)
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	var (
+		mu   sync.Mutex
+		most int
+	)
+	prod := memory.New(memory.Config{})
+	prod.SetSendFunc(func(ctx context.Context, _ producer.Batch) error {
+		var n int
+		err := pool.QueryRow(ctx, `SELECT coalesce(max(n), 0) FROM (
+			SELECT count(*) AS n FROM pg_locks
+			WHERE locktype = 'advisory' AND objsubid = 1 AND granted
+			  AND ((classid::bigint << 32) | objid::bigint) = ANY($1)
+			GROUP BY pid) AS per_session`, keys).Scan(&n)
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		most = max(most, n)
+		return nil
+	})
+	// A page reads MaxLockedTopics topics, two rows each, so each topic takes
+	// two pages and the page claimed ahead reaches the 44 topics the first
+	// page left waiting.
+	s := newSweeper(t, pool, prod, outbox.Config{Table: tbl, PageSize: topics})
+	res, err := s.Sweep(ctx)
+	require.NoError(t, err)
+	require.Empty(t, res.FailedTopics)
+	require.Equal(t, 0, dbtest.Outstanding(t, tbl))
+	mu.Lock()
+	defer mu.Unlock()
+	require.Positive(t, most, "the sends saw the page's topic locks")
+	require.LessOrEqual(t, most, outbox.MaxLockedTopics, "topic locks one transaction held at once")
+}
