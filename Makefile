@@ -66,7 +66,9 @@ test-under-load:
 # 10,000,000 dispatched rows kept (PageQueryRetained: loading them takes minutes).
 # test/bench/ also measures the binary's peak RSS on a 1,000,000-row backlog.
 # MessageIDIndex: the unique index's cost on writes and on a sweep; Split: finding
-# one bad row in a 500-row batch. DrainBinary runs the binary, with its defaults, on
+# one bad row in a 500-row batch. DrainKafka drains into franz-go's kfake (no
+# target: kfake is not a cluster), and producer/kafka's Send reports the Kafka
+# producer's allocations per message. DrainBinary runs the binary, with its defaults, on
 # 100,000 rows into stdout, RabbitMQ and NATS, beside the ceilings of
 # test/bench/ceiling (the database alone, each broker alone) measured in the same
 # run, and reports its share of the combined ceiling (of-ceiling); Latency runs the
@@ -87,6 +89,7 @@ bench:
 	$(LOADENV) go test -run '^$$' -bench 'SweepMessageIDIndex' -benchtime 5x -count 3 -timeout 30m ./outbox/ | tee -a bench.out
 	$(LOADENV) go test -run '^$$' -bench 'Split' -benchtime 20x -count 3 -timeout 30m ./outbox/ | tee -a bench.out
 	$(LOADENV) go test -run '^$$' -bench . -benchtime 1x -count 3 -timeout 30m ./test/bench/ | tee -a bench.out
+	go test -run '^$$' -bench 'Send' -benchtime 20x -count 3 -timeout 30m ./producer/kafka/ | tee -a bench.out
 	go run $(BENCHSTAT) bench.out
 
 clean:

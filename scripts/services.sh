@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Brings up what the sweeper's run and tests need on this machine, from
 # Debian's packages: Postgres for `make run`; Postgres, RabbitMQ, NATS with
-# JetStream, Redis and promtool for `make test` and CI. Idempotent and quick
+# JetStream, Redis, promtool and kcat for `make test` and CI. (Kafka needs no
+# server: the tests run franz-go's kfake, in process or as test/kfakeserver.) Idempotent and quick
 # when everything is up. As root it installs and starts what is missing; as
 # anyone else it says the command to run and fails.
 #
@@ -104,6 +105,10 @@ ensure_redis() {
   wait_port 6379 Redis 30
 }
 
+ensure_kcat() {
+  command -v kcat >/dev/null || need "no kcat (the Kafka tests read what the sweeper produced with it)" kcat
+}
+
 ensure_promtool() {
   command -v promtool >/dev/null || need "no promtool (make check-deploy checks the alert rules with it)" prometheus
 }
@@ -114,5 +119,6 @@ if [ "$what" = test ]; then
   ensure_nats
   ensure_redis
   ensure_promtool
+  ensure_kcat
 fi
 log "services for $what are up"

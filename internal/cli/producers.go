@@ -21,7 +21,7 @@ import (
 )
 
 // producerNames are the values of --producer.
-var producerNames = []string{"stdout", "rabbitmq", "nats", "servicebus"}
+var producerNames = []string{"stdout", "rabbitmq", "nats", "kafka", "servicebus"}
 
 // producerOptions are the flags that choose and configure the producer, and
 // the dependency breaker and retries around it.
@@ -33,6 +33,7 @@ type producerOptions struct {
 	retryMax            time.Duration
 	topicBackoffMax     time.Duration
 	name                string
+	kafka               kafkaOptions
 	natsURL             string
 	rabbitmqExchange    string
 	rabbitmqURL         string
@@ -48,7 +49,8 @@ func (o *producerOptions) register(f *flags) {
 	f.Duration(&o.retryInitial, "retry-initial", breaker.RetryInitialDefault, "first backoff between tries; it doubles each try, with full jitter; also the first wait of a topic after a transient failure")
 	f.Duration(&o.retryMax, "retry-max", breaker.RetryMaxDefault, "longest backoff between tries")
 	f.Enum(&o.name, "producer", "stdout", producerNames,
-		"where messages go: stdout (one JSON object per message per line), rabbitmq, nats (JetStream) or servicebus (Azure Service Bus)")
+		"where messages go: stdout (one JSON object per message per line), rabbitmq, nats (JetStream), kafka or servicebus (Azure Service Bus)")
+	o.kafka.register(f)
 	f.String(&o.natsURL, "nats-url", "", "url", "NATS server URL for --producer nats, e.g. nats://127.0.0.1:4222; a stream must capture each topic's subject")
 	f.String(&o.rabbitmqExchange, "rabbitmq-exchange", rabbitmq.ExchangeDefault, "name", "durable topic exchange --producer rabbitmq publishes to (declared at start); the topic is the routing key")
 	f.String(&o.rabbitmqURL, "rabbitmq-url", "", "url", "AMQP URL for --producer rabbitmq, e.g. amqp://user:pass@host:5672/vhost")
@@ -98,6 +100,8 @@ func (o *producerOptions) build(f *flags, out io.Writer) (producer.Producer, err
 			return nil, &usageError{msg: msg}
 		}
 		return p, nil
+	case "kafka":
+		return o.kafka.build(f)
 	case "servicebus":
 		if o.servicebusConnStr == "" && o.servicebusNamespace == "" {
 			return nil, usagef("%s servicebus needs %s or %s", f.origin("producer"),

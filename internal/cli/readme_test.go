@@ -117,7 +117,7 @@ func assertTrue(t *testing.T, ok bool, format string, args ...any) bool {
 // 0 for a duration) with the flag's.
 func sameDefault(readme, def string) bool {
 	if readme == "none" {
-		return def == ""
+		return def == "" || def == "none" // a flag whose value none is a choice
 	}
 	if readme == def {
 		return true

@@ -25,6 +25,8 @@ func TestURLFlagsNeverPrintTheirPassword(t *testing.T) {
 		{"nats-url", "http://u:" + marker + "@h", []string{"--producer", "nats"}},
 		{"nats-url", "nats://a:4222,nats://u:" + marker + "%zz@h:4222", []string{"--producer", "nats"}},
 		{"servicebus-connection-string", "Endpoint=sb://x/;SharedAccessKeyName=k;SharedAccessKey=" + marker + ";junk", []string{"--producer", "servicebus"}},
+		{"kafka-sasl-password", marker, []string{"--producer", "kafka", "--kafka-brokers", "a:9092"}},
+		{"kafka-sasl-password", marker, []string{"--producer", "kafka", "--kafka-brokers", "a:9092", "--kafka-sasl-mechanism", "scram-sha-512"}},
 		{"redis-url", "redis://u:" + marker + "@h:notaport/0", nil},
 		{"redis-url", "redis://u:" + marker + "%zz@h:6379/0", nil},
 		{"redis-url", "http://u:" + marker + "@h:6379/0", nil},

@@ -169,18 +169,7 @@ func FuzzValidateNATS(f *testing.F) {
 		rows[1].CorrelationID, rows[1].PartitionKey = correlationID, partitionKey
 		rows[2].Payload = make([]byte, payload%6000)
 
-		batches, err := p.Batches(context.Background(), topic, rows)
-		if producertest.RequireEachRowOnce(t, topic, rows, batches, err) {
-			return
-		}
-
-		ctx, cancel := context.WithCancel(context.Background())
-		cancel() // Send checks its rows, then stops before the connection
-		for _, b := range batches {
-			err := p.Send(ctx, b)
-			require.Error(t, err)
-			require.NotEqual(t, producer.ClassMessage, producer.ClassOf(err), "Send refused a row Batches kept: %v", err)
-		}
+		producertest.RequireBatchesAndSendAgree(t, p, topic, rows)
 	})
 }
 

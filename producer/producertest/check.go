@@ -110,3 +110,22 @@ func RequireEachRowOnce(t testing.TB, topic string, rows []producer.Message, bat
 	require.Equal(t, producer.Batch{Messages: rows}.IDs(), seen, "each row once, in a batch or in the error")
 	return false
 }
+
+// RequireBatchesAndSendAgree runs p's Batches on rows of topic and checks it
+// as RequireEachRowOnce does, then sends each batch with a cancelled context:
+// Send checks its rows before it reaches the broker, and must refuse none of
+// the rows Batches kept. Every producer's fuzz test runs it.
+func RequireBatchesAndSendAgree(t testing.TB, p producer.Producer, topic string, rows []producer.Message) {
+	t.Helper()
+	batches, err := p.Batches(context.Background(), topic, rows)
+	if RequireEachRowOnce(t, topic, rows, batches, err) {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, b := range batches {
+		err := p.Send(ctx, b)
+		require.Error(t, err)
+		require.NotEqual(t, producer.ClassMessage, producer.ClassOf(err), "Send refused a row Batches kept: %v", err)
+	}
+}

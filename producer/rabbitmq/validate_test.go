@@ -205,16 +205,5 @@ func FuzzValidateRabbitMQ(f *testing.F) {
 // the rows kept.
 func checkPartition(t *testing.T, p *rabbitmq.Producer, topic string, rows []producer.Message) {
 	t.Helper()
-	batches, err := p.Batches(context.Background(), topic, rows)
-	if producertest.RequireEachRowOnce(t, topic, rows, batches, err) {
-		return
-	}
-
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel() // Send checks its rows, then stops before the connection
-	for _, b := range batches {
-		err := p.Send(ctx, b)
-		require.Error(t, err)
-		require.NotEqual(t, producer.ClassMessage, producer.ClassOf(err), "Send refused a row Batches kept: %v", err)
-	}
+	producertest.RequireBatchesAndSendAgree(t, p, topic, rows)
 }

@@ -1,5 +1,6 @@
 // Package bench drains pre-loaded backlogs through the sweeper into the real
-// brokers: RabbitMQ with publisher confirms and NATS JetStream with acks. Run it
+// brokers: RabbitMQ with publisher confirms and NATS JetStream with acks (and
+// Kafka's kfake, which has no target). Run it
 // through `make bench`, which fixes -benchtime=1x and -count=3.
 package bench_test
 
@@ -14,12 +15,14 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/outbox-sweeper/sweeper/internal/benchutil"
 	"github.com/outbox-sweeper/sweeper/internal/brokertest"
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
 	"github.com/outbox-sweeper/sweeper/outbox"
 	"github.com/outbox-sweeper/sweeper/producer"
+	"github.com/outbox-sweeper/sweeper/producer/kafka"
 	outboxnats "github.com/outbox-sweeper/sweeper/producer/nats"
 	"github.com/outbox-sweeper/sweeper/producer/rabbitmq"
 )
@@ -104,6 +107,34 @@ func benchmarkDrainNATS(b *testing.B, cfg outbox.Config) {
 	topics := benchutil.NATSStream(b, url, brokertest.Name("bench"), 10, 20_000)
 	benchutil.Drain(b, backlog, topics, cfg, func(b *testing.B) producer.Producer {
 		p, err := outboxnats.New(outboxnats.Config{URL: url})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := p.Connect(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		return p
+	})
+}
+
+// BenchmarkDrainKafka drains into franz-go's kfake, in this process. There is
+// no Kafka server to be had here, and kfake's speed says nothing of a real
+// cluster's: the figure is reported, with no target, to show what the sweeper
+// and the producer cost beside the other brokers (producer/kafka's
+// BenchmarkSend has its allocations per message).
+func BenchmarkDrainKafka(b *testing.B) {
+	forEachConfig(b, benchmarkDrainKafka)
+}
+
+func benchmarkDrainKafka(b *testing.B, cfg outbox.Config) {
+	topics := benchutil.Topics("bench", 10)
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, topics...))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(c.Close)
+	benchutil.Drain(b, backlog, topics, cfg, func(b *testing.B) producer.Producer {
+		p, err := kafka.New(kafka.Config{Brokers: c.ListenAddrs()})
 		if err != nil {
 			b.Fatal(err)
 		}
