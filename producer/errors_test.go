@@ -56,6 +56,8 @@ func TestDecodeHeaders(t *testing.T) {
 	require.Equal(t, map[string]any{"a": "b", "n": json.Number("1"), "big": json.Number("1234567890123456789"), "f": json.Number("1.5")}, h)
 	require.Equal(t, int64(1234567890123456789), producer.HeaderNumber(h["big"].(json.Number)), "every digit kept")
 	require.Equal(t, 1.5, producer.HeaderNumber(h["f"].(json.Number)))
+	require.Equal(t, "12345678901234567890", producer.HeaderNumber(json.Number("12345678901234567890")), "past int64: the text, not a rounded float")
+	require.Equal(t, 1.2e19, producer.HeaderNumber(json.Number("1.2e19")))
 
 	m.Headers = []byte(`null`)
 	_, err = m.DecodeHeaders()

@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -68,10 +69,15 @@ func (m *Message) DecodeHeaders() (map[string]any, error) {
 }
 
 // HeaderNumber converts a JSON number from [Message.DecodeHeaders] to an int64
-// when it is a whole number that fits, else to a float64.
+// when it is a whole number that fits, to its JSON text (a string) when it is a
+// whole number that does not (a float64 would round 12345678901234567890 to
+// 12345678901234567000), else to a float64.
 func HeaderNumber(n json.Number) any {
 	if i, err := n.Int64(); err == nil {
 		return i
+	}
+	if !strings.ContainsAny(string(n), ".eE") {
+		return string(n)
 	}
 	f, _ := n.Float64() // json.Number is always a valid number
 	return f

@@ -73,6 +73,9 @@ type Producer struct {
 	nc     *natsgo.Conn
 	js     jetstream.JetStream
 	closed bool
+	// done is closed by Close, to end the sends waiting for acks: closing the
+	// connection does not fail their futures, which would wait for AckTimeout.
+	done chan struct{}
 	// maxPayload is the server's max_payload as last seen, for cutting batches
 	// while not connected.
 	maxPayload atomic.Int64
@@ -98,7 +101,7 @@ func New(cfg Config) (*Producer, error) {
 	if cfg.AckTimeout <= 0 {
 		cfg.AckTimeout = AckTimeoutDefault
 	}
-	return &Producer{cfg: cfg, dial: make(chan struct{}, 1)}, nil
+	return &Producer{cfg: cfg, dial: make(chan struct{}, 1), done: make(chan struct{})}, nil
 }
 
 // Connect connects, so that a start-up can report a server it cannot reach.
@@ -272,6 +275,8 @@ func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 			}
 		case <-ctx.Done():
 			return fmt.Errorf("waiting for %d JetStream acks on %q: %w", len(futures), b.Topic, ctx.Err())
+		case <-p.done:
+			return producer.NewLocalError(fmt.Errorf("nats producer closed while %d JetStream acks on %q were awaited", len(futures), b.Topic))
 		}
 	}
 	if worst != nil && producer.ClassOf(worst) == producer.ClassMessage {
@@ -319,11 +324,15 @@ func checkFailed(ctx context.Context, err error) error {
 	return classify(err)
 }
 
-// Close drains nothing (every Send has awaited its acks) and closes the
-// connection; sends after it fail with a local error.
+// Close drains nothing and closes the connection: a send still waiting for
+// its acks ends at once with a local error (its rows stay outstanding), and
+// sends after it fail with one.
 func (p *Producer) Close(context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if !p.closed {
+		close(p.done)
+	}
 	p.closed = true
 	if p.nc != nil {
 		p.nc.Close()

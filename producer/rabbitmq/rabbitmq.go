@@ -484,7 +484,7 @@ func (p *Producer) Check(ctx context.Context) error {
 }
 
 // Close closes the connection; sends after it fail with a local error.
-func (p *Producer) Close(context.Context) error {
+func (p *Producer) Close(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.closed = true
@@ -492,8 +492,22 @@ func (p *Producer) Close(context.Context) error {
 	if p.conn == nil || p.conn.IsClosed() {
 		return nil
 	}
-	return p.conn.Close()
+	// A broker that hangs never answers the close handshake: bound it, so
+	// that a shutdown does not wait for amqp091's own timeout. The socket is
+	// closed either way, and the sends waiting for confirms end.
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(closeTimeout)
+	}
+	if err := p.conn.CloseDeadline(deadline); err != nil {
+		return fmt.Errorf("close the AMQP connection (closed without the broker's answer): %w", err)
+	}
+	return nil
 }
+
+// closeTimeout bounds the close handshake when Close's context has no
+// deadline.
+const closeTimeout = 2 * time.Second
 
 // toTable converts decoded JSON into AMQP field values: objects become nested
 // tables, arrays stay arrays, whole numbers that fit become int64 (exactly, even

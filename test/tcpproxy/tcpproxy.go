@@ -1,9 +1,9 @@
 // Package tcpproxy is a TCP proxy a test controls, to make a database or broker
-// go away and come back: refuse new connections, cut the open ones, heal.
+// go away and come back: refuse new connections, cut the open ones, stall
+// them, heal.
 package tcpproxy
 
 import (
-	"io"
 	"net"
 	"sync"
 	"testing"
@@ -21,6 +21,10 @@ type Proxy struct {
 	conns   map[net.Conn]struct{}
 	wg      sync.WaitGroup
 	stopped bool
+	// stalled is non-nil while the proxy stalls, and closed when it stops;
+	// reached receives when a client's bytes arrive meanwhile.
+	stalled chan struct{}
+	reached chan struct{}
 }
 
 // New starts a proxy to target on 127.0.0.1 and stops it at t's cleanup.
@@ -30,7 +34,7 @@ func New(t testing.TB, target string) *Proxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Proxy{target: target, ln: ln, conns: make(map[net.Conn]struct{})}
+	p := &Proxy{target: target, ln: ln, conns: make(map[net.Conn]struct{}), reached: make(chan struct{}, 1)}
 	p.wg.Add(1)
 	go p.accept()
 	t.Cleanup(p.Close)
@@ -57,6 +61,25 @@ func (p *Proxy) Hang(hang bool) {
 	p.hang = hang
 }
 
+// Stall makes the proxy hold what either side sends on its open connections
+// (true), as a broker that takes requests and never answers would, or forward
+// it again (false). Unlike Hang, it reaches the connections already open.
+func (p *Proxy) Stall(stall bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case stall && p.stalled == nil:
+		p.stalled = make(chan struct{})
+	case !stall && p.stalled != nil:
+		close(p.stalled)
+		p.stalled = nil
+	}
+}
+
+// Reached receives when a client's bytes arrive while the proxy stalls: a
+// request reached the stalled broker.
+func (p *Proxy) Reached() <-chan struct{} { return p.reached }
+
 // Accepts returns how many connections the proxy has accepted so far, refused,
 // hung or forwarded: a client retrying in a busy loop shows here.
 func (p *Proxy) Accepts() int {
@@ -77,6 +100,7 @@ func (p *Proxy) Cut() {
 
 // Close stops the proxy and cuts its connections.
 func (p *Proxy) Close() {
+	p.Stall(false)
 	p.mu.Lock()
 	p.stopped = true
 	p.mu.Unlock()
@@ -113,8 +137,8 @@ func (p *Proxy) accept() {
 			continue
 		}
 		p.wg.Add(2)
-		go p.pipe(c, upstream)
-		go p.pipe(upstream, c)
+		go p.pipe(c, upstream, false)
+		go p.pipe(upstream, c, true)
 	}
 }
 
@@ -134,10 +158,34 @@ func (p *Proxy) track(conns ...net.Conn) bool {
 }
 
 // pipe copies until either side fails, then closes both, so a cut on one side
-// reaches the other.
-func (p *Proxy) pipe(dst, src net.Conn) {
+// reaches the other. While the proxy stalls it holds what it read; fromClient
+// says src is the client's side.
+func (p *Proxy) pipe(dst, src net.Conn, fromClient bool) {
 	defer p.wg.Done()
-	_, _ = io.Copy(dst, src)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			stalled := p.stalled
+			p.mu.Unlock()
+			if stalled != nil {
+				if fromClient {
+					select {
+					case p.reached <- struct{}{}:
+					default:
+					}
+				}
+				<-stalled
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				break
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
 	_ = dst.Close()
 	_ = src.Close()
 	p.mu.Lock()
