@@ -298,6 +298,11 @@ func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 		err = sdkBatch.AddMessage(m, nil)
 		switch {
 		case errors.Is(err, azservicebus.ErrMessageTooLarge) && sdkBatch.NumMessages() > 0:
+			if alone, aerr := s.NewMessageBatch(ctx); aerr == nil && errors.Is(alone.AddMessage(m, nil), azservicebus.ErrMessageTooLarge) {
+				// Too large for any batch: the row's, not the batch's.
+				return producer.NewMessageError(producer.ReasonMessageTooLarge, []int64{id},
+					fmt.Errorf("row %d (%d bytes of payload) is too large for an empty Service Bus batch: %w", id, len(b.Messages[i].Payload), err))
+			}
 			return producer.NewTransientError("batch_too_large",
 				fmt.Errorf("the batch of %d rows for %q no longer fits one Service Bus batch at row %d; it is cut again at the next tick: %w",
 					len(b.Messages), b.Topic, id, err))
