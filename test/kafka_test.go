@@ -3,8 +3,16 @@ package test
 import (
 	"bufio"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
+	"math/big"
 	"net"
 	"os"
 	"os/exec"
@@ -23,6 +31,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
 
 	"github.com/outbox-sweeper/sweeper/internal/brokertest"
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
@@ -387,4 +396,88 @@ func TestPoisonRowsOnKafkaNeverStallTheHealthyTopic(t *testing.T) {
 			reason: "message_too_large", limit: "max.message.bytes of 8192"},
 	}
 	poisonRun(t, tbl, kafkaArgs(t, tbl, c.ListenAddrs()[0], "--tick", "200ms", "--max-attempts", "3"), healthy, mixed, poison, got)
+}
+
+// selfSignedTLS returns a server TLS config for 127.0.0.1 and the PEM of the
+// CA that signed it.
+func selfSignedTLS(t *testing.T) (*tls.Config, []byte) {
+	t.Helper()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	ca := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "outbox test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
+		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
+	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
+	require.NoError(t, err)
+	leafKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	leaf := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	leafDER, err := x509.CreateCertificate(rand.Reader, leaf, ca, &leafKey.PublicKey, caKey)
+	require.NoError(t, err)
+	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{leafDER}, PrivateKey: leafKey}}, MinVersion: tls.VersionTLS12},
+		pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
+}
+
+// The binary reaches a cluster over TLS verified against --kafka-tls-ca-file
+// and authenticates with SASL PLAIN, its password from the environment; with
+// a wrong password it charges no row and never prints the password.
+func TestKafkaOverTLSWithSASLFromTheBinary(t *testing.T) {
+	t.Parallel()
+	const password, wrong = "s3cret-Pa55word", "not-the-Pa55word"
+	serverTLS, caPEM := selfSignedTLS(t)
+	topic := brokertest.Name("tls")
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, topic), kfake.TLS(serverTLS),
+		kfake.EnableSASL(), kfake.Superuser("PLAIN", "sweeper", password))
+	require.NoError(t, err)
+	t.Cleanup(c.Close)
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	require.NoError(t, os.WriteFile(caFile, caPEM, 0o600))
+	args := func(tbl outbox.Table) []string {
+		return kafkaArgs(t, tbl, c.ListenAddrs()[0], "--kafka-tls-ca-file", caFile, "--kafka-sasl-mechanism", "plain",
+			"--kafka-sasl-username", "sweeper", "--tick", "200ms", "--max-attempts", "3")
+	}
+
+	tbl := migrated(t)
+	ids := writeKeyed(t, tbl, topic, 0, 50, 5)
+	p := start(t, []string{"OUTBOX_KAFKA_SASL_PASSWORD=" + password}, args(tbl)...)
+	dbtest.Eventually(t, 2*time.Minute, "every row dispatched over TLS", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	require.Equal(t, 0, p.wait(t, time.Minute), p.Stderr())
+	require.NotContains(t, p.Stderr(), password)
+
+	pool := x509.NewCertPool()
+	require.True(t, pool.AppendCertsFromPEM(caPEM))
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.DialTLSConfig(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}),
+		kgo.SASL(plain.Auth{User: "sweeper", Pass: password}.AsMechanism()))
+	require.NoError(t, err)
+	defer cl.Close()
+	seen := map[string]bool{}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for len(seen) < len(ids) && ctx.Err() == nil {
+		cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) {
+			for _, h := range r.Headers {
+				if h.Key == "message-id" {
+					seen[string(h.Value)] = true
+				}
+			}
+		})
+	}
+	for seq, id := range ids {
+		require.True(t, seen[id], "seq %d read back over TLS", seq)
+	}
+
+	// A wrong password: the broker's fault to the sweeper, never the rows'.
+	tbl = migrated(t)
+	writeKeyed(t, tbl, topic, 0, 5, 5)
+	p = start(t, []string{"OUTBOX_KAFKA_SASL_PASSWORD=" + wrong}, args(tbl)...)
+	dbtest.Eventually(t, time.Minute, "a send failed on the broker", func() bool {
+		return strings.Contains(p.Stderr(), `"class":"broker"`)
+	})
+	require.Equal(t, 5, dbtest.Outstanding(t, tbl))
+	requireNothingCharged(t, tbl)
+	require.NotContains(t, p.Stderr(), wrong)
 }
