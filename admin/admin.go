@@ -92,7 +92,43 @@ func Handler(cfg Config) http.Handler {
 	mux.Handle("GET /debug/pprof/profile", a.auth(pprof.Profile))
 	mux.Handle("GET /debug/pprof/symbol", a.auth(pprof.Symbol))
 	mux.Handle("GET /debug/pprof/trace", a.auth(pprof.Trace))
-	return mux
+	return jsonErrors(mux)
+}
+
+// jsonErrors answers what the mux itself refuses, a path it has no route for
+// (404) or a method a route does not take (405, with the Allow header), in
+// JSON like every other error, instead of the mux's plain text: a client
+// decodes every answer the same way.
+func jsonErrors(mux *http.ServeMux) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, pattern := mux.Handler(r); pattern != "" {
+			mux.ServeHTTP(w, r)
+			return
+		}
+		rec := &statusOnly{header: w.Header(), status: http.StatusNotFound}
+		mux.ServeHTTP(rec, r)
+		msg := fmt.Sprintf("no endpoint %s %s: the endpoints are in the README's \"Admin HTTP API\"", r.Method, r.URL.Path)
+		if rec.status == http.StatusMethodNotAllowed {
+			msg = fmt.Sprintf("%s does not take %s: use %s", r.URL.Path, r.Method, w.Header().Get("Allow"))
+		}
+		writeJSON(w, rec.status, errorBody{msg})
+	})
+}
+
+// statusOnly keeps the status a handler writes, and its headers, and drops
+// its body.
+type statusOnly struct {
+	header http.Header
+	status int
+}
+
+func (s *statusOnly) Header() http.Header         { return s.header }
+func (s *statusOnly) WriteHeader(status int)      { s.status = status }
+func (s *statusOnly) Write(b []byte) (int, error) { return len(b), nil }
+
+// audit logs an operator's change at info: what, to what, and from where.
+func (a *api) audit(r *http.Request, action string, attrs ...any) {
+	a.cfg.Logger.Info("admin action", append([]any{"action", action, "remote", r.RemoteAddr, "user_agent", r.UserAgent()}, attrs...)...)
 }
 
 // Start listens on cfg.Addr, so that a taken port fails the start-up, and
@@ -266,6 +302,7 @@ func (a *api) trip(w http.ResponseWriter, r *http.Request) {
 		body.Reason = "tripped through the admin API"
 	}
 	a.cfg.Topics.Trip(topic, body.Reason)
+	a.audit(r, "topic trip", "topic", topic, "reason", body.Reason)
 	writeJSON(w, http.StatusOK, map[string]string{"topic": topic, "state": a.cfg.Topics.State(topic).String()})
 }
 
@@ -276,6 +313,7 @@ func (a *api) reset(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a.cfg.Topics.Reset(topic)
+	a.audit(r, "topic reset", "topic", topic)
 	writeJSON(w, http.StatusOK, map[string]string{"topic": topic, "state": a.cfg.Topics.State(topic).String()})
 }
 
@@ -424,6 +462,7 @@ func (a *api) dlqReplay(w http.ResponseWriter, r *http.Request) {
 	case err != nil:
 		a.internal(w, r, err)
 	default:
+		a.audit(r, "dead letters replay", "count", n, "ids", f.IDs, "topic", f.Topic, "reason", f.Reason, "all", f.All)
 		writeJSON(w, http.StatusOK, map[string]int{"replayed": n})
 	}
 }
@@ -445,6 +484,10 @@ func (a *api) dlqPurge(w http.ResponseWriter, r *http.Request) {
 	case err != nil:
 		a.internal(w, r, err)
 	default:
+		if !s.DryRun {
+			a.audit(r, "dead letters purge", "count", n, "ids", f.IDs, "topic", f.Topic, "reason", f.Reason,
+				"older_than", s.OlderThan, "all", f.All)
+		}
 		writeJSON(w, http.StatusOK, map[string]any{"purged": n, "dry_run": s.DryRun})
 	}
 }

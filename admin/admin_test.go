@@ -1,15 +1,18 @@
 package admin_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -30,6 +33,24 @@ type bundle struct {
 	tbl    outbox.Table
 	topics *breaker.Topics
 	dep    *breaker.Dependency
+	log    *syncBuffer // the API's log, as JSON lines
+}
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // setup serves the API over a migrated outbox with three dead letters (two of
@@ -56,10 +77,10 @@ func setup(t *testing.T, token string) *bundle {
 	d, err := outbox.NewDeadLetters(dbtest.Pool(t), tbl)
 	require.NoError(t, err)
 	b := &bundle{tbl: tbl, topics: breaker.New(breaker.Settings{}),
-		dep: breaker.NewDependency(breaker.DependencyConfig{})}
+		dep: breaker.NewDependency(breaker.DependencyConfig{}), log: &syncBuffer{}}
 	t.Cleanup(func() { _ = b.dep.Close(context.Background()) })
 	b.srv = httptest.NewServer(admin.Handler(admin.Config{Token: token, Pool: dbtest.Pool(t), Table: tbl, Topics: b.topics,
-		Dependency: b.dep, DeadLetters: d}))
+		Dependency: b.dep, DeadLetters: d, Logger: slog.New(slog.NewJSONHandler(b.log, nil))}))
 	t.Cleanup(b.srv.Close)
 	return b
 }
@@ -255,4 +276,59 @@ func readDead(t *testing.T, tbl outbox.Table) []int64 {
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	require.NoError(t, err)
 	return ids
+}
+
+// What the mux itself refuses answers in JSON too: an unknown path 404, a
+// method a route does not take 405 with Allow.
+func TestUnknownPathsAndMethodsAnswerJSON(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "tok")
+	code, body := b.call(t, http.MethodGet, "/no/such/thing", "tok", "")
+	require.Equal(t, http.StatusNotFound, code)
+	require.Contains(t, body["error"], "no endpoint GET /no/such/thing")
+	code, body = b.call(t, http.MethodPost, "/breaker", "tok", "")
+	require.Equal(t, http.StatusMethodNotAllowed, code)
+	require.Contains(t, body["error"], "/breaker does not take POST: use GET")
+	code, body = b.call(t, http.MethodDelete, "/topics/orders/reset", "tok", "")
+	require.Equal(t, http.StatusMethodNotAllowed, code)
+	require.Contains(t, body["error"], "use POST")
+}
+
+// Every change an operator makes is logged at info: the action, what it
+// touched, and where the call came from.
+func TestOperatorChangesAreAudited(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "tok")
+	for _, c := range []struct{ method, path, body string }{
+		{http.MethodPost, "/topics/orders/trip", `{"reason":"maintenance window"}`},
+		{http.MethodPost, "/topics/orders/reset", ""},
+		{http.MethodPost, "/dlq/replay", `{"topic":"invoices"}`},
+		{http.MethodPost, "/dlq/purge", `{"topic":"orders","dry_run":true}`},
+		{http.MethodPost, "/dlq/purge", `{"topic":"orders"}`},
+		{http.MethodGet, "/dlq", ""},
+	} {
+		code, body := b.call(t, c.method, c.path, "tok", c.body)
+		require.Equal(t, http.StatusOK, code, "%s %s: %v", c.method, c.path, body)
+	}
+	var audits []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(b.log.String()), "\n") {
+		var l map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &l), line)
+		if l["msg"] == "admin action" {
+			require.Equal(t, "INFO", l["level"])
+			require.NotEmpty(t, l["remote"])
+			require.Equal(t, "Go-http-client/1.1", l["user_agent"])
+			audits = append(audits, l)
+		}
+	}
+	require.Len(t, audits, 4, "trip, reset, replay and the purge that was not a dry run: %v", audits)
+	require.Equal(t, "topic trip", audits[0]["action"])
+	require.Equal(t, "orders", audits[0]["topic"])
+	require.Equal(t, "maintenance window", audits[0]["reason"])
+	require.Equal(t, "topic reset", audits[1]["action"])
+	require.Equal(t, "dead letters replay", audits[2]["action"])
+	require.Equal(t, 1.0, audits[2]["count"])
+	require.Equal(t, "invoices", audits[2]["topic"])
+	require.Equal(t, "dead letters purge", audits[3]["action"])
+	require.Equal(t, 2.0, audits[3]["count"])
 }
