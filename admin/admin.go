@@ -74,6 +74,8 @@ func Handler(cfg Config) http.Handler {
 		mux.Handle("GET /metrics", cfg.Metrics)
 	}
 	mux.Handle("GET /breaker", a.auth(a.breakerState))
+	mux.Handle("POST /breaker/trip", a.auth(a.breakerTrip))
+	mux.Handle("POST /breaker/reset", a.auth(a.breakerReset))
 	mux.Handle("GET /dlq", a.auth(a.dlqList))
 	mux.Handle("POST /dlq/purge", a.auth(a.dlqPurge))
 	mux.Handle("POST /dlq/replay", a.auth(a.dlqReplay))
@@ -285,24 +287,13 @@ func (a *api) trip(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, "%v", err)
 		return
 	}
-	var body struct {
-		Reason string `json:"reason"`
-	}
-	raw, err := readBody(r)
-	if err == nil && len(bytes.TrimSpace(raw)) > 0 {
-		if err = json.Unmarshal(raw, &body); err != nil {
-			err = fmt.Errorf("body is not JSON like {\"reason\": \"…\"}: %v", err)
-		}
-	}
+	reason, err := readReason(r)
 	if err != nil {
 		badRequest(w, "%v", err)
 		return
 	}
-	if body.Reason == "" {
-		body.Reason = "tripped through the admin API"
-	}
-	a.cfg.Topics.Trip(topic, body.Reason)
-	a.audit(r, "topic trip", "topic", topic, "reason", body.Reason)
+	a.cfg.Topics.Trip(topic, reason)
+	a.audit(r, "topic trip", "topic", topic, "reason", reason)
 	writeJSON(w, http.StatusOK, map[string]string{"topic": topic, "state": a.cfg.Topics.State(topic).String()})
 }
 
@@ -322,10 +313,71 @@ func (a *api) breakerState(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"state": "none"})
 		return
 	}
-	st, c := a.cfg.Dependency.State(), a.cfg.Dependency.Counts()
-	writeJSON(w, http.StatusOK, map[string]any{"state": st.String(), "state_value": int(st), "counts": map[string]uint32{
+	writeJSON(w, http.StatusOK, a.brokerBreaker())
+}
+
+// brokerBreaker is the broker breaker's state as GET /breaker shows it.
+func (a *api) brokerBreaker() map[string]any {
+	d := a.cfg.Dependency
+	st, c := d.State(), d.Counts()
+	out := map[string]any{"state": st.String(), "state_value": int(st), "counts": map[string]uint32{
 		"requests": c.Requests, "total_successes": c.TotalSuccesses, "total_failures": c.TotalFailures,
-		"consecutive_successes": c.ConsecutiveSuccesses, "consecutive_failures": c.ConsecutiveFailures}})
+		"consecutive_successes": c.ConsecutiveSuccesses, "consecutive_failures": c.ConsecutiveFailures}}
+	if reason := d.Tripped(); reason != "" {
+		out["tripped_by_hand"] = reason
+	}
+	return out
+}
+
+// readReason reads a trip's body, {"reason": "…"} or nothing, and returns the
+// reason ("tripped through the admin API" when none is given).
+func readReason(r *http.Request) (string, error) {
+	var body struct {
+		Reason string `json:"reason"`
+	}
+	raw, err := readBody(r)
+	if err != nil {
+		return "", err
+	}
+	if len(bytes.TrimSpace(raw)) > 0 {
+		if err := json.Unmarshal(raw, &body); err != nil {
+			return "", fmt.Errorf("body is not JSON like {\"reason\": \"…\"}: %v", err)
+		}
+	}
+	if err := checkText("reason", body.Reason, "write it as UTF-8 text"); err != nil {
+		return "", err
+	}
+	if body.Reason == "" {
+		return "tripped through the admin API", nil
+	}
+	return body.Reason, nil
+}
+
+// breakerTrip opens the broker breaker by hand until a reset: nothing is
+// sent, and nothing charged, while the broker is known to be going away.
+func (a *api) breakerTrip(w http.ResponseWriter, r *http.Request) {
+	if a.cfg.Dependency == nil {
+		writeJSON(w, http.StatusNotFound, errorBody{"this sweeper has no broker breaker"})
+		return
+	}
+	reason, err := readReason(r)
+	if err != nil {
+		badRequest(w, "%v", err)
+		return
+	}
+	a.cfg.Dependency.Trip(reason)
+	a.audit(r, "broker breaker trip", "reason", reason)
+	writeJSON(w, http.StatusOK, a.brokerBreaker())
+}
+
+func (a *api) breakerReset(w http.ResponseWriter, r *http.Request) {
+	if a.cfg.Dependency == nil {
+		writeJSON(w, http.StatusNotFound, errorBody{"this sweeper has no broker breaker"})
+		return
+	}
+	a.cfg.Dependency.Reset()
+	a.audit(r, "broker breaker reset")
+	writeJSON(w, http.StatusOK, a.brokerBreaker())
 }
 
 // filter reads the dead-letter filter from the query string: topic, reason,

@@ -332,3 +332,32 @@ func TestOperatorChangesAreAudited(t *testing.T) {
 	require.Equal(t, "dead letters purge", audits[3]["action"])
 	require.Equal(t, 2.0, audits[3]["count"])
 }
+
+// The broker breaker can be tripped by hand, with a reason, and reset; both
+// are audited.
+func TestBrokerBreakerTripAndReset(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "tok")
+	code, body := b.call(t, http.MethodPost, "/breaker/trip", "tok", `{"reason":"broker failover at 03:00"}`)
+	require.Equal(t, http.StatusOK, code, "%v", body)
+	require.Equal(t, "open", body["state"])
+	require.Equal(t, "broker failover at 03:00", body["tripped_by_hand"])
+	require.Equal(t, breaker.DependencyOpen, b.dep.State())
+	_, body = b.call(t, http.MethodGet, "/breaker", "tok", "")
+	require.Equal(t, "broker failover at 03:00", body["tripped_by_hand"])
+
+	code, body = b.call(t, http.MethodPost, "/breaker/trip", "tok", `{"reason":`)
+	require.Equal(t, http.StatusBadRequest, code)
+	require.Contains(t, body["error"], "not JSON")
+
+	code, body = b.call(t, http.MethodPost, "/breaker/reset", "tok", "")
+	require.Equal(t, http.StatusOK, code, "%v", body)
+	require.Equal(t, "closed", body["state"])
+	require.NotContains(t, body, "tripped_by_hand")
+	require.Equal(t, breaker.DependencyClosed, b.dep.State())
+
+	code, _ = b.call(t, http.MethodPost, "/breaker/reset", "", "")
+	require.Equal(t, http.StatusUnauthorized, code)
+	require.Contains(t, b.log.String(), `"action":"broker breaker trip","remote":`)
+	require.Contains(t, b.log.String(), `"action":"broker breaker reset"`)
+}

@@ -112,9 +112,14 @@ func (v Verdict) String() string {
 // on a goroutine of their own, so a slow webhook never holds up a send.
 type Dependency struct {
 	cfg DependencyConfig
-	cb  *gobreaker.TwoStepCircuitBreaker[struct{}]
 
-	mu        sync.Mutex
+	mu sync.Mutex
+	// cb is the breaker: replaced by a closed one on Reset. tripped holds
+	// the reason an operator tripped it by hand ("" when not): it then
+	// refuses every send until Reset, whatever cb says. mu is never held
+	// while calling into cb (its OnStateChange takes mu under cb's lock).
+	cb        *gobreaker.TwoStepCircuitBreaker[struct{}]
+	tripped   string
 	lastErr   string // the last failure, for the reason of a change
 	changes   chan stateChange
 	done      chan struct{}
@@ -125,6 +130,9 @@ type Dependency struct {
 type stateChange struct {
 	from, to DependencyState
 	lastErr  string
+	// manual is the reason of a change an operator made, "" for the
+	// breaker's own.
+	manual string
 }
 
 // Errors the verdicts become inside gobreaker, which counts errors.
@@ -139,28 +147,87 @@ func NewDependency(cfg DependencyConfig) *Dependency {
 	// Changes are few (each open lasts OpenDuration); the buffer absorbs a slow
 	// alerter without blocking gobreaker, which calls us under its lock.
 	d := &Dependency{cfg: cfg, changes: make(chan stateChange, 1024), done: make(chan struct{})}
-	d.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
-		Name:         "broker",
-		MaxRequests:  1,
-		Timeout:      cfg.OpenDuration,
-		ReadyToTrip:  func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= uint32(cfg.Failures) },
-		IsSuccessful: func(err error) bool { return !errors.Is(err, errBrokerDown) },
-		IsExcluded:   func(err error) bool { return errors.Is(err, errNoVerdict) },
-		// gobreaker calls this under its lock: hand the change to the notifier
-		// goroutine, never call back into the breaker here.
-		OnStateChange: func(_ string, from, to gobreaker.State) {
-			d.mu.Lock()
-			last := d.lastErr
-			d.mu.Unlock()
-			select {
-			case d.changes <- stateChange{fromGobreaker(from), fromGobreaker(to), last}:
-			default: // a burst of changes beyond the buffer: the state is what counts
-			}
-		},
-	})
+	d.cb = d.newBreaker()
 	d.wg.Add(1)
 	go d.notifyLoop()
 	return d
+}
+
+// newBreaker returns a closed gobreaker breaker that reports its changes to
+// the notifier.
+func (d *Dependency) newBreaker() *gobreaker.TwoStepCircuitBreaker[struct{}] {
+	var cb *gobreaker.TwoStepCircuitBreaker[struct{}]
+	cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
+		Name:         "broker",
+		MaxRequests:  1,
+		Timeout:      d.cfg.OpenDuration,
+		ReadyToTrip:  func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= uint32(d.cfg.Failures) },
+		IsSuccessful: func(err error) bool { return !errors.Is(err, errBrokerDown) },
+		IsExcluded:   func(err error) bool { return errors.Is(err, errNoVerdict) },
+		// gobreaker calls this under its lock: hand the change to the notifier
+		// goroutine, never call back into the breaker here. A breaker Reset
+		// replaced reports nothing more.
+		OnStateChange: func(_ string, from, to gobreaker.State) {
+			d.mu.Lock()
+			last, current, held := d.lastErr, d.cb == cb, d.tripped != ""
+			d.mu.Unlock()
+			if current && !held {
+				d.notify(stateChange{fromGobreaker(from), fromGobreaker(to), last, ""})
+			}
+		},
+	})
+	return cb
+}
+
+func (d *Dependency) notify(c stateChange) {
+	select {
+	case d.changes <- c:
+	default: // a burst of changes beyond the buffer: the state is what counts
+	}
+}
+
+// Trip opens the breaker by hand, for reason: every send is refused, and no
+// trial goes through, until Reset. For a broker an operator knows is going
+// away (maintenance, a failover): nothing is sent to it and no row is
+// charged meanwhile.
+func (d *Dependency) Trip(reason string) {
+	if reason == "" {
+		reason = "tripped by hand"
+	}
+	from := d.State()
+	d.mu.Lock()
+	d.tripped = reason
+	d.mu.Unlock()
+	if from != DependencyOpen {
+		d.notify(stateChange{from: from, to: DependencyOpen, manual: "tripped by an operator: " + reason})
+	}
+}
+
+// Reset closes the breaker now, whether it opened by itself or was tripped
+// by hand, with its counts at zero: the next sweep sends.
+func (d *Dependency) Reset() {
+	from := d.State()
+	fresh := d.newBreaker()
+	d.mu.Lock()
+	d.tripped = ""
+	d.cb = fresh
+	d.mu.Unlock()
+	if from != DependencyClosed {
+		d.notify(stateChange{from: from, to: DependencyClosed, manual: "reset by an operator"})
+	}
+}
+
+// Tripped returns the reason the breaker was tripped by hand, or "".
+func (d *Dependency) Tripped() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.tripped
+}
+
+func (d *Dependency) breaker() *gobreaker.TwoStepCircuitBreaker[struct{}] {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.cb
 }
 
 // ErrBrokerOpen wraps the breaker's refusals. It is of the local class: nothing
@@ -172,7 +239,10 @@ var ErrBrokerOpen = errors.New("broker circuit breaker is open: nothing sent")
 // Otherwise the caller sends and then calls done exactly once with its verdict
 // and, for BrokerDown, the failure (which names the change in logs and alerts).
 func (d *Dependency) Allow() (done func(v Verdict, cause error), err error) {
-	finish, err := d.cb.Allow()
+	if reason := d.Tripped(); reason != "" {
+		return nil, producer.NewLocalError(fmt.Errorf("%w (tripped by an operator: %s)", ErrBrokerOpen, reason))
+	}
+	finish, err := d.breaker().Allow()
 	if err != nil {
 		return nil, producer.NewLocalError(fmt.Errorf("%w (%v)", ErrBrokerOpen, err))
 	}
@@ -248,6 +318,8 @@ func (d *Dependency) deliver(c stateChange) {
 
 func changeReason(c stateChange, cfg DependencyConfig) string {
 	switch {
+	case c.manual != "":
+		return c.manual
 	case c.from == DependencyClosed && c.to == DependencyOpen:
 		return fmt.Sprintf("%d sends in a row failed (last: %s); no send for %s", cfg.Failures, c.lastErr, cfg.OpenDuration)
 	case c.to == DependencyHalfOpen:
@@ -261,11 +333,20 @@ func changeReason(c stateChange, cfg DependencyConfig) string {
 	}
 }
 
-// State returns the breaker's state.
-func (d *Dependency) State() DependencyState { return fromGobreaker(d.cb.State()) }
+// State returns the breaker's state: open while tripped by hand. mu is never
+// held while calling into gobreaker, which calls back under its own lock.
+func (d *Dependency) State() DependencyState {
+	d.mu.Lock()
+	cb, tripped := d.cb, d.tripped
+	d.mu.Unlock()
+	if tripped != "" {
+		return DependencyOpen
+	}
+	return fromGobreaker(cb.State())
+}
 
 // Counts returns the breaker's counts in its current state.
-func (d *Dependency) Counts() gobreaker.Counts { return d.cb.Counts() }
+func (d *Dependency) Counts() gobreaker.Counts { return d.breaker().Counts() }
 
 // Close stops the notifier, after it has delivered the changes already made.
 // Later calls do nothing.

@@ -278,3 +278,48 @@ func TestCloseIsIdempotentAndDeliversPendingChanges(t *testing.T) {
 	changes, _ := rec.snapshot()
 	require.Len(t, changes, 1, "the change made before Close was delivered")
 }
+
+// An operator trips the breaker by hand: every send is refused (local class,
+// nothing charged) and no trial goes through however long it stays, until
+// Reset closes it with its counts at zero; a breaker that opened by itself
+// resets too. Each change is observed and alerted with its reason.
+func TestDependencyTrippedByHandHoldsUntilReset(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	d := breaker.NewDependency(breaker.DependencyConfig{Failures: 2, OpenDuration: time.Millisecond,
+		OnStateChange: rec.change, Alerter: rec})
+	t.Cleanup(func() { _ = d.Close(context.Background()) })
+
+	d.Trip("broker maintenance")
+	require.Equal(t, breaker.DependencyOpen, d.State())
+	require.Equal(t, "broker maintenance", d.Tripped())
+	for range 50 {
+		err := send(d, breaker.BrokerUp, nil)
+		require.ErrorIs(t, err, breaker.ErrBrokerOpen, "held open past its 1ms open duration")
+		require.Equal(t, producer.ClassLocal, producer.ClassOf(err))
+		require.Contains(t, err.Error(), "broker maintenance")
+	}
+	d.Reset()
+	require.Equal(t, breaker.DependencyClosed, d.State())
+	require.Empty(t, d.Tripped())
+	require.NoError(t, send(d, breaker.BrokerUp, nil))
+
+	// Opened by itself, reset by hand.
+	require.NoError(t, send(d, breaker.BrokerDown, refused))
+	require.NoError(t, send(d, breaker.BrokerDown, refused))
+	require.NotEqual(t, breaker.DependencyClosed, d.State())
+	d.Reset()
+	require.Equal(t, breaker.DependencyClosed, d.State())
+	require.Zero(t, d.Counts().ConsecutiveFailures)
+
+	require.Eventually(t, func() bool {
+		c, _ := rec.snapshot()
+		return len(c) >= 4
+	}, patience, 10*time.Millisecond)
+	changes, alerts := rec.snapshot()
+	require.Equal(t, "closed→open: tripped by an operator: broker maintenance", changes[0])
+	require.Equal(t, "open→closed: reset by an operator", changes[1])
+	require.Contains(t, changes[2], "closed→open: 2 sends in a row failed")
+	require.Contains(t, changes[len(changes)-1], "→closed: reset by an operator")
+	require.Equal(t, "critical", alerts[0].Severity)
+}

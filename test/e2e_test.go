@@ -435,6 +435,27 @@ func TestBinaryAdminAPI(t *testing.T) {
 	require.Equal(t, 0, code)
 	require.Contains(t, out, "is closed")
 
+	// The broker breaker tripped by hand: rows written meanwhile wait, not
+	// charged, until it is reset.
+	code, out, stderr = runOnce(t, append([]string{"breaker", "trip", "--reason", "broker failover"}, cli...)...)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, out, "broker breaker is open (tripped by hand: broker failover")
+	insertRows(t, tbl, "held", 5)
+	dbtest.Eventually(t, time.Minute, "a sweep blocked by the breaker", func() bool {
+		_, body := call("GET", "/metrics", "")
+		return strings.Contains(body, "outbox_dependency_circuit_breaker_state 1")
+	})
+	require.Equal(t, 5, dbtest.Outstanding(t, tbl))
+	requireNothingCharged(t, tbl)
+	code, out, _ = runOnce(t, append([]string{"breaker", "status"}, cli...)...)
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "tripped by hand: broker failover")
+	code, out, _ = runOnce(t, append([]string{"breaker", "reset"}, cli...)...)
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "broker breaker is closed")
+	dbtest.Eventually(t, time.Minute, "the held rows sent after the reset", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
+	require.Contains(t, p.Stderr(), `admin action`)
+
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
 	require.Equal(t, 0, p.wait(t, time.Minute))
 }

@@ -53,6 +53,12 @@ var commands = []command{
 		parse: bind(topicsFlags("trip"), topicsCommand)},
 	{name: "topics reset", summary: "close a tripped topic now: it is sent at the next sweep",
 		parse: bind(topicsFlags("reset"), topicsCommand)},
+	{name: "breaker status", summary: "the broker circuit breaker's state, through a running sweeper's admin API",
+		parse: bind(breakerFlags("status"), breakerCommand)},
+	{name: "breaker trip", summary: "open the broker breaker by hand: nothing is sent, and nothing charged, until reset",
+		parse: bind(breakerFlags("trip"), breakerCommand)},
+	{name: "breaker reset", summary: "close the broker breaker now, whether it opened by itself or by hand",
+		parse: bind(breakerFlags("reset"), breakerCommand)},
 	{name: "healthcheck", summary: "exit 0 when the sweeper's admin API answers /healthz, 1 otherwise (a container's HEALTHCHECK)",
 		parse: bind(healthcheckFlags, healthcheckCommand)},
 }

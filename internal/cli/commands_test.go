@@ -72,7 +72,7 @@ func TestEachCommandHasItsOwnHelp(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"help", "frobnicate"}, `unknown command "frobnicate": the commands are run, migrate, dlq, topics, healthcheck, version and help`},
+		{[]string{"help", "frobnicate"}, `unknown command "frobnicate": the commands are run, migrate, dlq, topics, breaker, healthcheck, version and help`},
 		{[]string{"help", "dlq", "frob"}, `unknown dlq command "frob": the dlq commands are list, replay, purge`},
 		{[]string{"help", "topics", "frob"}, `unknown topics command "frob"`},
 	} {

@@ -39,15 +39,20 @@ func (o *topicsOptions) flags(cmd string) *flags {
 	if cmd != "list" {
 		f.operands = []string{"TOPIC"}
 	}
+	o.adminFlags(f)
+	return f
+}
+
+// adminFlags registers the flags of the commands that call the admin API.
+func (o *topicsOptions) adminFlags(f *flags) {
 	f.String(&o.adminURL, "admin-url", "http://"+admin.AddrDefault, "url", "the running sweeper's admin API")
 	f.String(&o.adminToken, "admin-token", "", "token", "its bearer token, if it has one")
 	f.bool(&o.jsonOut, "json", "print the API's JSON instead of a table")
 	f.noEnv["json"] = true
-	if cmd == "trip" {
+	if o.cmd == "trip" {
 		f.String(&o.reason, "reason", "", "text", "why, shown in the list and the alert")
 		f.noEnv["reason"] = true
 	}
-	return f
 }
 
 // topicsCommand runs `sweeper topics list|trip TOPIC|reset TOPIC`.
@@ -64,49 +69,12 @@ func topicsCommand(ctx context.Context, o *topicsOptions, f *flags, out, _ io.Wr
 		// JSON would send it with U+FFFD in place of the bytes, without a word.
 		return usagef("%s %q is not valid UTF-8: write the reason in UTF-8", f.origin("reason"), o.reason)
 	}
-	base, err := url.Parse(o.adminURL)
-	if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
-		return usagef("invalid value %q for %s: write http://host:port", redactURL(o.adminURL), f.origin("admin-url"))
-	}
-
-	method, path, body := http.MethodGet, "/topics/tripped", ""
+	path := "/topics/tripped"
 	if cmd != "list" {
-		method, path = http.MethodPost, "/topics/"+url.PathEscape(topic)+"/"+cmd
-		if o.reason != "" {
-			b, _ := json.Marshal(map[string]string{"reason": o.reason})
-			body = string(b)
-		}
+		path = "/topics/" + url.PathEscape(topic) + "/" + cmd
 	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(o.adminURL, "/")+path, strings.NewReader(body))
-	if err != nil {
-		return err
-	}
-	if o.adminToken != "" {
-		req.Header.Set("Authorization", "Bearer "+o.adminToken)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return fmt.Errorf("reach the admin API at %s (%s): %s (is the sweeper running, with its --admin-addr at that address?)", redactURL(o.adminURL), f.origin("admin-url"), redactIn(err.Error(), o.adminURL))
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, 10<<20))
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode != http.StatusOK {
-		var e struct {
-			Error string `json:"error"`
-		}
-		_ = json.Unmarshal(raw, &e)
-		if resp.StatusCode == http.StatusUnauthorized {
-			return fmt.Errorf("admin API: %s (give --admin-token or OUTBOX_ADMIN_TOKEN)", e.Error)
-		}
-		return fmt.Errorf("admin API answered %s: %s", resp.Status, e.Error)
-	}
-	if o.jsonOut {
-		_, err := out.Write(raw)
+	raw, done, err := o.call(ctx, f, out, cmd != "list", path)
+	if err != nil || done {
 		return err
 	}
 	if cmd != "list" {
@@ -133,6 +101,68 @@ func topicsCommand(ctx context.Context, o *topicsOptions, f *flags, out, _ io.Wr
 		fmt.Fprintln(w, "(no tripped topics)")
 	}
 	return w.Flush()
+}
+
+// call makes the command's call to path: a POST with the reason, if any, when
+// change is set, else a GET. With --json it prints the answer and reports
+// done.
+func (o *topicsOptions) call(ctx context.Context, f *flags, out io.Writer, change bool, path string) (raw []byte, done bool, err error) {
+	method, body := http.MethodGet, ""
+	if change {
+		method = http.MethodPost
+		if o.reason != "" {
+			b, _ := json.Marshal(map[string]string{"reason": o.reason})
+			body = string(b)
+		}
+	}
+	if raw, err = adminCall(ctx, f, o.adminURL, o.adminToken, method, path, body); err != nil {
+		return nil, false, err
+	}
+	if o.jsonOut {
+		_, err := out.Write(raw)
+		return raw, true, err
+	}
+	return raw, false, nil
+}
+
+// adminCall makes one call to a running sweeper's admin API at adminURL and
+// returns the body of its 200 answer; any other answer is an error that says
+// what the API said, and what to do about a missing token.
+func adminCall(ctx context.Context, f *flags, adminURL, token, method, path, body string) ([]byte, error) {
+	base, err := url.Parse(adminURL)
+	if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
+		return nil, usagef("invalid value %q for %s: write http://host:port", redactURL(adminURL), f.origin("admin-url"))
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(adminURL, "/")+path, strings.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("reach the admin API at %s (%s): %s (is the sweeper running, with its --admin-addr at that address?)",
+			redactURL(adminURL), f.origin("admin-url"), redactIn(err.Error(), adminURL))
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 10<<20))
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		var e struct {
+			Error string `json:"error"`
+		}
+		_ = json.Unmarshal(raw, &e)
+		if resp.StatusCode == http.StatusUnauthorized {
+			return nil, fmt.Errorf("admin API: %s (give --admin-token or OUTBOX_ADMIN_TOKEN)", e.Error)
+		}
+		return nil, fmt.Errorf("admin API answered %s: %s", resp.Status, e.Error)
+	}
+	return raw, nil
 }
 
 // textProblem says what is wrong with a topic or filter that no row can hold,
