@@ -64,6 +64,8 @@ test-under-load:
 # and 3 sweepers (DrainInstances), and into RabbitMQ and NATS JetStream
 # (test/bench/). PageQuery: the page claim alone (rolled back), at two table sizes, and with
 # 10,000,000 dispatched rows kept (PageQueryRetained: loading them takes minutes).
+# StatusQuery: what GET /status asks the database, at 1,000 topics and up to a
+# 1,000,000-row backlog.
 # test/bench/ also measures the binary's peak RSS on a 1,000,000-row backlog.
 # MessageIDIndex: the unique index's cost on writes and on a sweep; Split: finding
 # one bad row in a 500-row batch. DrainKafka drains into franz-go's kfake (no
@@ -85,6 +87,7 @@ bench:
 	$(LOADENV) go test -run '^$$' -bench 'Drain' -benchtime 1x -count 3 -timeout 30m ./outbox/ | tee bench.out
 	$(LOADENV) go test -run '^$$' -bench 'PageQuery|TopicsQuery' -benchtime 2000x -count 3 -timeout 30m ./outbox/ | tee -a bench.out
 	$(LOADENV) go test -run '^$$' -bench 'BlockedTick' -benchtime 100000x -count 3 -timeout 30m ./outbox/ | tee -a bench.out
+	$(LOADENV) go test -run '^$$' -bench 'StatusQuery' -benchtime 20x -count 3 -timeout 30m ./outbox/ | tee -a bench.out
 	$(LOADENV) go test -run '^$$' -bench 'WriteMessageIDIndex$$' -benchtime 100x -count 3 -timeout 30m ./outbox/ | tee -a bench.out
 	$(LOADENV) go test -run '^$$' -bench 'SweepMessageIDIndex' -benchtime 5x -count 3 -timeout 30m ./outbox/ | tee -a bench.out
 	$(LOADENV) go test -run '^$$' -bench 'Split' -benchtime 20x -count 3 -timeout 30m ./outbox/ | tee -a bench.out

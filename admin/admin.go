@@ -18,8 +18,10 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -59,6 +61,9 @@ type Config struct {
 	Metrics http.Handler
 	// Logger receives the causes of internal errors, which callers do not see.
 	Logger *slog.Logger
+	// StatusCacheFor is how long GET /status answers from the backlog it
+	// read last. Zero means StatusCacheForDefault.
+	StatusCacheFor time.Duration
 }
 
 // Handler returns the API's handler.
@@ -66,13 +71,18 @@ func Handler(cfg Config) http.Handler {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.StatusCacheFor == 0 {
+		cfg.StatusCacheFor = StatusCacheForDefault
+	}
 	a := &api{cfg: cfg}
+	a.backlog, a.backlogErr = outbox.NewBacklog(cfg.Pool, cfg.Table)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", a.healthz)
 	mux.HandleFunc("GET /readyz", a.readyz)
 	if cfg.Metrics != nil {
 		mux.Handle("GET /metrics", cfg.Metrics)
 	}
+	mux.Handle("GET /status", a.auth(a.status))
 	mux.Handle("GET /breaker", a.auth(a.breakerState))
 	mux.Handle("POST /breaker/trip", a.auth(a.breakerTrip))
 	mux.Handle("POST /breaker/reset", a.auth(a.breakerReset))
@@ -191,7 +201,46 @@ func CheckAddr(addr, token string) error {
 		"set a token, or listen on 127.0.0.1", addr)
 }
 
-type api struct{ cfg Config }
+type api struct {
+	cfg        Config
+	backlog    *outbox.Backlog
+	backlogErr error
+
+	// The last answer of the backlog queries, for StatusCacheFor: several
+	// pages polling /status cost the database one query at a time.
+	cacheMu    sync.Mutex
+	cachedAt   time.Time
+	cachedTops []outbox.TopicBacklog
+	cachedDead []outbox.DeadLetterGroup
+}
+
+// StatusCacheForDefault is how long GET /status answers from the backlog it
+// read last. At 1,000 topics and a 1,000,000-row backlog the read takes a quarter
+// of a second (BENCHMARKS.md): cached, a page refreshing every few seconds
+// costs the database at most that every few seconds, however many pages are
+// open.
+const StatusCacheForDefault = 5 * time.Second
+
+// readBacklog returns the backlog by topic and the dead letters by group, and
+// when they were read: from the cache when it is fresh.
+func (a *api) readBacklog(ctx context.Context) ([]outbox.TopicBacklog, []outbox.DeadLetterGroup, time.Time, error) {
+	a.cacheMu.Lock()
+	defer a.cacheMu.Unlock() // one read at a time: the others wait for it, then share it
+	if !a.cachedAt.IsZero() && time.Since(a.cachedAt) < a.cfg.StatusCacheFor {
+		return a.cachedTops, a.cachedDead, a.cachedAt, nil
+	}
+	at := time.Now()
+	tops, err := a.backlog.Topics(ctx)
+	if err != nil {
+		return nil, nil, at, err
+	}
+	dead, err := a.backlog.DeadLetters(ctx)
+	if err != nil {
+		return nil, nil, at, err
+	}
+	a.cachedAt, a.cachedTops, a.cachedDead = at, tops, dead
+	return tops, dead, at, nil
+}
 
 // auth requires the bearer token, when one is configured, compared in
 // constant time.
@@ -256,6 +305,89 @@ func (a *api) readyz(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+// topicStatus is one topic as GET /status shows it: what waits of it, and
+// what the topic breaker and the topic backoff say of it.
+type topicStatus struct {
+	Topic            string  `json:"topic"`
+	Outstanding      int64   `json:"outstanding"`
+	OldestAgeSeconds float64 `json:"oldest_age_seconds"`
+	// State is the topic breaker's: closed, tripped or half-open.
+	State             string     `json:"state"`
+	CooldownTicksLeft int        `json:"cooldown_ticks_left,omitempty"`
+	Trips             int        `json:"trips,omitempty"`
+	TrippedAt         *time.Time `json:"tripped_at,omitempty"`
+	LastError         string     `json:"last_error,omitempty"`
+	// BackoffSeconds is how long the topic still waits after transient
+	// failures in a row; BackoffFailures, how many.
+	BackoffSeconds  float64 `json:"backoff_seconds,omitempty"`
+	BackoffFailures int     `json:"backoff_failures,omitempty"`
+}
+
+// status is everything an operator looks at first, in one answer: each topic
+// with outstanding rows or a breaker that is not closed, the broker breaker,
+// and the dead letters by topic and reason. The topics' figures come from one
+// query of the index of outstanding rows (its cost is in BENCHMARKS.md), at
+// most StatusCacheFor old (backlog_read_at says when); the breakers' from
+// memory, current.
+func (a *api) status(w http.ResponseWriter, r *http.Request) {
+	if a.backlogErr != nil {
+		a.internal(w, r, a.backlogErr)
+		return
+	}
+	backlog, dead, readAt, err := a.readBacklog(r.Context())
+	if err != nil {
+		a.internal(w, r, err)
+		return
+	}
+	byTopic := map[string]*topicStatus{}
+	topics := make([]*topicStatus, 0, len(backlog))
+	get := func(topic string) *topicStatus {
+		t, ok := byTopic[topic]
+		if !ok {
+			t = &topicStatus{Topic: topic, State: "closed"}
+			byTopic[topic] = t
+			topics = append(topics, t)
+		}
+		return t
+	}
+	for _, b := range backlog {
+		t := get(b.Topic)
+		t.Outstanding, t.OldestAgeSeconds = b.Outstanding, b.OldestAgeSeconds
+	}
+	for _, tr := range a.cfg.Topics.Tripped() {
+		t := get(tr.Topic)
+		t.State, t.CooldownTicksLeft, t.Trips, t.LastError = tr.State, tr.CooldownTicksLeft, tr.Trips, tr.LastError
+		at := tr.TrippedAt
+		t.TrippedAt = &at
+	}
+	if a.cfg.Backoffs != nil {
+		now := time.Now()
+		for _, b := range a.cfg.Backoffs() {
+			t := get(b.Topic)
+			t.BackoffSeconds, t.BackoffFailures = max(b.Until.Sub(now), 0).Seconds(), b.Failures
+		}
+	}
+	slices.SortFunc(topics, func(x, y *topicStatus) int { return strings.Compare(x.Topic, y.Topic) })
+	var total int64
+	for _, g := range dead {
+		total += g.Count
+	}
+	if dead == nil {
+		dead = []outbox.DeadLetterGroup{}
+	}
+	broker := map[string]any{"state": "none"}
+	if a.cfg.Dependency != nil {
+		broker = a.brokerBreaker()
+	}
+	writeJSON(w, http.StatusOK, map[string]any{
+		"time":            time.Now().UTC(),
+		"backlog_read_at": readAt.UTC(),
+		"topics":          topics,
+		"broker_breaker":  broker,
+		"dead_letters":    map[string]any{"total": total, "groups": dead},
+	})
 }
 
 func (a *api) tripped(w http.ResponseWriter, _ *http.Request) {

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -80,7 +81,8 @@ func setup(t *testing.T, token string) *bundle {
 		dep: breaker.NewDependency(breaker.DependencyConfig{}), log: &syncBuffer{}}
 	t.Cleanup(func() { _ = b.dep.Close(context.Background()) })
 	b.srv = httptest.NewServer(admin.Handler(admin.Config{Token: token, Pool: dbtest.Pool(t), Table: tbl, Topics: b.topics,
-		Dependency: b.dep, DeadLetters: d, Logger: slog.New(slog.NewJSONHandler(b.log, nil))}))
+		Dependency: b.dep, DeadLetters: d, Logger: slog.New(slog.NewJSONHandler(b.log, nil)),
+		StatusCacheFor: time.Hour})) // the tests see when the cache is used, not the clock
 	t.Cleanup(b.srv.Close)
 	return b
 }
@@ -360,4 +362,64 @@ func TestBrokerBreakerTripAndReset(t *testing.T) {
 	require.Equal(t, http.StatusUnauthorized, code)
 	require.Contains(t, b.log.String(), `"action":"broker breaker trip","remote":`)
 	require.Contains(t, b.log.String(), `"action":"broker breaker reset"`)
+}
+
+// GET /status: each topic with outstanding rows or a breaker not closed, the
+// broker breaker, and the dead letters by topic and reason, in one answer.
+func TestStatusShowsTopicsBreakersAndDeadLetters(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "tok")
+	w, err := outbox.NewWriter(b.tbl)
+	require.NoError(t, err)
+	require.NoError(t, w.Write(context.Background(), dbtest.Pool(t),
+		outbox.Message{Topic: "payments", Payload: []byte("p1")}, outbox.Message{Topic: "payments", Payload: []byte("p2")},
+		outbox.Message{Topic: "<img src=x onerror=alert(1)>", Payload: []byte("x")}))
+	b.topics.Trip("shipping", "no route to the warehouse")
+
+	code, body := b.call(t, http.MethodGet, "/status", "tok", "")
+	require.Equal(t, http.StatusOK, code, "%v", body)
+	topics := body["topics"].([]any)
+	require.Len(t, topics, 3)
+	byName := map[string]map[string]any{}
+	for _, x := range topics {
+		m := x.(map[string]any)
+		byName[m["topic"].(string)] = m
+	}
+	require.Equal(t, 2.0, byName["payments"]["outstanding"])
+	require.Equal(t, "closed", byName["payments"]["state"])
+	require.GreaterOrEqual(t, byName["payments"]["oldest_age_seconds"], 0.0)
+	require.Equal(t, 1.0, byName["<img src=x onerror=alert(1)>"]["outstanding"])
+	require.Equal(t, "tripped", byName["shipping"]["state"])
+	require.Equal(t, 0.0, byName["shipping"]["outstanding"])
+	require.Equal(t, "no route to the warehouse", byName["shipping"]["last_error"])
+	require.Equal(t, "closed", body["broker_breaker"].(map[string]any)["state"])
+	dead := body["dead_letters"].(map[string]any)
+	require.Equal(t, 3.0, dead["total"])
+	groups := dead["groups"].([]any)
+	require.Len(t, groups, 2)
+	require.Equal(t, "invoices", groups[0].(map[string]any)["topic"])
+	require.Equal(t, 1.0, groups[0].(map[string]any)["count"])
+	require.Equal(t, "orders", groups[1].(map[string]any)["topic"])
+	require.Equal(t, "invalid_message", groups[1].(map[string]any)["reason"])
+	require.Equal(t, 2.0, groups[1].(map[string]any)["count"])
+	require.NotContains(t, fmt.Sprint(body), "SECRET", "no payload in the status")
+
+	// Within StatusCacheFor (an hour here) the backlog comes from the cache;
+	// the breakers are read afresh.
+	require.NoError(t, w.Write(context.Background(), dbtest.Pool(t), outbox.Message{Topic: "payments", Payload: []byte("p3")}))
+	b.topics.Trip("billing", "by hand")
+	_, again := b.call(t, http.MethodGet, "/status", "tok", "")
+	require.Equal(t, body["backlog_read_at"], again["backlog_read_at"])
+	states := map[string]string{}
+	for _, x := range again["topics"].([]any) {
+		m := x.(map[string]any)
+		states[m["topic"].(string)] = m["state"].(string)
+		if m["topic"] == "payments" {
+			require.Equal(t, 2.0, m["outstanding"], "from the cache")
+		}
+	}
+	require.Equal(t, "tripped", states["billing"], "breakers are current")
+
+	code, _ = b.call(t, http.MethodGet, "/status", "", "")
+	require.Equal(t, http.StatusUnauthorized, code)
 }

@@ -416,3 +416,30 @@ func reportMessageIDIndex(b *testing.B, took [2]time.Duration, rows int) {
 	b.ReportMetric(took[0].Seconds()/took[1].Seconds(), "with/without")
 	b.ReportMetric(0, "ns/op")
 }
+
+// BenchmarkStatusQuery times what GET /status asks the database: each topic's
+// outstanding rows and the age of its oldest, and the dead letters by topic
+// and reason, at 1,000 topics and a backlog of 1,000,000 rows (loading them
+// takes a minute). The first reads every outstanding row's index entry, so it
+// grows with the backlog: the figure says what a page polling /status every
+// few seconds costs the database at that depth.
+func BenchmarkStatusQuery(b *testing.B) {
+	for _, backlog := range []int{10_000, 1_000_000} {
+		b.Run(fmt.Sprintf("topics=1000/backlog=%d", backlog), func(b *testing.B) {
+			ctx := context.Background()
+			tbl := dbtest.Table(b)
+			benchutil.Load(b, tbl, backlog, 512, benchutil.Topics("topic", 1000))
+			_, err := dbtest.Pool(b).Exec(ctx, "ANALYZE "+pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize())
+			require.NoError(b, err)
+			bl, err := outbox.NewBacklog(dbtest.Pool(b), tbl)
+			require.NoError(b, err)
+			for b.Loop() {
+				topics, err := bl.Topics(ctx)
+				require.NoError(b, err)
+				require.Len(b, topics, 1000)
+				_, err = bl.DeadLetters(ctx)
+				require.NoError(b, err)
+			}
+		})
+	}
+}
