@@ -1,8 +1,10 @@
-// Package admin is the sweeper's admin HTTP API: health and readiness, the
-// topic breaker (list, trip, reset), the dependency breaker's state, and dead
-// letters (list, replay, purge). JSON in and out, standard library routing.
+// Package admin is the sweeper's admin HTTP API: health and readiness, an
+// overview (/status), the topic breaker (list, trip, reset), the broker
+// breaker (state, trip, reset), and dead letters (list, replay, purge). JSON
+// in and out, standard library routing, described by openapi.json.
 //
-// With a token set, every call but /healthz, /readyz and /metrics needs
+// With a token set, every call but /healthz, /readyz, /metrics and
+// /openapi.json needs
 // "Authorization: Bearer <token>". Without one, the server refuses to listen on
 // anything but a loopback address: these calls change what the sweeper sends.
 package admin
@@ -11,6 +13,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/subtle"
+	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -77,34 +80,64 @@ func Handler(cfg Config) http.Handler {
 	a := &api{cfg: cfg}
 	a.backlog, a.backlogErr = outbox.NewBacklog(cfg.Pool, cfg.Table)
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", a.healthz)
-	mux.HandleFunc("GET /readyz", a.readyz)
-	if cfg.Metrics != nil {
-		mux.Handle("GET /metrics", cfg.Metrics)
+	for _, r := range a.routes() {
+		mux.Handle(r.pattern, r.h)
 	}
-	mux.Handle("GET /status", a.auth(a.status))
-	mux.Handle("GET /breaker", a.auth(a.breakerState))
-	mux.Handle("POST /breaker/trip", a.auth(a.breakerTrip))
-	mux.Handle("POST /breaker/reset", a.auth(a.breakerReset))
-	mux.Handle("GET /dlq", a.auth(a.dlqList))
-	mux.Handle("POST /dlq/purge", a.auth(a.dlqPurge))
-	mux.Handle("POST /dlq/replay", a.auth(a.dlqReplay))
-	mux.Handle("GET /topics/tripped", a.auth(a.tripped))
-	if cfg.Backoffs != nil {
-		mux.Handle("GET /topics/backoff", a.auth(a.backoffs))
-	}
-	mux.Handle("POST /topics/{topic}/reset", a.auth(a.reset))
-	mux.Handle("POST /topics/{topic}/trip", a.auth(a.trip))
-	// Go's profiles, for finding where a slow relay spends its time
-	// (go tool pprof 'http://127.0.0.1:7488/debug/pprof/profile?seconds=20').
-	// Behind the token: a profile names functions and a heap dump holds data.
-	// Shorter than the server's 30 s write timeout.
-	mux.Handle("GET /debug/pprof/", a.auth(pprof.Index))
-	mux.Handle("GET /debug/pprof/cmdline", a.auth(pprof.Cmdline))
-	mux.Handle("GET /debug/pprof/profile", a.auth(pprof.Profile))
-	mux.Handle("GET /debug/pprof/symbol", a.auth(pprof.Symbol))
-	mux.Handle("GET /debug/pprof/trace", a.auth(pprof.Trace))
 	return jsonErrors(mux)
+}
+
+// route is one endpoint: its method and path, as the mux takes them.
+type route struct {
+	pattern string
+	h       http.Handler
+}
+
+// routes lists every endpoint the API serves; openapi.json describes each,
+// and a test holds the two to each other.
+func (a *api) routes() []route {
+	open := func(pattern string, h http.HandlerFunc) route { return route{pattern, h} }
+	guarded := func(pattern string, h http.HandlerFunc) route { return route{pattern, a.auth(h)} }
+	rs := []route{
+		open("GET /healthz", a.healthz),
+		open("GET /readyz", a.readyz),
+		open("GET /openapi.json", serveOpenAPI),
+		guarded("GET /status", a.status),
+		guarded("GET /breaker", a.breakerState),
+		guarded("POST /breaker/trip", a.breakerTrip),
+		guarded("POST /breaker/reset", a.breakerReset),
+		guarded("GET /dlq", a.dlqList),
+		guarded("POST /dlq/purge", a.dlqPurge),
+		guarded("POST /dlq/replay", a.dlqReplay),
+		guarded("GET /topics/tripped", a.tripped),
+		guarded("POST /topics/{topic}/reset", a.reset),
+		guarded("POST /topics/{topic}/trip", a.trip),
+		// Go's profiles, for finding where a slow relay spends its time
+		// (go tool pprof 'http://127.0.0.1:7488/debug/pprof/profile?seconds=20').
+		// Behind the token: a profile names functions and a heap dump holds
+		// data. Shorter than the server's 30 s write timeout.
+		guarded("GET /debug/pprof/", pprof.Index),
+		guarded("GET /debug/pprof/cmdline", pprof.Cmdline),
+		guarded("GET /debug/pprof/profile", pprof.Profile),
+		guarded("GET /debug/pprof/symbol", pprof.Symbol),
+		guarded("GET /debug/pprof/trace", pprof.Trace),
+	}
+	if a.cfg.Metrics != nil {
+		rs = append(rs, route{"GET /metrics", a.cfg.Metrics})
+	}
+	if a.cfg.Backoffs != nil {
+		rs = append(rs, guarded("GET /topics/backoff", a.backoffs))
+	}
+	return rs
+}
+
+//go:embed openapi.json
+var openAPI []byte
+
+// serveOpenAPI serves the API's OpenAPI 3.1 description. It needs no token:
+// it describes the API, and holds nothing of the sweeper's.
+func serveOpenAPI(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(openAPI)
 }
 
 // jsonErrors answers what the mux itself refuses, a path it has no route for

@@ -1,0 +1,125 @@
+package admin_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-sweeper/sweeper/admin"
+)
+
+// openAPI fetches /openapi.json (no token needed) and returns it parsed.
+func openAPI(t *testing.T, b *bundle) map[string]any {
+	t.Helper()
+	resp, err := http.Get(b.srv.URL + "/openapi.json")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	var doc map[string]any
+	require.NoError(t, json.Unmarshal(raw, &doc))
+	require.Equal(t, "3.1.0", doc["openapi"])
+	return doc
+}
+
+// Every route the mux serves is documented, and nothing is documented that
+// it does not serve.
+func TestOpenAPIDescribesEveryRouteAndNoOther(t *testing.T) {
+	t.Parallel()
+	doc := openAPI(t, setup(t, "tok"))
+	var documented []string
+	for path, ops := range doc["paths"].(map[string]any) {
+		for method := range ops.(map[string]any) {
+			if method == "parameters" {
+				continue
+			}
+			documented = append(documented, strings.ToUpper(method)+" "+path)
+		}
+	}
+	served := admin.RoutePatterns()
+	slices.Sort(documented)
+	slices.Sort(served)
+	require.Equal(t, served, documented)
+}
+
+// What each handler answers validates against the schema openapi.json gives
+// for that path, method and status.
+func TestOpenAPISchemasMatchWhatTheHandlersAnswer(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "tok")
+	raw, err := json.Marshal(openAPI(t, b))
+	require.NoError(t, err)
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
+	require.NoError(t, err)
+	c := jsonschema.NewCompiler()
+	require.NoError(t, c.AddResource("openapi.json", doc))
+	escape := func(s string) string { return strings.ReplaceAll(strings.ReplaceAll(s, "~", "~0"), "/", "~1") }
+
+	b.topics.Trip("shipping", "by hand")
+	for _, tc := range []struct {
+		method, path, spec, token, body string
+		status                          int
+	}{
+		{"GET", "/healthz", "/healthz", "", "", 200},
+		{"GET", "/readyz", "/readyz", "", "", 200},
+		{"GET", "/status", "/status", "tok", "", 200},
+		{"GET", "/status", "/status", "", "", 401},
+		{"GET", "/breaker", "/breaker", "tok", "", 200},
+		{"POST", "/breaker/trip", "/breaker/trip", "tok", `{"reason":"failover"}`, 200},
+		{"POST", "/breaker/trip", "/breaker/trip", "tok", `{"reason":`, 400},
+		{"POST", "/breaker/reset", "/breaker/reset", "tok", "", 200},
+		{"GET", "/topics/tripped", "/topics/tripped", "tok", "", 200},
+		{"POST", "/topics/orders/trip", "/topics/{topic}/trip", "tok", `{"reason":"x"}`, 200},
+		{"POST", "/topics/orders/reset", "/topics/{topic}/reset", "tok", "", 200},
+		{"POST", "/topics/%FF/reset", "/topics/{topic}/reset", "tok", "", 400},
+		{"GET", "/dlq?limit=10", "/dlq", "tok", "", 200},
+		{"GET", "/dlq?show_payload=true", "/dlq", "tok", "", 200},
+		{"GET", "/dlq?limit=0", "/dlq", "tok", "", 400},
+		{"POST", "/dlq/purge", "/dlq/purge", "tok", `{"all":true,"dry_run":true}`, 200},
+		{"POST", "/dlq/replay", "/dlq/replay", "tok", `{"ids":[999999]}`, 400},
+		{"POST", "/dlq/replay", "/dlq/replay", "tok", `{"topic":"invoices"}`, 200},
+	} {
+		code, body := b.call(t, tc.method, tc.path, tc.token, tc.body)
+		require.Equal(t, tc.status, code, "%s %s: %v", tc.method, tc.path, body)
+		ptr := "openapi.json#/paths/" + escape(tc.spec) + "/" + strings.ToLower(tc.method) + "/responses/" + itoa(tc.status)
+		resp := lookup(t, raw, tc.spec, strings.ToLower(tc.method), itoa(tc.status))
+		if ref, ok := resp["$ref"].(string); ok {
+			ptr = "openapi.json" + ref
+		}
+		sch, err := c.Compile(ptr + "/content/application~1json/schema")
+		require.NoError(t, err, "%s %s %d is documented", tc.method, tc.spec, tc.status)
+		got, err := json.Marshal(body)
+		require.NoError(t, err)
+		v, err := jsonschema.UnmarshalJSON(bytes.NewReader(got))
+		require.NoError(t, err)
+		require.NoError(t, sch.Validate(v), "%s %s answered %d %s", tc.method, tc.path, code, got)
+	}
+}
+
+func itoa(n int) string {
+	b, _ := json.Marshal(n)
+	return string(b)
+}
+
+// lookup returns the response object paths[path][method].responses[status].
+func lookup(t *testing.T, raw []byte, path, method, status string) map[string]any {
+	t.Helper()
+	var doc struct {
+		Paths map[string]map[string]struct {
+			Responses map[string]map[string]any `json:"responses"`
+		} `json:"paths"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &doc))
+	resp, ok := doc.Paths[path][method].Responses[status]
+	require.True(t, ok, "openapi.json documents %s %s %s", method, path, status)
+	return resp
+}
