@@ -143,9 +143,10 @@ func serveOpenAPI(w http.ResponseWriter, _ *http.Request) {
 // jsonErrors answers what the mux itself refuses, a path it has no route for
 // (404) or a method a route does not take (405, with the Allow header), in
 // JSON like every other error, instead of the mux's plain text: a client
-// decodes every answer the same way.
+// decodes every answer the same way. Every answer gets the secure headers.
 func jsonErrors(mux *http.ServeMux) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		secure(w.Header())
 		if _, pattern := mux.Handler(r); pattern != "" {
 			mux.ServeHTTP(w, r)
 			return
@@ -158,6 +159,17 @@ func jsonErrors(mux *http.ServeMux) http.Handler {
 		}
 		writeJSON(w, rec.status, errorBody{msg})
 	})
+}
+
+// secure sets the headers every answer carries: nothing of the API is to be
+// framed, sniffed as another type, run as a page's script, cached or sent on
+// as a referrer; its answers hold topics, errors and dead letters.
+func secure(h http.Header) {
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("Content-Security-Policy", "default-src 'none'; frame-ancestors 'none'")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("Cache-Control", "no-store")
 }
 
 // statusOnly keeps the status a handler writes, and its headers, and drops
@@ -573,6 +585,18 @@ func filterFromQuery(r *http.Request) (outbox.DeadLetterFilter, error) {
 	return f, nil
 }
 
+// parseCursor reads the next_cursor of a previous page: the microseconds of
+// its last row's dead_lettered_at and its id.
+func parseCursor(s string) (*outbox.DeadLetterCursor, error) {
+	at, id, ok := strings.Cut(s, "-")
+	micros, err1 := strconv.ParseInt(at, 10, 64)
+	n, err2 := strconv.ParseInt(id, 10, 64)
+	if !ok || err1 != nil || err2 != nil || n < 1 {
+		return nil, fmt.Errorf("cursor=%q is not a next_cursor this API gave: pass the previous page's next_cursor as it is", s)
+	}
+	return &outbox.DeadLetterCursor{At: time.UnixMicro(micros), ID: n}, nil
+}
+
 func parseIDs(s string) ([]int64, error) {
 	var ids []int64
 	for _, p := range strings.Split(s, ",") {
@@ -599,7 +623,14 @@ func (a *api) dlqList(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	showPayload := r.URL.Query().Get("show_payload") == "true"
-	list, err := a.cfg.DeadLetters.List(r.Context(), f, limit, showPayload)
+	var after *outbox.DeadLetterCursor
+	if c := r.URL.Query().Get("cursor"); c != "" {
+		if after, err = parseCursor(c); err != nil {
+			badRequest(w, "%v", err)
+			return
+		}
+	}
+	list, next, err := a.cfg.DeadLetters.ListPage(r.Context(), f, after, limit, showPayload)
 	if err != nil {
 		a.internal(w, r, err)
 		return
@@ -607,7 +638,11 @@ func (a *api) dlqList(w http.ResponseWriter, r *http.Request) {
 	if list == nil {
 		list = []outbox.DeadLetter{}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"dead_letters": list})
+	out := map[string]any{"dead_letters": list}
+	if next != nil {
+		out["next_cursor"] = fmt.Sprintf("%d-%d", next.At.UnixMicro(), next.ID)
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 // selection is the body of replay and purge.

@@ -423,3 +423,55 @@ func TestStatusShowsTopicsBreakersAndDeadLetters(t *testing.T) {
 	code, _ = b.call(t, http.MethodGet, "/status", "", "")
 	require.Equal(t, http.StatusUnauthorized, code)
 }
+
+// Every answer, success or error, carries headers that keep browsers from
+// framing it, sniffing it, running it or caching it.
+func TestEveryAnswerCarriesTheSecurityHeaders(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "tok")
+	for _, c := range []struct{ method, path, token string }{
+		{http.MethodGet, "/healthz", ""}, {http.MethodGet, "/status", "tok"}, {http.MethodGet, "/status", ""},
+		{http.MethodGet, "/nope", "tok"}, {http.MethodPut, "/breaker", "tok"}, {http.MethodGet, "/openapi.json", ""},
+	} {
+		req, err := http.NewRequest(c.method, b.srv.URL+c.path, nil)
+		require.NoError(t, err)
+		if c.token != "" {
+			req.Header.Set("Authorization", "Bearer "+c.token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		for k, v := range map[string]string{"X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY",
+			"Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'", "Cache-Control": "no-store"} {
+			require.Equal(t, v, resp.Header.Get(k), "%s %s: %s", c.method, c.path, k)
+		}
+	}
+}
+
+// The dead-letter list pages with a cursor: each page starts after the last
+// row of the one before, so every dead letter is seen once, newest first.
+func TestDeadLettersPageWithACursor(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "tok")
+	var ids []float64
+	path := "/dlq?limit=2"
+	for pages := 0; ; pages++ {
+		require.Less(t, pages, 3, "three dead letters in pages of two")
+		code, body := b.call(t, http.MethodGet, path, "tok", "")
+		require.Equal(t, http.StatusOK, code, "%v", body)
+		for _, x := range body["dead_letters"].([]any) {
+			ids = append(ids, x.(map[string]any)["id"].(float64))
+		}
+		next, ok := body["next_cursor"].(string)
+		if !ok {
+			break
+		}
+		path = "/dlq?limit=2&cursor=" + url.QueryEscape(next)
+	}
+	require.Len(t, ids, 3)
+	require.ElementsMatch(t, []float64{1, 2, 3}, ids, "each once")
+
+	code, body := b.call(t, http.MethodGet, "/dlq?cursor=yesterday", "tok", "")
+	require.Equal(t, http.StatusBadRequest, code)
+	require.Contains(t, body["error"], "next_cursor")
+}

@@ -82,6 +82,7 @@ func TestOpenAPISchemasMatchWhatTheHandlersAnswer(t *testing.T) {
 		{"POST", "/topics/orders/reset", "/topics/{topic}/reset", "tok", "", 200},
 		{"POST", "/topics/%FF/reset", "/topics/{topic}/reset", "tok", "", 400},
 		{"GET", "/dlq?limit=10", "/dlq", "tok", "", 200},
+		{"GET", "/dlq?limit=1", "/dlq", "tok", "", 200}, // with a next_cursor
 		{"GET", "/dlq?show_payload=true", "/dlq", "tok", "", 200},
 		{"GET", "/dlq?limit=0", "/dlq", "tok", "", 400},
 		{"POST", "/dlq/purge", "/dlq/purge", "tok", `{"all":true,"dry_run":true}`, 200},

@@ -111,10 +111,29 @@ func NewDeadLetters(pool *pgxpool.Pool, t Table) (*DeadLetters, error) {
 // List returns up to limit dead letters matching f, newest first, with payloads
 // and headers only when withPayload is set.
 func (d *DeadLetters) List(ctx context.Context, f DeadLetterFilter, limit int, withPayload bool) ([]DeadLetter, error) {
-	args := append(f.args(), limit, withPayload)
+	list, _, err := d.ListPage(ctx, f, nil, limit, withPayload)
+	return list, err
+}
+
+// DeadLetterCursor is where a page of dead letters ends: the next page lists
+// those that come after it, newest first, however many were dead-lettered
+// meanwhile.
+type DeadLetterCursor struct {
+	At time.Time
+	ID int64
+}
+
+// ListPage is List from after (nil: from the newest), and returns the cursor
+// of the next page, nil when this one was the last.
+func (d *DeadLetters) ListPage(ctx context.Context, f DeadLetterFilter, after *DeadLetterCursor, limit int, withPayload bool) ([]DeadLetter, *DeadLetterCursor, error) {
+	var at, id any
+	if after != nil {
+		at, id = after.At, after.ID
+	}
+	args := append(f.args(), limit, withPayload, at, id)
 	rows, err := d.pool.Query(ctx, d.list, args...)
 	if err != nil {
-		return nil, fmt.Errorf("list dead letters of %s: %w", d.table, err)
+		return nil, nil, fmt.Errorf("list dead letters of %s: %w", d.table, err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadLetter, error) {
 		var x DeadLetter
@@ -127,9 +146,14 @@ func (d *DeadLetters) List(ctx context.Context, f DeadLetterFilter, limit int, w
 		return x, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("list dead letters of %s: %w", d.table, err)
+		return nil, nil, fmt.Errorf("list dead letters of %s: %w", d.table, err)
 	}
-	return out, nil
+	var next *DeadLetterCursor
+	if len(out) == limit && limit > 0 {
+		last := out[len(out)-1]
+		next = &DeadLetterCursor{At: last.DeadLetteredAt, ID: last.ID}
+	}
+	return out, next, nil
 }
 
 // ErrNoFilter is returned by Replay and Purge given neither a filter nor All:
