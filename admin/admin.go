@@ -13,7 +13,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/subtle"
-	_ "embed"
+	"embed"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -67,6 +67,8 @@ type Config struct {
 	// StatusCacheFor is how long GET /status answers from the backlog it
 	// read last. Zero means StatusCacheForDefault.
 	StatusCacheFor time.Duration
+	// UI serves the console, a web page over this API, at /.
+	UI bool
 }
 
 // Handler returns the API's handler.
@@ -127,7 +129,37 @@ func (a *api) routes() []route {
 	if a.cfg.Backoffs != nil {
 		rs = append(rs, guarded("GET /topics/backoff", a.backoffs))
 	}
+	if a.cfg.UI {
+		// The page and its files hold no data: the page asks the API,
+		// with the token the operator signs in with.
+		rs = append(rs, route{"GET /{$}", page("index.html", "text/html; charset=utf-8")},
+			route{"GET /ui/app.js", page("app.js", "text/javascript; charset=utf-8")},
+			route{"GET /ui/style.css", page("style.css", "text/css; charset=utf-8")})
+	}
 	return rs
+}
+
+//go:embed ui
+var ui embed.FS
+
+// pageCSP lets the console run its own script and style and call this API,
+// and nothing else: no inline script, no other origin, no framing, and no
+// form submission (the sign-in form is the script's; submitted by the
+// browser, it would put the token in a URL).
+const pageCSP = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; " +
+	"base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+
+// page serves file of the console with its content type.
+func page(file, contentType string) http.Handler {
+	body, err := ui.ReadFile("ui/" + file)
+	if err != nil {
+		panic(fmt.Sprintf("admin: the console's %s is not embedded: %v", file, err))
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Security-Policy", pageCSP)
+		w.Header().Set("Content-Type", contentType)
+		_, _ = w.Write(body)
+	})
 }
 
 //go:embed openapi.json

@@ -56,7 +56,7 @@ func (b *syncBuffer) String() string {
 
 // setup serves the API over a migrated outbox with three dead letters (two of
 // topic "orders", one of "invoices") and a token unless token is empty.
-func setup(t *testing.T, token string) *bundle {
+func setup(t *testing.T, token string, opts ...func(*admin.Config)) *bundle {
 	t.Helper()
 	tbl := dbtest.Table(t)
 	ctx := context.Background()
@@ -80,9 +80,13 @@ func setup(t *testing.T, token string) *bundle {
 	b := &bundle{tbl: tbl, topics: breaker.New(breaker.Settings{}),
 		dep: breaker.NewDependency(breaker.DependencyConfig{}), log: &syncBuffer{}}
 	t.Cleanup(func() { _ = b.dep.Close(context.Background()) })
-	b.srv = httptest.NewServer(admin.Handler(admin.Config{Token: token, Pool: dbtest.Pool(t), Table: tbl, Topics: b.topics,
+	cfg := admin.Config{Token: token, Pool: dbtest.Pool(t), Table: tbl, Topics: b.topics,
 		Dependency: b.dep, DeadLetters: d, Logger: slog.New(slog.NewJSONHandler(b.log, nil)),
-		StatusCacheFor: time.Hour})) // the tests see when the cache is used, not the clock
+		StatusCacheFor: time.Hour} // the tests see when the cache is used, not the clock
+	for _, o := range opts {
+		o(&cfg)
+	}
+	b.srv = httptest.NewServer(admin.Handler(cfg))
 	t.Cleanup(b.srv.Close)
 	return b
 }
@@ -474,4 +478,49 @@ func TestDeadLettersPageWithACursor(t *testing.T) {
 	code, body := b.call(t, http.MethodGet, "/dlq?cursor=yesterday", "tok", "")
 	require.Equal(t, http.StatusBadRequest, code)
 	require.Contains(t, body["error"], "next_cursor")
+}
+
+// The console is served at / with --admin-ui, under a policy that runs only
+// its own script and style; its script puts text from rows in the page as
+// text only. Without --admin-ui, / is not served.
+func TestConsoleIsServedUnderAStrictPolicy(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "tok", func(c *admin.Config) { c.UI = true })
+	get := func(path string) (*http.Response, string) {
+		resp, err := http.Get(b.srv.URL + path)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		raw, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp, string(raw)
+	}
+	resp, html := get("/")
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, "text/html; charset=utf-8", resp.Header.Get("Content-Type"))
+	csp := resp.Header.Get("Content-Security-Policy")
+	for _, want := range []string{"default-src 'none'", "script-src 'self'", "form-action 'none'", "frame-ancestors 'none'"} {
+		require.Contains(t, csp, want)
+	}
+	require.NotContains(t, csp, "unsafe-inline")
+	require.Equal(t, "DENY", resp.Header.Get("X-Frame-Options"))
+	require.Equal(t, "nosniff", resp.Header.Get("X-Content-Type-Options"))
+	require.Contains(t, html, `<script src="/ui/app.js" defer></script>`)
+	require.Equal(t, 1, strings.Count(html, "<script"), "no inline script")
+	require.NotContains(t, html, "style=", "no inline style")
+
+	resp, js := get("/ui/app.js")
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, "text/javascript; charset=utf-8", resp.Header.Get("Content-Type"))
+	for _, sink := range []string{"innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("} {
+		require.NotContains(t, js, sink, "the script never turns text into HTML")
+	}
+	require.Contains(t, js, "sessionStorage")
+	require.NotContains(t, js, "localStorage")
+	resp, _ = get("/ui/style.css")
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, "text/css; charset=utf-8", resp.Header.Get("Content-Type"))
+
+	plain := setup(t, "tok")
+	code, body := plain.call(t, http.MethodGet, "/", "tok", "")
+	require.Equal(t, http.StatusNotFound, code, "%v", body)
 }

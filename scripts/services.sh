@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Brings up what the sweeper's run and tests need on this machine, from
 # Debian's packages: Postgres for `make run`; Postgres, RabbitMQ, NATS with
-# JetStream, Redis, promtool and kcat for `make test` and CI. (Kafka needs no
+# JetStream, Redis, promtool, kcat and Chromium for `make test` and CI. (Kafka needs no
 # server: the tests run franz-go's kfake, in process or as test/kfakeserver.) Idempotent and quick
 # when everything is up. As root it installs and starts what is missing; as
 # anyone else it says the command to run and fails.
@@ -105,6 +105,10 @@ ensure_redis() {
   wait_port 6379 Redis 30
 }
 
+ensure_chromium() {
+  command -v chromium >/dev/null || need "no chromium (the console's browser test drives it headless)" chromium
+}
+
 ensure_kcat() {
   command -v kcat >/dev/null || need "no kcat (the Kafka tests read what the sweeper produced with it)" kcat
 }
@@ -120,5 +124,6 @@ if [ "$what" = test ]; then
   ensure_redis
   ensure_promtool
   ensure_kcat
+  ensure_chromium
 fi
 log "services for $what are up"
