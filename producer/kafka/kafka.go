@@ -246,7 +246,10 @@ func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 	if err := p.ensureTopic(ctx, name); err != nil {
 		return err
 	}
-	limit := p.topicLimit(ctx, name)
+	limit, err := p.topicLimit(ctx, name)
+	if err != nil {
+		return err
+	}
 	for i, r := range recs {
 		if reason, err := tooLarge(b.Messages[i].ID, r, name, limit); err != nil {
 			rej.Add(b.Messages[i].ID, reason, err)
@@ -257,11 +260,21 @@ func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 	}
 
 	results := p.cl.ProduceSync(ctx, recs...)
+	// ProduceSync gives the results in the order the records finished, not
+	// the order they were given: find each one's row by its record.
+	index := make(map[*kgo.Record]int, len(recs))
+	for i, r := range recs {
+		index[r] = i
+	}
 	var failed []producer.Message // rows whose records failed for what they are
 	var worst error
-	for i, res := range results {
+	for _, res := range results {
 		if res.Err == nil {
 			continue
+		}
+		i, ok := index[res.Record]
+		if !ok {
+			return fmt.Errorf("produce to topic %s: a result for a record this send did not produce: %w", producer.Quote(name), res.Err)
 		}
 		err := p.classify(ctx, fmt.Errorf("produce to topic %s: %w", producer.Quote(name), res.Err))
 		switch producer.ClassOf(err) {
@@ -292,13 +305,10 @@ func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 	}
 	// The broker refuses a record batch whole, so every record of the
 	// partition's batch fails with the one that caused it. Alone, it is
-	// that row's; a batch too large is its largest row's; else the sweeper
-	// splits the batch until the row stands alone.
-	switch {
-	case len(failed) == 1:
+	// that row's; else the sweeper splits the batch until the rows that
+	// fail stand alone (a batch too large as a whole is no row's).
+	if len(failed) == 1 {
 		return producer.NewMessageError(producer.ReasonOf(worst), []int64{failed[0].ID}, worst)
-	case producer.ReasonOf(worst) == producer.ReasonMessageTooLarge:
-		return producer.PinOnLargest(worst, producer.Batch{Topic: b.Topic, Messages: failed})
 	}
 	return worst
 }
@@ -370,9 +380,13 @@ func (p *Producer) limit(topic string) int {
 // the first time. A topic that does not exist (yet) is asked again next
 // time; a cluster that does not let the credentials describe the topic gets
 // the configured fallback for good.
-func (p *Producer) topicLimit(ctx context.Context, topic string) int {
+//
+// A first send that gets no answer fails, transient: franz-go takes its batch
+// cap for the topic's partitions once, when it first meets them, so producing
+// with the fallback could hold a larger topic to it for the process's life.
+func (p *Producer) topicLimit(ctx context.Context, topic string) (int, error) {
 	if n, ok := p.knownLimit(topic); ok {
-		return n
+		return n, nil
 	}
 	req := kmsg.NewPtrDescribeConfigsRequest()
 	res := kmsg.NewDescribeConfigsRequestResource()
@@ -384,7 +398,8 @@ func (p *Producer) topicLimit(ctx context.Context, topic string) int {
 	resp, err := req.RequestWith(ctx, p.cl)
 	switch {
 	case err != nil:
-		keep = false // no answer: ask again next time
+		return 0, producer.NewTransientError("no_topic_config", fmt.Errorf(
+			"read topic %s's max.message.bytes before its first send: %w", producer.Quote(topic), err))
 	case len(resp.Resources) == 1:
 		r := resp.Resources[0]
 		if err := kerr.ErrorForCode(r.ErrorCode); err != nil {
@@ -404,7 +419,7 @@ func (p *Producer) topicLimit(ctx context.Context, topic string) int {
 		p.limits[topic] = n
 		p.limitsMu.Unlock()
 	}
-	return n
+	return n, nil
 }
 
 func parsePositive(s string) (int, error) {
@@ -425,9 +440,15 @@ func (p *Producer) classify(ctx context.Context, err error) error {
 		return err // cancelled (local) or the send's deadline (transient)
 	case errors.Is(err, kerr.MessageTooLarge), errors.Is(err, kerr.RecordListTooLarge):
 		return producer.NewMessageError(producer.ReasonMessageTooLarge, nil, err)
-	case errors.Is(err, kerr.InvalidRecord), errors.Is(err, kerr.CorruptMessage),
-		errors.Is(err, kerr.InvalidTimestamp), errors.Is(err, kerr.UnsupportedForMessageFormat):
+	case errors.Is(err, kerr.InvalidRecord):
 		return producer.NewMessageError(producer.ReasonInvalidMessage, nil, err)
+	case errors.Is(err, kerr.InvalidTimestamp), errors.Is(err, kerr.UnsupportedForMessageFormat):
+		// Records carry the send's time and always headers: the topic's
+		// message.timestamp settings, the sweeper host's clock or an old
+		// message format refuse them all, whatever the row.
+		return producer.NewTopicError("topic_config", fmt.Errorf("%w (check the topic's message.timestamp.* and message.format settings, and this host's clock)", err))
+	case errors.Is(err, kerr.CorruptMessage):
+		return producer.NewTransientError("corrupt_message", err) // a checksum that failed on the way
 	case errors.Is(err, kerr.UnknownTopicOrPartition), errors.Is(err, kerr.UnknownTopicID):
 		return producer.NewTopicError("topic_not_found", fmt.Errorf("%w (create the topic, or check --kafka-topic-prefix)", err))
 	case errors.Is(err, kerr.TopicAuthorizationFailed):

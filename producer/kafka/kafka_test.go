@@ -279,6 +279,9 @@ func TestBrokerRefusalsAreClassifiedDeliberately(t *testing.T) {
 		{kerr.InvalidTopicException, producer.ClassTopic, "invalid_topic"},
 		{kerr.ClusterAuthorizationFailed, producer.ClassBroker, "unauthorized"},
 		{kerr.InvalidRecord, producer.ClassMessage, producer.ReasonInvalidMessage},
+		{kerr.InvalidTimestamp, producer.ClassTopic, "topic_config"},
+		{kerr.UnsupportedForMessageFormat, producer.ClassTopic, "topic_config"},
+		{kerr.CorruptMessage, producer.ClassTransient, "corrupt_message"},
 		{kerr.MessageTooLarge, producer.ClassMessage, producer.ReasonMessageTooLarge},
 		{kerr.PolicyViolation, producer.ClassTransient, "policy_violation"},
 	} {
