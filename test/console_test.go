@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -47,23 +46,9 @@ func TestConsoleInABrowser(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, deadLetterReasons(t, tbl), deadID)
 
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	p := start(t, []string{"OUTBOX_ADMIN_ADDR=" + addr, "OUTBOX_ADMIN_TOKEN=t0ken"},
-		"run", "--database-url", dbtest.URL(t), "--schema", tbl.Schema, "--tick", "200ms",
+	p, base := startWithAdmin(t, tbl, "--tick", "200ms",
 		// A tripped topic stays tripped until reset, however slow the browser.
 		"--topic-cooldown-ticks", "100000", "--topic-cooldown-max-ticks", "100000")
-	base := "http://" + addr
-	dbtest.Eventually(t, 2*time.Minute, "ready", func() bool {
-		resp, err := http.Get(base + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == 200
-	})
 	const xss = `<img src=x onerror=alert(1)>`
 	req, err := http.NewRequest(http.MethodPost, base+"/topics/"+url.PathEscape(xss)+"/trip", strings.NewReader(`{"reason":"<b>not bold</b>"}`))
 	require.NoError(t, err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -368,17 +367,14 @@ func awaitProbe(t *testing.T, tbl outbox.Table) {
 	})
 }
 
-// The binary serves the admin API: readiness, and a topic tripped and reset
-// over HTTP with the token.
-func TestBinaryAdminAPI(t *testing.T) {
-	t.Parallel()
-	tbl := migrated(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
+// startWithAdmin runs the binary on tbl with its admin API on a free port
+// behind the token t0ken, and more args, and waits until it is ready. It
+// returns the process and the API's base URL.
+func startWithAdmin(t *testing.T, tbl outbox.Table, args ...string) (*proc, string) {
+	t.Helper()
+	addr := fmt.Sprintf("127.0.0.1:%d", dbtest.FreePort(t))
 	p := start(t, []string{"OUTBOX_ADMIN_ADDR=" + addr, "OUTBOX_ADMIN_TOKEN=t0ken"},
-		"run", "--database-url", dbtest.URL(t), "--schema", tbl.Schema)
+		append([]string{"run", "--database-url", dbtest.URL(t), "--schema", tbl.Schema}, args...)...)
 	base := "http://" + addr
 	dbtest.Eventually(t, 2*time.Minute, "ready", func() bool {
 		resp, err := http.Get(base + "/readyz")
@@ -388,6 +384,15 @@ func TestBinaryAdminAPI(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode == 200
 	})
+	return p, base
+}
+
+// The binary serves the admin API: readiness, and a topic tripped and reset
+// over HTTP with the token.
+func TestBinaryAdminAPI(t *testing.T) {
+	t.Parallel()
+	tbl := migrated(t)
+	p, base := startWithAdmin(t, tbl)
 	call := func(method, path, token string) (int, string) {
 		req, err := http.NewRequest(method, base+path, nil)
 		require.NoError(t, err)

@@ -1,7 +1,6 @@
 package test
 
 import (
-	"bufio"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -37,71 +36,6 @@ import (
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
 	"github.com/outbox-sweeper/sweeper/outbox"
 )
-
-var (
-	kfakeOnce sync.Once
-	kfakeBin  string
-	kfakeErr  error
-)
-
-// kafkaServer is a kfake cluster running as a process of its own
-// (test/kfakeserver), so that it can be killed and started again.
-type kafkaServer struct {
-	cmd  *exec.Cmd
-	addr string
-	done chan struct{}
-}
-
-// startKafka starts test/kfakeserver with args and waits until it listens.
-func startKafka(t *testing.T, args ...string) *kafkaServer {
-	t.Helper()
-	kfakeOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "kfakeserver-")
-		if err != nil {
-			kfakeErr = err
-			return
-		}
-		kfakeBin = filepath.Join(dir, "kfakeserver")
-		out, err := exec.Command("go", "build", "-o", kfakeBin, "./kfakeserver").CombinedOutput()
-		if err != nil {
-			kfakeErr = fmt.Errorf("build test/kfakeserver: %w\n%s", err, out)
-		}
-	})
-	require.NoError(t, kfakeErr)
-	k := &kafkaServer{cmd: exec.Command(kfakeBin, args...), done: make(chan struct{})}
-	stdout, err := k.cmd.StdoutPipe()
-	require.NoError(t, err)
-	k.cmd.Stderr = os.Stderr
-	require.NoError(t, k.cmd.Start())
-	listening := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if addr, ok := strings.CutPrefix(sc.Text(), "listening "); ok {
-				listening <- addr
-			}
-		}
-	}()
-	go func() {
-		_ = k.cmd.Wait()
-		close(k.done)
-	}()
-	t.Cleanup(k.kill)
-	select {
-	case k.addr = <-listening:
-	case <-k.done:
-		t.Fatalf("kfakeserver %v exited before listening", args)
-	case <-time.After(time.Minute):
-		t.Fatalf("kfakeserver %v did not listen within a minute", args)
-	}
-	return k
-}
-
-// kill ends the server at once, as a crash would.
-func (k *kafkaServer) kill() {
-	_ = k.cmd.Process.Signal(syscall.SIGKILL)
-	<-k.done
-}
 
 // kcatMessage is a record as kcat -J prints it.
 type kcatMessage struct {
@@ -223,31 +157,21 @@ func TestRoundTripKafkaReadByKcat(t *testing.T) {
 	for _, topic := range topics {
 		names = append(names, prefix+"."+topic)
 	}
-	k := startKafka(t, "--topics", strings.Join(names, ","), "--partitions", "3")
+	k := brokertest.StartKafka(t, "--topics", strings.Join(names, ","), "--partitions", "3")
 	tbl := migrated(t)
 	ids := map[string]map[int]string{}
 	for _, topic := range topics {
 		ids[topic] = writeKeyed(t, tbl, topic, 0, n/len(topics), keys)
 	}
-	p := start(t, nil, kafkaArgs(t, tbl, k.addr, "--kafka-topic-prefix", prefix+".")...)
+	p := start(t, nil, kafkaArgs(t, tbl, k.Addr, "--kafka-topic-prefix", prefix+".")...)
 	dbtest.Eventually(t, 3*time.Minute, "every row dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
 	require.Equal(t, 0, p.wait(t, time.Minute), p.Stderr())
 	for _, topic := range topics {
-		msgs := kcat(t, k.addr, prefix+"."+topic, n/len(topics))
+		msgs := kcat(t, k.Addr, prefix+"."+topic, n/len(topics))
 		require.Len(t, msgs, n/len(topics), "topic %s: every row once", topic)
 		checkKeyed(t, msgs, topic, ids[topic], keys, false)
 	}
-}
-
-// freePort returns a port nothing listens on (for now).
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	port := l.Addr().(*net.TCPAddr).Port
-	require.NoError(t, l.Close())
-	return port
 }
 
 // Kafka is down when the sweeper starts, comes up, and is killed (SIGKILL)
@@ -259,7 +183,7 @@ func TestKafkaDownAtStartThenKilledMidRunLosesNothing(t *testing.T) {
 	const keys = 5
 	prefix := brokertest.Name("outage")
 	topic := prefix + ".events"
-	port := freePort(t)
+	port := dbtest.FreePort(t)
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	server := []string{"--port", strconv.Itoa(port), "--topics", topic, "--partitions", "3", "--data-dir", t.TempDir()}
 
@@ -272,7 +196,7 @@ func TestKafkaDownAtStartThenKilledMidRunLosesNothing(t *testing.T) {
 	})
 	requireNothingCharged(t, tbl)
 
-	k := startKafka(t, server...)
+	k := brokertest.StartKafka(t, server...)
 	dbtest.Eventually(t, 2*time.Minute, "the rows written while Kafka was down", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
 
 	// Writes go on while the broker is killed and comes back.
@@ -303,7 +227,11 @@ func TestKafkaDownAtStartThenKilledMidRunLosesNothing(t *testing.T) {
 				t.Errorf("write: %v", err)
 				return
 			}
-			time.Sleep(20 * time.Millisecond) // the application's pace, not a wait for an event
+			// The application's pace: 1,000 rows a second at most, so that the
+			// outbox fills while Kafka is down. Every check below waits for an
+			// event (rows written, rows outstanding, rows dispatched), so a
+			// slower machine only writes fewer rows; the outcome is the same.
+			time.Sleep(20 * time.Millisecond)
 		}
 	}()
 	dbtest.Eventually(t, time.Minute, "the application writing", func() bool {
@@ -311,10 +239,10 @@ func TestKafkaDownAtStartThenKilledMidRunLosesNothing(t *testing.T) {
 		defer mu.Unlock()
 		return next >= 400
 	})
-	k.kill()
+	k.Kill()
 	dbtest.Eventually(t, time.Minute, "rows piling up while Kafka is down", func() bool { return dbtest.Outstanding(t, tbl) > 100 })
 	requireNothingCharged(t, tbl)
-	startKafka(t, server...)
+	brokertest.StartKafka(t, server...)
 	close(writing)
 	<-stopped
 	dbtest.Eventually(t, 3*time.Minute, "every row dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })

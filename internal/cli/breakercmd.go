@@ -10,8 +10,8 @@ import (
 
 // breakerFlags returns the flag set maker of `sweeper breaker cmd` (status,
 // trip, reset), which talks to a running sweeper's admin API.
-func breakerFlags(cmd string) func(*topicsOptions) *flags {
-	return func(o *topicsOptions) *flags {
+func breakerFlags(cmd string) func(*adminOptions) *flags {
+	return func(o *adminOptions) *flags {
 		o.cmd = cmd
 		f := newFlags("breaker " + cmd)
 		o.adminFlags(f)
@@ -20,7 +20,7 @@ func breakerFlags(cmd string) func(*topicsOptions) *flags {
 }
 
 // breakerCommand runs `sweeper breaker status|trip|reset`.
-func breakerCommand(ctx context.Context, o *topicsOptions, f *flags, out, _ io.Writer) error {
+func breakerCommand(ctx context.Context, o *adminOptions, f *flags, out, _ io.Writer) error {
 	if !utf8.ValidString(o.reason) {
 		return usagef("%s %q is not valid UTF-8: write the reason in UTF-8", f.origin("reason"), o.reason)
 	}

@@ -18,10 +18,10 @@ import (
 	"github.com/outbox-sweeper/sweeper/breaker"
 )
 
-// topicsOptions are the flags of `sweeper topics`, which talks to a running
-// sweeper's admin API.
-type topicsOptions struct {
-	cmd        string // list, trip or reset
+// adminOptions are the flags of `sweeper topics` and `sweeper breaker`, which
+// talk to a running sweeper's admin API.
+type adminOptions struct {
+	cmd        string // topics: list, trip or reset; breaker: status, trip or reset
 	adminToken string
 	adminURL   string
 	jsonOut    bool
@@ -29,11 +29,11 @@ type topicsOptions struct {
 }
 
 // topicsFlags returns the flag set maker of topics cmd.
-func topicsFlags(cmd string) func(*topicsOptions) *flags {
-	return func(o *topicsOptions) *flags { return o.flags(cmd) }
+func topicsFlags(cmd string) func(*adminOptions) *flags {
+	return func(o *adminOptions) *flags { return o.flags(cmd) }
 }
 
-func (o *topicsOptions) flags(cmd string) *flags {
+func (o *adminOptions) flags(cmd string) *flags {
 	o.cmd = cmd
 	f := newFlags("topics " + cmd)
 	if cmd != "list" {
@@ -44,7 +44,7 @@ func (o *topicsOptions) flags(cmd string) *flags {
 }
 
 // adminFlags registers the flags of the commands that call the admin API.
-func (o *topicsOptions) adminFlags(f *flags) {
+func (o *adminOptions) adminFlags(f *flags) {
 	f.String(&o.adminURL, "admin-url", "http://"+admin.AddrDefault, "url", "the running sweeper's admin API")
 	f.String(&o.adminToken, "admin-token", "", "token", "its bearer token, if it has one")
 	f.bool(&o.jsonOut, "json", "print the API's JSON instead of a table")
@@ -56,7 +56,7 @@ func (o *topicsOptions) adminFlags(f *flags) {
 }
 
 // topicsCommand runs `sweeper topics list|trip TOPIC|reset TOPIC`.
-func topicsCommand(ctx context.Context, o *topicsOptions, f *flags, out, _ io.Writer) error {
+func topicsCommand(ctx context.Context, o *adminOptions, f *flags, out, _ io.Writer) error {
 	cmd, topic := o.cmd, ""
 	if len(f.args) > 0 {
 		topic = f.args[0]
@@ -106,7 +106,7 @@ func topicsCommand(ctx context.Context, o *topicsOptions, f *flags, out, _ io.Wr
 // call makes the command's call to path: a POST with the reason, if any, when
 // change is set, else a GET. With --json it prints the answer and reports
 // done.
-func (o *topicsOptions) call(ctx context.Context, f *flags, out io.Writer, change bool, path string) (raw []byte, done bool, err error) {
+func (o *adminOptions) call(ctx context.Context, f *flags, out io.Writer, change bool, path string) (raw []byte, done bool, err error) {
 	method, body := http.MethodGet, ""
 	if change {
 		method = http.MethodPost

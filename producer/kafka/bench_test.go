@@ -1,15 +1,11 @@
 package kafka_test
 
 import (
-	"bufio"
 	"context"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"runtime"
-	"strings"
 	"testing"
 
+	"github.com/outbox-sweeper/sweeper/internal/brokertest"
 	"github.com/outbox-sweeper/sweeper/producer/kafka"
 )
 
@@ -19,7 +15,7 @@ import (
 // (franz-go included) alone: allocs/msg and B/msg. Its msg/s says how fast
 // kfake is, not a Kafka cluster; there is no target.
 func BenchmarkSend(b *testing.B) {
-	addr := kfakeServer(b, "bench")
+	addr := brokertest.StartKafka(b, "--topics", "bench", "--partitions", "3").Addr
 	p, err := kafka.New(kafka.Config{Brokers: []string{addr}})
 	if err != nil {
 		b.Fatal(err)
@@ -56,33 +52,4 @@ func BenchmarkSend(b *testing.B) {
 	b.ReportMetric(n/b.Elapsed().Seconds(), "msg/s")
 	b.ReportMetric(float64(after.Mallocs-before.Mallocs)/n, "allocs/msg")
 	b.ReportMetric(float64(after.TotalAlloc-before.TotalAlloc)/n, "B/msg")
-}
-
-// kfakeServer builds and starts test/kfakeserver with topics and returns its
-// address.
-func kfakeServer(b *testing.B, topics string) string {
-	b.Helper()
-	bin := filepath.Join(b.TempDir(), "kfakeserver")
-	if out, err := exec.Command("go", "build", "-o", bin, "../../test/kfakeserver").CombinedOutput(); err != nil {
-		b.Fatalf("build test/kfakeserver: %v\n%s", err, out)
-	}
-	cmd := exec.Command(bin, "--topics", topics, "--partitions", "3")
-	cmd.Stderr = os.Stderr
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	sc := bufio.NewScanner(stdout)
-	for sc.Scan() {
-		if addr, ok := strings.CutPrefix(sc.Text(), "listening "); ok {
-			go func() { _ = sc.Scan() }() // drain nothing more, keep the pipe open
-			return addr
-		}
-	}
-	b.Fatal("kfakeserver exited before listening")
-	return ""
 }

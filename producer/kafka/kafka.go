@@ -29,6 +29,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -408,7 +409,7 @@ func (p *Producer) topicLimit(ctx context.Context, topic string) (int, error) {
 		}
 		for _, c := range r.Configs {
 			if c.Name == "max.message.bytes" && c.Value != nil {
-				if v, err := parsePositive(*c.Value); err == nil {
+				if v, err := strconv.Atoi(*c.Value); err == nil && v > 0 {
 					n = v
 				}
 			}
@@ -418,14 +419,6 @@ func (p *Producer) topicLimit(ctx context.Context, topic string) (int, error) {
 		p.limitsMu.Lock()
 		p.limits[topic] = n
 		p.limitsMu.Unlock()
-	}
-	return n, nil
-}
-
-func parsePositive(s string) (int, error) {
-	var n int
-	if _, err := fmt.Sscan(s, &n); err != nil || n <= 0 {
-		return 0, fmt.Errorf("not a positive integer: %q", s)
 	}
 	return n, nil
 }

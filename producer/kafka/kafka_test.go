@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/outbox-sweeper/sweeper/producer"
 	"github.com/outbox-sweeper/sweeper/producer/kafka"
+	"github.com/outbox-sweeper/sweeper/producer/producertest"
 )
 
 // cluster starts an in-process Kafka cluster (franz-go's kfake, which speaks
@@ -391,10 +391,7 @@ func TestBatchesAreCutByTheTopicsLimit(t *testing.T) {
 
 func TestBrokersThatCannotBeReachedAreBrokerClass(t *testing.T) {
 	t.Parallel()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := l.Addr().String()
-	require.NoError(t, l.Close())
+	addr := producertest.ClosedAddr(t)
 	p, err := kafka.New(kafka.Config{Brokers: []string{addr}})
 	require.NoError(t, err)
 	defer p.Close(context.Background())
@@ -467,4 +464,37 @@ func TestCheckPassesAgainstAClusterAndFailsOnceItIsGone(t *testing.T) {
 	require.Equal(t, producer.ClassBroker, producer.ClassOf(err), "%v", err)
 	err = p.Send(ctx, producer.Batch{Topic: "x", Messages: msgs("x", 1, 1, nil)})
 	require.Equal(t, producer.ClassBroker, producer.ClassOf(err), "%v", err)
+}
+
+// A topic's first send needs its max.message.bytes: when the cluster does not
+// answer that request, the send fails as transient and produces nothing (the
+// rows are tried again), rather than fixing franz-go's batch cap at the
+// fallback; once the cluster answers, the send goes through.
+func TestFirstSendWithoutTheTopicsLimitIsTransient(t *testing.T) {
+	t.Parallel()
+	c := cluster(t, []string{"unsized"})
+	var produces atomic.Int64
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		produces.Add(1)
+		return nil, nil, false
+	})
+	c.ControlKey(int16(kmsg.DescribeConfigs), func(kmsg.Request) (kmsg.Response, error, bool) {
+		return nil, nil, true // taken, never answered; handled once, then dropped
+	})
+	p := newProducer(t, c, kafka.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	err := p.Send(ctx, producer.Batch{Topic: "unsized", Messages: msgs("unsized", 1, 1, nil)})
+	require.Error(t, err)
+	require.Equal(t, producer.ClassTransient, producer.ClassOf(err), "%v", err)
+	require.Equal(t, "no_topic_config", producer.ReasonOf(err))
+	require.Contains(t, err.Error(), "max.message.bytes")
+	require.Zero(t, produces.Load(), "nothing produced")
+
+	// kfake answers a connection's requests in order, so this one goes
+	// through once the client gives up on the hung request (its request
+	// timeout) and opens another connection.
+	require.NoError(t, send(t, p, "unsized", msgs("unsized", 1, 1, nil)))
+	require.Len(t, consume(t, c, "unsized", 1), 1)
 }
