@@ -60,6 +60,9 @@ type Config struct {
 	// Backoffs lists the topics waiting after transient failures
 	// (Sweeper.TopicBackoffs), for GET /topics/backoff; nil leaves it out.
 	Backoffs func() []outbox.TopicBackoff
+	// Activity lists what this process did per topic in the last minute
+	// (Sweeper.TopicActivity), for GET /status; nil shows zeros.
+	Activity func() []outbox.TopicActivity
 	// Metrics serves /metrics; nil leaves it out.
 	Metrics http.Handler
 	// Logger receives the causes of internal errors, which callers do not see.
@@ -400,10 +403,16 @@ type topicStatus struct {
 	// failures in a row; BackoffFailures, how many.
 	BackoffSeconds  float64 `json:"backoff_seconds,omitempty"`
 	BackoffFailures int     `json:"backoff_failures,omitempty"`
+	// What this process did for the topic within the last minute (see
+	// outbox.TopicActivity): counted as it happens, not read from the table.
+	DispatchedLastMinute    int `json:"dispatched_last_minute"`
+	FailedBatchesLastMinute int `json:"failed_batches_last_minute"`
+	DeadLetteredLastMinute  int `json:"dead_lettered_last_minute"`
 }
 
 // status is everything an operator looks at first, in one answer: each topic
-// with outstanding rows or a breaker that is not closed, the broker breaker,
+// with outstanding rows, a breaker that is not closed, a backoff or activity
+// in the last minute, the broker breaker,
 // and the dead letters by topic and reason. The topics' figures come from one
 // query of the index of outstanding rows (its cost is in BENCHMARKS.md), at
 // most StatusCacheFor old (backlog_read_at says when); the breakers' from
@@ -444,6 +453,12 @@ func (a *api) status(w http.ResponseWriter, r *http.Request) {
 		for _, b := range a.cfg.Backoffs() {
 			t := get(b.Topic)
 			t.BackoffSeconds, t.BackoffFailures = max(b.Until.Sub(now), 0).Seconds(), b.Failures
+		}
+	}
+	if a.cfg.Activity != nil {
+		for _, act := range a.cfg.Activity() {
+			t := get(act.Topic)
+			t.DispatchedLastMinute, t.FailedBatchesLastMinute, t.DeadLetteredLastMinute = act.Dispatched, act.FailedBatches, act.DeadLettered
 		}
 	}
 	slices.SortFunc(topics, func(x, y *topicStatus) int { return strings.Compare(x.Topic, y.Topic) })
@@ -501,9 +516,10 @@ func (a *api) trip(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, "%v", err)
 		return
 	}
+	before := a.cfg.Topics.State(topic)
 	a.cfg.Topics.Trip(topic, reason)
-	a.audit(r, "topic trip", "topic", topic, "reason", reason)
-	writeJSON(w, http.StatusOK, map[string]string{"topic": topic, "state": a.cfg.Topics.State(topic).String()})
+	a.audit(r, "topic trip", "topic", topic, "reason", reason, "previous_state", before.String())
+	a.topicChanged(w, topic, before)
 }
 
 func (a *api) reset(w http.ResponseWriter, r *http.Request) {
@@ -512,9 +528,18 @@ func (a *api) reset(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, "%v", err)
 		return
 	}
+	before := a.cfg.Topics.State(topic)
 	a.cfg.Topics.Reset(topic)
-	a.audit(r, "topic reset", "topic", topic)
-	writeJSON(w, http.StatusOK, map[string]string{"topic": topic, "state": a.cfg.Topics.State(topic).String()})
+	a.audit(r, "topic reset", "topic", topic, "previous_state", before.String())
+	a.topicChanged(w, topic, before)
+}
+
+// topicChanged answers a trip or reset with what it changed. Another
+// instance's breaker (with Redis) may move the state between the two reads;
+// the answer then shows both moves as one.
+func (a *api) topicChanged(w http.ResponseWriter, topic string, before breaker.State) {
+	writeJSON(w, http.StatusOK, map[string]string{"topic": topic, "state": a.cfg.Topics.State(topic).String(),
+		"previous_state": before.String()})
 }
 
 func (a *api) breakerState(w http.ResponseWriter, _ *http.Request) {
@@ -574,9 +599,10 @@ func (a *api) breakerTrip(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, "%v", err)
 		return
 	}
+	before := a.cfg.Dependency.State()
 	a.cfg.Dependency.Trip(reason)
-	a.audit(r, "broker breaker trip", "reason", reason)
-	writeJSON(w, http.StatusOK, a.brokerBreaker())
+	a.audit(r, "broker breaker trip", "reason", reason, "previous_state", before.String())
+	a.brokerChanged(w, before)
 }
 
 func (a *api) breakerReset(w http.ResponseWriter, r *http.Request) {
@@ -584,9 +610,18 @@ func (a *api) breakerReset(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, errorBody{"this sweeper has no broker breaker"})
 		return
 	}
+	before := a.cfg.Dependency.State()
 	a.cfg.Dependency.Reset()
-	a.audit(r, "broker breaker reset")
-	writeJSON(w, http.StatusOK, a.brokerBreaker())
+	a.audit(r, "broker breaker reset", "previous_state", before.String())
+	a.brokerChanged(w, before)
+}
+
+// brokerChanged answers a broker breaker trip or reset with its state and the
+// state before.
+func (a *api) brokerChanged(w http.ResponseWriter, before breaker.DependencyState) {
+	out := a.brokerBreaker()
+	out["previous_state"] = before.String()
+	writeJSON(w, http.StatusOK, out)
 }
 
 // filter reads the dead-letter filter from the query string: topic, reason,
@@ -685,7 +720,7 @@ type selection struct {
 	Since     string  `json:"since"`      // replay: a duration
 	OlderThan string  `json:"older_than"` // purge: a duration
 	All       bool    `json:"all"`
-	DryRun    bool    `json:"dry_run"` // purge
+	DryRun    bool    `json:"dry_run"` // count, change nothing
 }
 
 func decodeSelection(r *http.Request) (selection, outbox.DeadLetterFilter, error) {
@@ -728,9 +763,24 @@ func decodeSelection(r *http.Request) (selection, outbox.DeadLetterFilter, error
 }
 
 func (a *api) dlqReplay(w http.ResponseWriter, r *http.Request) {
-	_, f, err := decodeSelection(r)
+	s, f, err := decodeSelection(r)
 	if err != nil {
 		badRequest(w, "%v", err)
+		return
+	}
+	if s.DryRun {
+		// The number a confirmation shows: no lock is taken, so a replay
+		// right after may move a few more or fewer.
+		n, err := a.cfg.DeadLetters.Count(r.Context(), f)
+		if errors.Is(err, outbox.ErrNoFilter) {
+			badRequest(w, "%v", err)
+			return
+		}
+		if err != nil {
+			a.internal(w, r, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"replayed": n, "dry_run": true})
 		return
 	}
 	n, err := a.cfg.DeadLetters.Replay(r.Context(), f)
@@ -747,7 +797,7 @@ func (a *api) dlqReplay(w http.ResponseWriter, r *http.Request) {
 		a.internal(w, r, err)
 	default:
 		a.audit(r, "dead letters replay", "count", n, "ids", f.IDs, "topic", f.Topic, "reason", f.Reason, "all", f.All)
-		writeJSON(w, http.StatusOK, map[string]int{"replayed": n})
+		writeJSON(w, http.StatusOK, map[string]any{"replayed": n, "dry_run": false})
 	}
 }
 

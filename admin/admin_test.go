@@ -81,7 +81,7 @@ func setup(t *testing.T, token string, opts ...func(*admin.Config)) *bundle {
 		dep: breaker.NewDependency(breaker.DependencyConfig{}), log: &syncBuffer{}}
 	t.Cleanup(func() { _ = b.dep.Close(context.Background()) })
 	cfg := admin.Config{Token: token, Pool: dbtest.Pool(t), Table: tbl, Topics: b.topics,
-		Dependency: b.dep, DeadLetters: d, Logger: slog.New(slog.NewJSONHandler(b.log, nil)),
+		Dependency: b.dep, DeadLetters: d, Logger: slog.New(slog.NewJSONHandler(b.log, nil)), Activity: s.TopicActivity,
 		StatusCacheFor: time.Hour} // the tests see when the cache is used, not the clock
 	for _, o := range opts {
 		o(&cfg)
@@ -182,6 +182,7 @@ func TestTopicsTripListReset(t *testing.T) {
 	require.Equal(t, 200, code, "%v", body)
 	require.Equal(t, topic, body["topic"])
 	require.Equal(t, "tripped", body["state"])
+	require.Equal(t, "closed", body["previous_state"], "the answer says what changed")
 
 	code, body = b.call(t, "GET", "/topics/tripped", "", "")
 	require.Equal(t, 200, code)
@@ -197,6 +198,7 @@ func TestTopicsTripListReset(t *testing.T) {
 	code, body = b.call(t, "POST", path+"/reset", "", "")
 	require.Equal(t, 200, code)
 	require.Equal(t, "closed", body["state"])
+	require.Equal(t, "tripped", body["previous_state"])
 	_, body = b.call(t, "GET", "/topics/tripped", "", "")
 	require.Empty(t, body["tripped"])
 	require.Len(t, readOutbox(t, b.tbl), 0, "the table is still there, and empty")
@@ -247,9 +249,19 @@ func TestDeadLettersListReplayPurge(t *testing.T) {
 	require.Contains(t, body["error"], "no dead letters with ids [99]")
 	code, body = b.call(t, "POST", "/dlq/replay", "", `{}`)
 	require.Equal(t, 400, code)
+	// A dry run counts what a replay would move, and moves nothing: the
+	// number the console's confirmation shows.
+	code, body = b.call(t, "POST", "/dlq/replay", "", `{"topic":"orders","dry_run":true}`)
+	require.Equal(t, 200, code, "%v", body)
+	require.Equal(t, float64(2), body["replayed"])
+	require.Equal(t, true, body["dry_run"])
+	require.Empty(t, readOutbox(t, b.tbl))
+	code, _ = b.call(t, "POST", "/dlq/replay", "", `{"dry_run":true}`)
+	require.Equal(t, 400, code, "a count needs a filter too")
 	code, body = b.call(t, "POST", "/dlq/replay", "", `{"ids":[1]}`)
 	require.Equal(t, 200, code)
 	require.Equal(t, float64(1), body["replayed"])
+	require.Equal(t, false, body["dry_run"])
 	require.Len(t, readOutbox(t, b.tbl), 1)
 
 	code, body = b.call(t, "POST", "/dlq/purge", "", `{"topic":"invoices","dry_run":true}`)
@@ -347,6 +359,7 @@ func TestBrokerBreakerTripAndReset(t *testing.T) {
 	code, body := b.call(t, http.MethodPost, "/breaker/trip", "tok", `{"reason":"broker failover at 03:00"}`)
 	require.Equal(t, http.StatusOK, code, "%v", body)
 	require.Equal(t, "open", body["state"])
+	require.Equal(t, "closed", body["previous_state"])
 	require.Equal(t, "broker failover at 03:00", body["tripped_by_hand"])
 	require.Equal(t, breaker.DependencyOpen, b.dep.State())
 	_, body = b.call(t, http.MethodGet, "/breaker", "tok", "")
@@ -359,6 +372,7 @@ func TestBrokerBreakerTripAndReset(t *testing.T) {
 	code, body = b.call(t, http.MethodPost, "/breaker/reset", "tok", "")
 	require.Equal(t, http.StatusOK, code, "%v", body)
 	require.Equal(t, "closed", body["state"])
+	require.Equal(t, "open", body["previous_state"])
 	require.NotContains(t, body, "tripped_by_hand")
 	require.Equal(t, breaker.DependencyClosed, b.dep.State())
 
@@ -383,7 +397,9 @@ func TestStatusShowsTopicsBreakersAndDeadLetters(t *testing.T) {
 	code, body := b.call(t, http.MethodGet, "/status", "tok", "")
 	require.Equal(t, http.StatusOK, code, "%v", body)
 	topics := body["topics"].([]any)
-	require.Len(t, topics, 3)
+	// orders and invoices have no row left, but this process dead-lettered
+	// theirs in the last minute.
+	require.Len(t, topics, 5)
 	byName := map[string]map[string]any{}
 	for _, x := range topics {
 		m := x.(map[string]any)
@@ -396,6 +412,11 @@ func TestStatusShowsTopicsBreakersAndDeadLetters(t *testing.T) {
 	require.Equal(t, "tripped", byName["shipping"]["state"])
 	require.Equal(t, 0.0, byName["shipping"]["outstanding"])
 	require.Equal(t, "no route to the warehouse", byName["shipping"]["last_error"])
+	require.Equal(t, 0.0, byName["orders"]["outstanding"])
+	require.Equal(t, 2.0, byName["orders"]["dead_lettered_last_minute"])
+	require.Equal(t, 0.0, byName["orders"]["dispatched_last_minute"])
+	require.Equal(t, 1.0, byName["invoices"]["dead_lettered_last_minute"])
+	require.Equal(t, 0.0, byName["payments"]["dispatched_last_minute"])
 	require.Equal(t, "closed", body["broker_breaker"].(map[string]any)["state"])
 	dead := body["dead_letters"].(map[string]any)
 	require.Equal(t, 3.0, dead["total"])
@@ -523,4 +544,23 @@ func TestConsoleIsServedUnderAStrictPolicy(t *testing.T) {
 	plain := setup(t, "tok")
 	code, body := plain.call(t, http.MethodGet, "/", "tok", "")
 	require.Equal(t, http.StatusNotFound, code, "%v", body)
+}
+
+// An admin API given no broker breaker (a library user's choice) says so: its status
+// shows "none", and a trip or reset is a 404 that says why, changing nothing.
+func TestNoBrokerBreaker(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "", func(c *admin.Config) { c.Dependency = nil })
+	code, body := b.call(t, http.MethodGet, "/status", "", "")
+	require.Equal(t, http.StatusOK, code, "%v", body)
+	require.Equal(t, "none", body["broker_breaker"].(map[string]any)["state"])
+	code, body = b.call(t, http.MethodGet, "/breaker", "", "")
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, "none", body["state"])
+	for _, path := range []string{"/breaker/trip", "/breaker/reset"} {
+		code, body = b.call(t, http.MethodPost, path, "", `{"reason":"x"}`)
+		require.Equal(t, http.StatusNotFound, code, path)
+		require.Equal(t, "this sweeper has no broker breaker", body["error"], path)
+	}
+	require.NotContains(t, b.log.String(), "admin action", "nothing changed, nothing audited")
 }

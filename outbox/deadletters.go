@@ -287,6 +287,21 @@ func (d *DeadLetters) Purge(ctx context.Context, f DeadLetterFilter, dryRun bool
 	return n, nil
 }
 
+// Count returns how many dead letters match f: what Replay or Purge with the
+// same filter would move, for a confirmation that shows the number before an
+// operator commits to it. Ids of f that are not dead letters are not counted
+// (Replay would refuse them). Like them, it wants a filter or f.All.
+func (d *DeadLetters) Count(ctx context.Context, f DeadLetterFilter) (int, error) {
+	if f.empty() && !f.All {
+		return 0, ErrNoFilter
+	}
+	var n int
+	if err := d.pool.QueryRow(ctx, d.purge, append(f.args(), true)...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count dead letters of %s: %w", d.table, err)
+	}
+	return n, nil
+}
+
 // MissingDeadLettersError is a replay of ids that are not all dead letters:
 // nothing was replayed.
 type MissingDeadLettersError struct {

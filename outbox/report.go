@@ -19,6 +19,7 @@ const maxLoggedIDs = 10
 
 // observeFailure tells the observer about a failed batch and its dead letters.
 func (s *Sweeper) observeFailure(topic string, err error, out applied) {
+	s.activity.add(topic, time.Now(), activityCounts{failed: 1, deadLettered: out.deadLettered})
 	if s.cfg.Observer == nil {
 		return
 	}

@@ -237,8 +237,9 @@ func (s *Sweeper) succeeded(b producer.Batch, gen uint64, tr *topicResult) {
 	s.breaker.Success(b.Topic, gen)
 	s.backoff.succeeded(b.Topic)
 	tr.dispatched += len(b.Messages)
+	now := time.Now()
+	s.activity.add(b.Topic, now, activityCounts{dispatched: len(b.Messages)})
 	if s.cfg.Observer != nil {
-		now := time.Now()
 		lat := make([]time.Duration, len(b.Messages))
 		for i := range b.Messages {
 			lat[i] = now.Sub(b.Messages[i].CreatedAt)

@@ -328,6 +328,7 @@ type Sweeper struct {
 	breaker  breaker.Breaker
 	broker   BrokerBreaker // nil: none
 	backoff  *topicBackoff
+	activity activity
 	cfg      Config
 	logger   *slog.Logger
 	producer producer.Producer

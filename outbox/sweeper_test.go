@@ -184,6 +184,9 @@ func TestFailedBatchKeepsItsRowsAndOtherTopicsGoOn(t *testing.T) {
 		}
 	}
 	require.Equal(t, breaker.StateClosed, s.TopicBreaker().State("A"), "one failing row is not the topic's fault")
+	require.Equal(t, []outbox.TopicActivity{
+		{Topic: "A", FailedBatches: 3}, {Topic: "B", Dispatched: 10}, {Topic: "C", Dispatched: 10},
+	}, s.TopicActivity(), "the console's last-minute figures")
 	backoffs := s.TopicBackoffs()
 	require.Len(t, backoffs, 1)
 	require.Equal(t, "A", backoffs[0].Topic)
@@ -223,6 +226,10 @@ func TestPoisonMessageDoesNotHoldItsTopic(t *testing.T) {
 	require.Equal(t, 8, res.Dispatched)
 	require.Equal(t, 2, res.DeadLettered)
 	require.Equal(t, []int64{1, 2, 4, 5, 7, 8, 9, 10}, ids(prod.Messages()), "neighbours delivered in order")
+	act := s.TopicActivity()
+	require.Len(t, act, 1)
+	require.Equal(t, 8, act[0].Dispatched)
+	require.Equal(t, 2, act[0].DeadLettered)
 	for _, r := range readRows(t, tbl) {
 		require.True(t, r.Dispatched, "row %d", r.ID)
 		require.Zero(t, r.Attempts, "row %d", r.ID)

@@ -313,7 +313,7 @@ func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Wri
 		}
 		waitAdmin, err := admin.Start(ctx, admin.Config{Addr: o.adminAddr, Token: o.adminToken, UI: o.adminUI, Pool: pool, Table: tbl,
 			Topics: s.TopicBreaker(), Dependency: dep, DeadLetters: dead, Logger: logger, Backoffs: s.TopicBackoffs,
-			Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})})
+			Activity: s.TopicActivity, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})})
 		if err != nil {
 			_ = p.Close(ctx)
 			return err

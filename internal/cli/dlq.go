@@ -56,6 +56,7 @@ func (o *dlqOptions) flags(cmd string) *flags {
 	case "replay":
 		f.String(&o.ids, "id", "", "ids", "dead-letter ids to replay, comma-separated")
 		f.bool(&o.all, "all", "replay every dead letter")
+		f.bool(&o.dryRun, "dry-run", "print how many would be replayed, replay nothing")
 	case "purge":
 		f.String(&o.ids, "id", "", "ids", "dead-letter ids to purge, comma-separated")
 		f.Duration(&o.olderThan, "older-than", 0, "purge dead letters older than this, e.g. 720h")
@@ -147,14 +148,22 @@ func dlqCommand(ctx context.Context, o *dlqOptions, f *flags, out, _ io.Writer) 
 		}
 		return printDeadLetters(out, rows, o.showPayload)
 	case "replay":
-		n, err := d.Replay(ctx, flt)
+		replay := d.Replay
+		if o.dryRun {
+			replay = d.Count
+		}
+		n, err := replay(ctx, flt)
 		if errors.Is(err, outbox.ErrNoFilter) {
 			return &usageError{msg: err.Error()}
 		}
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "replayed %d dead letters into %s\n", n, tbl)
+		if o.dryRun {
+			fmt.Fprintf(out, "would replay %d dead letters into %s (dry run: nothing replayed)\n", n, tbl)
+		} else {
+			fmt.Fprintf(out, "replayed %d dead letters into %s\n", n, tbl)
+		}
 	case "purge":
 		n, err := d.Purge(ctx, flt, o.dryRun)
 		if errors.Is(err, outbox.ErrNoFilter) {

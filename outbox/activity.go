@@ -1,0 +1,95 @@
+package outbox
+
+import (
+	"maps"
+	"slices"
+	"sync"
+	"time"
+)
+
+// ActivityWindow is how far back [Sweeper.TopicActivity] counts.
+const ActivityWindow = time.Minute
+
+// TopicActivity is what this sweeper did for one topic within the last
+// ActivityWindow: the console's "dispatched in the last minute" and "failures
+// in the window". It counts this process only: other instances on the same
+// table keep their own.
+type TopicActivity struct {
+	Topic string `json:"topic"`
+	// Dispatched counts the rows the broker accepted.
+	Dispatched int `json:"dispatched"`
+	// FailedBatches counts the sends of the topic that failed, of every class
+	// (a batch split after a failure counts each failing half).
+	FailedBatches int `json:"failed_batches"`
+	// DeadLettered counts the rows moved to the dead-letter table.
+	DeadLettered int `json:"dead_lettered"`
+}
+
+// activity keeps TopicActivity in one-second buckets, a ring of them over the
+// window, so that recording costs a map update per batch and reading sums at
+// most a minute of buckets: no database range scan for a figure the process
+// already knows.
+type activity struct {
+	mu      sync.Mutex
+	buckets [activityBuckets]activityBucket
+}
+
+const activityBuckets = int(ActivityWindow / time.Second)
+
+type activityBucket struct {
+	sec    int64 // the Unix second it counts
+	topics map[string]activityCounts
+}
+
+type activityCounts struct{ dispatched, failed, deadLettered int }
+
+func (a *activity) add(topic string, now time.Time, c activityCounts) {
+	sec := now.Unix()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	b := &a.buckets[sec%int64(activityBuckets)]
+	if b.sec != sec {
+		b.sec = sec
+		if b.topics == nil {
+			b.topics = map[string]activityCounts{}
+		}
+		clear(b.topics)
+	}
+	t := b.topics[topic]
+	t.dispatched += c.dispatched
+	t.failed += c.failed
+	t.deadLettered += c.deadLettered
+	b.topics[topic] = t
+}
+
+// list sums the buckets of the window that ends at now, by topic name.
+func (a *activity) list(now time.Time) []TopicActivity {
+	sec := now.Unix()
+	sums := map[string]activityCounts{}
+	a.mu.Lock()
+	for i := range a.buckets {
+		b := &a.buckets[i]
+		if b.sec <= sec-int64(activityBuckets) || b.sec > sec {
+			continue
+		}
+		for topic, c := range b.topics {
+			s := sums[topic]
+			s.dispatched += c.dispatched
+			s.failed += c.failed
+			s.deadLettered += c.deadLettered
+			sums[topic] = s
+		}
+	}
+	a.mu.Unlock()
+	out := make([]TopicActivity, 0, len(sums))
+	for _, topic := range slices.Sorted(maps.Keys(sums)) {
+		c := sums[topic]
+		out = append(out, TopicActivity{Topic: topic, Dispatched: c.dispatched, FailedBatches: c.failed, DeadLettered: c.deadLettered})
+	}
+	return out
+}
+
+// TopicActivity lists, by topic name, what this sweeper dispatched, failed and
+// dead-lettered within the last ActivityWindow. Topics with nothing in the
+// window are left out.
+func (s *Sweeper) TopicActivity() []TopicActivity { return s.activity.list(time.Now()) }
