@@ -27,24 +27,32 @@ import (
 // The console in a real browser (Debian's headless Chromium, driven with
 // chromedp) against the binary: sign in, see a tripped topic whose name is an
 // HTML tag rendered as text (no dialog ever opens), reset it from the page
-// and see it close, replay a dead letter from the page and see it leave the
-// list. Screenshots go to OUTBOX_TEST_SCREENSHOTS when it names a directory.
+// and see it close, trip another with a reason, read a dead letter's payload
+// (fetched only on request), replay a dead letter from the page and see it
+// leave the list, replay all that a filter matches after a confirmation that
+// says how many, and read it all on a phone's width with nothing cut or
+// scrolled sideways. Screenshots go to OUTBOX_TEST_SCREENSHOTS when it names
+// a directory.
 func TestConsoleInABrowser(t *testing.T) {
 	t.Parallel()
 	chromium, err := exec.LookPath("chromium")
 	require.NoError(t, err, "Debian's chromium runs the console's browser test; .ci/run installs it (apt-get install chromium)")
 
 	tbl := migrated(t)
-	// A dead letter: a row a library sweeper's producer refuses.
+	// Dead letters: rows a library sweeper's producer refuses.
 	ctx := context.Background()
 	deadID := writeOne(t, tbl, outbox.Message{Topic: "invoices", Payload: []byte("refused"), CorrelationID: "corr-dead-1"})
+	pay1 := writeOne(t, tbl, outbox.Message{Topic: "payments", Payload: []byte(`{"amount":42,"note":"<script>alert(2)</script>"}`)})
+	pay2 := writeOne(t, tbl, outbox.Message{Topic: "payments", Payload: []byte(`{"amount":43}`)})
 	prod := memory.New(memory.Config{})
-	prod.FailMessage(deadID, producer.NewMessageError(producer.ReasonInvalidMessage, nil, errors.New("refused by the test")))
+	for _, id := range []int64{deadID, pay1, pay2} {
+		prod.FailMessage(id, producer.NewMessageError(producer.ReasonInvalidMessage, nil, errors.New("refused by the test")))
+	}
 	s, err := outbox.NewSweeper(dbtest.Pool(t), prod, outbox.Config{Table: tbl})
 	require.NoError(t, err)
 	_, err = s.Sweep(ctx)
 	require.NoError(t, err)
-	require.Contains(t, deadLetterReasons(t, tbl), deadID)
+	require.Len(t, deadLetterReasons(t, tbl), 3)
 
 	p, base := startWithAdmin(t, tbl, "--tick", "200ms",
 		// A tripped topic stays tripped until reset, however slow the browser.
@@ -77,7 +85,7 @@ func TestConsoleInABrowser(t *testing.T) {
 		err := chromedp.Do(sctx, actions...)
 		if err != nil {
 			dctx, dcancel := context.WithTimeout(browser, 10*time.Second)
-			html, derr := chromedp.Run(dctx, chromedp.Evaluate[string](`"signin hidden=" + document.getElementById("signin").hidden + " console hidden=" + document.getElementById("console").hidden + " msg=" + document.getElementById("message").textContent + " err=" + document.getElementById("signin-error").textContent + " token=" + sessionStorage.getItem("outbox-admin-token") + " rows=" + document.querySelectorAll("#topics tr").length`))
+			html, derr := chromedp.Run(dctx, chromedp.Evaluate[string](`"signin hidden=" + document.getElementById("signin").hidden + " console hidden=" + document.getElementById("console").hidden + " msg=" + document.getElementById("message").textContent + " ask=" + document.getElementById("ask-text").textContent + " err=" + document.getElementById("signin-error").textContent + " rows=" + document.querySelectorAll("#topics tr").length + " letters=" + document.querySelectorAll("#dead-letters tr").length`))
 			dcancel()
 			t.Logf("the page when %q failed (%v): %s", what, derr, html)
 		}
@@ -86,6 +94,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	wait := func(expr string) chromedp.Action[chromedp.Void] {
 		return chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingTimeout(2*time.Minute))
 	}
+	js := func(expr string) chromedp.Action[chromedp.Void] { return chromedp.Evaluate[chromedp.Void](expr) }
 	shot := func(name string) {
 		dir := os.Getenv("OUTBOX_TEST_SCREENSHOTS")
 		if dir == "" {
@@ -101,10 +110,14 @@ func TestConsoleInABrowser(t *testing.T) {
 	row := func(topic string) string {
 		return fmt.Sprintf(`Array.from(document.querySelectorAll("#topics tr")).find(tr => tr.querySelector("td.topic").textContent === %q)`, topic)
 	}
+	message := func(text string) chromedp.Action[chromedp.Void] {
+		return wait(fmt.Sprintf(`document.getElementById("message").textContent.includes(%q)`, text))
+	}
 
 	step("sign in", chromedp.Navigate(base+"/"), chromedp.WaitVisible("#signin-form"),
 		chromedp.SendKeys("#token", "t0ken"), chromedp.Click(`#signin-form button[type="submit"]`),
-		wait(row(xss)+` !== undefined`))
+		wait(row(xss)+` !== undefined`),
+		wait(fmt.Sprintf(`document.querySelector('input.pick[value="%d"]') !== null`, pay1)))
 	shot("console.png")
 	step("the tripped topic, its name and reason as text",
 		wait(row(xss)+`.querySelector("td.state").textContent.startsWith("tripped")`),
@@ -112,18 +125,50 @@ func TestConsoleInABrowser(t *testing.T) {
 		wait(`document.querySelectorAll("img, b").length === 0`))
 
 	step("reset it from the page", wait(row(xss)+`.querySelector("button").textContent === "Reset"`),
-		chromedp.Evaluate[chromedp.Void](row(xss)+`.querySelector("button").click()`),
-		// Closed, its row is sent by the sweeper and leaves the list.
-		wait(`(() => { const r = `+row(xss)+`; return r === undefined || r.querySelector("td.state").textContent.startsWith("closed"); })()`))
+		js(row(xss)+`.querySelector("button").click()`),
+		message("was tripped, is closed"),
+		// Closed, its row is sent by the sweeper, and the topic shows what
+		// was sent in the last minute.
+		wait(`(() => { const r = `+row(xss)+`; return r !== undefined && r.querySelector("td.state").textContent.startsWith("closed") && r.querySelector('td[data-label="Sent, last min"]').textContent === "1"; })()`))
+
+	step("trip a topic from the page, with a reason asked in the page",
+		chromedp.SetValue("#trip-topic", "shipping"), chromedp.Click(`#trip-form button[type="submit"]`),
+		wait(`!document.getElementById("ask").hidden && document.getElementById("ask-text").textContent.includes("Trip topic shipping?")`),
+		chromedp.SendKeys("#ask-reason", "warehouse migration"), chromedp.Click("#ask-ok"),
+		message("topic shipping was closed, is tripped"),
+		wait(row("shipping")+` !== undefined && `+row("shipping")+`.querySelector("td.error-text").textContent === "warehouse migration"`))
+
+	payBtn := fmt.Sprintf(`document.querySelector('#dead-letters tr[data-id="%d"] button')`, pay1)
+	step("a payload is shown only on request, as text",
+		wait(`!document.body.textContent.includes('"amount":42')`),
+		wait(payBtn+` !== null`), js(payBtn+`.click()`),
+		wait(`(() => { const p = document.querySelector("pre.payload"); return p !== null && p.textContent.includes('{"amount":42,"note":"<script>alert(2)</script>"}'); })()`),
+		wait(`document.querySelectorAll("#dead-letters script").length === 0`))
 
 	pick := fmt.Sprintf(`document.querySelector('input.pick[value="%d"]')`, deadID)
 	step("replay the dead letter from the page", wait(pick+` !== null`),
-		chromedp.Evaluate[chromedp.Void](pick+`.click()`),
+		js(pick+`.click()`),
 		chromedp.Click("#dlq-replay"),
 		wait(pick+` === null`),
-		wait(`document.getElementById("message").textContent.includes("1 dead letters replayed")`))
+		message("1 dead letters replayed"))
 	shot("console-after.png")
-	require.Zero(t, dialogs.Load(), "no dialog opened: the topic's tag never ran")
-	dbtest.Eventually(t, time.Minute, "the replayed row sent", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
+
+	step("replay all that a filter matches, after a confirmation that counts them",
+		chromedp.SetValue("#f-topic", "payments"), chromedp.Click(`#dlq-filter button[type="submit"]`),
+		chromedp.Click("#dlq-replay-matching"),
+		wait(`!document.getElementById("ask").hidden && document.getElementById("ask-text").textContent.includes("Replay 2 dead letters (the dead letters matching topic payments)")`),
+		chromedp.Click("#ask-ok"),
+		message("2 dead letters replayed"),
+		wait(`document.querySelectorAll("#dead-letters tr").length === 0`))
+
+	step("a phone's width: rows become cards, nothing scrolls sideways",
+		chromedp.EmulateViewport(390, 844, chromedp.EmulateMobile),
+		wait(`document.querySelector("thead").offsetParent === null`), // headers hidden, cells labelled
+		wait(row("shipping")+`.querySelector("td.state").getBoundingClientRect().right <= window.innerWidth`),
+		wait(`document.documentElement.scrollWidth <= window.innerWidth`))
+	shot("console-phone.png")
+
+	require.Zero(t, dialogs.Load(), "no dialog opened: neither the topic's tag nor the payload's script ran, and the page asks in the page")
+	dbtest.Eventually(t, time.Minute, "the replayed rows sent", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
 	require.Empty(t, deadLetterReasons(t, tbl))
 }

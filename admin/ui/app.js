@@ -1,8 +1,10 @@
 // The outbox sweeper's console: a view of GET /status, refreshed every few
 // seconds, and buttons for the admin API's actions. Everything from the
-// sweeper (topics, errors, correlation ids) is put in the page as text, never
-// as HTML. The token lives in sessionStorage and travels in the Authorization
-// header only.
+// sweeper (topics, errors, correlation ids, payloads) is put in the page as
+// text, never as HTML. The token lives in sessionStorage and travels in the
+// Authorization header only. Questions are asked in the page, not in browser
+// dialogs: a phone may suppress those, and an operator should see the count
+// and the question side by side.
 "use strict";
 
 const refreshEvery = 3000;
@@ -43,26 +45,65 @@ function showConsole() {
   $("signout").hidden = !token();
 }
 
-// age writes seconds as a short relative time.
-function age(s) {
+// ask shows question in the page and resolves with the reason typed (or ""
+// without one) when confirmed, null when cancelled. A newer question
+// cancels the one still open.
+let pending = null;
+function ask(question, wantReason) {
+  if (pending) pending(null);
+  $("ask-text").textContent = question;
+  $("ask-reason-label").hidden = !wantReason;
+  $("ask-reason").value = "";
+  $("ask").hidden = false;
+  (wantReason ? $("ask-reason") : $("ask-ok")).focus();
+  return new Promise((resolve) => {
+    pending = (v) => { pending = null; $("ask").hidden = true; resolve(v); };
+  });
+}
+
+// ago writes seconds as a short relative time.
+function ago(s) {
+  s = Math.max(0, s);
   if (s < 60) return Math.round(s) + " s";
   if (s < 3600) return Math.round(s / 60) + " min";
   if (s < 86400) return (s / 3600).toFixed(1) + " h";
   return (s / 86400).toFixed(1) + " d";
 }
 
-function cell(tr, text, cls) {
+// at writes a time as the operator's local clock reads it: the time alone
+// today, with the date otherwise.
+function at(d) {
+  const today = new Date().toDateString() === d.toDateString();
+  return today ? d.toLocaleTimeString() : d.toLocaleString();
+}
+
+// cell adds a cell of text; label names it where a narrow screen shows rows
+// as cards.
+function cell(tr, label, text, cls) {
   const td = document.createElement("td");
   td.textContent = text;
+  td.dataset.label = label;
   if (cls) td.className = cls;
   tr.appendChild(td);
   return td;
 }
 
-function button(label, onClick) {
+// timeCell shows a time both ways: how long ago, and when (ISO on hover).
+function timeCell(tr, label, d) {
+  const td = cell(tr, label, ago((Date.now() - d.getTime()) / 1000) + " ago");
+  const abs = document.createElement("small");
+  abs.className = "abs";
+  abs.textContent = at(d);
+  td.appendChild(abs);
+  td.title = d.toISOString();
+  return td;
+}
+
+function button(label, onClick, cls) {
   const b = document.createElement("button");
   b.textContent = label;
   b.addEventListener("click", onClick);
+  if (cls) b.className = cls;
   return b;
 }
 
@@ -70,28 +111,36 @@ function renderStatus(st) {
   const bb = st.broker_breaker;
   $("broker-state").textContent = bb.state;
   $("broker-state").className = "state " + bb.state;
-  const counts = bb.counts || {};
-  $("broker-detail").textContent = (bb.tripped_by_hand ? "tripped by hand: " + bb.tripped_by_hand + "; " : "") +
-    (counts.consecutive_failures || 0) + " failures in a row";
+  const c = bb.counts || {};
+  $("broker-detail").textContent = bb.state === "none" ? "this sweeper has no broker breaker" :
+    (bb.tripped_by_hand ? "tripped by hand: " + bb.tripped_by_hand + "; " : "") +
+    (c.consecutive_failures || 0) + " failures in a row; " + (c.total_failures || 0) + " failed and " +
+    (c.total_successes || 0) + " succeeded of " + (c.requests || 0) + " sends this period";
+  $("broker-trip").hidden = $("broker-reset").hidden = bb.state === "none";
 
+  const now = Date.parse(st.backlog_read_at);
   const body = $("topics");
   body.replaceChildren();
-  for (const t of st.topics) {
+  // What needs a look first: tripped, then half-open, then by backlog.
+  const rank = { tripped: 0, "half-open": 1 };
+  const topics = st.topics.slice().sort((a, b) => (rank[a.state] ?? 2) - (rank[b.state] ?? 2) ||
+    b.outstanding - a.outstanding || (a.topic < b.topic ? -1 : a.topic > b.topic ? 1 : 0));
+  for (const t of topics) {
     const tr = document.createElement("tr");
-    cell(tr, t.topic, "topic");
-    cell(tr, t.state + (t.backoff_seconds ? " (backing off " + age(t.backoff_seconds) + ")" : ""), "state " + t.state);
-    cell(tr, String(t.outstanding));
-    const oldest = cell(tr, t.outstanding ? age(t.oldest_age_seconds) : "");
-    if (t.outstanding) oldest.title = new Date(Date.parse(st.backlog_read_at) - t.oldest_age_seconds * 1000).toISOString();
-    cell(tr, t.cooldown_ticks_left ? String(t.cooldown_ticks_left) : "");
-    const err = cell(tr, (t.last_error || "").slice(0, 160), "error-text");
+    cell(tr, "Topic", t.topic, "topic");
+    cell(tr, "State", t.state + (t.backoff_seconds ? " (backing off " + ago(t.backoff_seconds) + ")" : ""), "state " + t.state);
+    cell(tr, "Outstanding", String(t.outstanding));
+    if (t.outstanding) timeCell(tr, "Oldest", new Date(now - t.oldest_age_seconds * 1000));
+    else cell(tr, "Oldest", "");
+    cell(tr, "Sent, last min", String(t.dispatched_last_minute));
+    cell(tr, "Failed, last min", t.failed_batches_last_minute + " batches" +
+      (t.dead_lettered_last_minute ? ", " + t.dead_lettered_last_minute + " dead-lettered" : ""),
+      t.failed_batches_last_minute ? "warn" : "");
+    cell(tr, "Cooldown ticks", t.cooldown_ticks_left ? String(t.cooldown_ticks_left) : "");
+    const err = cell(tr, "Last error", (t.last_error || "").slice(0, 160), "error-text");
     err.title = t.last_error || "";
     const actions = document.createElement("td");
-    if (t.state === "closed") {
-      actions.appendChild(button("Trip", () => tripTopic(t.topic)));
-    } else {
-      actions.appendChild(button("Reset", () => resetTopic(t.topic)));
-    }
+    actions.appendChild(t.state === "closed" ? button("Trip…", () => tripTopic(t.topic)) : button("Reset", () => resetTopic(t.topic)));
     tr.appendChild(actions);
     body.appendChild(tr);
   }
@@ -101,12 +150,21 @@ function renderStatus(st) {
   groups.replaceChildren();
   for (const g of st.dead_letters.groups) {
     const tr = document.createElement("tr");
-    cell(tr, g.topic, "topic");
-    cell(tr, g.reason);
-    cell(tr, String(g.count));
-    cell(tr, age(g.oldest_age_seconds));
+    cell(tr, "Topic", g.topic, "topic");
+    cell(tr, "Reason", g.reason);
+    cell(tr, "Count", String(g.count));
+    timeCell(tr, "Oldest", new Date(now - g.oldest_age_seconds * 1000));
+    const actions = document.createElement("td");
+    actions.appendChild(button("List", () => {
+      $("f-topic").value = g.topic;
+      $("f-reason").value = g.reason;
+      $("f-since").value = "";
+      listDeadLetters(false);
+    }));
+    tr.appendChild(actions);
     groups.appendChild(tr);
   }
+  $("no-dead").hidden = st.dead_letters.groups.length > 0;
   $("updated").textContent = "updated " + new Date(st.time).toLocaleTimeString();
   $("updated").title = st.time;
 }
@@ -132,15 +190,15 @@ async function act(what, method, path, body) {
 }
 
 function describe(r) {
-  if (r.topic !== undefined) return "topic " + r.topic + " is " + r.state;
+  if (r.topic !== undefined) return "topic " + r.topic + " was " + r.previous_state + ", is " + r.state;
   if (r.replayed !== undefined) return r.replayed + " dead letters replayed";
-  if (r.purged !== undefined) return r.purged + " dead letters " + (r.dry_run ? "would be purged" : "purged");
-  if (r.state !== undefined) return "broker breaker is " + r.state;
+  if (r.purged !== undefined) return r.purged + " dead letters purged";
+  if (r.state !== undefined) return "broker breaker was " + r.previous_state + ", is " + r.state;
   return "done";
 }
 
-function tripTopic(topic) {
-  const reason = prompt("Trip " + topic + ": why?");
+async function tripTopic(topic) {
+  const reason = await ask("Trip topic " + topic + "? Nothing of it is sent until it is reset or its cooldown ends.", true);
   if (reason === null) return;
   act("Trip", "POST", "/topics/" + encodeURIComponent(topic) + "/trip", { reason });
 }
@@ -149,47 +207,103 @@ function resetTopic(topic) {
   act("Reset", "POST", "/topics/" + encodeURIComponent(topic) + "/reset");
 }
 
-function filterQuery() {
-  const q = new URLSearchParams({ limit: "50" });
+// filter reads the filter form: the dead-letter list's query, and the body
+// that selects the same dead letters for a replay or purge.
+function filter() {
+  const f = {};
   for (const [k, id] of [["topic", "f-topic"], ["reason", "f-reason"], ["since", "f-since"]]) {
     const v = $(id).value.trim();
-    if (v) q.set(k, v);
+    if (v) f[k] = v;
   }
-  return q;
+  return f;
 }
 
 async function listDeadLetters(more) {
-  const q = filterQuery();
+  const q = new URLSearchParams({ limit: "50", ...filter() });
   if (more && cursor) q.set("cursor", cursor);
   try {
     const r = await api("GET", "/dlq?" + q.toString());
     const body = $("dead-letters");
     if (!more) body.replaceChildren();
-    for (const d of r.dead_letters) {
-      const tr = document.createElement("tr");
-      const pick = document.createElement("td");
-      const box = document.createElement("input");
-      box.type = "checkbox";
-      box.value = String(d.id);
-      box.className = "pick";
-      box.setAttribute("aria-label", "select dead letter " + d.id);
-      pick.appendChild(box);
-      tr.appendChild(pick);
-      cell(tr, String(d.id));
-      cell(tr, d.topic, "topic");
-      cell(tr, d.reason);
-      const at = cell(tr, new Date(d.dead_lettered_at).toLocaleString());
-      at.title = d.dead_lettered_at;
-      cell(tr, d.correlation_id || "");
-      const err = cell(tr, (d.error || "").slice(0, 160), "error-text");
-      err.title = d.error || "";
-      body.appendChild(tr);
-    }
+    for (const d of r.dead_letters) body.appendChild(deadLetterRow(d));
     cursor = r.next_cursor || null;
     $("dlq-more").hidden = !cursor;
+    $("no-letters").hidden = body.children.length > 0;
   } catch (e) {
     if (e.message !== "unauthorized") say("Could not list the dead letters: " + e.message, true);
   }
+}
+
+function deadLetterRow(d) {
+  const tr = document.createElement("tr");
+  tr.dataset.id = String(d.id);
+  const pick = document.createElement("td");
+  const box = document.createElement("input");
+  box.type = "checkbox";
+  box.value = String(d.id);
+  box.className = "pick";
+  box.setAttribute("aria-label", "select dead letter " + d.id);
+  pick.appendChild(box);
+  tr.appendChild(pick);
+  cell(tr, "Id", String(d.id));
+  cell(tr, "Topic", d.topic, "topic");
+  cell(tr, "Reason", d.reason);
+  timeCell(tr, "Dead-lettered", new Date(d.dead_lettered_at));
+  cell(tr, "Correlation id", d.correlation_id || "");
+  const err = cell(tr, "Error", (d.error || "").slice(0, 160), "error-text");
+  err.title = d.error || "";
+  const actions = document.createElement("td");
+  actions.appendChild(button("Payload", (ev) => showPayload(d.id, ev.target)));
+  tr.appendChild(actions);
+  return tr;
+}
+
+// showPayload fetches one dead letter with its payload, only when asked (it
+// may hold personal data), and shows it under its row as text: UTF-8 when it
+// decodes as such, base64 otherwise.
+async function showPayload(id, btn) {
+  const row = document.querySelector('#dead-letters tr[data-id="' + id + '"]');
+  const next = row && row.nextElementSibling;
+  if (next && next.classList.contains("payload-row")) { next.remove(); btn.textContent = "Payload"; return; }
+  try {
+    const r = await api("GET", "/dlq?show_payload=true&limit=1&id=" + id);
+    if (r.dead_letters.length === 0) { say("Dead letter " + id + " is gone (replayed or purged).", true); return; }
+    const d = r.dead_letters[0];
+    const tr = document.createElement("tr");
+    tr.className = "payload-row";
+    const td = document.createElement("td");
+    td.colSpan = 8;
+    const pre = document.createElement("pre");
+    pre.className = "payload";
+    pre.textContent = describePayload(d);
+    td.appendChild(pre);
+    tr.appendChild(td);
+    row.after(tr);
+    btn.textContent = "Hide";
+  } catch (e) {
+    if (e.message !== "unauthorized") say("Could not read dead letter " + id + ": " + e.message, true);
+  }
+}
+
+function describePayload(d) {
+  const b64 = d.payload || "";
+  const bytes = Uint8Array.from(atob(b64), (ch) => ch.charCodeAt(0));
+  let payload;
+  try {
+    payload = new TextDecoder("utf-8", { fatal: true }).decode(bytes);
+  } catch (e) {
+    payload = "(not UTF-8; base64) " + b64;
+  }
+  const lines = [
+    "message id:   " + d.message_id,
+    "content type: " + (d.content_type || ""),
+    "created:      " + d.created_at + ", " + d.attempts + " attempts",
+    "headers:      " + (d.headers ? JSON.stringify(d.headers) : "{}"),
+    "error:        " + (d.error || ""),
+    "payload (" + bytes.length + " bytes):",
+    payload,
+  ];
+  return lines.join("\n");
 }
 
 function selected() {
@@ -205,15 +319,54 @@ async function replaySelected() {
 async function purgeSelected() {
   const ids = selected();
   if (ids.length === 0) { say("Select dead letters first.", true); return; }
-  let count;
-  try {
-    count = (await api("POST", "/dlq/purge", { ids, dry_run: true })).purged;
-  } catch (e) {
-    if (e.message !== "unauthorized") say("Purge failed: " + e.message, true);
+  await purge({ ids }, ids.length + " selected");
+}
+
+// matching is the selection of every dead letter the filter form matches:
+// all of them when the form is empty.
+function matching() {
+  const f = filter();
+  const what = Object.keys(f).length === 0 ? "every dead letter" :
+    "the dead letters matching " + Object.entries(f).map(([k, v]) => k + " " + v).join(", ");
+  return { sel: Object.keys(f).length === 0 ? { all: true } : f, what };
+}
+
+async function replayMatching() {
+  const { sel, what } = matching();
+  const n = await count("/dlq/replay", sel, "replayed", "Replay");
+  if (n === null) return;
+  if (n === 0) { say("Nothing to replay: no dead letter matches.", true); return; }
+  if (await ask("Replay " + n + " dead letters (" + what + ") to the outbox?", false) === null) return;
+  if (await act("Replay", "POST", "/dlq/replay", sel)) listDeadLetters(false);
+}
+
+async function purgeMatching() {
+  const { sel, what } = matching();
+  if (sel.since) {
+    say("Purge selects by topic and reason here, not by Since (that would purge the newest): clear Since, " +
+      "or purge by age with `sweeper dlq purge --older-than`.", true);
     return;
   }
-  if (!confirm("Delete " + count + " dead letters for good?")) return;
-  if (await act("Purge", "POST", "/dlq/purge", { ids })) listDeadLetters(false);
+  await purge(sel, what);
+}
+
+// purge asks the API how many dead letters sel holds (a dry run), asks the
+// operator with that number, and purges.
+async function purge(sel, what) {
+  const n = await count("/dlq/purge", { ...sel }, "purged", "Purge");
+  if (n === null) return;
+  if (n === 0) { say("Nothing to purge: no dead letter matches.", true); return; }
+  if (await ask("Delete " + n + " dead letters (" + what + ") for good? They cannot be replayed after.", false) === null) return;
+  if (await act("Purge", "POST", "/dlq/purge", sel)) listDeadLetters(false);
+}
+
+async function count(path, sel, field, what) {
+  try {
+    return (await api("POST", path, { ...sel, dry_run: true }))[field];
+  } catch (e) {
+    if (e.message !== "unauthorized") say(what + " failed: " + e.message, true);
+    return null;
+  }
 }
 
 document.addEventListener("DOMContentLoaded", () => {
@@ -224,15 +377,24 @@ document.addEventListener("DOMContentLoaded", () => {
     refresh().then(() => listDeadLetters(false));
   });
   $("signout").addEventListener("click", () => { sessionStorage.removeItem("outbox-admin-token"); showSignin(""); });
-  $("broker-trip").addEventListener("click", () => {
-    const reason = prompt("Trip the broker breaker: why?");
+  $("ask-ok").addEventListener("click", () => pending && pending($("ask-reason").value));
+  $("ask-cancel").addEventListener("click", () => pending && pending(null));
+  $("broker-trip").addEventListener("click", async () => {
+    const reason = await ask("Trip the broker breaker? Nothing is sent, and nothing charged, until it is reset.", true);
     if (reason !== null) act("Broker trip", "POST", "/breaker/trip", { reason });
   });
   $("broker-reset").addEventListener("click", () => act("Broker reset", "POST", "/breaker/reset"));
+  $("trip-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const topic = $("trip-topic").value.trim();
+    if (topic) tripTopic(topic);
+  });
   $("dlq-filter").addEventListener("submit", (ev) => { ev.preventDefault(); listDeadLetters(false); });
   $("dlq-more").addEventListener("click", () => listDeadLetters(true));
   $("dlq-replay").addEventListener("click", replaySelected);
   $("dlq-purge").addEventListener("click", purgeSelected);
+  $("dlq-replay-matching").addEventListener("click", replayMatching);
+  $("dlq-purge-matching").addEventListener("click", purgeMatching);
   refresh().then(() => listDeadLetters(false));
   setInterval(refresh, refreshEvery);
 });

@@ -7,6 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"os"
+	"os/user"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -103,7 +106,7 @@ func (o *dlqOptions) filter(f *flags) (outbox.DeadLetterFilter, error) {
 }
 
 // dlqCommand runs `sweeper dlq list|replay|purge`.
-func dlqCommand(ctx context.Context, o *dlqOptions, f *flags, out, _ io.Writer) error {
+func dlqCommand(ctx context.Context, o *dlqOptions, f *flags, out, errOut io.Writer) error {
 	cmd := o.cmd
 	tbl, err := o.tableName(f)
 	if err != nil {
@@ -162,6 +165,7 @@ func dlqCommand(ctx context.Context, o *dlqOptions, f *flags, out, _ io.Writer) 
 		if o.dryRun {
 			fmt.Fprintf(out, "would replay %d dead letters into %s (dry run: nothing replayed)\n", n, tbl)
 		} else {
+			audit(errOut, "dead letters replay", n, flt, tbl)
 			fmt.Fprintf(out, "replayed %d dead letters into %s\n", n, tbl)
 		}
 	case "purge":
@@ -175,10 +179,35 @@ func dlqCommand(ctx context.Context, o *dlqOptions, f *flags, out, _ io.Writer) 
 		if o.dryRun {
 			fmt.Fprintf(out, "would purge %d dead letters from %s (dry run: nothing purged)\n", n, tbl.Schema+"."+tbl.DeadLetterName())
 		} else {
+			audit(errOut, "dead letters purge", n, flt, tbl)
 			fmt.Fprintf(out, "purged %d dead letters from %s\n", n, tbl.Schema+"."+tbl.DeadLetterName())
 		}
 	}
 	return nil
+}
+
+// audit writes the admin API's audit line for a change made from the shell
+// straight to the database, which no sweeper sees: to stderr, for the
+// terminal's history or whatever collects the job's output, with the OS user
+// and host in place of the API's remote address and user agent.
+func audit(w io.Writer, action string, n int, f outbox.DeadLetterFilter, tbl outbox.Table) {
+	host, _ := os.Hostname()
+	who := os.Getenv("USER")
+	if u, err := user.Current(); err == nil {
+		who = u.Username
+	}
+	args := []any{"action", action, "count", n, "table", tbl.String(), "user", who, "host", host, "via", "sweeper dlq"}
+	for _, a := range []struct {
+		k   string
+		v   any
+		set bool
+	}{{"ids", f.IDs, len(f.IDs) > 0}, {"topic", f.Topic, f.Topic != ""}, {"reason", f.Reason, f.Reason != ""},
+		{"since", f.Since, !f.Since.IsZero()}, {"before", f.Before, !f.Before.IsZero()}, {"all", f.All, f.All}} {
+		if a.set {
+			args = append(args, a.k, a.v)
+		}
+	}
+	slog.New(slog.NewTextHandler(w, nil)).Info("admin action", args...)
 }
 
 func printDeadLetters(out io.Writer, rows []outbox.DeadLetter, payload bool) error {
