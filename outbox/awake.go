@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-sweeper/sweeper/outbox/writer"
 )
 
 // awakeTimeout bounds each statement on the awake lock's connection: the lock
@@ -17,7 +19,7 @@ const awakeTimeout = 5 * time.Second
 // awakeKey is the advisory lock a sweeper holds while it sweeps again and again
 // on its own, and the outbox's trigger (migration 6) tests before notifying:
 // one key per table.
-func awakeKey(t Table) int64 { return advisoryKey("outbox-sweeper awake " + t.String()) }
+func awakeKey(t Table) int64 { return writer.AdvisoryKey("outbox-sweeper awake " + t.String()) }
 
 // awakeLock holds the table's awake lock on a connection of its own, so that
 // the application's commits do not notify while this sweeper is sweeping

@@ -11,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-sweeper/sweeper/outbox/writer"
 )
 
 // DeadLetter is a row of the dead-letter table. Payload and Headers are empty
@@ -104,8 +106,8 @@ func NewDeadLetters(pool *pgxpool.Pool, t Table) (*DeadLetters, error) {
 	if err := t.Validate(); err != nil {
 		return nil, err
 	}
-	return &DeadLetters{pool: pool, table: t, list: t.statement("dead_letters_list"),
-		replay: t.statement("dead_letters_replay"), purge: t.statement("dead_letters_purge")}, nil
+	return &DeadLetters{pool: pool, table: t, list: statement(t, "dead_letters_list"),
+		replay: statement(t, "dead_letters_replay"), purge: statement(t, "dead_letters_purge")}, nil
 }
 
 // List returns up to limit dead letters matching f, newest first, with payloads
@@ -188,7 +190,7 @@ func (d *DeadLetters) Replay(ctx context.Context, f DeadLetterFilter) (int, erro
 		}
 		return nil
 	})
-	if id, ok := duplicateKey(err, d.table); ok {
+	if id, ok := writer.DuplicateMessageID(err, d.table); ok {
 		err = d.conflict(ctx, id, err)
 	}
 	if err != nil {
@@ -260,7 +262,7 @@ func (d *DeadLetters) conflict(ctx context.Context, messageID string, err error)
 	// Two lookups by message_id: the outbox's is an index seek; the dead-letter
 	// table has no index on it, and this runs only when a replay has failed.
 	q := fmt.Sprintf(`SELECT (SELECT array_agg(id ORDER BY id) FROM %s WHERE message_id = $1::uuid),
-	                         (SELECT id FROM %s WHERE message_id = $1::uuid)`, d.table.deadLetterIdent(), d.table.ident())
+	                         (SELECT id FROM %s WHERE message_id = $1::uuid)`, d.table.DeadLetterIdent(), d.table.Ident())
 	if d.pool.QueryRow(ctx, q, messageID).Scan(&e.DeadLetterIDs, &outboxID) == nil && outboxID != nil {
 		e.OutboxID = *outboxID
 	}

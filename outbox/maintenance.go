@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-sweeper/sweeper/alert"
+
+	"github.com/outbox-sweeper/sweeper/outbox/writer"
 )
 
 // Defaults for the maintenance services.
@@ -64,8 +66,8 @@ func NewRetention(pool *pgxpool.Pool, cfg RetentionConfig) (*Retention, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	t := cfg.Table
-	return &Retention{cfg: cfg, pool: pool, lockKey: advisoryKey("outbox-sweeper retention " + t.String()),
-		deleteDispatched: t.statement("delete_dispatched"), deleteDeadLetters: t.statement("delete_dead_letters")}, nil
+	return &Retention{cfg: cfg, pool: pool, lockKey: writer.AdvisoryKey("outbox-sweeper retention " + t.String()),
+		deleteDispatched: statement(t, "delete_dispatched"), deleteDeadLetters: statement(t, "delete_dead_letters")}, nil
 }
 
 // RetentionResult counts what one run deleted.
@@ -184,9 +186,9 @@ func NewProbe(pool *pgxpool.Pool, cfg ProbeConfig) (*Probe, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	t := cfg.Table
-	return &Probe{cfg: cfg, pool: pool, stmt: t.statement("dead_letter_probe"),
-		watermark: t.statement("probe_watermark"), setWatermark: t.statement("probe_watermark_set"),
-		lockKey: advisoryKey("outbox-sweeper probe " + t.String())}, nil
+	return &Probe{cfg: cfg, pool: pool, stmt: statement(t, "dead_letter_probe"),
+		watermark: statement(t, "probe_watermark"), setWatermark: statement(t, "probe_watermark_set"),
+		lockKey: writer.AdvisoryKey("outbox-sweeper probe " + t.String())}, nil
 }
 
 // ProbeResult says what one run saw and did.

@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/tern/v2/migrate"
 
 	"github.com/outbox-sweeper/sweeper/migrations"
+
+	"github.com/outbox-sweeper/sweeper/outbox/writer"
 )
 
 // MigrateResult says what [Migrate] did.
@@ -38,7 +39,7 @@ func Migrate(ctx context.Context, conn *pgx.Conn, t Table) (MigrateResult, error
 	// its version table exists, and that table lives in a schema we may have to
 	// create. Two concurrent "CREATE SCHEMA IF NOT EXISTS" can still collide on
 	// the catalog's unique index, so this lock, taken first, covers the whole run.
-	lock := advisoryKey("outbox-sweeper migrate " + t.String())
+	lock := writer.AdvisoryKey("outbox-sweeper migrate " + t.String())
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", lock); err != nil {
 		return MigrateResult{}, fmt.Errorf("take migration lock: %w", err)
 	}
@@ -51,16 +52,16 @@ func Migrate(ctx context.Context, conn *pgx.Conn, t Table) (MigrateResult, error
 		return MigrateResult{}, fmt.Errorf("create schema %q: %w", t.Schema, err)
 	}
 
-	m, err := migrate.NewMigrator(ctx, conn, t.versionTable())
+	m, err := migrate.NewMigrator(ctx, conn, versionTable(t))
 	if err != nil {
-		return MigrateResult{}, fmt.Errorf("prepare version table %s: %w", t.versionTable(), err)
+		return MigrateResult{}, fmt.Errorf("prepare version table %s: %w", versionTable(t), err)
 	}
 	m.Data = map[string]any{
-		"outbox":      t.ident(),
-		"dead_letter": t.deadLetterIdent(),
+		"outbox":      t.Ident(),
+		"dead_letter": t.DeadLetterIdent(),
 		"prefix":      t.Name,
 		"schema":      pgx.Identifier{t.Schema}.Sanitize(),
-		"probe":       t.probeIdent(),
+		"probe":       probeIdent(t),
 		"awake_key":   awakeKey(t),
 	}
 	if err := m.LoadMigrations(migrations.FS); err != nil {
@@ -69,13 +70,13 @@ func Migrate(ctx context.Context, conn *pgx.Conn, t Table) (MigrateResult, error
 
 	var res MigrateResult
 	if res.From, err = m.GetCurrentVersion(ctx); err != nil {
-		return res, fmt.Errorf("read schema version from %s: %w", t.versionTable(), err)
+		return res, fmt.Errorf("read schema version from %s: %w", versionTable(t), err)
 	}
 	m.OnStart = func(_ int32, name, _, _ string) { res.Applied = append(res.Applied, name) }
 	if err := m.Migrate(ctx); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42P07" {
-			return res, fmt.Errorf("migrate %s: a table of that name exists but %s does not record it: %w (move the old table away or pick another --table)", t, t.versionTable(), err)
+			return res, fmt.Errorf("migrate %s: a table of that name exists but %s does not record it: %w (move the old table away or pick another --table)", t, versionTable(t), err)
 		}
 		if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
 			return res, fmt.Errorf("migrate %s: the table stayed locked (batches of running sweepers, or a long transaction of the application) longer than the migration waits: %w; "+
@@ -84,7 +85,7 @@ func Migrate(ctx context.Context, conn *pgx.Conn, t Table) (MigrateResult, error
 		return res, fmt.Errorf("migrate %s: %w", t, err)
 	}
 	if res.To, err = m.GetCurrentVersion(ctx); err != nil {
-		return res, fmt.Errorf("read schema version from %s: %w", t.versionTable(), err)
+		return res, fmt.Errorf("read schema version from %s: %w", versionTable(t), err)
 	}
 	return res, nil
 }
@@ -106,17 +107,11 @@ func CurrentSchemaVersion(ctx context.Context, db interface {
 }, t Table) (int32, error) {
 	t = t.WithDefaults()
 	var exists bool
-	err := db.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", t.versionTable()).Scan(&exists)
+	err := db.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", versionTable(t)).Scan(&exists)
 	if err != nil || !exists {
 		return 0, err
 	}
 	var v int32
 	err = db.QueryRow(ctx, "SELECT version FROM "+pgx.Identifier{t.Schema, t.Name + "_schema_version"}.Sanitize()).Scan(&v)
 	return v, err
-}
-
-func advisoryKey(s string) int64 {
-	h := fnv.New64a()
-	h.Write([]byte(s))
-	return int64(h.Sum64())
 }

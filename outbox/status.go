@@ -40,7 +40,7 @@ func NewBacklog(pool *pgxpool.Pool, t Table) (*Backlog, error) {
 	if err := t.Validate(); err != nil {
 		return nil, err
 	}
-	return &Backlog{pool: pool, table: t, byTopic: t.statement("backlog_by_topic"), deadLetters: t.statement("dead_letter_summary")}, nil
+	return &Backlog{pool: pool, table: t, byTopic: statement(t, "backlog_by_topic"), deadLetters: statement(t, "dead_letter_summary")}, nil
 }
 
 // Topics returns each topic with outstanding rows, by name. It reads every

@@ -73,12 +73,12 @@ func newStore(pool *pgxpool.Pool, t Table, policy deadLetterPolicy, ordering Ord
 		topicLocks:        ordering == OrderingTopic,
 		idleTimeout:       fmt.Sprintf("%dms", IdleInTransactionTimeout(sendTimeout).Milliseconds()),
 		sendTimeout:       sendTimeout,
-		claimPageSQL:      t.statement("claim_page"),
-		unclaim:           t.statement("unclaim"),
-		deadLetter:        t.statement("dead_letter"),
-		outstandingTopics: t.statement("outstanding_topics"),
-		recentDeadLetters: t.statement("recent_dead_letters"),
-		recordFailure:     t.statement("record_failure"),
+		claimPageSQL:      statement(t, "claim_page"),
+		unclaim:           statement(t, "unclaim"),
+		deadLetter:        statement(t, "dead_letter"),
+		outstandingTopics: statement(t, "outstanding_topics"),
+		recentDeadLetters: statement(t, "recent_dead_letters"),
+		recordFailure:     statement(t, "record_failure"),
 	}
 }
 

@@ -251,37 +251,37 @@ type ListenObserver interface {
 // command line that sets a value to 0 is told so rather than given the default.
 func (c Config) Validate() error {
 	if c.Concurrency < 1 || c.Concurrency > ConcurrencyMax {
-		return &ConfigError{"concurrency", "concurrency", fmt.Sprint(c.Concurrency), fmt.Sprintf("it must be between 1 and %d", ConcurrencyMax)}
+		return configError("concurrency", "concurrency", fmt.Sprint(c.Concurrency), fmt.Sprintf("it must be between 1 and %d", ConcurrencyMax))
 	}
 	if c.PageSize < 1 || c.PageSize > PageSizeMax {
-		return &ConfigError{"page size", "page-size", fmt.Sprint(c.PageSize), fmt.Sprintf("it must be between 1 and %d", PageSizeMax)}
+		return configError("page size", "page-size", fmt.Sprint(c.PageSize), fmt.Sprintf("it must be between 1 and %d", PageSizeMax))
 	}
 	if c.MaxAttempts == 0 || c.MaxAttempts < -1 {
-		return &ConfigError{"max attempts", "max-attempts", fmt.Sprint(c.MaxAttempts), "it must be at least 1, or -1 to never dead-letter for attempts"}
+		return configError("max attempts", "max-attempts", fmt.Sprint(c.MaxAttempts), "it must be at least 1, or -1 to never dead-letter for attempts")
 	}
 	if c.DeadLetterLimit == 0 || c.DeadLetterLimit < -1 {
-		return &ConfigError{"dead-letter limit", "dead-letter-limit", fmt.Sprint(c.DeadLetterLimit), "it must be at least 1, or -1 to turn the storm guard off"}
+		return configError("dead-letter limit", "dead-letter-limit", fmt.Sprint(c.DeadLetterLimit), "it must be at least 1, or -1 to turn the storm guard off")
 	}
 	if c.DeadLetterWindow < time.Second {
-		return &ConfigError{"dead-letter window", "dead-letter-window", c.DeadLetterWindow.String(), "it must be at least 1s"}
+		return configError("dead-letter window", "dead-letter-window", c.DeadLetterWindow.String(), "it must be at least 1s")
 	}
 	if c.SendTimeout < time.Millisecond {
-		return &ConfigError{"send timeout", "send-timeout", c.SendTimeout.String(), "it must be at least 1ms"}
+		return configError("send timeout", "send-timeout", c.SendTimeout.String(), "it must be at least 1ms")
 	}
 	if c.ShutdownTimeout < time.Millisecond {
-		return &ConfigError{"shutdown timeout", "shutdown-timeout", c.ShutdownTimeout.String(), "it must be at least 1ms (the time batches in flight get to finish)"}
+		return configError("shutdown timeout", "shutdown-timeout", c.ShutdownTimeout.String(), "it must be at least 1ms (the time batches in flight get to finish)")
 	}
 	if c.Ordering != OrderingTopic && c.Ordering != OrderingNone {
-		return &ConfigError{"ordering", "ordering", fmt.Sprintf("%q", c.Ordering), `it must be "topic" (per-topic id order across sweepers) or "none"`}
+		return configError("ordering", "ordering", fmt.Sprintf("%q", c.Ordering), `it must be "topic" (per-topic id order across sweepers) or "none"`)
 	}
 	if c.Tick < time.Millisecond {
-		return &ConfigError{"tick", "tick", c.Tick.String(), "it must be at least 1ms"}
+		return configError("tick", "tick", c.Tick.String(), "it must be at least 1ms")
 	}
 	if c.TopicBackoffMax >= 0 && c.TopicBackoffMax < time.Millisecond {
-		return &ConfigError{"topic backoff max", "topic-backoff-max", c.TopicBackoffMax.String(), "it must be at least 1ms"}
+		return configError("topic backoff max", "topic-backoff-max", c.TopicBackoffMax.String(), "it must be at least 1ms")
 	}
 	if c.Retry.Initial > c.Retry.Max {
-		return &ConfigError{"retry initial", "retry-initial", c.Retry.Initial.String(), fmt.Sprintf("it must not be more than --retry-max (%s)", c.Retry.Max)}
+		return configError("retry initial", "retry-initial", c.Retry.Initial.String(), fmt.Sprintf("it must not be more than --retry-max (%s)", c.Retry.Max))
 	}
 	return c.Table.Validate()
 }

@@ -1,14 +1,23 @@
-package outbox
+// Package writer writes messages to the outbox table, in the application's
+// own transaction: the part of the outbox sweeper an application links. It
+// depends on pgx and the standard library only, so importing it does not pull
+// the sweeper's machinery (brokers, breakers, migrations) into an
+// application's build. Package outbox re-exports its types.
+//
+// Write takes pgx's handles (pgx.Tx, *pgx.Conn, *pgxpool.Pool); WriteSQL takes
+// database/sql's (*sql.Tx, *sql.DB, *sql.Conn), so applications on
+// database/sql, sqlx, GORM, Bun or ent write in their transaction too.
+package writer
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
-	"slices"
+	"strings"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -56,18 +65,20 @@ type Writer struct {
 	table      Table
 	insertOne  string
 	insertMany string
+	insertJSON string
 }
 
-// NewWriter returns a writer for table t (zero fields take their defaults).
-func NewWriter(t Table) (*Writer, error) {
+// New returns a writer for table t (zero fields take their defaults).
+func New(t Table) (*Writer, error) {
 	t = t.WithDefaults()
 	if err := t.Validate(); err != nil {
 		return nil, err
 	}
 	return &Writer{
 		table:      t,
-		insertOne:  t.statement("insert_message"),
-		insertMany: t.statement("insert_messages"),
+		insertOne:  statement(t, "insert_message"),
+		insertMany: statement(t, "insert_messages"),
+		insertJSON: statement(t, "insert_messages_json"),
 	}, nil
 }
 
@@ -93,7 +104,7 @@ func (w *Writer) Write(ctx context.Context, db DBTX, msgs ...Message) error {
 		cols[i] = c
 	}
 	if i, j := repeatedMessageID(cols); j >= 0 {
-		return &DuplicateMessageIDError{MessageID: uuid.UUID(cols[j].messageID.Bytes).String(), Positions: []int{i + 1, j + 1},
+		return &DuplicateMessageIDError{MessageID: uuidString(cols[j].messageID.Bytes), Positions: []int{i + 1, j + 1},
 			Table: w.table.String(), Total: len(msgs)}
 	}
 
@@ -125,7 +136,7 @@ func (w *Writer) Write(ctx context.Context, db DBTX, msgs ...Message) error {
 		for i, c := range cols {
 			id := c.messageID
 			if !id.Valid {
-				id = pgtype.UUID{Bytes: uuid.New(), Valid: true}
+				id = pgtype.UUID{Bytes: newUUIDv7(), Valid: true}
 			}
 			rows[i] = []any{id, c.topic, c.payload, c.headers, c.contentType, c.correlationID, c.partitionKey}
 		}
@@ -168,18 +179,9 @@ func (w *Writer) WriteOrdered(ctx context.Context, tx pgx.Tx, msgs ...Message) e
 	if len(msgs) == 0 {
 		return nil
 	}
-	names := make([]string, 0, 1)
-	for i, m := range msgs {
-		if m.Topic == "" {
-			return fmt.Errorf("outbox message %d of %d: topic is empty: every message needs a destination", i+1, len(msgs))
-		}
-		names = append(names, m.Topic)
-	}
-	slices.Sort(names)
-	names = slices.Compact(names)
-	keys := make([]string, len(names))
-	for i, n := range names {
-		keys[i] = "outbox-writer " + w.table.String() + " " + n
+	names, keys, err := w.orderedKeys(msgs)
+	if err != nil {
+		return err
 	}
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended(k, 0)) FROM unnest($1::text[]) AS k", keys); err != nil {
 		return fmt.Errorf("lock outbox topics %q of %s for ordered writes: %w", names, w.table, err)
@@ -239,16 +241,16 @@ func (e *DuplicateMessageIDError) Unwrap() error { return e.Err }
 // duplicate returns err as a DuplicateMessageIDError when it is the unique
 // violation of message_id on w's table, and nil otherwise.
 func (w *Writer) duplicate(err error, msgs []Message) *DuplicateMessageIDError {
-	id, ok := duplicateKey(err, w.table)
+	id, ok := DuplicateMessageID(err, w.table)
 	if !ok {
 		return nil
 	}
 	dup := &DuplicateMessageIDError{Err: err, MessageID: id, Table: w.table.String(), Total: len(msgs)}
-	if u, err := uuid.Parse(msgs[0].MessageID); err == nil && id == "" && len(msgs) == 1 {
-		dup.MessageID = u.String() // unnamed by Postgres, but a call of one message has one id
+	if u, err := parseUUID(msgs[0].MessageID); err == nil && id == "" && len(msgs) == 1 {
+		dup.MessageID = uuidString(u) // unnamed by Postgres, but a call of one message has one id
 	}
 	for i := range msgs {
-		if u, err := uuid.Parse(msgs[i].MessageID); err == nil && u.String() == dup.MessageID {
+		if u, err := parseUUID(msgs[i].MessageID); err == nil && uuidString(u) == dup.MessageID {
 			dup.Positions = append(dup.Positions, i+1)
 		}
 	}
@@ -260,12 +262,13 @@ func (w *Writer) duplicate(err error, msgs []Message) *DuplicateMessageIDError {
 // under other lc_messages; the parentheses are not.
 var messageIDKey = regexp.MustCompile(`\(message_id\)=\(([0-9a-f-]{36})\)`)
 
-// duplicateKey reports whether err is a unique violation of t's message_id
-// index, and the id when Postgres named it.
-func duplicateKey(err error, t Table) (string, bool) {
+// DuplicateMessageID reports whether err is Postgres's unique violation of
+// t's message_id index, as pgx (and its database/sql driver) return it, and
+// the id when Postgres named it.
+func DuplicateMessageID(err error, t Table) (string, bool) {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "23505" || pgErr.SchemaName != t.Schema ||
-		pgErr.ConstraintName != messageIDIndex(t) {
+		pgErr.ConstraintName != t.MessageIDIndex() {
 		return "", false
 	}
 	if m := messageIDKey.FindStringSubmatch(pgErr.Detail); m != nil {
@@ -273,9 +276,6 @@ func duplicateKey(err error, t Table) (string, bool) {
 	}
 	return "", true
 }
-
-// messageIDIndex names the unique index on t's message_id (migration 005).
-func messageIDIndex(t Table) string { return t.Name + "_message_id_key" }
 
 // repeatedMessageID returns the positions (from 0) of the first two messages of
 // cols that share a message id, or -1, -1.
@@ -300,8 +300,8 @@ func repeatedMessageID(cols []columns) (int, int) {
 }
 
 // columns is one message in the form the statements take. Nil pointers and an
-// invalid UUID are NULL. pgtype.UUID, unlike uuid.UUID, encodes without pgx
-// trying (and failing) other plans first, which showed in profiles of COPY.
+// invalid UUID are NULL. pgtype.UUID encodes without pgx trying (and failing)
+// other plans first, which showed in profiles of COPY.
 type columns struct {
 	messageID     pgtype.UUID
 	topic         string
@@ -317,22 +317,26 @@ func toColumns(m *Message) (columns, error) {
 	if m.Topic == "" {
 		return c, errors.New("topic is empty: every message needs a destination")
 	}
+	for _, f := range m.texts() {
+		if strings.IndexByte(f.v, 0) >= 0 {
+			return c, fmt.Errorf("%s %q holds a NUL byte, which Postgres text cannot store", f.name, f.v)
+		}
+	}
 	if c.payload == nil {
 		c.payload = []byte{}
 	}
 	if m.MessageID != "" {
-		u, err := uuid.Parse(m.MessageID)
+		u, err := parseUUID(m.MessageID)
 		if err != nil {
 			return c, fmt.Errorf("message id %q is not a UUID: %w", m.MessageID, err)
 		}
 		c.messageID = pgtype.UUID{Bytes: u, Valid: true}
-	} else if u, err := uuid.NewV7(); err == nil {
+	} else {
 		// Time-ordered ids land on the unique index's newest pages: random
 		// ones (the column's default) touch a random page each, which costs
 		// batches 2.3x on an outbox that keeps millions of dispatched rows
-		// (BENCHMARKS.md). On the unlikely error the database's default
-		// applies.
-		c.messageID = pgtype.UUID{Bytes: u, Valid: true}
+		// (BENCHMARKS.md).
+		c.messageID = pgtype.UUID{Bytes: newUUIDv7(), Valid: true}
 	}
 	c.headers = []byte("{}")
 	if len(m.Headers) > 0 {
@@ -340,12 +344,41 @@ func toColumns(m *Message) (columns, error) {
 		if err != nil {
 			return c, fmt.Errorf("headers of topic %q cannot be encoded as JSON: %w", m.Topic, err)
 		}
+		if hasNUL(h) {
+			return c, fmt.Errorf("headers of topic %q hold a NUL character, which Postgres's jsonb cannot store", m.Topic)
+		}
 		c.headers = h
 	}
 	c.contentType = nullable(m.ContentType)
 	c.correlationID = nullable(m.CorrelationID)
 	c.partitionKey = nullable(m.PartitionKey)
 	return c, nil
+}
+
+// texts names m's text columns, for the checks of their bytes.
+func (m *Message) texts() [4]struct{ name, v string } {
+	return [4]struct{ name, v string }{{"topic", m.Topic}, {"content type", m.ContentType},
+		{"correlation id", m.CorrelationID}, {"partition key", m.PartitionKey}}
+}
+
+// hasNUL reports whether the JSON doc holds the escape \u0000 (and not an
+// escaped backslash followed by "u0000").
+func hasNUL(doc []byte) bool {
+	for i := 0; ; {
+		j := bytes.Index(doc[i:], []byte(`u0000`))
+		if j < 0 {
+			return false
+		}
+		at := i + j
+		backslashes := 0
+		for k := at - 1; k >= 0 && doc[k] == '\\'; k-- {
+			backslashes++
+		}
+		if backslashes%2 == 1 {
+			return true
+		}
+		i = at + 1
+	}
 }
 
 func nullable(s string) *string {
