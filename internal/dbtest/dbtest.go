@@ -108,9 +108,20 @@ func ping(ctx context.Context, u string) error {
 // closed by [Main].
 func Pool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	u := URL(t)
+	p, err := sharedPool()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func sharedPool() (*pgxpool.Pool, error) {
+	resolveOnce.Do(func() { resolvedURL, resolveErr = resolve() })
+	if resolveErr != nil {
+		return nil, resolveErr
+	}
 	poolOnce.Do(func() {
-		cfg, err := pgxpool.ParseConfig(u)
+		cfg, err := pgxpool.ParseConfig(resolvedURL)
 		if err != nil {
 			poolErr = err
 			return
@@ -119,9 +130,38 @@ func Pool(t testing.TB) *pgxpool.Pool {
 		pool, poolErr = pgxpool.NewWithConfig(context.Background(), cfg)
 	})
 	if poolErr != nil {
-		t.Fatalf("test pool: %v", poolErr)
+		return nil, fmt.Errorf("test pool: %w", poolErr)
 	}
-	return pool
+	return pool, nil
+}
+
+var (
+	exampleMu      sync.Mutex
+	exampleSchemas []string
+)
+
+// ExampleOutbox returns the shared pool and an outbox migrated into a schema
+// of its own, for runnable examples, which have no testing.TB: it panics where
+// a test would fail. [Run] drops the schemas after the package's tests.
+func ExampleOutbox() (*pgxpool.Pool, outbox.Table) {
+	p, err := sharedPool()
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	tbl := outbox.Table{Schema: fmt.Sprintf("%s%d_%d_x%d", schemaPrefix, time.Now().Unix(), os.Getpid(), schemaSeq.Add(1)), Name: "outbox"}
+	exampleMu.Lock()
+	exampleSchemas = append(exampleSchemas, tbl.Schema)
+	exampleMu.Unlock()
+	conn, err := p.Acquire(ctx)
+	if err != nil {
+		panic(err)
+	}
+	defer conn.Release()
+	if _, err := outbox.Migrate(ctx, conn.Conn(), tbl); err != nil {
+		panic(fmt.Sprintf("migrate example schema %s: %v", tbl.Schema, err))
+	}
+	return p, tbl
 }
 
 // NewPool returns a pool of its own, closed at cleanup, for tests that must not
@@ -221,6 +261,12 @@ func Main(m *testing.M) { os.Exit(Run(m)) }
 // fails the run if goroutines leaked. It returns the exit code.
 func Run(m *testing.M) int {
 	code := m.Run()
+	for _, schema := range exampleSchemas {
+		if _, err := pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			fmt.Fprintf(os.Stderr, "drop example schema %s: %v\n", schema, err)
+			code = 1
+		}
+	}
 	if pool != nil {
 		pool.Close()
 	}
