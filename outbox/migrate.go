@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -56,16 +57,8 @@ func Migrate(ctx context.Context, conn *pgx.Conn, t Table) (MigrateResult, error
 	if err != nil {
 		return MigrateResult{}, fmt.Errorf("prepare version table %s: %w", versionTable(t), err)
 	}
-	m.Data = map[string]any{
-		"outbox":      t.Ident(),
-		"dead_letter": t.DeadLetterIdent(),
-		"prefix":      t.Name,
-		"schema":      pgx.Identifier{t.Schema}.Sanitize(),
-		"probe":       probeIdent(t),
-		"awake_key":   awakeKey(t),
-	}
-	if err := m.LoadMigrations(migrations.FS); err != nil {
-		return MigrateResult{}, fmt.Errorf("load embedded migrations: %w", err)
+	if err := load(m, t); err != nil {
+		return MigrateResult{}, err
 	}
 
 	var res MigrateResult
@@ -114,4 +107,127 @@ func CurrentSchemaVersion(ctx context.Context, db interface {
 	var v int32
 	err = db.QueryRow(ctx, "SELECT version FROM "+pgx.Identifier{t.Schema, t.Name + "_schema_version"}.Sanitize()).Scan(&v)
 	return v, err
+}
+
+// load fills in t's names and loads the embedded migrations into m.
+func load(m *migrate.Migrator, t Table) error {
+	m.Data = map[string]any{
+		"outbox":      t.Ident(),
+		"dead_letter": t.DeadLetterIdent(),
+		"prefix":      t.Name,
+		"schema":      pgx.Identifier{t.Schema}.Sanitize(),
+		"probe":       probeIdent(t),
+		"awake_key":   awakeKey(t),
+	}
+	if err := m.LoadMigrations(migrations.FS); err != nil {
+		return fmt.Errorf("load embedded migrations: %w", err)
+	}
+	return nil
+}
+
+// Migration is one step of the schema, as [Migrate] runs it on a table.
+type Migration struct {
+	// Version is the schema version the step brings a table to.
+	Version int32
+	// Name is the migration's file name, e.g. 005_unique_message_id.sql.
+	Name string
+	// SQL is the step with the table's names filled in. It expects a
+	// transaction (its SET LOCAL statements do).
+	SQL string
+}
+
+// Migrations returns every step of the schema for table t, oldest first, with
+// t's names filled in: what Migrate runs, for a DBA's review or a team's own
+// migration tool. It needs no database.
+func Migrations(t Table) ([]Migration, error) {
+	t = t.WithDefaults()
+	if err := t.Validate(); err != nil {
+		return nil, err
+	}
+	m, err := migrate.NewMigratorEx(context.Background(), nil, versionTable(t), &migrate.MigratorOptions{})
+	if err != nil {
+		return nil, err
+	}
+	if err := load(m, t); err != nil {
+		return nil, err
+	}
+	out := make([]Migration, len(m.Migrations))
+	for i, mig := range m.Migrations {
+		out[i] = Migration{Version: mig.Sequence, Name: mig.Name, SQL: mig.UpSQL}
+	}
+	return out, nil
+}
+
+// MigrationScript returns the steps of the schema after version from (0: all
+// of them) as one plain SQL script for table t: the schema and the version
+// table created if missing, then each step followed by the update of the
+// version Migrate records, so that a database migrated by another tool is
+// one the sweeper recognises (its readiness checks the version). With
+// transactions set, each step and its version update are wrapped in
+// BEGIN/COMMIT, as Migrate runs them (for psql -f); without, the caller's tool
+// must run each step in a transaction of its own (goose, Flyway and Liquibase
+// do by default). The version table is named <table>_schema_version.
+func MigrationScript(t Table, from int32, transactions bool) (string, error) {
+	steps, err := Migrations(t)
+	if err != nil {
+		return "", err
+	}
+	t = t.WithDefaults()
+	if from < 0 || int(from) > len(steps) {
+		return "", fmt.Errorf("from version %d: the schema has versions 0 to %d", from, len(steps))
+	}
+	version := pgx.Identifier{t.Schema, t.Name + "_schema_version"}.Sanitize()
+	var b strings.Builder
+	fmt.Fprintf(&b, "-- The outbox sweeper's schema for %s, versions %d to %d, as `sweeper migrate` applies it.\n", t, from+1, len(steps))
+	fmt.Fprintf(&b, "-- Each step ends by recording its version in %s, which the sweeper's readiness checks.\n\n", version)
+	if from == 0 {
+		fmt.Fprintf(&b, "CREATE SCHEMA IF NOT EXISTS %s;\n", pgx.Identifier{t.Schema}.Sanitize())
+		fmt.Fprintf(&b, "CREATE TABLE IF NOT EXISTS %s (version int4 NOT NULL);\n", version)
+		fmt.Fprintf(&b, "INSERT INTO %s (version) SELECT 0 WHERE NOT EXISTS (SELECT FROM %s);\n\n", version, version)
+	}
+	for _, s := range steps[from:] {
+		fmt.Fprintf(&b, "-- Version %d: %s\n", s.Version, s.Name)
+		if transactions {
+			b.WriteString("BEGIN;\n")
+		}
+		b.WriteString(strings.TrimSpace(s.SQL))
+		fmt.Fprintf(&b, "\n\nUPDATE %s SET version = %d;\n", version, s.Version)
+		if transactions {
+			b.WriteString("COMMIT;\n")
+		}
+		b.WriteString("\n")
+	}
+	return b.String(), nil
+}
+
+// MigrationStatus says which schema version a database holds for an outbox
+// and what Migrate would apply.
+type MigrationStatus struct {
+	// Current is the version recorded (0: never migrated); Latest the one
+	// Migrate brings a table to.
+	Current, Latest int32
+	// Pending lists the steps Migrate would apply, oldest first.
+	Pending []Migration
+}
+
+// CheckMigrations reads t's schema version through db and says what Migrate
+// would apply. It changes nothing. A version above the newest this build
+// knows (a newer sweeper migrated the table) is reported as an error.
+func CheckMigrations(ctx context.Context, db interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, t Table) (MigrationStatus, error) {
+	steps, err := Migrations(t)
+	if err != nil {
+		return MigrationStatus{}, err
+	}
+	st := MigrationStatus{Latest: int32(len(steps))}
+	if st.Current, err = CurrentSchemaVersion(ctx, db, t); err != nil {
+		return st, fmt.Errorf("read the schema version of %s: %w", t.WithDefaults(), err)
+	}
+	if st.Current > st.Latest {
+		return st, fmt.Errorf("%s is at schema version %d, newer than this sweeper's %d: a newer sweeper migrated it; run that version",
+			t.WithDefaults(), st.Current, st.Latest)
+	}
+	st.Pending = steps[st.Current:]
+	return st, nil
 }

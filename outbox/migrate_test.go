@@ -54,3 +54,107 @@ func TestMigrationWaitingForALockedOutboxFailsWithWhatToDo(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, outbox.SchemaVersion(), res.To)
 }
+
+// catalog describes what a schema holds, in a form two schemas built the
+// same way compare equal in: tables and columns, constraints, indexes,
+// triggers, functions, and the recorded version.
+func catalog(t *testing.T, schema string) []string {
+	t.Helper()
+	rows, err := dbtest.Pool(t).Query(context.Background(), `
+		SELECT 'column ' || c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
+		       || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END || coalesce(' default ' || pg_get_expr(d.adbin, d.adrelid), '')
+		FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+		LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+		WHERE n.nspname = $1 AND c.relkind = 'r' AND a.attnum > 0 AND NOT a.attisdropped
+		UNION ALL
+		SELECT 'constraint ' || conname || ' ' || pg_get_constraintdef(oid) FROM pg_constraint WHERE connamespace = $1::regnamespace
+		UNION ALL
+		SELECT 'index ' || indexdef FROM pg_indexes WHERE schemaname = $1
+		UNION ALL
+		SELECT 'trigger ' || pg_get_triggerdef(tg.oid) FROM pg_trigger tg JOIN pg_class c ON c.oid = tg.tgrelid
+		WHERE c.relnamespace = $1::regnamespace AND NOT tg.tgisinternal
+		UNION ALL
+		SELECT 'function ' || pg_get_functiondef(p.oid) FROM pg_proc p WHERE p.pronamespace = $1::regnamespace
+		ORDER BY 1`, schema)
+	require.NoError(t, err)
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.NotEmpty(t, out)
+	return out
+}
+
+// The script `sweeper migrate print` writes, run by another tool (here, as one
+// simple-protocol Exec, as psql -f would), builds the same schema as Migrate
+// and records the version, so the sweeper finds it migrated; and the script
+// from a version upgrades a table that is at it.
+func TestMigrationScriptBuildsWhatMigrateBuilds(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	tbl := outbox.Table{Schema: dbtest.Schema(t), Name: "events"}
+
+	script, err := outbox.MigrationScript(tbl, 0, true)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, script)
+	require.NoError(t, err)
+	byScript := catalog(t, tbl.Schema)
+	st, err := outbox.CheckMigrations(ctx, pool, tbl)
+	require.NoError(t, err)
+	require.Equal(t, outbox.MigrationStatus{Current: outbox.SchemaVersion(), Latest: outbox.SchemaVersion(), Pending: []outbox.Migration{}}, st)
+
+	conn, err := pgx.Connect(ctx, dbtest.URL(t))
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	res, err := outbox.Migrate(ctx, conn, tbl)
+	require.NoError(t, err)
+	require.Empty(t, res.Applied, "Migrate finds the scripted schema current")
+
+	_, err = pool.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{tbl.Schema}.Sanitize()+" CASCADE")
+	require.NoError(t, err)
+	res, err = outbox.Migrate(ctx, conn, tbl)
+	require.NoError(t, err)
+	require.Len(t, res.Applied, int(outbox.SchemaVersion()))
+	require.Equal(t, byScript, catalog(t, tbl.Schema), "the script and Migrate build the same schema")
+
+	// An upgrade: a table at version 4 (steps 1-4 run by hand, without
+	// BEGIN/COMMIT as goose would run them), then the script from 4.
+	_, err = pool.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{tbl.Schema}.Sanitize()+" CASCADE")
+	require.NoError(t, err)
+	steps, err := outbox.Migrations(tbl)
+	require.NoError(t, err)
+	require.Len(t, steps, int(outbox.SchemaVersion()))
+	require.Equal(t, "001_create_outbox.sql", steps[0].Name)
+	head, err := outbox.MigrationScript(tbl, 0, false)
+	require.NoError(t, err)
+	require.NotContains(t, head, "BEGIN;")
+	_, err = pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{tbl.Schema}.Sanitize())
+	require.NoError(t, err)
+	version := pgx.Identifier{tbl.Schema, tbl.Name + "_schema_version"}.Sanitize()
+	_, err = pool.Exec(ctx, "CREATE TABLE "+version+" (version int4 NOT NULL); INSERT INTO "+version+" VALUES (0)")
+	require.NoError(t, err)
+	for _, s := range steps[:4] {
+		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, s.SQL); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, fmt.Sprintf("UPDATE %s SET version = %d", version, s.Version))
+			return err
+		}), s.Name)
+	}
+	st, err = outbox.CheckMigrations(ctx, pool, tbl)
+	require.NoError(t, err)
+	require.Equal(t, int32(4), st.Current)
+	require.Equal(t, steps[4:], st.Pending)
+
+	upgrade, err := outbox.MigrationScript(tbl, 4, true)
+	require.NoError(t, err)
+	require.NotContains(t, upgrade, "001_create_outbox.sql")
+	_, err = pool.Exec(ctx, upgrade)
+	require.NoError(t, err)
+	require.Equal(t, byScript, catalog(t, tbl.Schema), "upgraded by script like a fresh Migrate")
+
+	_, err = outbox.MigrationScript(tbl, outbox.SchemaVersion()+1, true)
+	require.ErrorContains(t, err, "the schema has versions 0 to")
+	_, err = outbox.MigrationScript(outbox.Table{Name: "Bad"}, 0, true)
+	require.ErrorContains(t, err, "not a valid name")
+}

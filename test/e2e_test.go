@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os/exec"
 	"strings"
 	"sync"
 	"syscall"
@@ -84,6 +85,50 @@ func TestMigrateTwiceAndConcurrently(t *testing.T) {
 	require.Contains(t, a, "outbox_outstanding_topic_idx")
 	require.Contains(t, a, "outbox_dead_letter.reason text NO")
 	require.Equal(t, strings.ReplaceAll(a, sequential, "S"), strings.ReplaceAll(b, concurrent, "S"))
+}
+
+// `sweeper migrate print` needs no database, and what it writes, run by psql,
+// builds the schema `sweeper migrate` builds; `sweeper migrate status` says
+// where a database is and what migrate would apply.
+func TestMigratePrintRunByPsqlAndStatus(t *testing.T) {
+	t.Parallel()
+	psql, err := exec.LookPath("psql")
+	require.NoError(t, err, "psql (Debian's postgresql-client) runs the printed schema; scripts/services.sh installs it")
+	url := dbtest.URL(t)
+	latest := fmt.Sprint(outbox.SchemaVersion())
+
+	byScript := dbtest.Schema(t)
+	code, out, stderr := runOnce(t, "migrate", "status", "--database-url", url, "--schema", byScript)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, out, byScript+".outbox is not migrated (version 0 of "+latest+")")
+	require.Contains(t, out, "1  001_create_outbox.sql")
+
+	code, script, stderr := runOnce(t, "migrate", "print", "--schema", byScript) // no database: it takes no --database-url
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, script, `CREATE TABLE "`+byScript+`"."outbox"`)
+	cmd := exec.Command(psql, "-v", "ON_ERROR_STOP=1", "-q", "-d", url)
+	cmd.Stdin = strings.NewReader(script)
+	psqlOut, err := cmd.CombinedOutput()
+	require.NoError(t, err, "psql: %s", psqlOut)
+
+	code, out, stderr = runOnce(t, "migrate", "status", "--database-url", url, "--schema", byScript)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, out, "is at schema version "+latest+", the newest")
+	code, out, stderr = runOnce(t, "migrate", "--database-url", url, "--schema", byScript)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, out, "is up to date at schema version "+latest)
+
+	byMigrate := dbtest.Schema(t)
+	code, _, stderr = runOnce(t, "migrate", "--database-url", url, "--schema", byMigrate)
+	require.Equal(t, 0, code, stderr)
+	require.Equal(t, strings.ReplaceAll(describeSchema(t, byMigrate), byMigrate, "S"), strings.ReplaceAll(describeSchema(t, byScript), byScript, "S"))
+
+	code, _, stderr = runOnce(t, "migrate", "print", "--from", "99")
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "--from is 99: the schema has versions 0 to "+latest)
+	code, out, _ = runOnce(t, "migrate", "print", "--from", latest)
+	require.Equal(t, 0, code)
+	require.NotContains(t, out, "CREATE")
 }
 
 func TestMigrateReportsAnUnreachableDatabase(t *testing.T) {

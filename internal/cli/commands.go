@@ -41,6 +41,10 @@ var commands = []command{
 		parse: bind((*runOptions).flags, runCommand)},
 	{name: "migrate", summary: "create or upgrade the outbox tables; idempotent, safe to run concurrently",
 		parse: bind(migrateFlags, migrateCommand)},
+	{name: "migrate print", summary: "write the schema's SQL for a table, names filled in, for another migration tool or a review",
+		parse: bind(migratePrintFlags, migratePrintCommand)},
+	{name: "migrate status", summary: "say which schema version a database's outbox is at and what migrate would apply",
+		parse: bind(migrateStatusFlags, migrateStatusCommand)},
 	{name: "dlq list", summary: "list dead letters, newest first",
 		parse: bind(dlqFlags("list"), dlqCommand)},
 	{name: "dlq replay", summary: "move dead letters back to the outbox, to be sent again",
@@ -83,6 +87,11 @@ func lookup(args []string) (*command, []string, error) {
 			if c.name == args[0]+" "+args[1] {
 				return c, args[2:], nil
 			}
+		}
+	}
+	for i := range commands { // a group's word that is a command too (migrate)
+		if commands[i].name == args[0] {
+			return &commands[i], args[1:], nil
 		}
 	}
 	var subs []string

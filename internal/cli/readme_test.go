@@ -36,6 +36,12 @@ func TestREADMECommandLinesParse(t *testing.T) {
 	checked := 0
 	for _, line := range lines {
 		words := shellWords(line)
+		for i, w := range words {
+			if w == ">" || w == ">>" || w == "|" { // the shell's, not the command's
+				words = words[:i]
+				break
+			}
+		}
 		if len(words) == 0 || words[0] != "sweeper" {
 			continue
 		}
