@@ -22,6 +22,7 @@ import (
 // Severities.
 const (
 	Critical = "critical"
+	Warning  = "warning" // a deliberate change by an operator
 	Info     = "info"
 )
 

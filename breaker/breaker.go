@@ -1,5 +1,10 @@
 package breaker
 
+import (
+	"strings"
+	"unicode/utf8"
+)
+
 // Breaker is what the sweeper needs of a per-topic breaker, and what operators
 // use to steer it. [Topics] keeps the state in memory, [Redis] shares it among
 // sweeper instances.
@@ -27,3 +32,34 @@ type Breaker interface {
 }
 
 var _ Breaker = (*Topics)(nil)
+
+// The reasons of changes an operator makes by hand (Trip, Reset) begin with
+// these, so that a deliberate change logs and alerts lower than one the
+// breaker made by itself.
+const (
+	trippedByOperator = "tripped by an operator"
+	resetByOperator   = "reset by an operator"
+)
+
+// ByOperator reports whether reason, as OnStateChange receives it, is of a
+// change an operator made by hand rather than one the breaker made.
+func ByOperator(reason string) bool {
+	return strings.HasPrefix(reason, trippedByOperator) || strings.HasPrefix(reason, resetByOperator)
+}
+
+// cause shortens a failure's text for a trip's reason: its first line, cut at
+// 200 bytes on a rune boundary. The reason travels to logs and alerts, and
+// errText holds no payload (Failure's contract).
+func cause(errText string) string {
+	if i := strings.IndexByte(errText, '\n'); i >= 0 {
+		errText = errText[:i]
+	}
+	if len(errText) <= 200 {
+		return errText
+	}
+	cut := 200
+	for cut > 0 && !utf8.RuneStart(errText[cut]) {
+		cut--
+	}
+	return errText[:cut] + "…"
+}

@@ -199,7 +199,7 @@ func (d *Dependency) Trip(reason string) {
 	d.tripped = reason
 	d.mu.Unlock()
 	if from != DependencyOpen {
-		d.notify(stateChange{from: from, to: DependencyOpen, manual: "tripped by an operator: " + reason})
+		d.notify(stateChange{from: from, to: DependencyOpen, manual: trippedByOperator + ": " + reason})
 	}
 }
 
@@ -213,7 +213,7 @@ func (d *Dependency) Reset() {
 	d.cb = fresh
 	d.mu.Unlock()
 	if from != DependencyClosed {
-		d.notify(stateChange{from: from, to: DependencyClosed, manual: "reset by an operator"})
+		d.notify(stateChange{from: from, to: DependencyClosed, manual: resetByOperator})
 	}
 }
 
@@ -307,7 +307,10 @@ func (d *Dependency) deliver(c stateChange) {
 		return
 	}
 	severity := alert.Info
-	if c.to == DependencyOpen {
+	switch {
+	case c.to == DependencyOpen && c.manual != "":
+		severity = alert.Warning // an operator's decision, not an outage found
+	case c.to == DependencyOpen:
 		severity = alert.Critical
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -379,6 +382,9 @@ type Retry struct {
 	// Rand returns a number in [0, 1) for the jitter. Defaults to math/rand/v2;
 	// tests inject their own.
 	Rand func() float64
+	// OnRetry, when set, is called before each try after the first, with the
+	// failure that is being retried (for a retries metric).
+	OnRetry func(err error)
 }
 
 // WithDefaults returns r with zero fields set to their defaults.
@@ -414,6 +420,9 @@ func (r Retry) Do(ctx context.Context, try func(context.Context) error) error {
 	}
 	_, err := backoff.Retry(ctx, func() (struct{}, error) {
 		tries++
+		if tries > 1 && r.OnRetry != nil {
+			r.OnRetry(last)
+		}
 		last = try(ctx)
 		if last == nil {
 			return struct{}{}, nil

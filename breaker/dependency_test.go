@@ -3,6 +3,7 @@ package breaker_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -321,5 +322,8 @@ func TestDependencyTrippedByHandHoldsUntilReset(t *testing.T) {
 	require.Equal(t, "open→closed: reset by an operator", changes[1])
 	require.Contains(t, changes[2], "closed→open: 2 sends in a row failed")
 	require.Contains(t, changes[len(changes)-1], "→closed: reset by an operator")
-	require.Equal(t, "critical", alerts[0].Severity)
+	require.Equal(t, "warning", alerts[0].Severity, "an operator's trip alerts below an outage")
+	require.Equal(t, "critical", alerts[2].Severity, "the breaker's own opening is critical")
+	require.True(t, breaker.ByOperator(strings.TrimPrefix(changes[0], "closed→open: ")))
+	require.False(t, breaker.ByOperator(strings.TrimPrefix(changes[2], "closed→open: ")))
 }

@@ -65,7 +65,7 @@ func ExampleTopics() {
 	fmt.Println("trial for orders:", plan.Trials["orders"])
 	b.Success("orders", plan.Gen("orders"))
 	// Output:
-	// orders: closed → tripped (topic-class failure)
+	// orders: closed → tripped (topic-class failure: queue orders does not exist)
 	// orders: tripped → half-open (cooldown over)
 	// trial for orders: true
 	// orders: half-open → closed (trial batch succeeded)

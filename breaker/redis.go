@@ -510,7 +510,7 @@ func (r *Redis) Trip(topic, reason string) {
 		r.remember(topic)
 		return
 	}
-	r.tell(topic, parseState(from), StateTripped, reason)
+	r.tell(topic, parseState(from), StateTripped, trippedByOperator+": "+reason)
 }
 
 // Reset closes topic in the shared state (and locally).
@@ -533,7 +533,7 @@ func (r *Redis) Reset(topic string) {
 		return
 	}
 	if res != "" {
-		r.tell(topic, parseState(res), StateClosed, "reset by an operator")
+		r.tell(topic, parseState(res), StateClosed, resetByOperator)
 	}
 }
 

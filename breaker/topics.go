@@ -246,7 +246,7 @@ func (b *Topics) Failure(name string, gen uint64, topicClass bool, errText strin
 	switch t.state {
 	case StateHalfOpen:
 		t.cooldown = min(2*t.cooldown, b.s.MaxCooldownTicks)
-		changes = append(changes, b.trip(name, t, now, t.cooldown, "trial batch failed"))
+		changes = append(changes, b.trip(name, t, now, t.cooldown, "trial batch failed: "+cause(errText)))
 	case StateClosed:
 		cutoff := now.Add(-b.s.FailureWindow)
 		kept := t.failures[:0]
@@ -258,10 +258,10 @@ func (b *Topics) Failure(name string, gen uint64, topicClass bool, errText strin
 		t.failures = append(kept, now)
 		switch {
 		case topicClass:
-			changes = append(changes, b.trip(name, t, now, b.cooldownOf(name), "topic-class failure"))
+			changes = append(changes, b.trip(name, t, now, b.cooldownOf(name), "topic-class failure: "+cause(errText)))
 		case len(t.failures) >= b.s.FailureThreshold:
 			changes = append(changes, b.trip(name, t, now, b.cooldownOf(name),
-				fmt.Sprintf("%d failures within %s", len(t.failures), b.s.FailureWindow)))
+				fmt.Sprintf("%d failures within %s, the last: %s", len(t.failures), b.s.FailureWindow, cause(errText))))
 		}
 	}
 	b.mu.Unlock()
@@ -275,7 +275,7 @@ func (b *Topics) Trip(name, reason string) {
 	t := b.topic(name)
 	var changes []change
 	t.lastError = reason
-	changes = append(changes, b.trip(name, t, b.s.Now(), b.cooldownOf(name), reason))
+	changes = append(changes, b.trip(name, t, b.s.Now(), b.cooldownOf(name), trippedByOperator+": "+reason))
 	b.mu.Unlock()
 	b.notify(changes)
 }
@@ -286,7 +286,7 @@ func (b *Topics) Reset(name string) {
 	t, ok := b.topics[name]
 	var changes []change
 	if ok && t.state != StateClosed {
-		changes = append(changes, b.close(name, t, "reset by an operator"))
+		changes = append(changes, b.close(name, t, resetByOperator))
 	} else if ok {
 		t.failures = nil // a closed topic's failures are forgotten, without a change to report
 	}

@@ -8,6 +8,8 @@ package metrics
 import (
 	"context"
 	"fmt"
+	"runtime"
+	"runtime/debug"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -36,9 +38,19 @@ type Metrics struct {
 	sweepDuration   prometheus.Histogram
 	dispatchLatency prometheus.Histogram
 	batchSize       prometheus.Histogram
+	sendDuration    *prometheus.HistogramVec
+	retries         *prometheus.CounterVec
+	topicChanges    *prometheus.CounterVec
+	brokerChanges   *prometheus.CounterVec
+	deadByReason    *prometheus.GaugeVec
+	oldestDeadAge   prometheus.Gauge
+	buildInfo       *prometheus.GaugeVec
 }
 
-var _ outbox.ListenObserver = (*Metrics)(nil)
+var (
+	_ outbox.ListenObserver = (*Metrics)(nil)
+	_ outbox.SendObserver   = (*Metrics)(nil)
+)
 
 // New registers the metrics on reg.
 func New(reg prometheus.Registerer) *Metrics {
@@ -69,10 +81,55 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "Time from the application's write to the broker's acceptance.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 18)}),
 		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "outbox_batch_size",
 			Help: "Messages per batch the broker accepted.", Buckets: prometheus.ExponentialBuckets(1, 2, 12)}),
+		sendDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "outbox_send_duration_seconds",
+			Help:    "Duration of one call of the broker's send for a batch, by result: ok or failed (each try of a retried send counts).",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}, []string{"result"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_send_retries_total",
+			Help: "Sends tried again within the same send (--retry-attempts), by the class of the failure retried."}, []string{"topic", "class"}),
+		topicChanges: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_topic_breaker_transitions_total",
+			Help: "Changes of a topic breaker's state, by the state entered: tripped, half-open, closed."}, []string{"topic", "to"}),
+		brokerChanges: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_dependency_circuit_breaker_transitions_total",
+			Help: "Changes of the broker circuit breaker's state."}, []string{"from", "to"}),
+		deadByReason: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outbox_dead_letter_messages_by_reason",
+			Help: "Rows in the dead-letter table by reason (refreshed on a schedule)."}, []string{"reason"}),
+		oldestDeadAge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_oldest_dead_letter_age_seconds",
+			Help: "Age of the oldest dead letter, 0 when there is none (refreshed on a schedule)."}),
+		buildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outbox_build_info",
+			Help: "1, labelled with the sweeper's version, its Go version and its source revision."}, []string{"version", "goversion", "revision"}),
 	}
 	reg.MustRegister(m.dispatched, m.batches, m.errors, m.deadLettered, m.tripped, m.dependency, m.outstanding,
-		m.oldestAge, m.deadLetters, m.listening, m.sweepDuration, m.dispatchLatency, m.batchSize)
+		m.oldestAge, m.deadLetters, m.listening, m.sweepDuration, m.dispatchLatency, m.batchSize,
+		m.sendDuration, m.retries, m.topicChanges, m.brokerChanges, m.deadByReason, m.oldestDeadAge, m.buildInfo)
 	return m
+}
+
+// SetBuildInfo sets outbox_build_info for this binary's version; the Go
+// version and revision come from the build.
+func (m *Metrics) SetBuildInfo(version string) {
+	goVersion, revision := runtime.Version(), "unknown"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" {
+				revision = s.Value
+			}
+		}
+	}
+	m.buildInfo.Reset()
+	m.buildInfo.WithLabelValues(label(version), label(goVersion), label(revision)).Set(1)
+}
+
+// BatchSent implements outbox.SendObserver.
+func (m *Metrics) BatchSent(_ string, _ int, d time.Duration, err error) {
+	result := "ok"
+	if err != nil {
+		result = "failed"
+	}
+	m.sendDuration.WithLabelValues(result).Observe(d.Seconds())
+}
+
+// SendRetried implements outbox.SendObserver.
+func (m *Metrics) SendRetried(topic string, class producer.Class) {
+	m.retries.WithLabelValues(label(topic), label(class.String())).Inc()
 }
 
 // BatchDispatched implements outbox.Observer.
@@ -115,11 +172,13 @@ func (m *Metrics) OnTopicChange(topic string, _, to breaker.State, _ string) {
 		v = 1
 	}
 	m.tripped.WithLabelValues(label(topic)).Set(v)
+	m.topicChanges.WithLabelValues(label(topic), label(to.String())).Inc()
 }
 
 // OnDependencyChange fits breaker.DependencyConfig.OnStateChange.
-func (m *Metrics) OnDependencyChange(_, to breaker.DependencyState, _ string) {
+func (m *Metrics) OnDependencyChange(from, to breaker.DependencyState, _ string) {
 	m.dependency.Set(float64(to))
+	m.brokerChanges.WithLabelValues(label(from.String()), label(to.String())).Inc()
 }
 
 // Refresh sets the gauges that need a query: outstanding rows, the oldest
@@ -142,6 +201,28 @@ func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool, t outbox.Tabl
 	m.outstanding.Set(float64(outstanding))
 	m.oldestAge.Set(age)
 	m.deadLetters.Set(float64(dead))
+
+	rows, err := pool.Query(ctx, outboxsql.Statement("metrics_dead_letters", outboxsql.Tables{
+		DeadLetter: pgx.Identifier{t.Schema, t.DeadLetterName()}.Sanitize()}))
+	if err != nil {
+		return fmt.Errorf("refresh dead-letter metrics of %s: %w", t, err)
+	}
+	type group struct {
+		Reason string
+		Count  int64
+		Age    float64
+	}
+	groups, err := pgx.CollectRows(rows, pgx.RowToStructByPos[group])
+	if err != nil {
+		return fmt.Errorf("refresh dead-letter metrics of %s: %w", t, err)
+	}
+	m.deadByReason.Reset() // a reason purged away leaves the series
+	oldest := 0.0
+	for _, g := range groups {
+		m.deadByReason.WithLabelValues(label(g.Reason)).Set(float64(g.Count))
+		oldest = max(oldest, g.Age)
+	}
+	m.oldestDeadAge.Set(oldest)
 	return nil
 }
 

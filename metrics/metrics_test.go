@@ -5,6 +5,9 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
+	"runtime/debug"
+	"strings"
 	"testing"
 	"time"
 
@@ -42,7 +45,10 @@ func TestMetricsAfterARunWithAFailingTopicAndADeadLetter(t *testing.T) {
 
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg)
+	m.SetBuildInfo("v1.2.3-test")
+	metrics.RegisterPool(reg, dbtest.Pool(t))
 	prod := memory.New(memory.Config{})
+	prod.FailNextCalls(1, producer.NewTransientError("busy", errors.New("server busy"))) // one send is tried again
 	prod.FailTopic("bad", producer.NewTopicError("not_found", errors.New("no entity")))
 	prod.FailMessage(7, producer.NewMessageError(producer.ReasonMessageTooLarge, nil, errors.New("413")))
 	topics := breaker.New(breaker.Settings{OnStateChange: m.OnTopicChange})
@@ -51,6 +57,9 @@ func TestMetricsAfterARunWithAFailingTopicAndADeadLetter(t *testing.T) {
 	_, err = s.Sweep(ctx)
 	require.NoError(t, err)
 	require.NoError(t, m.Refresh(ctx, dbtest.Pool(t), tbl, topics))
+	m.OnDependencyChange(breaker.DependencyClosed, breaker.DependencyOpen, "5 failures in a row")
+	m.OnDependencyChange(breaker.DependencyOpen, breaker.DependencyHalfOpen, "open duration over")
+	m.OnDependencyChange(breaker.DependencyHalfOpen, breaker.DependencyClosed, "trial succeeded")
 
 	require.Equal(t, 5.0, testutil.ToFloat64(m.Dispatched("good")))
 	require.Equal(t, 1.0, testutil.ToFloat64(m.Errors("bad", "topic")))
@@ -100,6 +109,49 @@ func TestMetricsAfterARunWithAFailingTopicAndADeadLetter(t *testing.T) {
 	require.Greater(t, values["outbox_oldest_outstanding_age_seconds"], 0.0)
 	require.Equal(t, 5.0, values["outbox_dispatch_latency_seconds,count"])
 	require.Equal(t, 1.0, values["outbox_batch_size,count"])
+
+	// What an SRE reaches for: the build, each call of the broker, retries,
+	// breaker transitions, dead letters by reason and their age, the pool.
+	require.Equal(t, 1.0, values["outbox_build_info,goversion="+runtime.Version()+",revision="+revision()+",version=v1.2.3-test"], "%v", keysOf(values, "outbox_build_info"))
+	require.Equal(t, float64(len(prod.Accepted())), values["outbox_send_duration_seconds,result=ok,count"], "one observation a call")
+	require.Equal(t, float64(prod.Calls()), values["outbox_send_duration_seconds,result=ok,count"]+values["outbox_send_duration_seconds,result=failed,count"])
+	retries := 0.0
+	for k, v := range values {
+		if strings.HasPrefix(k, "outbox_send_retries_total,") {
+			require.Contains(t, k, "class=transient")
+			retries += v
+		}
+	}
+	require.Equal(t, 1.0, retries, "the one transient failure was tried again")
+	require.Equal(t, 1.0, values["outbox_topic_breaker_transitions_total,to=tripped,topic=bad"])
+	require.Equal(t, 1.0, values["outbox_dependency_circuit_breaker_transitions_total,from=closed,to=open"])
+	require.Equal(t, 1.0, values["outbox_dead_letter_messages_by_reason,reason=message_too_large"])
+	require.Contains(t, values, "outbox_oldest_dead_letter_age_seconds")
+	require.GreaterOrEqual(t, values["outbox_oldest_dead_letter_age_seconds"], 0.0)
+	require.Equal(t, float64(dbtest.Pool(t).Stat().MaxConns()), values["outbox_db_pool_max_connections"])
+	require.Greater(t, values["outbox_db_pool_acquires_total"], 0.0)
+	require.Contains(t, values, "outbox_db_pool_acquire_wait_seconds_total")
+}
+
+func keysOf(values map[string]float64, prefix string) []string {
+	var out []string
+	for k := range values {
+		if strings.HasPrefix(k, prefix) {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+func revision() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" {
+				return s.Value
+			}
+		}
+	}
+	return "unknown"
 }
 
 // outbox_listening follows the sweeper's listen connection: 1 once it listens,

@@ -220,11 +220,25 @@ func (s *Sweeper) split(st *sweepState, b producer.Batch, gen uint64, cause erro
 func (s *Sweeper) send(ctx context.Context, b producer.Batch, retry bool) error {
 	sendCtx, cancel := context.WithTimeout(ctx, s.cfg.SendTimeout)
 	defer cancel()
+	obs, _ := s.cfg.Observer.(SendObserver)
+	try := func(ctx context.Context) error {
+		if obs == nil {
+			return s.producer.Send(ctx, b)
+		}
+		start := time.Now()
+		err := s.producer.Send(ctx, b)
+		obs.BatchSent(b.Topic, len(b.Messages), time.Since(start), err)
+		return err
+	}
 	var err error
 	if retry {
-		err = s.cfg.Retry.Do(sendCtx, func(ctx context.Context) error { return s.producer.Send(ctx, b) })
+		r := s.cfg.Retry
+		if obs != nil {
+			r.OnRetry = func(err error) { obs.SendRetried(b.Topic, producer.ClassOf(err)) }
+		}
+		err = r.Do(sendCtx, try)
 	} else {
-		err = s.producer.Send(sendCtx, b)
+		err = try(sendCtx)
 	}
 	if err != nil && sendCtx.Err() == context.DeadlineExceeded && ctx.Err() == nil {
 		err = fmt.Errorf("send of %d messages timed out after %s (--send-timeout): %w", len(b.Messages), s.cfg.SendTimeout, err)

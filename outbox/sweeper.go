@@ -212,11 +212,12 @@ func (c Config) WithDefaults() Config {
 }
 
 // LogTopicStateChange returns a breaker.Settings.OnStateChange hook that logs
-// every change of a topic's state: a trip as a warning, the rest as info.
+// every change of a topic's state: a trip as a warning, unless an operator
+// made it, the rest as info.
 func LogTopicStateChange(logger *slog.Logger) func(topic string, from, to breaker.State, reason string) {
 	return func(topic string, from, to breaker.State, reason string) {
 		level := slog.LevelInfo
-		if to == breaker.StateTripped {
+		if to == breaker.StateTripped && !breaker.ByOperator(reason) {
 			level = slog.LevelWarn
 		}
 		logger.Log(context.Background(), level, "topic breaker: "+to.String(),
@@ -236,6 +237,18 @@ type Observer interface {
 	DeadLettered(topic string, n int)
 	// SweepDone reports a tick's sweep and how long it took.
 	SweepDone(d time.Duration)
+}
+
+// SendObserver is an Observer that also wants each call of the producer and
+// each retry within a send. The metrics package implements it.
+type SendObserver interface {
+	Observer
+	// BatchSent reports one call of the producer's Send for a batch of size
+	// rows of topic: how long it took and its error (nil: accepted).
+	BatchSent(topic string, size int, d time.Duration, err error)
+	// SendRetried reports a failed call about to be tried again within the
+	// same send (--retry-attempts), with the failure's class.
+	SendRetried(topic string, class producer.Class)
 }
 
 // ListenObserver is an Observer that also wants to know whether the sweeper's

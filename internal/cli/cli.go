@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"reflect"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -102,14 +103,34 @@ func (l *logOptions) logger(w io.Writer) *slog.Logger {
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(l.logLevel)) // the flag accepts valid levels only
 	if l.logFormat == "json" {
-		return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level, ReplaceAttr: escapeInvalid}))
+		return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level, ReplaceAttr: forJSON}))
 	}
 	return slog.New(tint.NewHandler(w, &tint.Options{
 		Level:       level,
-		TimeFormat:  time.DateTime,
+		TimeFormat:  logTimeFormat,
 		NoColor:     !isTerminal(w),
 		ReplaceAttr: escapeInvalid,
 	}))
+}
+
+// logTimeFormat is the text log's time: to the millisecond, with the zone's
+// offset, so lines from machines in different zones (or a laptop and a
+// server) line up.
+const logTimeFormat = "2006-01-02 15:04:05.000 Z07:00"
+
+// forJSON makes JSON logs read as log pipelines expect: durations in seconds
+// (slog writes nanosecond integers), empty lists as [] (not null), and text
+// that is not UTF-8 escaped (escapeInvalid).
+func forJSON(groups []string, a slog.Attr) slog.Attr {
+	switch a.Value.Kind() {
+	case slog.KindDuration:
+		a.Value = slog.Float64Value(a.Value.Duration().Seconds())
+	case slog.KindAny:
+		if v := reflect.ValueOf(a.Value.Any()); v.Kind() == reflect.Slice && v.IsNil() {
+			a.Value = slog.AnyValue([]any{})
+		}
+	}
+	return escapeInvalid(groups, a)
 }
 
 // escapeInvalid writes string values that are not valid UTF-8 (a topic from a
@@ -266,6 +287,7 @@ func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Wri
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := metrics.New(reg)
+	m.SetBuildInfo(version())
 	cfg.Observer = m
 	tick := o.tick
 	if cfg.Schedule != nil {
@@ -281,6 +303,7 @@ func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Wri
 		return fmt.Errorf("database pool: %w", err)
 	}
 	defer pool.Close()
+	metrics.RegisterPool(reg, pool)
 	svc, err := o.maintenanceOptions.services(f, pool, tbl, syncAlerter, logger)
 	if err != nil {
 		return err

@@ -121,7 +121,10 @@ func alertTopicChanges(log func(string, breaker.State, breaker.State, string), a
 		log(topic, from, to, reason)
 		observe(topic, from, to, reason)
 		severity := alert.Info
-		if to == breaker.StateTripped {
+		switch {
+		case to == breaker.StateTripped && breaker.ByOperator(reason):
+			severity = alert.Warning // an operator's decision, not a fault found
+		case to == breaker.StateTripped:
 			severity = alert.Critical
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
