@@ -41,12 +41,13 @@ vet:
 	@test -z "$$(gofmt -l .)" || { echo "gofmt would change:"; gofmt -l .; exit 1; }
 
 # Every YAML and JSON file under deploy/ must parse (deploy/deploy_test.go), and
-# the Prometheus rules must load. promtool comes with Debian's prometheus
+# the Prometheus rules must load and pass their tests (series in, alerts out). promtool comes with Debian's prometheus
 # package (.ci/run installs it).
 check-deploy:
 	go test -count=1 ./deploy/
 	@command -v promtool >/dev/null || { echo "check-deploy needs promtool: scripts/services.sh test installs it (make test runs that), or apt-get install prometheus"; exit 1; }
 	promtool check rules deploy/prometheus/alerts.yml
+	promtool test rules deploy/prometheus/alerts_test.yml
 
 services:
 	scripts/services.sh test
