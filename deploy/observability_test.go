@@ -101,7 +101,7 @@ func TestEveryAlertHasARunbookAndATest(t *testing.T) {
 // list the series names without a database behind the pool's collector.
 type recorder struct{ cs []prometheus.Collector }
 
-func (r *recorder) Register(c prometheus.Collector) error { r.cs = append(r.cs, c); return nil }
+func (r *recorder) Register(c prometheus.Collector) error   { r.cs = append(r.cs, c); return nil }
 func (r *recorder) MustRegister(cs ...prometheus.Collector) { r.cs = append(r.cs, cs...) }
 func (r *recorder) Unregister(prometheus.Collector) bool    { return false }
 
