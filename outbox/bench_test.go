@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/internal/benchutil"
@@ -51,6 +52,41 @@ func BenchmarkDrain(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkDrainTracing drains 100,000 rows with tracing off (Config.Tracer
+// nil, as the binary runs without OTEL_* set) and on (the SDK sampling every
+// span into a batch processor whose exporter drops them), in the same run:
+// the ratio is the cost of a span per batch. The rows carry no trace
+// context, so no links are made; reading a row's headers for one costs a
+// byte search.
+func BenchmarkDrainTracing(b *testing.B) {
+	for _, on := range []bool{false, true} {
+		name := "off"
+		if on {
+			name = "on"
+		}
+		b.Run(name, func(b *testing.B) {
+			var cfg outbox.Config
+			if on {
+				tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(dropSpans{}), sdktrace.WithSampler(sdktrace.AlwaysSample()))
+				defer tp.Shutdown(context.Background())
+				cfg.Tracer = tp.Tracer("bench")
+			}
+			var prod *discard
+			benchutil.Drain(b, 100_000, benchutil.Topics("topic", 10), cfg, func(*testing.B) producer.Producer {
+				prod = &discard{}
+				return prod
+			})
+			require.Equal(b, int64(100_000), prod.n.Load())
+		})
+	}
+}
+
+// dropSpans is an exporter that drops what it is given.
+type dropSpans struct{}
+
+func (dropSpans) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
+func (dropSpans) Shutdown(context.Context) error                             { return nil }
 
 // recording accepts every batch and keeps the ids it was sent, so that the
 // instances benchmark can count rows sent twice.

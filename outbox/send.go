@@ -9,6 +9,7 @@ import (
 
 	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/producer"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // checkTimeoutMax bounds the producer's health check after a failed send.
@@ -217,7 +218,12 @@ func (s *Sweeper) split(st *sweepState, b producer.Batch, gen uint64, cause erro
 }
 
 // send sends b within --send-timeout, with the in-call retries if retry is set.
-func (s *Sweeper) send(ctx context.Context, b producer.Batch, retry bool) error {
+func (s *Sweeper) send(ctx context.Context, b producer.Batch, retry bool) (err error) {
+	if s.cfg.Tracer != nil {
+		var span trace.Span
+		ctx, span = s.startSendSpan(ctx, b)
+		defer func() { endSendSpan(span, err) }()
+	}
 	sendCtx, cancel := context.WithTimeout(ctx, s.cfg.SendTimeout)
 	defer cancel()
 	obs, _ := s.cfg.Observer.(SendObserver)
@@ -230,7 +236,6 @@ func (s *Sweeper) send(ctx context.Context, b producer.Batch, retry bool) error 
 		obs.BatchSent(b.Topic, len(b.Messages), time.Since(start), err)
 		return err
 	}
-	var err error
 	if retry {
 		r := s.cfg.Retry
 		if obs != nil {

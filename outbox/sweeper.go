@@ -11,6 +11,7 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-sweeper/sweeper/alert"
 	"github.com/outbox-sweeper/sweeper/breaker"
@@ -124,6 +125,11 @@ type Config struct {
 
 	// Observer is told what each sweep does, for metrics. Optional.
 	Observer Observer
+
+	// Tracer, when set, records a producer span per batch sent (see
+	// tracing.go), linked to the trace context each row carries in its
+	// traceparent header. Nil traces nothing and costs nothing.
+	Tracer trace.Tracer
 
 	// MaxAttempts is how many times a row may fail alone while the broker is
 	// known to be up (see policy.go): the row that reaches it is dead-lettered

@@ -289,6 +289,19 @@ func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Wri
 	m := metrics.New(reg)
 	m.SetBuildInfo(version())
 	cfg.Observer = m
+	tracer, stopTracing, err := tracing(ctx, logger)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		// Flush the spans of the last batches, within the time a stop has.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := stopTracing(sctx); err != nil {
+			logger.Warn("tracing: spans not exported at stop", "error", err)
+		}
+	}()
+	cfg.Tracer = tracer
 	tick := o.tick
 	if cfg.Schedule != nil {
 		now := time.Now()

@@ -42,6 +42,7 @@ func (w *Writer) WriteSQL(ctx context.Context, db SQLDB, msgs ...Message) error 
 	if len(msgs) == 0 {
 		return nil
 	}
+	msgs = w.withContext(ctx, msgs)
 	doc, err := w.encodeJSON(msgs)
 	if err != nil {
 		return err
@@ -56,6 +57,7 @@ func (w *Writer) WriteOrderedSQL(ctx context.Context, tx SQLDB, msgs ...Message)
 	if len(msgs) == 0 {
 		return nil
 	}
+	msgs = w.withContext(ctx, msgs)
 	doc, err := w.encodeJSON(msgs) // checks every message before any lock
 	if err != nil {
 		return err

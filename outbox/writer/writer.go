@@ -66,10 +66,34 @@ type Writer struct {
 	insertOne  string
 	insertMany string
 	insertJSON string
+	ctxHeaders func(context.Context) map[string]string
+}
+
+// The headers that carry a W3C trace context (https://www.w3.org/TR/trace-context/)
+// from the writing application to the consumer, through the row and the
+// broker. Writers in other languages put the same two keys in the headers
+// column; the sweeper links its send span to them.
+const (
+	HeaderTraceParent = "traceparent"
+	HeaderTraceState  = "tracestate"
+)
+
+// Options configure a [Writer]. The zero value writes messages as given.
+type Options struct {
+	// ContextHeaders, when set, is called with each write's context, and the
+	// headers it returns are added to every message of the write (a header
+	// the message sets itself wins). For the caller's trace context, use
+	// package otelheaders' TraceContext: it returns HeaderTraceParent and
+	// HeaderTraceState, so that the consumer's span continues the trace that
+	// began in the application's transaction.
+	ContextHeaders func(ctx context.Context) map[string]string
 }
 
 // New returns a writer for table t (zero fields take their defaults).
-func New(t Table) (*Writer, error) {
+func New(t Table) (*Writer, error) { return NewWithOptions(t, Options{}) }
+
+// NewWithOptions returns a writer for table t with options o.
+func NewWithOptions(t Table, o Options) (*Writer, error) {
 	t = t.WithDefaults()
 	if err := t.Validate(); err != nil {
 		return nil, err
@@ -79,7 +103,33 @@ func New(t Table) (*Writer, error) {
 		insertOne:  statement(t, "insert_message"),
 		insertMany: statement(t, "insert_messages"),
 		insertJSON: statement(t, "insert_messages_json"),
+		ctxHeaders: o.ContextHeaders,
 	}, nil
+}
+
+// withContext returns msgs with the context's headers added, copying what
+// it changes: the caller's messages and maps are left as they were.
+func (w *Writer) withContext(ctx context.Context, msgs []Message) []Message {
+	if w.ctxHeaders == nil {
+		return msgs
+	}
+	extra := w.ctxHeaders(ctx)
+	if len(extra) == 0 {
+		return msgs
+	}
+	out := make([]Message, len(msgs))
+	for i, m := range msgs {
+		h := make(map[string]any, len(m.Headers)+len(extra))
+		for k, v := range extra {
+			h[k] = v
+		}
+		for k, v := range m.Headers {
+			h[k] = v
+		}
+		m.Headers = h
+		out[i] = m
+	}
+	return out
 }
 
 // Write inserts msgs through db in one round trip: one INSERT for one message, one
@@ -95,6 +145,7 @@ func (w *Writer) Write(ctx context.Context, db DBTX, msgs ...Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
+	msgs = w.withContext(ctx, msgs)
 	cols := make([]columns, len(msgs))
 	for i := range msgs {
 		c, err := toColumns(&msgs[i])

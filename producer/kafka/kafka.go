@@ -495,3 +495,6 @@ func (p *Producer) Close(context.Context) error {
 	p.cl.Close()
 	return nil
 }
+
+// MessagingSystem names the broker in the sweeper's spans (messaging.system).
+func (p *Producer) MessagingSystem() string { return "kafka" }

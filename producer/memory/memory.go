@@ -224,3 +224,6 @@ func (p *Producer) String() string {
 	}
 	return fmt.Sprintf("memory producer: %d batches, %d messages, %d calls", len(p.batches), n, p.calls)
 }
+
+// MessagingSystem names the broker in the sweeper's spans (messaging.system).
+func (p *Producer) MessagingSystem() string { return "memory" }

@@ -388,3 +388,6 @@ func redactURLs(list string) string {
 	}
 	return strings.Join(parts, ",")
 }
+
+// MessagingSystem names the broker in the sweeper's spans (messaging.system).
+func (p *Producer) MessagingSystem() string { return "nats" }

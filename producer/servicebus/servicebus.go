@@ -419,3 +419,6 @@ func classify(err error) error {
 	}
 	return err
 }
+
+// MessagingSystem names the broker in the sweeper's spans (messaging.system).
+func (p *Producer) MessagingSystem() string { return "servicebus" }

@@ -181,3 +181,6 @@ func plainASCII(s string) bool {
 	}
 	return true
 }
+
+// MessagingSystem names the broker in the sweeper's spans (messaging.system).
+func (p *Producer) MessagingSystem() string { return "stdout" }
