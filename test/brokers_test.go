@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
@@ -481,13 +480,8 @@ func TestRoundTripNATS(t *testing.T) {
 	prefix := brokertest.Name("rt")
 	topics := topicNames(prefix, 10)
 
-	nc, err := natsgo.Connect(url)
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
 	ctx := context.Background()
-	stream := brokertest.CreateStream(t, js, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}})
+	_, stream := brokertest.PrefixStream(t, url, prefix)
 
 	tbl := migrated(t)
 	ids := writeRoundTrip(t, tbl, topics, n)
@@ -634,12 +628,7 @@ func TestNATSDownFromTheStartDeadLettersNothing(t *testing.T) {
 	t.Parallel()
 	url := brokertest.NATSURL(t)
 	prefix := brokertest.Name("down")
-	nc, err := natsgo.Connect(url)
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	stream := brokertest.CreateStream(t, js, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}})
+	_, stream := brokertest.PrefixStream(t, url, prefix)
 	proxy := tcpproxy.New(t, brokertest.HostPort(t, url))
 	proxy.Refuse(true)
 	tbl := migrated(t)

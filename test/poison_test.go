@@ -16,7 +16,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	natsgo "github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-sweeper/sweeper/internal/brokertest"
@@ -347,12 +346,7 @@ func TestPoisonRowsOnNATSNeverStallTheHealthyTopic(t *testing.T) {
 	url := brokertest.NATSURL(t)
 	prefix := brokertest.Name("poison")
 	healthy, mixed := prefix+".healthy", prefix+".mixed"
-	nc, err := natsgo.Connect(url)
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	brokertest.CreateStream(t, js, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}})
+	nc, _ := brokertest.PrefixStream(t, url, prefix)
 	got := newArrivals()
 	sub, err := nc.Subscribe(prefix+".>", func(m *natsgo.Msg) { got.add(m.Header.Get("Nats-Msg-Id")) })
 	require.NoError(t, err)

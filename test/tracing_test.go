@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
@@ -146,12 +145,7 @@ func TestTracingRoundTripNATS(t *testing.T) {
 	url := brokertest.NATSURL(t)
 	prefix := brokertest.Name("trace")
 	topic := prefix + ".orders"
-	nc, err := natsgo.Connect(url)
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	stream := brokertest.CreateStream(t, js, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}})
+	_, stream := brokertest.PrefixStream(t, url, prefix)
 
 	col, endpoint := startCollector(t)
 	tbl := migrated(t)

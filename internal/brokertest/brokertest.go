@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
@@ -141,6 +142,23 @@ func CreateStream(t testing.TB, js jetstream.JetStream, cfg jetstream.StreamConf
 	}
 	t.Fatalf("create stream %s: %v", cfg.Name, err)
 	return nil
+}
+
+// PrefixStream connects to the NATS server at url and creates a stream named
+// prefix that captures prefix.>, both ended at cleanup. It returns the
+// connection, for the tests that also subscribe, and the stream.
+func PrefixStream(t testing.TB, url, prefix string) (*nats.Conn, jetstream.Stream) {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatalf("connect to NATS at %s: %v", url, err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatalf("JetStream: %v", err)
+	}
+	return nc, CreateStream(t, js, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}})
 }
 
 // StartRedis runs a Redis server of the test's own on a free port, so the test

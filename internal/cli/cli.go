@@ -381,20 +381,30 @@ func migrateFlags(c *common) *flags {
 	return f
 }
 
-func migrateCommand(ctx context.Context, c *common, f *flags, out, _ io.Writer) error {
+// connect opens one connection to the database the flags name, for the
+// commands that need a session of their own (migrate's advisory lock).
+func (c *common) connect(ctx context.Context, f *flags) (*pgx.Conn, outbox.Table, error) {
 	tbl, err := c.tableName(f)
 	if err != nil {
-		return err
+		return nil, tbl, err
 	}
 	poolCfg, err := c.poolConfig(f.origin("database-url"))
 	if err != nil {
-		return err
+		return nil, tbl, err
 	}
 	connectCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	conn, err := pgx.ConnectConfig(connectCtx, poolCfg.ConnConfig)
 	if err != nil {
-		return fmt.Errorf("connect to %s: %w (is Postgres running, and is --database-url right?)", redact(poolCfg.ConnConfig), err)
+		return nil, tbl, fmt.Errorf("connect to %s: %w (is Postgres running, and is --database-url right?)", redact(poolCfg.ConnConfig), err)
+	}
+	return conn, tbl, nil
+}
+
+func migrateCommand(ctx context.Context, c *common, f *flags, out, _ io.Writer) error {
+	conn, tbl, err := c.connect(ctx, f)
+	if err != nil {
+		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 

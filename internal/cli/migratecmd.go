@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/outbox-sweeper/sweeper/outbox"
 )
 
@@ -54,17 +52,9 @@ func migrateStatusFlags(c *common) *flags {
 // migrateStatusCommand says which schema version a database's outbox is at
 // and what `sweeper migrate` would apply. It changes nothing.
 func migrateStatusCommand(ctx context.Context, c *common, f *flags, out, _ io.Writer) error {
-	tbl, err := c.tableName(f)
+	conn, tbl, err := c.connect(ctx, f)
 	if err != nil {
 		return err
-	}
-	poolCfg, err := c.poolConfig(f.origin("database-url"))
-	if err != nil {
-		return err
-	}
-	conn, err := pgx.ConnectConfig(ctx, poolCfg.ConnConfig)
-	if err != nil {
-		return fmt.Errorf("connect to %s: %w (is Postgres running, and is --database-url right?)", redact(poolCfg.ConnConfig), err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	st, err := outbox.CheckMigrations(ctx, conn, tbl)
