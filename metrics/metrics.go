@@ -29,6 +29,7 @@ type Metrics struct {
 	batches         *prometheus.CounterVec
 	errors          *prometheus.CounterVec
 	deadLettered    *prometheus.CounterVec
+	expired         *prometheus.CounterVec
 	tripped         *prometheus.GaugeVec
 	dependency      prometheus.Gauge
 	outstanding     prometheus.Gauge
@@ -50,6 +51,7 @@ type Metrics struct {
 var (
 	_ outbox.ListenObserver = (*Metrics)(nil)
 	_ outbox.SendObserver   = (*Metrics)(nil)
+	_ outbox.ExpiryObserver = (*Metrics)(nil)
 )
 
 // New registers the metrics on reg.
@@ -62,7 +64,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_dispatch_errors_total",
 			Help: "Failed batches by failure class: transient, topic, message, local, broker (connection refused/reset/closed)."}, []string{"topic", "class"}),
 		deadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_dead_lettered_total",
-			Help: "Rows moved to the dead-letter table."}, []string{"topic"}),
+			Help: "Rows moved to the dead-letter table (expired ones included)."}, []string{"topic"}),
+		expired: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_expired_messages_total",
+			Help: "Rows that passed their deadline (expires_at, or --max-age / --topic-max-age) before they could be sent, moved to the dead-letter table with reason expired."}, []string{"topic"}),
 		tripped: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outbox_topic_tripped",
 			Help: "1 while the topic's breaker is tripped or half-open, else 0."}, []string{"topic"}),
 		dependency: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_dependency_circuit_breaker_state",
@@ -97,7 +101,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		buildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outbox_build_info",
 			Help: "1, labelled with the sweeper's version, its Go version and its source revision."}, []string{"version", "goversion", "revision"}),
 	}
-	reg.MustRegister(m.dispatched, m.batches, m.errors, m.deadLettered, m.tripped, m.dependency, m.outstanding,
+	reg.MustRegister(m.dispatched, m.batches, m.errors, m.deadLettered, m.expired, m.tripped, m.dependency, m.outstanding,
 		m.oldestAge, m.deadLetters, m.listening, m.sweepDuration, m.dispatchLatency, m.batchSize,
 		m.sendDuration, m.retries, m.topicChanges, m.brokerChanges, m.deadByReason, m.oldestDeadAge, m.buildInfo)
 	return m
@@ -151,6 +155,11 @@ func (m *Metrics) BatchFailed(topic string, class producer.Class) {
 // DeadLettered implements outbox.Observer.
 func (m *Metrics) DeadLettered(topic string, n int) {
 	m.deadLettered.WithLabelValues(label(topic)).Add(float64(n))
+}
+
+// Expired implements outbox.ExpiryObserver.
+func (m *Metrics) Expired(topic string, n int) {
+	m.expired.WithLabelValues(label(topic)).Add(float64(n))
 }
 
 // Listening implements outbox.ListenObserver.
@@ -253,6 +262,10 @@ func (m *Metrics) Tripped(topic string) prometheus.Gauge {
 
 func (m *Metrics) DeadLetteredTotal(topic string) prometheus.Counter {
 	return m.deadLettered.WithLabelValues(label(topic))
+}
+
+func (m *Metrics) ExpiredTotal(topic string) prometheus.Counter {
+	return m.expired.WithLabelValues(label(topic))
 }
 
 // ListeningGauge returns outbox_listening, for tests.

@@ -179,3 +179,24 @@ func TestListeningGaugeFollowsTheListenConnection(t *testing.T) {
 	})
 	dbtest.Eventually(t, time.Minute, "listening again", func() bool { return gauge() == 1 })
 }
+
+// An expired row counts in outbox_expired_messages_total and, as the dead
+// letter it becomes, in outbox_dead_lettered_total.
+func TestExpiredRowsAreCounted(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	ctx := context.Background()
+	w, err := outbox.NewWriter(tbl)
+	require.NoError(t, err)
+	require.NoError(t, w.Write(ctx, dbtest.Pool(t), outbox.Message{Topic: "late", ExpiresAt: time.Now().Add(-time.Minute)},
+		outbox.Message{Topic: "late"}))
+	m := metrics.New(prometheus.NewRegistry())
+	s, err := outbox.NewSweeper(dbtest.Pool(t), memory.New(memory.Config{}), outbox.Config{Table: tbl, Observer: m})
+	require.NoError(t, err)
+	res, err := s.Sweep(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Dispatched)
+	require.Equal(t, 1.0, testutil.ToFloat64(m.ExpiredTotal("late")))
+	require.Equal(t, 1.0, testutil.ToFloat64(m.DeadLetteredTotal("late")))
+	require.Equal(t, 1.0, testutil.ToFloat64(m.Dispatched("late")))
+}

@@ -166,17 +166,20 @@ func (r *pageRead) scan(rows pgx.Rows) error {
 		id, candidates                        *int64
 		messageID, contentType, correlationID *string
 		partitionKey                          *string
-		createdAt                             *time.Time
+		createdAt, expiresAt                  *time.Time
 		attempts                              *int
 		m                                     producer.Message
 	)
 	_, err := pgx.ForEachRow(rows, []any{&summary, &id, &messageID, &m.Topic, &m.Payload, &m.Headers,
-		&contentType, &correlationID, &partitionKey, &createdAt, &attempts, &candidates}, func() error {
+		&contentType, &correlationID, &partitionKey, &createdAt, &expiresAt, &attempts, &candidates}, func() error {
 		if summary {
 			r.found[m.Topic] = pageTopic{candidates: int(*candidates), last: *id}
 		} else {
 			m.ID, m.MessageID, m.CreatedAt, m.Attempts = *id, *messageID, *createdAt, *attempts
 			m.ContentType, m.CorrelationID, m.PartitionKey = deref(contentType), deref(correlationID), deref(partitionKey)
+			if expiresAt != nil {
+				m.ExpiresAt = *expiresAt
+			}
 			r.msgs = append(r.msgs, m)
 		}
 		m = producer.Message{} // Payload and Headers must not share memory with the next row.

@@ -283,15 +283,31 @@ func TestMigrationFindsAUniqueIndexBuiltConcurrently(t *testing.T) {
 	_, err := dbtest.Pool(t).Exec(ctx, "CREATE UNIQUE INDEX CONCURRENTLY outbox_message_id_key ON "+ident(tbl)+" (message_id)")
 	require.NoError(t, err)
 
-	// The batch holds its lock until the end of the test, so a migration that
-	// needed the lock could only wait its 10s and fail ("stayed locked"):
-	// succeeding while the lock is held is what shows it took none.
+	// The batch holds its lock until version 6 is recorded: a migration that
+	// needed the lock for 005 or 006 could only wait its 10s and fail ("stayed
+	// locked"), so reaching 6 while the lock is held is what shows they took
+	// none. 007 adds a column, which does need the table for a moment: it
+	// waits for the batch, and goes on once the batch ends.
 	batch := lockedOutbox(t, tbl)
 	defer batch.Rollback(ctx)
-	res, err := outbox.Migrate(ctx, migrationConn(t), tbl)
-	require.NoError(t, err, "it did not wait for the lock")
-	// 006 replaces the trigger's function only, and takes no lock either.
-	require.Equal(t, []string{"005_unique_message_id.sql", "006_notify_only_when_asleep.sql"}, res.Applied)
+	type result struct {
+		res outbox.MigrateResult
+		err error
+	}
+	done := make(chan result, 1)
+	conn := migrationConn(t)
+	go func() {
+		res, err := outbox.Migrate(ctx, conn, tbl)
+		done <- result{res, err}
+	}()
+	dbtest.Eventually(t, patience, "version 6 recorded while the batch holds its lock", func() bool {
+		v, err := outbox.CurrentSchemaVersion(ctx, dbtest.Pool(t), tbl)
+		return err == nil && v == 6
+	})
+	require.NoError(t, batch.Rollback(ctx))
+	r := <-done
+	require.NoError(t, r.err)
+	require.Equal(t, []string{"005_unique_message_id.sql", "006_notify_only_when_asleep.sql", "007_expires_at.sql"}, r.res.Applied)
 	requireVersion(t, tbl, outbox.SchemaVersion())
 }
 

@@ -56,6 +56,7 @@ type store struct {
 	outstandingTopics string
 	recentDeadLetters string
 	recordFailure     string
+	expireSQL         string
 }
 
 // deadLetterPolicy says when rows leave the outbox for the dead-letter table.
@@ -79,6 +80,7 @@ func newStore(pool *pgxpool.Pool, t Table, policy deadLetterPolicy, ordering Ord
 		outstandingTopics: statement(t, "outstanding_topics"),
 		recentDeadLetters: statement(t, "recent_dead_letters"),
 		recordFailure:     statement(t, "record_failure"),
+		expireSQL:         statement(t, "expire"),
 	}
 }
 
@@ -122,6 +124,11 @@ func (s *store) explain(err error) error {
 	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
 		return fmt.Errorf("outbox table %s does not exist: run `sweeper migrate --schema %s --table %s` against this database: %w",
 			s.table, s.table.Schema, s.table.Name, err)
+	}
+	if errors.As(err, &pgErr) && pgErr.Code == "42703" { // undefined_column: a schema older than this sweeper
+		return fmt.Errorf("outbox table %s lacks a column this sweeper needs (its schema is older, version %d is needed): "+
+			"run `sweeper migrate --schema %s --table %s` against this database: %w",
+			s.table, SchemaVersion(), s.table.Schema, s.table.Name, err)
 	}
 	return err
 }

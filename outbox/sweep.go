@@ -55,14 +55,26 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 	if tick {
 		s.breaker.OnTick()
 	}
+	// Each tick, rows no page will claim expire on schedule: those of every
+	// topic while the broker is down, of the topics left out of paging
+	// otherwise, and in every topic those whose own deadline passed.
+	//
 	// An open broker breaker fails the tick fast: no page, no call to the
 	// broker, and the rows keep their attempts.
 	if s.brokerState() == breaker.DependencyOpen {
 		res.Blocked = true
+		if tick {
+			return res, s.expireLeftOut(work, nil, due, &res)
+		}
 		return res, nil
 	}
 	st := &sweepState{stop: stop, work: work, plan: s.breaker.Plan()}
 	excluded := slices.Concat(st.plan.Excluded, s.backoff.waiting(time.Now()))
+	if tick {
+		if err := s.expireLeftOut(work, excluded, due, &res); err != nil {
+			return res, err
+		}
+	}
 	live, err := s.store.topics(work, excluded)
 	if err != nil {
 		return res, fmt.Errorf("list topics with outstanding rows in %s: %w", s.cfg.Table, err)
@@ -152,7 +164,7 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 			}(live[:window], after[:window])
 		}
 		st.page = p
-		stopped, sendErr := s.sendPage(st, groupByTopic(cur.msgs), &res)
+		stopped, sendErr := s.sendPage(st, cur.msgs, &res)
 		st.page = nil
 		if ahead != nil {
 			if aheadErr := <-ahead; sendErr == nil {
@@ -379,7 +391,7 @@ func (s *Sweeper) brokerState() breaker.DependencyState {
 // res. It returns the topics that stopped for the rest of the sweep.
 func (s *Sweeper) sendClaimed(st *sweepState, p *pageClaim, msgs []producer.Message, res *SweepResult) ([]string, error) {
 	st.page = p
-	stopped, err := s.sendPage(st, groupByTopic(msgs), res)
+	stopped, err := s.sendPage(st, msgs, res)
 	st.page = nil
 	if settleErr := p.settle(st.work); err == nil {
 		err = settleErr
@@ -387,9 +399,15 @@ func (s *Sweeper) sendClaimed(st *sweepState, p *pageClaim, msgs []producer.Mess
 	return stopped, err
 }
 
-// sendPage sends a page's topics concurrently, adding to res. It returns the
-// topics that stopped for the rest of the sweep.
-func (s *Sweeper) sendPage(st *sweepState, groups []topicGroup, res *SweepResult) ([]string, error) {
+// sendPage sends the rows msgs of page st.page, its topics concurrently, adding
+// to res; rows past their deadline go to the dead-letter table instead. It
+// returns the topics that stopped for the rest of the sweep.
+func (s *Sweeper) sendPage(st *sweepState, msgs []producer.Message, res *SweepResult) ([]string, error) {
+	msgs, err := s.expireClaimed(st, msgs, res)
+	if err != nil {
+		return nil, err
+	}
+	groups := groupByTopic(msgs)
 	var (
 		mu      sync.Mutex
 		dbErr   error

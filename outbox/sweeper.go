@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
+	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -137,6 +140,16 @@ type Config struct {
 	// count. Defaults to MaxAttemptsDefault; a negative value keeps rows
 	// forever.
 	MaxAttempts int
+
+	// MaxAge, when positive, is how old (counted from created_at) a row may
+	// be and still be sent; TopicMaxAge overrides it per topic, a negative
+	// value meaning no max age for that topic. A row past its max age, or past
+	// its own expires_at, is never sent: it goes to the dead-letter table with
+	// reason expired (ReasonExpired), whether its topic is sending, tripped or
+	// cooling down, and whether the broker is up or not (expire.go). Zero:
+	// rows never expire by age.
+	MaxAge      time.Duration
+	TopicMaxAge map[string]time.Duration
 
 	// PageSize is the most rows read per page. Memory use is bounded by it, not by
 	// the backlog. Defaults to PageSizeDefault.
@@ -299,6 +312,15 @@ func (c Config) Validate() error {
 	if c.TopicBackoffMax >= 0 && c.TopicBackoffMax < time.Millisecond {
 		return configError("topic backoff max", "topic-backoff-max", c.TopicBackoffMax.String(), "it must be at least 1ms")
 	}
+	if c.MaxAge < 0 {
+		return configError("max age", "max-age", c.MaxAge.String(), "it must be positive, such as 24h, or 0 for none")
+	}
+	for _, t := range slices.Sorted(maps.Keys(c.TopicMaxAge)) {
+		if d := c.TopicMaxAge[t]; d == 0 || (d > 0 && d < time.Millisecond) {
+			return configError("max age of topic "+strconv.Quote(t), "topic-max-age", d.String(),
+				"it must be at least 1ms, or negative (never) to exempt the topic from --max-age")
+		}
+	}
 	if c.Retry.Initial > c.Retry.Max {
 		return configError("retry initial", "retry-initial", c.Retry.Initial.String(), fmt.Sprintf("it must not be more than --retry-max (%s)", c.Retry.Max))
 	}
@@ -326,8 +348,9 @@ type SweepResult struct {
 	AttemptedRows int
 	// Splits counts the failed batches that were split to find their bad rows.
 	Splits int
-	// DeadLettered counts the rows moved to the dead-letter table.
-	DeadLettered int
+	// DeadLettered counts the rows moved to the dead-letter table, Expired
+	// among them those past their deadline.
+	DeadLettered, Expired int
 }
 
 // Sweeper relays outstanding outbox rows to a producer.

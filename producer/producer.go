@@ -42,6 +42,10 @@ type Message struct {
 	PartitionKey  string
 	// CreatedAt is when the application wrote the row.
 	CreatedAt time.Time
+	// ExpiresAt is the row's own deadline, zero for none. The sweeper never
+	// sends a row past it (nor past its topic's max age); a producer may pass
+	// it on as the broker's time to live.
+	ExpiresAt time.Time
 	// Attempts counts the failed dispatches before this one.
 	Attempts int
 }

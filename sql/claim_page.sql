@@ -101,10 +101,10 @@ WITH settings AS MATERIALIZED (
     RETURNING id, attempts
 )
 SELECT false AS summary, o.id, o.message_id::text, o.topic, o.payload, o.headers, o.content_type, o.correlation_id,
-       o.partition_key, o.created_at, c.attempts, NULL::bigint AS candidates
+       o.partition_key, o.created_at, o.expires_at, c.attempts, NULL::bigint AS candidates
 FROM claimed c
 JOIN {{outbox}} o ON o.id = c.id
 UNION ALL
-SELECT true, max(id), NULL, topic, NULL, NULL, NULL, NULL, NULL, NULL, NULL, count(*)
+SELECT true, max(id), NULL, topic, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, count(*)
 FROM candidates
 GROUP BY topic

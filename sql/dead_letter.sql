@@ -11,9 +11,9 @@ WITH moved AS (
     RETURNING *
 )
 INSERT INTO {{dead_letter}} (id, message_id, topic, payload, headers, content_type, correlation_id,
-                             partition_key, created_at, dispatched_at, attempts, last_error, reason, error,
-                             dead_lettered_at)
+                             partition_key, created_at, expires_at, dispatched_at, attempts, last_error, reason,
+                             error, dead_lettered_at)
 SELECT id, message_id, topic, payload, headers, content_type, correlation_id,
-       partition_key, created_at, NULL, attempts, last_error, $3, $4, clock_timestamp()
+       partition_key, created_at, expires_at, NULL, attempts, last_error, $3, $4, clock_timestamp()
 FROM moved
 RETURNING correlation_id

@@ -185,6 +185,8 @@ type runOptions struct {
 	deadLetterLimit  int
 	deadLetterWindow time.Duration
 	maxAttempts      int
+	maxAge           time.Duration
+	topicMaxAge      map[string]time.Duration
 	notify           bool
 	ordering         string
 	pageSize         int
@@ -208,6 +210,8 @@ func (o *runOptions) flags() *flags {
 	f.Int(&o.deadLetterLimit, "dead-letter-limit", outbox.DeadLetterLimitDefault, "storm guard: more rows of one topic dead-lettered within --dead-letter-window stop dead-lettering, trip the topic and alert (-1: off)")
 	f.Duration(&o.deadLetterWindow, "dead-letter-window", outbox.DeadLetterWindowDefault, "the storm guard's window")
 	f.Int(&o.maxAttempts, "max-attempts", outbox.MaxAttemptsDefault, "transient failures after which a row is dead-lettered as max_retries_exceeded (-1: never)")
+	f.Duration(&o.maxAge, "max-age", 0, "rows older than this (from created_at) are never sent: they are dead-lettered as expired, tripped topic or broker down alike (0: no max age)")
+	f.TopicDurations(&o.topicMaxAge, "topic-max-age", "per-topic --max-age, e.g. codes=5m,prices=1m,events=never (never exempts a topic from --max-age)")
 	f.Bool(&o.notify, "notify", true, "sweep as soon as rows are committed (LISTEN for the outbox's trigger on a connection of its own); --notify=false polls on the schedule only")
 	f.Enum(&o.ordering, "ordering", string(outbox.OrderingTopic), []string{string(outbox.OrderingTopic), string(outbox.OrderingNone)},
 		"topic: each topic is sent by one sweeper at a time, in id order, across instances; none: instances share a topic, which may then arrive out of order")
@@ -228,6 +232,8 @@ func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Wri
 		DeadLetterLimit:  o.deadLetterLimit,
 		DeadLetterWindow: o.deadLetterWindow,
 		MaxAttempts:      o.maxAttempts,
+		MaxAge:           o.maxAge,
+		TopicMaxAge:      o.topicMaxAge,
 		Concurrency:      o.concurrency,
 		DisableNotify:    !o.notify,
 		Ordering:         outbox.Ordering(o.ordering),

@@ -5,6 +5,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -85,6 +86,12 @@ func TestEveryFlagRejectsABadValue(t *testing.T) {
 		{"run", "topic-backoff-max", "0s", "topic backoff max (--topic-backoff-max) is 0s: it must be at least 1ms"},
 		{"run", "topic-backoff-max", "later", `invalid value "later"`},
 		{"run", "tick", "1", `invalid value "1"`},
+		{"run", "max-age", "a day", `invalid value "a day"`},
+		{"run", "max-age", "-1h", "max age (--max-age) is -1h0m0s: it must be positive"},
+		{"run", "topic-max-age", "codes", `"codes" is not topic=duration`},
+		{"run", "topic-max-age", "codes=soon", `"soon" for topic "codes" is not a positive duration`},
+		{"run", "topic-max-age", "codes=0s", `"0s" for topic "codes" is not a positive duration`},
+		{"run", "topic-max-age", "codes=1m,codes=2m", `topic "codes" is given twice`},
 		{"migrate", "database-url", "postgres://h:notaport/db", "invalid --database-url"},
 		{"migrate", "schema", "a b", `schema (--schema) is "a b": not a valid name`},
 		{"migrate", "table", "", `table (--table) is "": not a valid name`},
@@ -220,4 +227,14 @@ func TestTopicsCommandUsage(t *testing.T) {
 		require.Equal(t, ExitUsage, code, stderr)
 		require.Contains(t, stderr, tc.want)
 	}
+}
+
+// --topic-max-age reads pairs, cuts a topic at its last "=", and reads never
+// as no max age (-1); its help shows the value as it was read.
+func TestTopicMaxAgeParses(t *testing.T) {
+	var m map[string]time.Duration
+	v := (*topicDurationsValue)(&m)
+	require.NoError(t, v.Set(" codes=5m, a=b=1h ,events=never,"))
+	require.Equal(t, map[string]time.Duration{"codes": 5 * time.Minute, "a=b": time.Hour, "events": -1}, m)
+	require.Equal(t, "a=b=1h0m0s,codes=5m0s,events=never", v.String())
 }

@@ -46,7 +46,7 @@ func (o *dlqOptions) flags(cmd string) *flags {
 	f := newFlags("dlq " + cmd)
 	o.common.register(f)
 	f.String(&o.topic, "topic", "", "topic", "only dead letters of this topic")
-	f.String(&o.reason, "reason", "", "reason", "only dead letters with this reason (max_retries_exceeded, message_too_large, invalid_message, …)")
+	f.String(&o.reason, "reason", "", "reason", "only dead letters with this reason (max_retries_exceeded, message_too_large, invalid_message, expired, …)")
 	if cmd != "purge" { // purge selects by age with --older-than only: --since would purge the newest
 		f.Duration(&o.since, "since", 0, "only dead letters from the last duration, e.g. 24h (unset: any age)")
 	}

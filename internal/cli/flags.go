@@ -5,6 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -247,6 +249,63 @@ func (d *durationValue) Set(v string) error {
 	return nil
 }
 func (d *durationValue) String() string { return time.Duration(*d).String() }
+
+// TopicDurations registers a per-topic duration list, "orders=1h,codes=5m";
+// a duration may be "never" (stored as -1).
+func (f *flags) TopicDurations(p *map[string]time.Duration, name, usage string) {
+	*p = nil
+	f.add((*topicDurationsValue)(p), name, "topic=duration,…", usage)
+}
+
+type topicDurationsValue map[string]time.Duration
+
+// Set reads "topic=duration" pairs separated by commas. A topic is cut at its
+// last "=", so it may hold one (a duration never does); it cannot hold a
+// comma.
+func (v *topicDurationsValue) Set(s string) error {
+	m := map[string]time.Duration{}
+	for pair := range strings.SplitSeq(s, ",") {
+		pair = strings.TrimSpace(pair)
+		if pair == "" {
+			continue
+		}
+		i := strings.LastIndexByte(pair, '=')
+		if i <= 0 {
+			return fmt.Errorf("%q is not topic=duration: write pairs such as orders=1h,codes=5m (a duration may be never)", pair)
+		}
+		topic, d := pair[:i], strings.TrimSpace(pair[i+1:])
+		if _, dup := m[topic]; dup {
+			return fmt.Errorf("topic %q is given twice: give each topic one duration", topic)
+		}
+		if d == "never" {
+			m[topic] = -1
+			continue
+		}
+		x, err := time.ParseDuration(d)
+		if err != nil || x <= 0 {
+			return fmt.Errorf("%q for topic %q is not a positive duration: write a number with a unit, such as 90s, 1h or 24h, or never", d, topic)
+		}
+		m[topic] = x
+	}
+	*v = m
+	return nil
+}
+
+func (v *topicDurationsValue) String() string {
+	if v == nil || len(*v) == 0 {
+		return ""
+	}
+	parts := make([]string, 0, len(*v))
+	for _, t := range slices.Sorted(maps.Keys(*v)) {
+		d := (*v)[t]
+		if d < 0 {
+			parts = append(parts, t+"=never")
+		} else {
+			parts = append(parts, t+"="+d.String())
+		}
+	}
+	return strings.Join(parts, ",")
+}
 
 type enumValue struct {
 	p       *string

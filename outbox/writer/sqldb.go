@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"time"
 	"unicode/utf8"
 )
 
@@ -26,6 +27,7 @@ type jsonMessage struct {
 	ContentType   *string         `json:"content_type"`
 	CorrelationID *string         `json:"correlation_id"`
 	PartitionKey  *string         `json:"partition_key"`
+	ExpiresAt     *time.Time      `json:"expires_at,omitempty"`
 }
 
 // WriteSQL is [Writer.Write] for database/sql: it inserts msgs through db in
@@ -78,7 +80,11 @@ func (w *Writer) WriteOrderedSQL(ctx context.Context, tx SQLDB, msgs ...Message)
 }
 
 func (w *Writer) insertSQL(ctx context.Context, db SQLDB, doc string, msgs []Message) error {
-	if _, err := db.ExecContext(ctx, w.insertJSON, doc); err != nil {
+	stmt := w.insertJSON
+	if slices.ContainsFunc(msgs, func(m Message) bool { return !m.ExpiresAt.IsZero() }) {
+		stmt = w.insertJSONExpiring
+	}
+	if _, err := db.ExecContext(ctx, stmt, doc); err != nil {
 		if dup := w.duplicate(err, msgs); dup != nil {
 			return dup
 		}
@@ -102,7 +108,7 @@ func (w *Writer) encodeJSON(msgs []Message) (string, error) {
 		}
 		cols[i] = c
 		r := jsonMessage{Topic: c.topic, Payload: c.payload, Headers: c.headers, ContentType: c.contentType,
-			CorrelationID: c.correlationID, PartitionKey: c.partitionKey}
+			CorrelationID: c.correlationID, PartitionKey: c.partitionKey, ExpiresAt: c.expiresAt}
 		if c.messageID.Valid {
 			r.MessageID = uuidString(c.messageID.Bytes)
 		}

@@ -16,7 +16,9 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -44,6 +46,12 @@ type Message struct {
 	ContentType   string
 	CorrelationID string
 	PartitionKey  string
+	// ExpiresAt, when set, is the message's deadline: the sweeper never sends
+	// it later, and moves it to the dead-letter table with reason expired
+	// instead (a price, a one-time code, a notification useless once late).
+	// Zero: the message never expires by itself (the sweeper's --max-age may
+	// still apply). Needs the schema at version 7 or later.
+	ExpiresAt time.Time
 }
 
 // DBTX is what [Writer.Write] needs of a database handle. pgx.Tx, *pgx.Conn,
@@ -66,7 +74,11 @@ type Writer struct {
 	insertOne  string
 	insertMany string
 	insertJSON string
-	ctxHeaders func(context.Context) map[string]string
+	// The statements for writes where a message has a deadline: the others
+	// do not name expires_at, so that they work on a schema before version 7.
+	insertManyExpiring string
+	insertJSONExpiring string
+	ctxHeaders         func(context.Context) map[string]string
 }
 
 // The headers that carry a W3C trace context (https://www.w3.org/TR/trace-context/)
@@ -104,6 +116,9 @@ func NewWithOptions(t Table, o Options) (*Writer, error) {
 		insertMany: statement(t, "insert_messages"),
 		insertJSON: statement(t, "insert_messages_json"),
 		ctxHeaders: o.ContextHeaders,
+
+		insertManyExpiring: statement(t, "insert_messages_expiring"),
+		insertJSONExpiring: statement(t, "insert_messages_json_expiring"),
 	}, nil
 }
 
@@ -159,8 +174,9 @@ func (w *Writer) Write(ctx context.Context, db DBTX, msgs ...Message) error {
 			Table: w.table.String(), Total: len(msgs)}
 	}
 
+	expiring := slices.ContainsFunc(cols, func(c columns) bool { return c.expiresAt != nil })
 	switch {
-	case len(msgs) == 1:
+	case len(msgs) == 1 && !expiring:
 		c := cols[0]
 		if _, err := db.Exec(ctx, w.insertOne, c.messageID, c.topic, c.payload, c.headers, c.contentType, c.correlationID, c.partitionKey); err != nil {
 			if dup := w.duplicate(err, msgs); dup != nil {
@@ -174,7 +190,13 @@ func (w *Writer) Write(ctx context.Context, db DBTX, msgs ...Message) error {
 		for _, c := range cols {
 			a.add(c)
 		}
-		if _, err := db.Exec(ctx, w.insertMany, a.messageID, a.topic, a.payload, a.headers, a.contentType, a.correlationID, a.partitionKey); err != nil {
+		var err error
+		if expiring {
+			_, err = db.Exec(ctx, w.insertManyExpiring, a.messageID, a.topic, a.payload, a.headers, a.contentType, a.correlationID, a.partitionKey, a.expiresAt)
+		} else {
+			_, err = db.Exec(ctx, w.insertMany, a.messageID, a.topic, a.payload, a.headers, a.contentType, a.correlationID, a.partitionKey)
+		}
+		if err != nil {
 			if dup := w.duplicate(err, msgs); dup != nil {
 				return dup
 			}
@@ -183,6 +205,10 @@ func (w *Writer) Write(ctx context.Context, db DBTX, msgs ...Message) error {
 	default:
 		// COPY writes the columns as given, so defaults do not apply: the message
 		// id is generated here instead.
+		names := []string{"message_id", "topic", "payload", "headers", "content_type", "correlation_id", "partition_key"}
+		if expiring {
+			names = append(names, "expires_at")
+		}
 		rows := make([][]any, len(cols))
 		for i, c := range cols {
 			id := c.messageID
@@ -190,10 +216,11 @@ func (w *Writer) Write(ctx context.Context, db DBTX, msgs ...Message) error {
 				id = pgtype.UUID{Bytes: newUUIDv7(), Valid: true}
 			}
 			rows[i] = []any{id, c.topic, c.payload, c.headers, c.contentType, c.correlationID, c.partitionKey}
+			if expiring {
+				rows[i] = append(rows[i], c.expiresAt)
+			}
 		}
-		_, err := db.CopyFrom(ctx, pgx.Identifier{w.table.Schema, w.table.Name},
-			[]string{"message_id", "topic", "payload", "headers", "content_type", "correlation_id", "partition_key"},
-			pgx.CopyFromRows(rows))
+		_, err := db.CopyFrom(ctx, pgx.Identifier{w.table.Schema, w.table.Name}, names, pgx.CopyFromRows(rows))
 		if err != nil {
 			if dup := w.duplicate(err, msgs); dup != nil {
 				return dup
@@ -361,6 +388,7 @@ type columns struct {
 	contentType   *string
 	correlationID *string
 	partitionKey  *string
+	expiresAt     *time.Time
 }
 
 func toColumns(m *Message) (columns, error) {
@@ -403,6 +431,9 @@ func toColumns(m *Message) (columns, error) {
 	c.contentType = nullable(m.ContentType)
 	c.correlationID = nullable(m.CorrelationID)
 	c.partitionKey = nullable(m.PartitionKey)
+	if !m.ExpiresAt.IsZero() {
+		c.expiresAt = &m.ExpiresAt
+	}
 	return c, nil
 }
 
@@ -448,6 +479,7 @@ type arrays struct {
 	contentType   []*string
 	correlationID []*string
 	partitionKey  []*string
+	expiresAt     []*time.Time
 }
 
 func (a *arrays) grow(n int) {
@@ -458,6 +490,7 @@ func (a *arrays) grow(n int) {
 	a.contentType = make([]*string, 0, n)
 	a.correlationID = make([]*string, 0, n)
 	a.partitionKey = make([]*string, 0, n)
+	a.expiresAt = make([]*time.Time, 0, n)
 }
 
 func (a *arrays) add(c columns) {
@@ -468,4 +501,5 @@ func (a *arrays) add(c columns) {
 	a.contentType = append(a.contentType, c.contentType)
 	a.correlationID = append(a.correlationID, c.correlationID)
 	a.partitionKey = append(a.partitionKey, c.partitionKey)
+	a.expiresAt = append(a.expiresAt, c.expiresAt)
 }

@@ -1,0 +1,219 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-sweeper/sweeper/producer"
+)
+
+// ReasonExpired is the dead-letter reason of a row that passed its deadline
+// (its expires_at, or its topic's max age counted from created_at) before it
+// could be sent.
+const ReasonExpired = "expired"
+
+// ExpiryObserver is an Observer that also wants to count expired rows (the
+// metrics package implements it). Expired rows are dead letters too: they are
+// reported to DeadLettered as well.
+type ExpiryObserver interface {
+	Observer
+	// Expired reports n rows of topic moved to the dead-letter table with
+	// reason expired.
+	Expired(topic string, n int)
+}
+
+// maxAge returns topic's max age, zero for none.
+func (c *Config) maxAge(topic string) time.Duration {
+	if d, ok := c.TopicMaxAge[topic]; ok {
+		return max(d, 0) // negative: never, whatever MaxAge says
+	}
+	return c.MaxAge
+}
+
+// expiresByAge says whether any topic may have a max age.
+func (c *Config) expiresByAge() bool {
+	return c.MaxAge > 0 || slices.ContainsFunc(slices.Collect(maps.Values(c.TopicMaxAge)), func(d time.Duration) bool { return d > 0 })
+}
+
+// expiredWhy says why m may not be sent at now: its own deadline passed, or it
+// is older than its topic's max age; "" if neither. The sweeper's clock judges
+// both (created_at and expires_at are the database's: keep the clocks in
+// step, as for any timestamp).
+func (s *Sweeper) expiredWhy(m *producer.Message, now time.Time) string {
+	if !m.ExpiresAt.IsZero() && !now.Before(m.ExpiresAt) {
+		return "its expires_at passed before it could be sent"
+	}
+	if age := s.cfg.maxAge(m.Topic); age > 0 && now.Sub(m.CreatedAt) >= age {
+		return ageError(age)
+	}
+	return ""
+}
+
+func ageError(age time.Duration) string {
+	return fmt.Sprintf("it passed the max age of its topic (%s, counted from created_at) before it could be sent", age)
+}
+
+// expireClaimed moves the rows of msgs, claimed in the page st.page, that are
+// past their deadline to the dead-letter table, in the page's transaction, and
+// returns the others in their order. A row is therefore never handed to the
+// producer after its deadline (as judged when its page is sent), and an
+// expired row holds up none behind it. A database error is the page's.
+func (s *Sweeper) expireClaimed(st *sweepState, msgs []producer.Message, res *SweepResult) ([]producer.Message, error) {
+	now := time.Now()
+	type group struct{ topic, why string }
+	var expired map[group][]int64
+	for i := range msgs {
+		if why := s.expiredWhy(&msgs[i], now); why != "" {
+			if expired == nil {
+				expired = map[group][]int64{}
+			}
+			g := group{msgs[i].Topic, why}
+			expired[g] = append(expired[g], msgs[i].ID)
+		}
+	}
+	if expired == nil {
+		return msgs, nil
+	}
+	p := st.page
+	ctx, cancel := stmtCtx(st.work)
+	defer cancel()
+	p.conn.Lock()
+	defer p.conn.Unlock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.err != nil {
+		return nil, p.err
+	}
+	defer p.used()
+	gone := map[int64]bool{}
+	byTopic := map[string]*applied{}
+	for _, g := range slices.SortedFunc(maps.Keys(expired), func(a, b group) int {
+		return cmp.Or(cmp.Compare(a.topic, b.topic), cmp.Compare(a.why, b.why))
+	}) {
+		out := byTopic[g.topic]
+		if out == nil {
+			out = &applied{}
+			byTopic[g.topic] = out
+		}
+		if err := p.s.moveToDeadLetters(ctx, p.tx, g.topic, expired[g], 0, ReasonExpired, g.why, out); err != nil {
+			p.err = err
+			return nil, err
+		}
+		for _, id := range expired[g] {
+			gone[id] = true
+		}
+	}
+	for topic, out := range byTopic {
+		s.reportExpired(topic, out.deadLettered, out.deadCorrelationIDs)
+		res.DeadLettered += out.deadLettered
+		res.Expired += out.deadLettered
+	}
+	return slices.DeleteFunc(msgs, func(m producer.Message) bool { return gone[m.ID] }), nil
+}
+
+// expireLeftOut moves the rows that no page of this sweep will claim and that
+// are past their deadline to the dead-letter table (expire.sql): by age, those
+// of the topics left out of paging (tripped, cooling down, backing off), or of
+// every topic when leftOut is nil (the broker's breaker is open); by their own
+// expires_at, those of every topic. It runs once per tick, a statement at a
+// time, until nothing more expires or the tick's time is up.
+func (s *Sweeper) expireLeftOut(ctx context.Context, leftOut []string, due time.Time, res *SweepResult) error {
+	var topics []string
+	var ages []int64
+	var whys []string
+	if s.cfg.expiresByAge() {
+		if leftOut == nil {
+			all, err := s.store.topics(ctx, nil)
+			if err != nil {
+				return fmt.Errorf("list topics with outstanding rows in %s to expire their old rows: %w", s.cfg.Table, err)
+			}
+			leftOut = all
+		}
+		for _, t := range leftOut {
+			if age := s.cfg.maxAge(t); age > 0 {
+				topics, ages, whys = append(topics, t), append(ages, age.Milliseconds()), append(whys, ageError(age))
+			}
+		}
+	}
+	for range maxExpireRounds {
+		n, err := s.store.expire(ctx, topics, ages, whys, s.cfg.PageSize, s.reportExpired)
+		if err != nil {
+			return fmt.Errorf("expire rows of %s past their deadline: %w", s.cfg.Table, err)
+		}
+		res.DeadLettered += n
+		res.Expired += n
+		if n == 0 || (!due.IsZero() && !time.Now().Before(due)) {
+			return nil
+		}
+	}
+	return nil
+}
+
+// maxExpireRounds bounds the statements one tick's expireIdle runs, each
+// moving up to a page of rows a topic.
+const maxExpireRounds = 20
+
+// expire runs expire.sql once; report is told, per topic, what moved.
+func (s *store) expire(ctx context.Context, topics []string, ages []int64, whys []string, limit int,
+	report func(topic string, n int, correlationIDs []string)) (int, error) {
+	ctx, cancel := stmtCtx(ctx)
+	defer cancel()
+	if topics == nil {
+		topics, ages, whys = []string{}, []int64{}, []string{}
+	}
+	rows, err := s.pool.Query(ctx, s.expireSQL, topics, ages, limit, whys)
+	if err != nil {
+		return 0, s.explain(err)
+	}
+	type moved struct {
+		n   int
+		ids []string
+	}
+	byTopic := map[string]*moved{}
+	var topic string
+	var correlationID *string
+	total := 0
+	_, err = pgx.ForEachRow(rows, []any{&topic, &correlationID}, func() error {
+		m := byTopic[topic]
+		if m == nil {
+			m = &moved{}
+			byTopic[topic] = m
+		}
+		m.n++
+		total++
+		if correlationID != nil && len(m.ids) < maxLoggedIDs {
+			m.ids = append(m.ids, logText(*correlationID))
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, s.explain(err)
+	}
+	for _, t := range slices.Sorted(maps.Keys(byTopic)) {
+		report(t, byTopic[t].n, byTopic[t].ids)
+	}
+	return total, nil
+}
+
+// reportExpired logs, counts and observes n rows of topic that expired.
+func (s *Sweeper) reportExpired(topic string, n int, correlationIDs []string) {
+	if n == 0 {
+		return
+	}
+	s.activity.add(topic, time.Now(), activityCounts{deadLettered: n})
+	s.logger.Warn("rows expired: past their deadline, they were dead-lettered instead of sent",
+		"topic", logText(topic), "num_rows", n, "reason", ReasonExpired,
+		"correlation_ids", correlationIDs, "table", s.cfg.Table.DeadLetterName())
+	if s.cfg.Observer != nil {
+		s.cfg.Observer.DeadLettered(topic, n)
+		if o, ok := s.cfg.Observer.(ExpiryObserver); ok {
+			o.Expired(topic, n)
+		}
+	}
+}

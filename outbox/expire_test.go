@@ -1,0 +1,233 @@
+package outbox_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-sweeper/sweeper/breaker"
+	"github.com/outbox-sweeper/sweeper/internal/dbtest"
+	"github.com/outbox-sweeper/sweeper/outbox"
+	"github.com/outbox-sweeper/sweeper/producer"
+	"github.com/outbox-sweeper/sweeper/producer/memory"
+)
+
+// age moves the created_at of rows ids of tbl back by d, as if they had
+// waited that long: tests make time pass for rows rather than wait for it.
+func age(t *testing.T, tbl outbox.Table, d time.Duration, ids ...int64) {
+	t.Helper()
+	_, err := dbtest.Pool(t).Exec(context.Background(), fmt.Sprintf(
+		`UPDATE %s SET created_at = created_at - $1::interval WHERE id = ANY($2)`, tbl.Ident()), d, ids)
+	require.NoError(t, err)
+}
+
+// deadline sets the expires_at of rows ids of tbl to at.
+func deadline(t *testing.T, tbl outbox.Table, at time.Time, ids ...int64) {
+	t.Helper()
+	_, err := dbtest.Pool(t).Exec(context.Background(), fmt.Sprintf(
+		`UPDATE %s SET expires_at = $1 WHERE id = ANY($2)`, tbl.Ident()), at, ids)
+	require.NoError(t, err)
+}
+
+func idsOf(msgs []producer.Message) []int64 {
+	out := []int64{}
+	for _, m := range msgs {
+		out = append(out, m.ID)
+	}
+	return out
+}
+
+func deadIDs(dead []deadLetter, reason string) []int64 {
+	out := []int64{}
+	for _, d := range dead {
+		if d.Reason == reason {
+			out = append(out, d.ID)
+		}
+	}
+	return out
+}
+
+// A page that mixes expired and fresh rows of one topic sends the fresh ones
+// in id order, in the same batches, and moves the expired ones (past the
+// topic's max age, or their own expires_at) to the dead-letter table as
+// expired; none of them reaches the broker. A replay of the expired rows
+// starts their clock again: they are delivered after it.
+func TestExpiredRowsInAPageLeaveTheFreshOnesInOrder(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("prices", 10)...)
+	writeMessages(t, tbl, topicMessages("events", 2)...)
+	age(t, tbl, 2*time.Hour, 2, 5, 9, 11)             // 11 is an events row: exempt from the max age
+	deadline(t, tbl, time.Now().Add(-time.Second), 7) // its own deadline passed
+	deadline(t, tbl, time.Now().Add(time.Hour), 8)    // a deadline still ahead
+	prod := memory.New(memory.Config{MaxBatch: 3})
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, MaxAge: time.Hour,
+		TopicMaxAge: map[string]time.Duration{"events": -1}})
+	res, err := s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 4, res.Expired)
+	require.Equal(t, 4, res.DeadLettered)
+	require.Equal(t, 8, res.Dispatched)
+
+	var prices []int64
+	for _, m := range prod.Messages() {
+		if m.Topic == "prices" {
+			prices = append(prices, m.ID)
+		}
+	}
+	require.Equal(t, []int64{1, 3, 4, 6, 8, 10}, prices, "the fresh rows, in id order")
+	dead := readDeadLetters(t, tbl)
+	require.Equal(t, []int64{2, 5, 7, 9}, deadIDs(dead, outbox.ReasonExpired))
+	for _, d := range dead {
+		if d.ID == 7 {
+			require.Contains(t, d.Error, "expires_at passed")
+		} else {
+			require.Contains(t, d.Error, "max age of its topic (1h0m0s")
+		}
+	}
+	require.Zero(t, dbtest.Outstanding(t, tbl))
+
+	dl, err := outbox.NewDeadLetters(dbtest.Pool(t), tbl)
+	require.NoError(t, err)
+	n, err := dl.Replay(context.Background(), outbox.DeadLetterFilter{Reason: outbox.ReasonExpired})
+	require.NoError(t, err)
+	require.Equal(t, 4, n)
+	res, err = s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 4, res.Dispatched, "a replayed row starts afresh: no max age passed, no deadline")
+	require.Zero(t, res.Expired)
+}
+
+// A tripped topic sends nothing, but its rows expire on schedule: each tick
+// moves those past the max age (at the head of the topic, where the oldest
+// are) and those past their own deadline (anywhere in it), while its fresh
+// rows wait for the reset. The healthy topic is sent meanwhile; the storm
+// guard, which would trip a topic that dead-letters many rows at once, does
+// not count expiries.
+func TestTrippedTopicsRowsExpireWhileItCoolsDown(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("orders", 30)...) // ids 1-30
+	writeMessages(t, tbl, topicMessages("audit", 3)...)   // 31-33
+	prod := memory.New(memory.Config{})
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, DeadLetterLimit: 5,
+		TopicMaxAge: map[string]time.Duration{"orders": 10 * time.Minute}})
+	s.TopicBreaker().Trip("orders", "tripped by an operator: downstream migration")
+
+	res, err := s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Zero(t, res.Expired, "nothing is old yet")
+	require.Equal(t, []int64{31, 32, 33}, idsOf(prod.Messages()))
+
+	oldest := make([]int64, 20)
+	for i := range oldest {
+		oldest[i] = int64(i + 1)
+	}
+	age(t, tbl, time.Hour, oldest...)                  // the topic cooled down for an hour
+	deadline(t, tbl, time.Now().Add(-time.Minute), 25) // and one row's own deadline passed
+	res, err = s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 21, res.Expired)
+	require.Equal(t, append(oldest, 25), deadIDs(readDeadLetters(t, tbl), outbox.ReasonExpired))
+	require.Len(t, prod.Messages(), 3, "a tripped topic sends nothing")
+	require.Equal(t, breaker.StateTripped, s.TopicBreaker().State("orders"))
+	require.Equal(t, 9, dbtest.Outstanding(t, tbl), "the fresh rows wait")
+
+	s.TopicBreaker().Reset("orders")
+	res, err = s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 9, res.Dispatched)
+	require.Zero(t, dbtest.Outstanding(t, tbl))
+}
+
+// A broker outage longer than the max age: the broker breaker is open, so
+// no page is read and nothing is sent, yet every row past its max age leaves
+// the outbox as expired at the next tick, in every topic, the storm guard
+// notwithstanding; the rows still within it wait for the broker.
+func TestBrokerOutageLongerThanTheMaxAge(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	for _, topic := range []string{"a", "b", "c"} {
+		writeMessages(t, tbl, topicMessages(topic, 10)...)
+	}
+	writeMessages(t, tbl, topicMessages("a", 1)...) // 31: written during the outage
+	broker := brokerBreaker(t, breaker.DependencyConfig{Failures: 1, OpenDuration: time.Hour})
+	failBroker(t, broker, 1)
+	prod := memory.New(memory.Config{})
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, BrokerBreaker: broker, MaxAge: 30 * time.Minute,
+		DeadLetterLimit: 2})
+	old := make([]int64, 30)
+	for i := range old {
+		old[i] = int64(i + 1)
+	}
+	age(t, tbl, 45*time.Minute, old...)
+
+	res, err := s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.True(t, res.Blocked)
+	require.Equal(t, 30, res.Expired)
+	require.Empty(t, prod.Messages())
+	require.Equal(t, old, deadIDs(readDeadLetters(t, tbl), outbox.ReasonExpired))
+	first, ok := dbtest.FirstOutstanding(t, tbl, 0)
+	require.True(t, ok)
+	require.Equal(t, int64(31), first, "the row written during the outage waits for the broker")
+	for _, topic := range []string{"a", "b", "c"} {
+		require.Equal(t, breaker.StateClosed, s.TopicBreaker().State(topic), "expiries are no storm")
+	}
+}
+
+// The writer stores a message's deadline through every path (one INSERT, the
+// multi-row INSERT, COPY, and database/sql's JSON), and writes without one
+// name no expires_at column, so they work on a schema migrated before it.
+func TestWriterStoresExpiresAt(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	w, err := outbox.NewWriter(tbl)
+	require.NoError(t, err)
+	ctx := context.Background()
+	at := time.Date(2030, 1, 2, 3, 4, 5, 6000, time.UTC)
+	batch := func(n int) []outbox.Message {
+		msgs := topicMessages("codes", n)
+		msgs[n-1].ExpiresAt = at
+		return msgs
+	}
+	for _, n := range []int{1, 3, outbox.CopyThresholdDefault} {
+		require.NoError(t, pgx.BeginFunc(ctx, dbtest.Pool(t), func(tx pgx.Tx) error { return w.Write(ctx, tx, batch(n)...) }))
+	}
+	db := sql.OpenDB(stdlib.GetPoolConnector(dbtest.Pool(t)))
+	defer db.Close()
+	require.NoError(t, w.WriteSQL(ctx, db, batch(2)...))
+
+	rows, err := dbtest.Pool(t).Query(ctx, fmt.Sprintf(`SELECT expires_at FROM %s WHERE expires_at IS NOT NULL ORDER BY id`, tbl.Ident()))
+	require.NoError(t, err)
+	got, err := pgx.CollectRows(rows, pgx.RowTo[time.Time])
+	require.NoError(t, err)
+	require.Len(t, got, 4)
+	for _, g := range got {
+		require.True(t, at.Equal(g), "stored %s, want %s", g, at)
+	}
+	require.Equal(t, 1+3+outbox.CopyThresholdDefault+2-4, countWhere(t, tbl, "expires_at IS NULL"))
+
+	// A schema before version 7 has no expires_at: writes without a deadline go on.
+	_, err = dbtest.Pool(t).Exec(ctx, fmt.Sprintf(`DROP INDEX %s; ALTER TABLE %s DROP COLUMN expires_at`,
+		pgx.Identifier{tbl.Schema, tbl.Name + "_expires_at_idx"}.Sanitize(), tbl.Ident()))
+	require.NoError(t, err)
+	for _, n := range []int{1, 3, outbox.CopyThresholdDefault} {
+		require.NoError(t, pgx.BeginFunc(ctx, dbtest.Pool(t), func(tx pgx.Tx) error { return w.Write(ctx, tx, topicMessages("codes", n)...) }))
+	}
+	require.NoError(t, w.WriteSQL(ctx, db, topicMessages("codes", 2)...))
+}
+
+func countWhere(t *testing.T, tbl outbox.Table, cond string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, dbtest.Pool(t).QueryRow(context.Background(),
+		fmt.Sprintf(`SELECT count(*) FROM %s WHERE %s`, tbl.Ident(), cond)).Scan(&n))
+	return n
+}
