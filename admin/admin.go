@@ -72,7 +72,20 @@ type Config struct {
 	StatusCacheFor time.Duration
 	// UI serves the console, a web page over this API, at /.
 	UI bool
+	// Stalled, when set, makes /healthz answer 503 while it reports the
+	// sweep loop stalled (outbox.Sweeper.Stalled with --stall-ticks), so that
+	// Kubernetes restarts a wedged process.
+	Stalled func(now time.Time) (outbox.Stall, bool)
+	// StallTicks is the ticks Stalled allows, for /healthz's message.
+	StallTicks int
+	// DegradedDeadLetters is how many dead letters make GET /status say
+	// degraded. Zero means DegradedDeadLettersDefault; negative, never.
+	DegradedDeadLetters int
 }
+
+// DegradedDeadLettersDefault is the dead letters from which GET /status says
+// degraded: seed 003's threshold.
+const DegradedDeadLettersDefault = 100
 
 // Handler returns the API's handler.
 func Handler(cfg Config) http.Handler {
@@ -359,7 +372,26 @@ func (a *api) internal(w http.ResponseWriter, r *http.Request, err error) {
 	writeJSON(w, http.StatusInternalServerError, errorBody{"internal error: see the sweeper's log"})
 }
 
+// healthz answers whether the process should be restarted: only when its
+// sweep loop is wedged. A database or a broker that is down is not cured by a
+// restart: /readyz and GET /status report those.
 func (a *api) healthz(w http.ResponseWriter, _ *http.Request) {
+	if a.cfg.Stalled != nil {
+		now := time.Now()
+		if st, stalled := a.cfg.Stalled(now); stalled {
+			last := "no sweep has completed since the sweeper started"
+			if !st.LastSweep.IsZero() {
+				last = fmt.Sprintf("the last one completed at %s", st.LastSweep.UTC().Format(time.RFC3339))
+			}
+			a.cfg.Logger.Error("health check failed: the sweep loop is stalled", "sweep_began_at", st.Since, "ticks", st.Ticks)
+			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "stalled", "reason": fmt.Sprintf(
+				"the sweep that began at %s has not returned for %s, more than %d ticks (--stall-ticks); %s. "+
+					"Something blocks it (a statement waiting on a lock, a broker call that ignores its timeout): "+
+					"restarting the process frees it; before that, SIGQUIT prints its goroutines to stderr",
+				st.Since.UTC().Format(time.RFC3339), now.Sub(st.Since).Round(time.Second), a.cfg.StallTicks, last)})
+			return
+		}
+	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
@@ -474,12 +506,66 @@ func (a *api) status(w http.ResponseWriter, r *http.Request) {
 		broker = a.brokerBreaker()
 	}
 	writeJSON(w, http.StatusOK, map[string]any{
+		"health":          a.health(topics, total),
 		"time":            time.Now().UTC(),
 		"backlog_read_at": readAt.UTC(),
 		"topics":          topics,
 		"broker_breaker":  broker,
 		"dead_letters":    map[string]any{"total": total, "groups": dead},
 	})
+}
+
+// healthStatus says whether the relay works as it should: ok, or degraded
+// with its reasons. It is for the operator, not for Kubernetes: a tripped
+// topic or an open broker breaker is the sweeper doing its job around a fault
+// elsewhere, which neither a restart nor taking the pod out of service cures.
+type healthStatus struct {
+	Status  string   `json:"status"`
+	Reasons []string `json:"reasons"`
+}
+
+func (a *api) health(topics []*topicStatus, deadLetters int64) healthStatus {
+	h := healthStatus{Status: "ok", Reasons: []string{}}
+	if d := a.cfg.Dependency; d != nil && d.State() != breaker.DependencyClosed {
+		reason := "the broker circuit breaker is " + d.State().String() + ": nothing is sent but its trial batches"
+		if by := d.Tripped(); by != "" {
+			reason = "the broker circuit breaker was tripped by hand (" + by + "): nothing is sent until it is reset"
+		}
+		h.Reasons = append(h.Reasons, reason)
+	}
+	var stopped []string
+	for _, t := range topics {
+		if t.State != "closed" {
+			stopped = append(stopped, t.Topic)
+		}
+	}
+	if len(stopped) > 0 {
+		names := stopped[:min(len(stopped), 5)]
+		more := ""
+		if len(stopped) > len(names) {
+			more = fmt.Sprintf(" and %d more", len(stopped)-len(names))
+		}
+		h.Reasons = append(h.Reasons, fmt.Sprintf("%d topics tripped or half-open: %s%s", len(stopped), strings.Join(quoteAll(names), ", "), more))
+	}
+	limit := a.cfg.DegradedDeadLetters
+	if limit == 0 {
+		limit = DegradedDeadLettersDefault
+	}
+	if limit > 0 && deadLetters >= int64(limit) {
+		h.Reasons = append(h.Reasons, fmt.Sprintf("%d dead letters, at or above --degraded-dead-letters (%d)", deadLetters, limit))
+	}
+	if len(h.Reasons) > 0 {
+		h.Status = "degraded"
+	}
+	return h
+}
+
+func quoteAll(s []string) []string {
+	out := make([]string, len(s))
+	for i, x := range s {
+		out[i] = strconv.Quote(x)
+	}
+	return out
 }
 
 func (a *api) tripped(w http.ResponseWriter, _ *http.Request) {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-sweeper/sweeper/admin"
@@ -563,4 +564,120 @@ func TestNoBrokerBreaker(t *testing.T) {
 		require.Equal(t, "this sweeper has no broker breaker", body["error"], path)
 	}
 	require.NotContains(t, b.log.String(), "admin action", "nothing changed, nothing audited")
+}
+
+// GET /status says ok while nothing is wrong, and degraded with a reason for
+// each of: the broker breaker open, topics tripped, dead letters at the
+// threshold.
+func TestStatusSaysDegradedWithItsReasons(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "tok", func(c *admin.Config) { c.DegradedDeadLetters, c.StatusCacheFor = 4, time.Nanosecond })
+	health := func() (string, []string) {
+		code, body := b.call(t, http.MethodGet, "/status", "tok", "")
+		require.Equal(t, http.StatusOK, code, "%v", body)
+		h := body["health"].(map[string]any)
+		reasons := []string{}
+		for _, r := range h["reasons"].([]any) {
+			reasons = append(reasons, r.(string))
+		}
+		return h["status"].(string), reasons
+	}
+	status, reasons := health()
+	require.Equal(t, "ok", status, "3 dead letters, below 4")
+	require.Empty(t, reasons)
+
+	b.topics.Trip("shipping", "no route")
+	b.dep.Trip("broker maintenance")
+	_, err := dbtest.Pool(t).Exec(context.Background(), fmt.Sprintf(
+		`INSERT INTO %s (id, message_id, topic, payload, created_at, reason) VALUES (100, gen_random_uuid(), 'x', '', now(), 'expired')`,
+		b.tbl.DeadLetterIdent()))
+	require.NoError(t, err)
+	status, reasons = health()
+	require.Equal(t, "degraded", status)
+	require.Len(t, reasons, 3, "%q", reasons)
+	require.Contains(t, reasons[0], "broker circuit breaker was tripped by hand (broker maintenance)")
+	require.Equal(t, `1 topics tripped or half-open: "shipping"`, reasons[1])
+	require.Equal(t, "4 dead letters, at or above --degraded-dead-letters (4)", reasons[2])
+}
+
+// /healthz fails while a sweep is blocked (here on a lock an operator's
+// statement holds on the outbox) for more than --stall-ticks ticks, says so,
+// and recovers once the sweep returns: Kubernetes restarts a wedged process.
+func TestHealthzFailsWhileASweepIsBlockedOnAHeldLock(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	ctx := context.Background()
+	s, err := outbox.NewSweeper(dbtest.Pool(t), memory.New(memory.Config{}),
+		outbox.Config{Table: tbl, Tick: 20 * time.Millisecond, DisableNotify: true})
+	require.NoError(t, err)
+	srv := httptest.NewServer(admin.Handler(admin.Config{Pool: dbtest.Pool(t), Table: tbl, Topics: s.TopicBreaker(),
+		Stalled: func(now time.Time) (outbox.Stall, bool) { return s.Stalled(now, 3) }, StallTicks: 3}))
+	defer srv.Close()
+	healthz := func() (int, map[string]any) {
+		resp, err := http.Get(srv.URL + "/healthz")
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var body map[string]any
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
+		return resp.StatusCode, body
+	}
+
+	lock, err := dbtest.Pool(t).Begin(ctx)
+	require.NoError(t, err)
+	defer lock.Rollback(ctx)
+	_, err = lock.Exec(ctx, "LOCK TABLE "+tbl.Ident()+" IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+	runCtx, stop := context.WithCancel(ctx)
+	ran := make(chan error, 1)
+	go func() { ran <- s.Run(runCtx) }()
+	defer func() { stop(); <-ran }()
+
+	var body map[string]any
+	dbtest.Eventually(t, time.Minute, "/healthz says stalled", func() bool {
+		var code int
+		code, body = healthz()
+		return code == http.StatusServiceUnavailable
+	})
+	require.Equal(t, "stalled", body["status"])
+	require.Contains(t, body["reason"], "more than 3 ticks (--stall-ticks)")
+	require.Contains(t, body["reason"], "no sweep has completed since the sweeper started")
+
+	require.NoError(t, lock.Rollback(ctx))
+	dbtest.Eventually(t, time.Minute, "/healthz is ok again once the sweep returns", func() bool {
+		code, _ := healthz()
+		return code == http.StatusOK
+	})
+}
+
+// A sweeper whose database is gone fails every sweep, fast, and waits its
+// backoff in between: that is not stalled (a restart would not bring the
+// database back; /readyz says what is wrong), and /healthz stays ok.
+func TestHealthzStaysOkWhileSweepsFailAgainstADeadDatabase(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgxpool.ParseConfig("postgres://postgres@127.0.0.1:1/none?connect_timeout=1")
+	require.NoError(t, err)
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	logs := &syncBuffer{}
+	s, err := outbox.NewSweeper(pool, memory.New(memory.Config{}), outbox.Config{Tick: 10 * time.Millisecond, DisableNotify: true,
+		Logger: slog.New(slog.NewJSONHandler(logs, nil))})
+	require.NoError(t, err)
+	srv := httptest.NewServer(admin.Handler(admin.Config{Pool: pool, Topics: s.TopicBreaker(),
+		Stalled: func(now time.Time) (outbox.Stall, bool) { return s.Stalled(now, 2) }, StallTicks: 2}))
+	defer srv.Close()
+	runCtx, stop := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- s.Run(runCtx) }()
+	defer func() { stop(); <-ran }()
+
+	// Two failures mean a backoff of 500 ms or more has been waited: 50
+	// ticks, far above the 2 allowed, had the wait counted.
+	dbtest.Eventually(t, time.Minute, "two failed sweeps", func() bool {
+		return strings.Count(logs.String(), "sweep failed; retrying") >= 2
+	})
+	resp, err := http.Get(srv.URL + "/healthz")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
 }

@@ -379,6 +379,10 @@ type Sweeper struct {
 	// from the next topic: one topic whose batch fails by itself must not be
 	// the only trial there ever is.
 	probes atomic.Uint64
+	// busySince is when Run's current sweep began (Unix nanoseconds), 0
+	// while it waits for the next; lastSweep, when its last sweep ended.
+	// Stalled reads them.
+	busySince, lastSweep atomic.Int64
 }
 
 // BrokerBreaker is the broker (dependency) circuit breaker as the sweeper
@@ -480,6 +484,7 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		}
 		tick := reached && at.Equal(next)
 		start := time.Now()
+		s.busySince.Store(start.UnixNano())
 		// A wake-up or a poll sweeps in between ticks: it leaves the cooldowns
 		// alone and pages until the next tick is due, as a tick does.
 		due := next
@@ -495,6 +500,8 @@ func (s *Sweeper) Run(ctx context.Context) error {
 			// faster than sweeps: the rate at which notifying costs them.
 			st.swept(work, awake, res.Dispatched > 0 && err == nil, len(wake) > 0, settled)
 		}
+		s.lastSweep.Store(time.Now().UnixNano())
+		s.busySince.Store(0)
 		if s.cfg.Observer != nil && !res.Blocked {
 			s.cfg.Observer.SweepDone(time.Since(start))
 		}
@@ -520,6 +527,42 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		}
 		next = due
 	}
+}
+
+// Stall describes a sweep of Run that has not returned for longer than its
+// schedule allows.
+type Stall struct {
+	// Since is when the sweep began; LastSweep, when the sweep before it
+	// ended (zero if none did).
+	Since, LastSweep time.Time
+	// Ticks is how many of the schedule's ticks have passed since.
+	Ticks int
+}
+
+// Stalled reports whether Run's sweep in progress has lasted longer than
+// ticks ticks of the schedule: the relay is wedged (a statement that waits on
+// a lock, a producer's call that ignores its context), and restarting the
+// process is the cure. A sweep ends one page after its tick's time is up, and
+// every statement and send is bounded, so a live sweep never lasts many ticks;
+// between sweeps, Run waits for a time it knows (the next tick, or the backoff
+// after a failed sweep), so a sweeper that fails fast against a dead database
+// is not stalled: readiness reports that. Safe to call from any goroutine.
+func (s *Sweeper) Stalled(now time.Time, ticks int) (Stall, bool) {
+	busy := s.busySince.Load()
+	if busy == 0 {
+		return Stall{}, false
+	}
+	st := Stall{Since: time.Unix(0, busy)}
+	if last := s.lastSweep.Load(); last != 0 {
+		st.LastSweep = time.Unix(0, last)
+	}
+	for t := st.Since; st.Ticks <= ticks; st.Ticks++ {
+		t = s.cfg.Schedule.Next(t)
+		if t.IsZero() || t.After(now) {
+			return st, false
+		}
+	}
+	return st, true
 }
 
 // waitFor waits until t (tick) or a wake-up, whichever comes first, and reports

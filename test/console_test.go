@@ -122,14 +122,16 @@ func TestConsoleInABrowser(t *testing.T) {
 	step("the tripped topic, its name and reason as text",
 		wait(row(xss)+`.querySelector("td.state").textContent.startsWith("tripped")`),
 		wait(row(xss)+`.querySelector("td.error-text").textContent === "<b>not bold</b>"`),
-		wait(`document.querySelectorAll("img, b").length === 0`))
+		wait(`document.querySelectorAll("img, b").length === 0`),
+		wait(`document.getElementById("health-state").textContent === "degraded" && document.getElementById("health-reasons").textContent.includes("1 topics tripped or half-open")`))
 
 	step("reset it from the page", wait(row(xss)+`.querySelector("button").textContent === "Reset"`),
 		js(row(xss)+`.querySelector("button").click()`),
 		message("was tripped, is closed"),
 		// Closed, its row is sent by the sweeper, and the topic shows what
 		// was sent in the last minute.
-		wait(`(() => { const r = `+row(xss)+`; return r !== undefined && r.querySelector("td.state").textContent.startsWith("closed") && r.querySelector('td[data-label="Sent, last min"]').textContent === "1"; })()`))
+		wait(`(() => { const r = `+row(xss)+`; return r !== undefined && r.querySelector("td.state").textContent.startsWith("closed") && r.querySelector('td[data-label="Sent, last min"]').textContent === "1"; })()`),
+		wait(`document.getElementById("health-state").textContent === "ok"`))
 
 	step("trip a topic from the page, with a reason asked in the page",
 		chromedp.SetValue("#trip-topic", "shipping"), chromedp.Click(`#trip-form button[type="submit"]`),

@@ -108,6 +108,15 @@ function button(label, onClick, cls) {
 }
 
 function renderStatus(st) {
+  const h = st.health;
+  $("health-state").textContent = h.status;
+  $("health-state").className = "state " + h.status;
+  $("health-reasons").replaceChildren(...h.reasons.map((r) => {
+    const li = document.createElement("li");
+    li.textContent = r;
+    return li;
+  }));
+
   const bb = st.broker_breaker;
   $("broker-state").textContent = bb.state;
   $("broker-state").className = "state " + bb.state;

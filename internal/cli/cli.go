@@ -187,6 +187,8 @@ type runOptions struct {
 	maxAttempts      int
 	maxAge           time.Duration
 	topicMaxAge      map[string]time.Duration
+	stallTicks       int
+	degradedDead     int
 	notify           bool
 	ordering         string
 	pageSize         int
@@ -205,6 +207,8 @@ func (o *runOptions) flags() *flags {
 	o.maintenanceOptions.register(f)
 	f.String(&o.adminAddr, "admin-addr", admin.AddrDefault, "host:port", "where the admin HTTP API listens (health, readiness, metrics, tripped topics, breaker, dead letters); empty turns it off")
 	f.String(&o.adminToken, "admin-token", "", "token", "bearer token the admin API requires (but for /healthz, /readyz, /metrics); required to listen beyond loopback")
+	f.Int(&o.stallTicks, "stall-ticks", 60, "/healthz fails (so Kubernetes restarts the process) when a sweep has not returned for more than this many ticks; a failing sweep returns, and is not stalled")
+	f.Int(&o.degradedDead, "degraded-dead-letters", admin.DegradedDeadLettersDefault, "GET /status says degraded from this many dead letters (-1: never); an open broker breaker or a tripped topic always does")
 	f.Bool(&o.adminUI, "admin-ui", true, "serve the console, a web page over the admin API, at / of --admin-addr (it asks for the token)")
 	f.Int(&o.concurrency, "concurrency", outbox.ConcurrencyDefault, "topics sent at once; the batches of one topic go in order")
 	f.Int(&o.deadLetterLimit, "dead-letter-limit", outbox.DeadLetterLimitDefault, "storm guard: more rows of one topic dead-lettered within --dead-letter-window stop dead-lettering, trip the topic and alert (-1: off)")
@@ -258,6 +262,12 @@ func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Wri
 	// report, not a request for the default.
 	if err := cfg.Validate(); err != nil {
 		return f.configError(err)
+	}
+	if o.stallTicks < 2 {
+		return usagef("%s is %d: it must be at least 2 (a sweep lasts up to a tick and a page)", f.origin("stall-ticks"), o.stallTicks)
+	}
+	if o.degradedDead == 0 || o.degradedDead < -1 {
+		return usagef("%s is %d: it must be at least 1, or -1 to never say degraded for dead letters", f.origin("degraded-dead-letters"), o.degradedDead)
 	}
 	if o.adminAddr != "" {
 		if err := admin.CheckAddr(o.adminAddr, o.adminToken); err != nil {
@@ -355,7 +365,9 @@ func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Wri
 		}
 		waitAdmin, err := admin.Start(ctx, admin.Config{Addr: o.adminAddr, Token: o.adminToken, UI: o.adminUI, Pool: pool, Table: tbl,
 			Topics: s.TopicBreaker(), Dependency: dep, DeadLetters: dead, Logger: logger, Backoffs: s.TopicBackoffs,
-			Activity: s.TopicActivity, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})})
+			Activity: s.TopicActivity, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
+			Stalled:    func(now time.Time) (outbox.Stall, bool) { return s.Stalled(now, o.stallTicks) },
+			StallTicks: o.stallTicks, DegradedDeadLetters: o.degradedDead})
 		if err != nil {
 			_ = p.Close(ctx)
 			return err
