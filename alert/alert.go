@@ -39,6 +39,16 @@ type Alert struct {
 	CorrelationIDs []string `json:"correlation_ids,omitempty"`
 	Reasons        []string `json:"reasons,omitempty"`
 	Action         string   `json:"action,omitempty"`
+	// Key names the condition the alert is about: its kind, and the topic
+	// when there is one ("broker-circuit-breaker", "topic-breaker/orders").
+	// Status says whether it fires or has resolved. A [Notifier] groups the
+	// alerts of one key. Empty for one-off notices.
+	Key    string `json:"key,omitempty"`
+	Status string `json:"status,omitempty"`
+	// Repeats counts the alerts of the key grouped into this one since its
+	// last notification; FiringSince is when the condition began.
+	Repeats     int        `json:"repeats,omitempty"`
+	FiringSince *time.Time `json:"firing_since,omitempty"`
 }
 
 // Alerter delivers alerts. Implementations must be safe for concurrent use.
@@ -55,7 +65,13 @@ func (l Log) Alert(ctx context.Context, a Alert) error {
 	if a.Severity == Critical {
 		level = slog.LevelError
 	}
+	if a.Status == Resolved {
+		level = slog.LevelInfo
+	}
 	attrs := []any{"alert", true, "severity", a.Severity, "component", a.Component}
+	if a.Key != "" {
+		attrs = append(attrs, "key", a.Key, "status", a.Status, "repeats", a.Repeats)
+	}
 	if a.Count > 0 {
 		attrs = append(attrs, "count", a.Count, "correlation_ids", a.CorrelationIDs, "reasons", a.Reasons)
 	}
@@ -124,54 +140,4 @@ func (b Both) Alert(ctx context.Context, a Alert) error {
 		}
 	}
 	return first
-}
-
-// Queue delivers alerts in the background, so that whoever raises one (a
-// breaker changing state in the middle of a sweep) never waits on a slow
-// receiver. Alerts beyond its buffer are logged and dropped. Close delivers
-// what is queued, within its context.
-type Queue struct {
-	next   Alerter
-	logger *slog.Logger
-	ch     chan Alert
-	done   chan struct{}
-}
-
-// NewQueue starts a queue in front of next.
-func NewQueue(next Alerter, logger *slog.Logger) *Queue {
-	q := &Queue{next: next, logger: logger, ch: make(chan Alert, 256), done: make(chan struct{})}
-	go q.loop()
-	return q
-}
-
-// Alert queues a and returns at once.
-func (q *Queue) Alert(_ context.Context, a Alert) error {
-	select {
-	case q.ch <- a:
-		return nil
-	default:
-		q.logger.Error("alert queue full: alert dropped", "severity", a.Severity, "component", a.Component, "summary", a.Summary)
-		return fmt.Errorf("alert queue full")
-	}
-}
-
-func (q *Queue) loop() {
-	defer close(q.done)
-	for a := range q.ch {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		if err := q.next.Alert(ctx, a); err != nil {
-			q.logger.Warn("alert not delivered", "component", a.Component, "err", err)
-		}
-		cancel()
-	}
-}
-
-// Close stops taking alerts and waits, at most until ctx ends, for the queued
-// ones to be delivered. Call it once.
-func (q *Queue) Close(ctx context.Context) {
-	close(q.ch)
-	select {
-	case <-q.done:
-	case <-ctx.Done():
-	}
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -83,7 +82,7 @@ func (h *held) Alert(ctx context.Context, a alert.Alert) error {
 }
 
 // closeSpy is a context that tells when its Done channel is first asked for:
-// Queue.Close asks for it once it has stopped taking alerts and waits for
+// Notifier.Close asks for it once it has stopped taking alerts and waits for
 // their delivery.
 type closeSpy struct {
 	context.Context
@@ -99,10 +98,10 @@ func (c *closeSpy) Done() <-chan struct{} {
 // Raising an alert never waits for its delivery: with the receiver stuck on
 // the first one, three alerts are raised all the same; Close then waits for
 // the queued ones and delivers them in order.
-func TestQueueDoesNotBlockAndDrainsOnClose(t *testing.T) {
+func TestNotifierDoesNotBlockAndDrainsOnClose(t *testing.T) {
 	t.Parallel()
 	h := &held{started: make(chan string, 3), release: make(chan struct{})}
-	q := alert.NewQueue(h, slog.New(slog.DiscardHandler))
+	q := alert.NewNotifier(h, alert.NotifierConfig{})
 	raised := make(chan error, 1)
 	go func() {
 		var err error

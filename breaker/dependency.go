@@ -297,6 +297,13 @@ func (d *Dependency) notifyLoop() {
 	}
 }
 
+// AlertKeyBroker is the key of the broker breaker's alerts; AlertKeyTopic
+// returns a topic breaker's.
+const AlertKeyBroker = "broker-circuit-breaker"
+
+// AlertKeyTopic returns the key of topic's breaker alerts.
+func AlertKeyTopic(topic string) string { return "topic-breaker/" + topic }
+
 // deliver tells the observer, then the alerter, about one change.
 func (d *Dependency) deliver(c stateChange) {
 	reason := changeReason(c, d.cfg)
@@ -306,17 +313,21 @@ func (d *Dependency) deliver(c stateChange) {
 	if d.cfg.Alerter == nil {
 		return
 	}
-	severity := alert.Info
+	// One condition, keyed: open and half-open fire it (a notifier groups the
+	// reopenings of a long outage), closed resolves it.
+	severity, status := alert.Info, alert.Firing
 	switch {
 	case c.to == DependencyOpen && c.manual != "":
 		severity = alert.Warning // an operator's decision, not an outage found
 	case c.to == DependencyOpen:
 		severity = alert.Critical
+	case c.to == DependencyClosed:
+		status = alert.Resolved
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_ = d.cfg.Alerter.Alert(ctx, alert.Alert{Time: time.Now().UTC(), Severity: severity, Component: "dependency-breaker",
-		Summary: fmt.Sprintf("broker circuit breaker %s: %s", c.to, reason)})
+		Key: AlertKeyBroker, Status: status, Summary: fmt.Sprintf("broker circuit breaker %s: %s", c.to, reason)})
 }
 
 func changeReason(c stateChange, cfg DependencyConfig) string {

@@ -239,6 +239,10 @@ func TestDependencyTrialSuccessClosesAndIsObserved(t *testing.T) {
 	require.Equal(t, "critical", alerts[0].Severity)
 	require.Equal(t, "dependency-breaker", alerts[0].Component)
 	require.Equal(t, "info", alerts[2].Severity)
+	for i, status := range []string{alert.Firing, alert.Firing, alert.Resolved} {
+		require.Equal(t, breaker.AlertKeyBroker, alerts[i].Key)
+		require.Equal(t, status, alerts[i].Status, "alert %d", i)
+	}
 }
 
 // Sends that teach nothing (cancelled, nothing sent) count neither way.

@@ -30,6 +30,7 @@ type Metrics struct {
 	errors          *prometheus.CounterVec
 	deadLettered    *prometheus.CounterVec
 	expired         *prometheus.CounterVec
+	alertsDropped   *prometheus.CounterVec
 	tripped         *prometheus.GaugeVec
 	dependency      prometheus.Gauge
 	outstanding     prometheus.Gauge
@@ -67,6 +68,8 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "Rows moved to the dead-letter table (expired ones included)."}, []string{"topic"}),
 		expired: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_expired_messages_total",
 			Help: "Rows that passed their deadline (expires_at, or --max-age / --topic-max-age) before they could be sent, moved to the dead-letter table with reason expired."}, []string{"topic"}),
+		alertsDropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_alerts_dropped_total",
+			Help: "Alerts not delivered: queue_full (the receiver failed or was slow while alerts kept coming) or undeliverable (tried for 15 minutes)."}, []string{"why"}),
 		tripped: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outbox_topic_tripped",
 			Help: "1 while the topic's breaker is tripped or half-open, else 0."}, []string{"topic"}),
 		dependency: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_dependency_circuit_breaker_state",
@@ -101,7 +104,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		buildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outbox_build_info",
 			Help: "1, labelled with the sweeper's version, its Go version and its source revision."}, []string{"version", "goversion", "revision"}),
 	}
-	reg.MustRegister(m.dispatched, m.batches, m.errors, m.deadLettered, m.expired, m.tripped, m.dependency, m.outstanding,
+	reg.MustRegister(m.dispatched, m.batches, m.errors, m.deadLettered, m.expired, m.alertsDropped, m.tripped, m.dependency, m.outstanding,
 		m.oldestAge, m.deadLetters, m.listening, m.sweepDuration, m.dispatchLatency, m.batchSize,
 		m.sendDuration, m.retries, m.topicChanges, m.brokerChanges, m.deadByReason, m.oldestDeadAge, m.buildInfo)
 	return m
@@ -161,6 +164,9 @@ func (m *Metrics) DeadLettered(topic string, n int) {
 func (m *Metrics) Expired(topic string, n int) {
 	m.expired.WithLabelValues(label(topic)).Add(float64(n))
 }
+
+// AlertDropped counts an alert the notifier dropped, and why.
+func (m *Metrics) AlertDropped(why string) { m.alertsDropped.WithLabelValues(label(why)).Inc() }
 
 // Listening implements outbox.ListenObserver.
 func (m *Metrics) Listening(up bool) {

@@ -79,7 +79,8 @@ func (s *Sweeper) stopStorm(topic string, n int, err error) {
 	if s.cfg.Alerter != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_ = s.cfg.Alerter.Alert(ctx, alert.Alert{Time: time.Now().UTC(), Severity: "critical", Component: "dead-letter-storm-guard", Summary: summary})
+		_ = s.cfg.Alerter.Alert(ctx, alert.Alert{Time: time.Now().UTC(), Severity: alert.Critical, Component: "dead-letter-storm-guard",
+			Key: "dead-letter-storm/" + topic, Status: alert.Firing, Summary: summary})
 	}
 }
 

@@ -288,23 +288,27 @@ func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Wri
 	if err != nil {
 		return err
 	}
-	// Alerts raised in the middle of a sweep (breaker changes, storms) go
-	// through a queue: a slow receiver must not hold the relay. The probe posts
-	// directly, since it retries what did not go out.
-	queue := alert.NewQueue(syncAlerter, logger)
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		queue.Close(ctx)
-	}()
-	alerter := alert.Alerter(queue)
-	// No cfg.Alerter: a storm trips its topic, and the topic breaker's change
-	// hook alerts that, with the storm's summary as the reason. One alert.
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := metrics.New(reg)
 	m.SetBuildInfo(version())
 	cfg.Observer = m
+	// Alerts raised in the middle of a sweep (breaker changes) go through a
+	// notifier: it groups each condition's alerts, and delivers in the
+	// background, retrying, so that a slow receiver never holds the relay.
+	// The probe posts directly, since it retries what did not go out.
+	notifier, err := o.maintenanceOptions.notifier(f, logger, m)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		notifier.Close(ctx)
+	}()
+	alerter := alert.Alerter(notifier)
+	// No cfg.Alerter: a storm trips its topic, and the topic breaker's change
+	// hook alerts that, with the storm's summary as the reason. One alert.
 	tracer, stopTracing, err := tracing(ctx, logger)
 	if err != nil {
 		return err

@@ -19,6 +19,8 @@ import (
 // retention, the dead-letter probe, and where alerts go.
 type maintenanceOptions struct {
 	alertWebhookURL   string
+	alertRepeat       time.Duration
+	alertGroupWindow  time.Duration
 	dlqAlertThreshold int
 	dlqProbeSchedule  string
 	dlqRetention      time.Duration
@@ -28,11 +30,30 @@ type maintenanceOptions struct {
 
 func (o *maintenanceOptions) register(f *flags) {
 	f.String(&o.alertWebhookURL, "alert-webhook-url", "", "url", "POST alerts (dead letters, breaker changes, storms) as JSON to this URL; they are logged either way")
+	f.Duration(&o.alertRepeat, "alert-repeat-interval", alert.RepeatIntervalDefault, "a condition that goes on (the broker breaker open, a topic tripped) is alerted again at most this often; the changes in between are counted in the next alert")
+	f.Duration(&o.alertGroupWindow, "alert-group-window", alert.GroupWindowDefault, "a condition that clears and comes back within this window is one incident: no resolved alert, no new one (negative: resolved alerts go out at once)")
 	f.Int(&o.dlqAlertThreshold, "dlq-alert-threshold", outbox.DeadLetterThresholdDefault, "dead letters at which the probe alerts (once per growth)")
 	f.String(&o.dlqProbeSchedule, "dlq-probe-schedule", "@every 1m", "spec", "cron spec of the dead-letter probe")
 	f.Duration(&o.dlqRetention, "dlq-retention", 0, "delete dead letters older than this (0: keep until purged)")
 	f.Duration(&o.retention, "retention", outbox.RetentionDefault, "delete dispatched rows older than this (-1ns or any negative: keep)")
 	f.String(&o.retentionSchedule, "retention-schedule", "@every 1m", "spec", "cron spec of retention")
+}
+
+// notifier returns the notifier that raised alerts go through, in front of
+// the alerter: it groups a condition's alerts and retries failed posts.
+func (o *maintenanceOptions) notifier(f *flags, logger *slog.Logger, m *metrics.Metrics) (*alert.Notifier, error) {
+	if o.alertRepeat < time.Second {
+		return nil, usagef("%s is %s: it must be at least 1s, such as 4h", f.origin("alert-repeat-interval"), o.alertRepeat)
+	}
+	if o.alertGroupWindow == 0 {
+		return nil, usagef("%s is 0s: give a window such as 1m, or a negative value to send resolved alerts at once", f.origin("alert-group-window"))
+	}
+	var webhook alert.Alerter // the URL was checked by alerter
+	if o.alertWebhookURL != "" {
+		webhook = alert.Webhook{URL: o.alertWebhookURL}
+	}
+	return alert.NewNotifier(webhook, alert.NotifierConfig{RepeatInterval: o.alertRepeat, GroupWindow: o.alertGroupWindow,
+		Echo: alert.Log{Logger: logger}, Logger: logger, OnDrop: func(_ alert.Alert, why string) { m.AlertDropped(why) }}), nil
 }
 
 // alerter returns the alerter: the log, and the webhook if one is set.
@@ -120,16 +141,21 @@ func alertTopicChanges(log func(string, breaker.State, breaker.State, string), a
 	return func(topic string, from, to breaker.State, reason string) {
 		log(topic, from, to, reason)
 		observe(topic, from, to, reason)
-		severity := alert.Info
+		// One condition per topic: tripped and half-open fire it (the
+		// notifier groups a topic that trips again after each trial), closed
+		// resolves it.
+		severity, status := alert.Info, alert.Firing
 		switch {
 		case to == breaker.StateTripped && breaker.ByOperator(reason):
 			severity = alert.Warning // an operator's decision, not a fault found
 		case to == breaker.StateTripped:
 			severity = alert.Critical
+		case to == breaker.StateClosed:
+			status = alert.Resolved
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		_ = alerter.Alert(ctx, alert.Alert{Time: time.Now().UTC(), Severity: severity, Component: "topic-breaker",
-			Summary: "topic " + topic + " " + to.String() + ": " + reason})
+			Key: breaker.AlertKeyTopic(topic), Status: status, Summary: "topic " + topic + " " + to.String() + ": " + reason})
 	}
 }

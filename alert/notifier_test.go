@@ -1,0 +1,189 @@
+package alert_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-sweeper/sweeper/alert"
+)
+
+// alerts is a receiver that keeps what it got, in order.
+type alerts struct {
+	mu  sync.Mutex
+	got []alert.Alert
+}
+
+func (r *alerts) Alert(_ context.Context, a alert.Alert) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.got = append(r.got, a)
+	return nil
+}
+
+func (r *alerts) snapshot() []alert.Alert {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]alert.Alert(nil), r.got...)
+}
+
+// waitFor waits until r holds n alerts.
+func (r *alerts) waitFor(t *testing.T, n int) []alert.Alert {
+	t.Helper()
+	require.Eventually(t, func() bool { return len(r.snapshot()) >= n }, time.Minute, time.Millisecond, "%d alerts", n)
+	return r.snapshot()
+}
+
+// clock is a test's clock: it moves when the test says.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func (c *clock) add(d time.Duration) { c.mu.Lock(); defer c.mu.Unlock(); c.now = c.now.Add(d) }
+func firing(key, summary string) alert.Alert {
+	return alert.Alert{Severity: alert.Critical, Component: "test", Key: key, Status: alert.Firing, Summary: summary}
+}
+func resolved(key string) alert.Alert {
+	return alert.Alert{Severity: alert.Info, Component: "test", Key: key, Status: alert.Resolved, Summary: key + " closed"}
+}
+
+// A long outage: the broker breaker opens again after every failed trial, an
+// alert each time. The receiver hears of it once, again after the repeat
+// interval with the count of what was grouped, and once when it clears.
+func TestALongOutageNotifiesOnceThenEveryRepeatIntervalThenResolves(t *testing.T) {
+	t.Parallel()
+	rec := &alerts{}
+	clk := &clock{now: time.Date(2026, 11, 24, 3, 0, 0, 0, time.UTC)}
+	n := alert.NewNotifier(rec, alert.NotifierConfig{RepeatInterval: 4 * time.Hour, GroupWindow: -1, Now: clk.Now})
+	defer n.Close(context.Background())
+	ctx := context.Background()
+	start := clk.Now()
+	require.NoError(t, n.Alert(ctx, firing("broker-circuit-breaker", "open: connection refused")))
+	for range 9 { // every --breaker-open-duration
+		clk.add(30 * time.Second)
+		require.NoError(t, n.Alert(ctx, firing("broker-circuit-breaker", "open: trial failed")))
+	}
+	require.NoError(t, n.Alert(ctx, firing("topic-breaker/orders", "tripped"))) // another condition is its own
+	clk.add(4 * time.Hour)
+	require.NoError(t, n.Alert(ctx, firing("broker-circuit-breaker", "open: trial failed")))
+	require.NoError(t, n.Alert(ctx, resolved("broker-circuit-breaker")))
+
+	got := rec.waitFor(t, 4)
+	require.Len(t, got, 4, "every alert queued before the last has been delivered before it")
+	require.Equal(t, "open: connection refused", got[0].Summary)
+	require.Zero(t, got[0].Repeats)
+	require.Equal(t, "topic-breaker/orders", got[1].Key)
+	require.Equal(t, alert.Firing, got[2].Status)
+	require.Equal(t, 9, got[2].Repeats, "the grouped alerts are counted")
+	require.Equal(t, start, *got[2].FiringSince)
+	require.Equal(t, alert.Resolved, got[3].Status)
+	require.Equal(t, start, *got[3].FiringSince)
+}
+
+// A condition that clears and fires again within the group window is one
+// incident: no resolved notification, no second firing one. The resolved
+// notification held when the notifier closes goes out then.
+func TestAFlapWithinTheGroupWindowIsOneIncident(t *testing.T) {
+	t.Parallel()
+	rec := &alerts{}
+	n := alert.NewNotifier(rec, alert.NotifierConfig{GroupWindow: time.Hour})
+	ctx := context.Background()
+	for range 3 {
+		require.NoError(t, n.Alert(ctx, firing("topic-breaker/orders", "tripped")))
+		require.NoError(t, n.Alert(ctx, resolved("topic-breaker/orders")))
+	}
+	require.NoError(t, n.Alert(ctx, alert.Alert{Summary: "marker"})) // queued after anything the flaps queued
+	got := rec.waitFor(t, 2)
+	require.Len(t, got, 2)
+	require.Equal(t, alert.Firing, got[0].Status)
+	require.Equal(t, "marker", got[1].Summary)
+
+	n.Close(ctx)
+	got = rec.snapshot()
+	require.Len(t, got, 3)
+	require.Equal(t, alert.Resolved, got[2].Status, "the held resolved notification goes out at close")
+	require.Equal(t, 2, got[2].Repeats, "the two flaps back")
+}
+
+// A failed post is tried again, with backoff, until the receiver takes it.
+func TestAFailedPostIsTriedAgain(t *testing.T) {
+	t.Parallel()
+	var posts atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if posts.Add(1) <= 2 {
+			w.WriteHeader(http.StatusBadGateway)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer srv.Close()
+	var drops atomic.Int32
+	echo := &alerts{}
+	n := alert.NewNotifier(alert.Webhook{URL: srv.URL}, alert.NotifierConfig{RetryInitial: time.Millisecond, RetryMax: 5 * time.Millisecond,
+		OnDrop: func(alert.Alert, string) { drops.Add(1) }, Echo: echo})
+	require.NoError(t, n.Alert(context.Background(), firing("broker-circuit-breaker", "open")))
+	require.Eventually(t, func() bool { return posts.Load() == 3 }, time.Minute, time.Millisecond)
+	n.Close(context.Background())
+	require.Equal(t, int32(3), posts.Load(), "delivered on the third post, and not again")
+	require.Zero(t, drops.Load())
+	require.Len(t, echo.snapshot(), 1, "the log has the alert once, not once per try")
+}
+
+// An alert the receiver never takes is dropped after RetryFor, and counted.
+func TestAnUndeliverableAlertIsDroppedAndCounted(t *testing.T) {
+	t.Parallel()
+	dropped := make(chan string, 1)
+	n := alert.NewNotifier(failing{}, alert.NotifierConfig{RetryInitial: time.Millisecond, RetryMax: time.Millisecond,
+		RetryFor: 20 * time.Millisecond, OnDrop: func(_ alert.Alert, why string) { dropped <- why }})
+	defer n.Close(context.Background())
+	require.NoError(t, n.Alert(context.Background(), firing("broker-circuit-breaker", "open")))
+	select {
+	case why := <-dropped:
+		require.Equal(t, "undeliverable", why)
+	case <-time.After(time.Minute):
+		t.Fatal("the alert was never given up")
+	}
+}
+
+type failing struct{}
+
+func (failing) Alert(context.Context, alert.Alert) error {
+	return errors.New("503 Service Unavailable")
+}
+
+// With the receiver stuck, the queue holds QueueSize alerts; those beyond are
+// dropped at once (the caller never waits), counted, and the queued ones go
+// out when the receiver answers.
+func TestAFullQueueDropsWhatComesAndCountsIt(t *testing.T) {
+	t.Parallel()
+	h := &held{started: make(chan string, 5), release: make(chan struct{})}
+	var drops []string
+	var mu sync.Mutex
+	n := alert.NewNotifier(h, alert.NotifierConfig{QueueSize: 2, OnDrop: func(a alert.Alert, why string) {
+		mu.Lock()
+		defer mu.Unlock()
+		drops = append(drops, a.Summary+" "+why)
+	}})
+	ctx := context.Background()
+	require.NoError(t, n.Alert(ctx, alert.Alert{Summary: "a"}))
+	require.Equal(t, "a", <-h.started, "a is in delivery, out of the queue")
+	require.NoError(t, n.Alert(ctx, alert.Alert{Summary: "b"}))
+	require.NoError(t, n.Alert(ctx, alert.Alert{Summary: "c"}))
+	require.ErrorContains(t, n.Alert(ctx, alert.Alert{Summary: "d"}), "dropped")
+	require.ErrorContains(t, n.Alert(ctx, alert.Alert{Summary: "e"}), "dropped")
+	mu.Lock()
+	require.Equal(t, []string{"d queue_full", "e queue_full"}, drops)
+	mu.Unlock()
+	close(h.release)
+	n.Close(ctx)
+	require.Equal(t, []string{"a", "b", "c"}, h.snapshot())
+}
