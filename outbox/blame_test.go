@@ -3,7 +3,11 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -176,6 +180,16 @@ func TestExcludedTopicsTheDatabaseCannotHoldDoNotStallTheSweep(t *testing.T) {
 	res, err := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, TopicBreaker: b}).Sweep(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, 3, res.Dispatched)
+
+	// Nor do they stall the expiry of the topics left out, which names them
+	// to the database too.
+	writeMessages(t, tbl, topicMessages("good", 3)...)
+	var logs strings.Builder // Sweep logs from its own goroutines, all done when it returns
+	res, err = newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, TopicBreaker: b, MaxAge: time.Hour,
+		Logger: slog.New(slog.NewTextHandler(&lockedWriter{w: &logs}, nil))}).Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 3, res.Dispatched)
+	require.NotContains(t, logs.String(), "failed")
 }
 
 // noCheck hides the memory producer's Check: a producer with no health check,
@@ -218,4 +232,16 @@ func TestProducerWithoutACheckChargesOnlyWithASuccessBeside(t *testing.T) {
 			require.Zero(t, r.Attempts, "row %d", r.ID)
 		}
 	}
+}
+
+// lockedWriter serializes writes to w.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

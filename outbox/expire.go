@@ -1,12 +1,13 @@
 package outbox
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -59,26 +60,26 @@ func ageError(age time.Duration) string {
 	return fmt.Sprintf("it passed the max age of its topic (%s, counted from created_at) before it could be sent", age)
 }
 
-// expireClaimed moves the rows of msgs, claimed in the page st.page, that are
-// past their deadline to the dead-letter table, in the page's transaction, and
-// returns the others in their order. A row is therefore never handed to the
-// producer after its deadline (as judged when its page is sent), and an
-// expired row holds up none behind it. A database error is the page's.
-func (s *Sweeper) expireClaimed(st *sweepState, msgs []producer.Message, res *SweepResult) ([]producer.Message, error) {
+// expireRows moves the rows of msgs, claimed in the page st.page, that are
+// past their deadline to the dead-letter table, in the page's transaction,
+// and returns the others in their order, and how many moved. It runs as a
+// page is sent and again before each batch is handed to the producer, so a
+// row that expires while its batch waits its turn is not sent either (a send
+// the producer retries within --send-timeout may still end up to that late).
+// An expired row holds up none behind it. A database error is the page's.
+func (s *Sweeper) expireRows(st *sweepState, msgs []producer.Message) ([]producer.Message, int, error) {
 	now := time.Now()
-	type group struct{ topic, why string }
-	var expired map[group][]int64
+	var byWhy map[string][]int64
 	for i := range msgs {
 		if why := s.expiredWhy(&msgs[i], now); why != "" {
-			if expired == nil {
-				expired = map[group][]int64{}
+			if byWhy == nil {
+				byWhy = map[string][]int64{}
 			}
-			g := group{msgs[i].Topic, why}
-			expired[g] = append(expired[g], msgs[i].ID)
+			byWhy[why] = append(byWhy[why], msgs[i].ID)
 		}
 	}
-	if expired == nil {
-		return msgs, nil
+	if byWhy == nil {
+		return msgs, 0, nil
 	}
 	p := st.page
 	ctx, cancel := stmtCtx(st.work)
@@ -88,33 +89,51 @@ func (s *Sweeper) expireClaimed(st *sweepState, msgs []producer.Message, res *Sw
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.err != nil {
-		return nil, p.err
+		return nil, 0, p.err
 	}
 	defer p.used()
-	gone := map[int64]bool{}
-	byTopic := map[string]*applied{}
-	for _, g := range slices.SortedFunc(maps.Keys(expired), func(a, b group) int {
-		return cmp.Or(cmp.Compare(a.topic, b.topic), cmp.Compare(a.why, b.why))
-	}) {
-		out := byTopic[g.topic]
-		if out == nil {
-			out = &applied{}
-			byTopic[g.topic] = out
-		}
-		if err := p.s.moveToDeadLetters(ctx, p.tx, g.topic, expired[g], 0, ReasonExpired, g.why, out); err != nil {
+	// One statement per distinct error text, whatever the topics: with one
+	// --max-age that is one statement (two with rows past their own
+	// expires_at) for the whole page.
+	var out applied
+	for _, why := range slices.Sorted(maps.Keys(byWhy)) {
+		if err := p.s.moveToDeadLetters(ctx, p.tx, "", byWhy[why], 0, ReasonExpired, why, &out); err != nil {
 			p.err = err
-			return nil, err
+			return nil, 0, err
 		}
-		for _, id := range expired[g] {
+	}
+	gone := map[int64]bool{}
+	for _, ids := range byWhy {
+		for _, id := range ids {
 			gone[id] = true
 		}
 	}
-	for topic, out := range byTopic {
-		s.reportExpired(topic, out.deadLettered, out.deadCorrelationIDs)
-		res.DeadLettered += out.deadLettered
-		res.Expired += out.deadLettered
+	kept := make([]producer.Message, 0, len(msgs)-len(gone))
+	type moved struct {
+		n   int
+		ids []string
 	}
-	return slices.DeleteFunc(msgs, func(m producer.Message) bool { return gone[m.ID] }), nil
+	byTopic := map[string]*moved{}
+	for _, m := range msgs {
+		if !gone[m.ID] {
+			kept = append(kept, m)
+			continue
+		}
+		t := byTopic[m.Topic]
+		if t == nil {
+			t = &moved{}
+			byTopic[m.Topic] = t
+		}
+		t.n++
+		if m.CorrelationID != "" && len(t.ids) < maxLoggedIDs {
+			t.ids = append(t.ids, logText(m.CorrelationID))
+		}
+	}
+	for _, topic := range slices.Sorted(maps.Keys(byTopic)) {
+		s.reportExpired(topic, byTopic[topic].n, byTopic[topic].ids)
+	}
+	// The rows are the page's, locked by its transaction: every one moved.
+	return kept, out.deadLettered, nil
 }
 
 // expireLeftOut moves the rows that no page of this sweep will claim and that
@@ -122,7 +141,8 @@ func (s *Sweeper) expireClaimed(st *sweepState, msgs []producer.Message, res *Sw
 // of the topics left out of paging (tripped, cooling down, backing off), or of
 // every topic when leftOut is nil (the broker's breaker is open); by their own
 // expires_at, those of every topic. It runs once per tick, a statement at a
-// time, until nothing more expires or the tick's time is up.
+// time, until nothing more expires or the tick's time is up. Only a failure
+// to list the topics is returned.
 func (s *Sweeper) expireLeftOut(ctx context.Context, leftOut []string, due time.Time, res *SweepResult) error {
 	var topics []string
 	var ages []int64
@@ -135,7 +155,15 @@ func (s *Sweeper) expireLeftOut(ctx context.Context, leftOut []string, due time.
 			}
 			leftOut = all
 		}
+		// A topic may be left out twice (tripped and backing off), and a
+		// topic name no row can hold (a NUL byte, invalid UTF-8: brought in
+		// by a shared breaker) would fail the statement: neither goes in.
+		seen := map[string]bool{}
 		for _, t := range leftOut {
+			if seen[t] || strings.ContainsRune(t, 0) || !utf8.ValidString(t) {
+				continue
+			}
+			seen[t] = true
 			if age := s.cfg.maxAge(t); age > 0 {
 				topics, ages, whys = append(topics, t), append(ages, age.Milliseconds()), append(whys, ageError(age))
 			}
@@ -144,7 +172,12 @@ func (s *Sweeper) expireLeftOut(ctx context.Context, leftOut []string, due time.
 	for range maxExpireRounds {
 		n, err := s.store.expire(ctx, topics, ages, whys, s.cfg.PageSize, s.reportExpired)
 		if err != nil {
-			return fmt.Errorf("expire rows of %s past their deadline: %w", s.cfg.Table, err)
+			// Logged, not the sweep's error: a pass that fails must not stop
+			// the topics that send. A database that is down fails the sweep
+			// anyway, at its next statement.
+			s.logger.Error("expiring rows past their deadline failed; they will be tried at the next tick, and rows a page claims are still checked",
+				"table", s.cfg.Table.String(), "err", err)
+			return nil
 		}
 		res.DeadLettered += n
 		res.Expired += n

@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -230,4 +231,87 @@ func countWhere(t *testing.T, tbl outbox.Table, cond string) int {
 	require.NoError(t, dbtest.Pool(t).QueryRow(context.Background(),
 		fmt.Sprintf(`SELECT count(*) FROM %s WHERE %s`, tbl.Ident(), cond)).Scan(&n))
 	return n
+}
+
+// A topic both tripped and backing off is left out twice: its rows expire
+// once, and the sweep goes on.
+func TestATopicLeftOutTwiceExpiresOnce(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("t", 3)...)
+	prod := memory.New(memory.Config{})
+	prod.FailTopic("t", producer.NewTransientError("busy", errors.New("server busy")))
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, MaxAge: time.Hour,
+		Retry: breaker.Retry{Attempts: 1, Initial: time.Hour, Max: time.Hour}, TopicBackoffMax: time.Hour})
+	res, err := s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Positive(t, res.FailedBatches)
+	require.Len(t, s.TopicBackoffs(), 1, "t backs off")
+	s.TopicBreaker().Trip("t", "tripped by an operator: test")
+	age(t, tbl, 2*time.Hour, 1, 2, 3)
+	res, err = s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 3, res.Expired)
+	require.Equal(t, []int64{1, 2, 3}, deadIDs(readDeadLetters(t, tbl), outbox.ReasonExpired))
+}
+
+// A row that expires while its batch waits its turn (here behind a slow
+// first batch of its topic, with one batch sent at a time) is not sent: the
+// deadline is checked again before each batch goes to the producer.
+func TestARowThatExpiresWhileItsBatchWaitsIsNotSent(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("codes", 4)...)
+	at := time.Now().Add(2 * time.Second)
+	deadline(t, tbl, at, 3) // ahead, most likely, when the page is claimed and checked
+	mem := memory.New(memory.Config{MaxBatch: 2})
+	s := newSweeper(t, dbtest.Pool(t), slowUntil{Producer: mem, at: at}, outbox.Config{Table: tbl, Concurrency: 1})
+	res, err := s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Expired)
+	require.Equal(t, []int64{1, 2, 4}, idsOf(mem.Messages()))
+	require.Equal(t, []int64{3}, deadIDs(readDeadLetters(t, tbl), outbox.ReasonExpired))
+}
+
+// slowUntil is a broker that takes the batch holding row 1 only once at has
+// passed: row 3's deadline passes while its batch waits behind it.
+type slowUntil struct {
+	producer.Producer
+	at time.Time
+}
+
+func (p slowUntil) Send(ctx context.Context, b producer.Batch) error {
+	if b.Messages[0].ID == 1 {
+		select {
+		case <-time.After(time.Until(p.at) + time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return p.Producer.Send(ctx, b)
+}
+
+// A concurrent build of the expires_at index that failed leaves an invalid
+// index of its name: migration 7 refuses it, saying how to drop it, rather
+// than take it for the real one (the planner would never use it).
+func TestMigration7RefusesAnInvalidExpiresAtIndex(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	ctx := context.Background()
+	idx := pgx.Identifier{tbl.Schema, tbl.Name + "_expires_at_idx"}.Sanitize()
+	_, err := dbtest.Pool(t).Exec(ctx, fmt.Sprintf(`UPDATE pg_index SET indisvalid = false WHERE indexrelid = '%s'::regclass;
+		UPDATE %s SET version = 6`, idx, pgx.Identifier{tbl.Schema, tbl.Name + "_schema_version"}.Sanitize()))
+	require.NoError(t, err)
+	conn, err := pgx.Connect(ctx, dbtest.URL(t))
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = outbox.Migrate(ctx, conn, tbl)
+	require.ErrorContains(t, err, "_expires_at_idx exists but is not valid")
+	require.ErrorContains(t, err, "DROP INDEX CONCURRENTLY")
+
+	_, err = dbtest.Pool(t).Exec(ctx, "DROP INDEX "+idx)
+	require.NoError(t, err)
+	res, err := outbox.Migrate(ctx, conn, tbl)
+	require.NoError(t, err)
+	require.Equal(t, []string{"007_expires_at.sql"}, res.Applied)
 }

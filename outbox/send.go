@@ -17,6 +17,9 @@ const checkTimeoutMax = 5 * time.Second
 
 type topicResult struct {
 	batches, deadLettered, failedBatches, dispatched, skipped int
+	// expired counts, among deadLettered, the rows that passed their
+	// deadline while their batch waited its turn.
+	expired int
 	// attempted counts rows that failed alone and counted an attempt; splits
 	// the failed batches split to find them.
 	attempted, splits int
@@ -108,6 +111,20 @@ func (s *Sweeper) sendBatch(st *sweepState, b producer.Batch, gen uint64, retry 
 				return tr.contended, nil
 			}
 		}
+		// A row that passed its deadline while the batch waited its turn
+		// (for a slot of --concurrency, behind the topic's earlier batches)
+		// is not sent either.
+		kept, expired, err := s.expireRows(st, c.batch.Messages)
+		if err != nil {
+			tr.failed = true
+			return true, err
+		}
+		tr.expired += expired
+		tr.deadLettered += expired
+		if len(kept) == 0 {
+			return false, nil
+		}
+		c.batch.Messages = kept
 		b = c.batch
 
 		done := func(breaker.Verdict, error) {}

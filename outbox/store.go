@@ -243,15 +243,20 @@ func (s *store) stormy(ctx context.Context, tx *batchTx, topic string, n int) (b
 }
 
 // moveToDeadLetters moves the rows of ids with at least minAttempts attempts to
-// the dead-letter table, noting in out what moved.
+// the dead-letter table, noting in out what moved. topic names them in errors
+// ("" for rows of several topics).
 func (s *store) moveToDeadLetters(ctx context.Context, tx *batchTx, topic string, ids []int64, minAttempts int, reason, errText string, out *applied) error {
+	what := fmt.Sprintf("%d rows of topic %q", len(ids), topic)
+	if topic == "" {
+		what = fmt.Sprintf("%d rows (%s)", len(ids), reason)
+	}
 	rows, err := tx.Query(ctx, s.deadLetter, ids, minAttempts, reason, errText)
 	if err != nil {
-		return fmt.Errorf("dead-letter rows of topic %q: %w", topic, err)
+		return fmt.Errorf("dead-letter %s: %w", what, err)
 	}
 	correlationIDs, err := pgx.CollectRows(rows, pgx.RowTo[*string])
 	if err != nil {
-		return fmt.Errorf("dead-letter rows of topic %q: %w", topic, err)
+		return fmt.Errorf("dead-letter %s: %w", what, err)
 	}
 	if len(correlationIDs) == 0 {
 		return nil

@@ -403,10 +403,12 @@ func (s *Sweeper) sendClaimed(st *sweepState, p *pageClaim, msgs []producer.Mess
 // to res; rows past their deadline go to the dead-letter table instead. It
 // returns the topics that stopped for the rest of the sweep.
 func (s *Sweeper) sendPage(st *sweepState, msgs []producer.Message, res *SweepResult) ([]string, error) {
-	msgs, err := s.expireClaimed(st, msgs, res)
+	msgs, expired, err := s.expireRows(st, msgs)
 	if err != nil {
 		return nil, err
 	}
+	res.DeadLettered += expired
+	res.Expired += expired
 	groups := groupByTopic(msgs)
 	var (
 		mu      sync.Mutex
@@ -430,6 +432,7 @@ func (s *Sweeper) sendPage(st *sweepState, msgs []producer.Message, res *SweepRe
 			res.FailedBatches += tr.failedBatches
 			res.Skipped += tr.skipped
 			res.DeadLettered += tr.deadLettered
+			res.Expired += tr.expired
 			res.AttemptedRows += tr.attempted
 			res.Splits += tr.splits
 			if tr.failed {

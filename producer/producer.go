@@ -40,7 +40,8 @@ type Message struct {
 	ContentType   string
 	CorrelationID string
 	PartitionKey  string
-	// CreatedAt is when the application wrote the row.
+	// CreatedAt is when the application wrote the row (the start of its
+	// transaction), or when an operator replayed it from the dead letters.
 	CreatedAt time.Time
 	// ExpiresAt is the row's own deadline, zero for none. The sweeper never
 	// sends a row past it (nor past its topic's max age); a producer may pass

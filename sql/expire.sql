@@ -12,22 +12,34 @@
 --   $3  the most rows to move, per part
 --   $4  per topic, the error recorded for rows past its max age
 --
--- By age, each topic's oldest outstanding rows are read through the (topic,
--- id) index in id order, $3 of them, and those older than the max age move.
--- Ids are drawn at insert and created_at at the transaction's start, so within
--- a topic they agree except for the rows of long transactions: a row behind a
--- younger one is found once the rows before it have gone (or expired), at most
--- the length of that transaction late. Reading only the head keeps the
--- statement's cost at $3 rows a topic however deep the backlog.
---
+-- By age, each topic's first outstanding row (lowest id) is read through the
+-- (topic, id) index, one index probe a topic: only topics whose first row is
+-- past their max age are read further, $3 rows each in id order, and at most
+-- $3 rows in all move by age per statement (the caller runs it again while
+-- rows move). So a tick where nothing has expired costs a probe a topic,
+-- however deep the backlogs. Ids are drawn at insert and created_at at the
+-- transaction's start, so within a topic they agree except for the rows of
+-- long transactions: a row behind a younger one is found once the rows before
+-- it have gone (or expired), at most the length of that transaction late.
+
 -- By deadline, the partial index on expires_at holds only outstanding rows
 -- that carry one, read from the earliest.
 --
 -- Rows another transaction holds (a page in flight) are skipped: that page
 -- checks them itself. Returns the moved rows' topics and correlation ids.
-WITH aged AS (
-    SELECT p.id
+WITH due AS MATERIALIZED (
+    SELECT t.topic, t.max_age_ms
     FROM unnest($1::text[], $2::bigint[]) AS t(topic, max_age_ms)
+    WHERE (SELECT o.created_at
+           FROM {{outbox}} o
+           WHERE (o.topic, o.id) > (t.topic, 0)
+             AND (o.topic, o.id) <= (t.topic, 9223372036854775807)
+             AND o.dispatched_at IS NULL
+           ORDER BY o.topic, o.id
+           LIMIT 1) <= now() - t.max_age_ms * interval '1 millisecond'
+), aged AS (
+    SELECT p.id
+    FROM due t
     CROSS JOIN LATERAL (
         SELECT o.id, o.created_at
         FROM {{outbox}} o
@@ -38,6 +50,7 @@ WITH aged AS (
         LIMIT $3
     ) p
     WHERE p.created_at <= now() - t.max_age_ms * interval '1 millisecond'
+    LIMIT $3
 ), deadlined AS (
     SELECT o.id
     FROM {{outbox}} o
