@@ -78,13 +78,14 @@ type Config struct {
 	Stalled func(now time.Time) (outbox.Stall, bool)
 	// StallTicks is the ticks Stalled allows, for /healthz's message.
 	StallTicks int
-	// DegradedDeadLetters is how many dead letters make GET /status say
-	// degraded. Zero means DegradedDeadLettersDefault; negative, never.
+	// DegradedDeadLetters is how many dead letters GET /status tolerates:
+	// more make it say degraded. Zero means DegradedDeadLettersDefault;
+	// negative, never.
 	DegradedDeadLetters int
 }
 
-// DegradedDeadLettersDefault is the dead letters from which GET /status says
-// degraded: seed 003's threshold.
+// DegradedDeadLettersDefault is the dead letters above which GET /status says
+// degraded: seed 003's health check's threshold.
 const DegradedDeadLettersDefault = 100
 
 // Handler returns the API's handler.
@@ -551,8 +552,8 @@ func (a *api) health(topics []*topicStatus, deadLetters int64) healthStatus {
 	if limit == 0 {
 		limit = DegradedDeadLettersDefault
 	}
-	if limit > 0 && deadLetters >= int64(limit) {
-		h.Reasons = append(h.Reasons, fmt.Sprintf("%d dead letters, at or above --degraded-dead-letters (%d)", deadLetters, limit))
+	if limit > 0 && deadLetters > int64(limit) {
+		h.Reasons = append(h.Reasons, fmt.Sprintf("%d dead letters, more than --degraded-dead-letters (%d)", deadLetters, limit))
 	}
 	if len(h.Reasons) > 0 {
 		h.Status = "degraded"

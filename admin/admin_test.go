@@ -567,11 +567,11 @@ func TestNoBrokerBreaker(t *testing.T) {
 }
 
 // GET /status says ok while nothing is wrong, and degraded with a reason for
-// each of: the broker breaker open, topics tripped, dead letters at the
+// each of: the broker breaker open, topics tripped, dead letters above the
 // threshold.
 func TestStatusSaysDegradedWithItsReasons(t *testing.T) {
 	t.Parallel()
-	b := setup(t, "tok", func(c *admin.Config) { c.DegradedDeadLetters, c.StatusCacheFor = 4, time.Nanosecond })
+	b := setup(t, "tok", func(c *admin.Config) { c.DegradedDeadLetters, c.StatusCacheFor = 3, time.Nanosecond })
 	health := func() (string, []string) {
 		code, body := b.call(t, http.MethodGet, "/status", "tok", "")
 		require.Equal(t, http.StatusOK, code, "%v", body)
@@ -583,7 +583,7 @@ func TestStatusSaysDegradedWithItsReasons(t *testing.T) {
 		return h["status"].(string), reasons
 	}
 	status, reasons := health()
-	require.Equal(t, "ok", status, "3 dead letters, below 4")
+	require.Equal(t, "ok", status, "3 dead letters, not more than 3")
 	require.Empty(t, reasons)
 
 	b.topics.Trip("shipping", "no route")
@@ -597,7 +597,7 @@ func TestStatusSaysDegradedWithItsReasons(t *testing.T) {
 	require.Len(t, reasons, 3, "%q", reasons)
 	require.Contains(t, reasons[0], "broker circuit breaker was tripped by hand (broker maintenance)")
 	require.Equal(t, `1 topics tripped or half-open: "shipping"`, reasons[1])
-	require.Equal(t, "4 dead letters, at or above --degraded-dead-letters (4)", reasons[2])
+	require.Equal(t, "4 dead letters, more than --degraded-dead-letters (3)", reasons[2])
 }
 
 // /healthz fails while a sweep is blocked (here on a lock an operator's

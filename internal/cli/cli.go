@@ -208,7 +208,7 @@ func (o *runOptions) flags() *flags {
 	f.String(&o.adminAddr, "admin-addr", admin.AddrDefault, "host:port", "where the admin HTTP API listens (health, readiness, metrics, tripped topics, breaker, dead letters); empty turns it off")
 	f.String(&o.adminToken, "admin-token", "", "token", "bearer token the admin API requires (but for /healthz, /readyz, /metrics); required to listen beyond loopback")
 	f.Int(&o.stallTicks, "stall-ticks", 60, "/healthz fails (so Kubernetes restarts the process) when a sweep has not returned for more than this many ticks; a failing sweep returns, and is not stalled")
-	f.Int(&o.degradedDead, "degraded-dead-letters", admin.DegradedDeadLettersDefault, "GET /status says degraded from this many dead letters (-1: never); an open broker breaker or a tripped topic always does")
+	f.Int(&o.degradedDead, "degraded-dead-letters", admin.DegradedDeadLettersDefault, "GET /status says degraded above this many dead letters (-1: never); an open broker breaker or a tripped topic always does")
 	f.Bool(&o.adminUI, "admin-ui", true, "serve the console, a web page over the admin API, at / of --admin-addr (it asks for the token)")
 	f.Int(&o.concurrency, "concurrency", outbox.ConcurrencyDefault, "topics sent at once; the batches of one topic go in order")
 	f.Int(&o.deadLetterLimit, "dead-letter-limit", outbox.DeadLetterLimitDefault, "storm guard: more rows of one topic dead-lettered within --dead-letter-window stop dead-lettering, trip the topic and alert (-1: off)")
