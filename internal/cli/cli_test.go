@@ -238,3 +238,35 @@ func TestTopicMaxAgeParses(t *testing.T) {
 	require.Equal(t, map[string]time.Duration{"codes": 5 * time.Minute, "a=b": time.Hour, "events": -1}, m)
 	require.Equal(t, "a=b=1h0m0s,codes=5m0s,events=never", v.String())
 }
+
+// --topic-max-age takes what an operator types, or a variable holds: nothing
+// it is given may panic, and what it accepts it prints back in a form it
+// reads the same.
+func FuzzTopicMaxAge(f *testing.F) {
+	for _, s := range []string{"codes=5m", "a=b=1h,events=never", "=1h", "x=", ",,", "t=-1h", "t=1e400h", "\x00=1s", "é=never,é=1s"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		var m map[string]time.Duration
+		v := (*topicDurationsValue)(&m)
+		if err := v.Set(s); err != nil {
+			return
+		}
+		var again map[string]time.Duration
+		printed := v.String()
+		if strings.Contains(printed, ",") && !strings.Contains(s, ",") {
+			t.Fatalf("%q printed as %q", s, printed)
+		}
+		for topic := range m {
+			if strings.Contains(topic, ",") {
+				t.Fatalf("topic %q holds a comma", topic)
+			}
+		}
+		if err := (*topicDurationsValue)(&again).Set(printed); err != nil {
+			t.Fatalf("%q printed as %q, which does not read back: %v", s, printed, err)
+		}
+		if len(again) != len(m) {
+			t.Fatalf("%q read back as %v, want %v", printed, again, m)
+		}
+	})
+}
