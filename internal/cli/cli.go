@@ -342,7 +342,7 @@ func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Wri
 		return err
 	}
 
-	p, err := o.producerOptions.build(f, out)
+	p, err := o.producerOptions.build(f, out, logger)
 	if err != nil {
 		return err
 	}

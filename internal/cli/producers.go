@@ -39,6 +39,7 @@ type producerOptions struct {
 	rabbitmqURL         string
 	servicebusConnStr   string
 	servicebusNamespace string
+	servicebusByKey     bool
 }
 
 func (o *producerOptions) register(f *flags) {
@@ -55,12 +56,13 @@ func (o *producerOptions) register(f *flags) {
 	f.String(&o.rabbitmqExchange, "rabbitmq-exchange", rabbitmq.ExchangeDefault, "name", "durable topic exchange --producer rabbitmq publishes to (declared at start); the topic is the routing key")
 	f.String(&o.rabbitmqURL, "rabbitmq-url", "", "url", "AMQP URL for --producer rabbitmq, e.g. amqp://user:pass@host:5672/vhost")
 	f.String(&o.servicebusConnStr, "servicebus-connection-string", "", "string", "Service Bus connection string with send rights for --producer servicebus (prefer the variable: it is a secret)")
+	f.Bool(&o.servicebusByKey, "servicebus-batch-by-key", false, "cut every Service Bus batch to one partition_key (session id), as partitioned and session-enabled entities require; without it the producer learns it per entity from the first refusal")
 	f.String(&o.servicebusNamespace, "servicebus-namespace", "", "host", "Service Bus namespace (name.servicebus.windows.net) for --producer servicebus, authenticated with Azure's default credential")
 }
 
 // build creates the chosen producer. A missing or bad setting is a usage error
 // naming its flag.
-func (o *producerOptions) build(f *flags, out io.Writer) (producer.Producer, error) {
+func (o *producerOptions) build(f *flags, out io.Writer, logger *slog.Logger) (producer.Producer, error) {
 	need := func(value, flag string) error {
 		if value == "" {
 			return usagef("%s %s needs %s", f.origin("producer"), o.name, f.originOrBoth(flag))
@@ -107,7 +109,8 @@ func (o *producerOptions) build(f *flags, out io.Writer) (producer.Producer, err
 			return nil, usagef("%s servicebus needs %s or %s", f.origin("producer"),
 				f.originOrBoth("servicebus-connection-string"), f.originOrBoth("servicebus-namespace"))
 		}
-		p, err := servicebus.New(servicebus.Config{ConnectionString: o.servicebusConnStr, Namespace: o.servicebusNamespace})
+		p, err := servicebus.New(servicebus.Config{ConnectionString: o.servicebusConnStr, Namespace: o.servicebusNamespace,
+			BatchByKey: o.servicebusByKey, Logger: logger})
 		if err != nil {
 			return nil, &usageError{msg: redactAccessKey(err.Error(), o.servicebusConnStr)}
 		}

@@ -5,9 +5,11 @@
 // sender per entity, created on first use and closed by Close. Batches are cut
 // by the SDK's own size accounting (NewMessageBatch/AddMessage): a full batch
 // starts the next, and a message too large for an empty batch is rejected as
-// message-class. Mapping: message_id → MessageID (so duplicate detection drops a
-// redelivery), correlation_id → CorrelationID, content_type → ContentType,
-// partition_key → SessionID, headers → ApplicationProperties (strings, numbers
+// message-class; for entities that need it (partitioned, session-enabled),
+// also by partition key (keys.go). Mapping: message_id → MessageID (so
+// duplicate detection drops a redelivery), correlation_id → CorrelationID,
+// content_type → ContentType, partition_key → SessionID and PartitionKey,
+// headers → ApplicationProperties (strings, numbers
 // and booleans as they are; nested objects and arrays as their JSON text, since
 // application properties hold only simple values).
 //
@@ -32,6 +34,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -66,6 +69,15 @@ type Config struct {
 	MaxBatch int
 	// Retry overrides the SDK's retry options. Zero means RetryOptionsDefault.
 	Retry azservicebus.RetryOptions
+	// BatchByKey cuts every batch to one partition key (session id), as
+	// partitioned and session-enabled entities require. Without it the
+	// producer learns it per entity, from the first batch the service
+	// refuses as mixed (see keys.go).
+	BatchByKey bool
+	// Logger receives what the producer learns of an entity, and
+	// descriptions of refusals it does not know, once each. Defaults to
+	// discarding.
+	Logger *slog.Logger
 }
 
 // sender is the part of *azservicebus.Sender the producer uses. The tests
@@ -100,12 +112,16 @@ func (a sdkSender) Close(ctx context.Context) error { return a.s.Close(ctx) }
 // Producer sends to Service Bus. It is safe for concurrent use.
 type Producer struct {
 	maxBatch    int
+	batchByKey  bool
+	logger      *slog.Logger
 	newSender   func(entity string) (sender, error)
 	closeClient func(ctx context.Context) error
 
-	mu      sync.Mutex
-	senders map[string]sender
-	closed  bool
+	mu       sync.Mutex
+	senders  map[string]sender
+	entities map[string]entity
+	unknown  map[string]bool // not-allowed descriptions already logged
+	closed   bool
 }
 
 var _ producer.Producer = (*Producer)(nil)
@@ -155,11 +171,18 @@ func newProducer(cfg Config, newSender func(string) (sender, error)) *Producer {
 	if cfg.MaxBatch <= 0 {
 		cfg.MaxBatch = MaxBatchDefault
 	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
 	return &Producer{
 		maxBatch:    cfg.MaxBatch,
+		batchByKey:  cfg.BatchByKey,
+		logger:      cfg.Logger,
 		newSender:   newSender,
 		closeClient: func(context.Context) error { return nil },
 		senders:     make(map[string]sender),
+		entities:    make(map[string]entity),
+		unknown:     make(map[string]bool),
 	}
 }
 
@@ -193,11 +216,16 @@ func (p *Producer) forget(ctx context.Context, entity string, s sender) {
 	}
 }
 
-// Batches cuts msgs where the SDK says a batch is full, or at MaxBatch messages.
-// A topic that can never be an entity path fails the whole topic (topic class,
-// no batches). A message that cannot be mapped (see toMessage), or too large
-// for an empty batch, is left out and named in a message-class error, each
-// with its reason.
+// Batches cuts msgs where the SDK says a batch is full, or at MaxBatch
+// messages; for an entity that needs it (Config.BatchByKey, or learnt from a
+// refusal), also by partition key: each key's messages in their order, the
+// keys in the order of their first message, so that a batch never mixes keys
+// (or, on an entity that takes no batch of distinct message ids, one message
+// a batch). A topic that can never be an entity path fails the whole topic
+// (topic class, no batches). A message that cannot be mapped (see toMessage),
+// too large for an empty batch, or without the session id a session-enabled
+// entity requires, is left out and named in a message-class error, each with
+// its reason.
 func (p *Producer) Batches(ctx context.Context, topic string, msgs []producer.Message) ([]producer.Batch, error) {
 	if err := checkEntity(topic); err != nil {
 		return nil, err
@@ -206,23 +234,47 @@ func (p *Producer) Batches(ctx context.Context, topic string, msgs []producer.Me
 	if err != nil {
 		return nil, err
 	}
+	state := p.entityState(topic)
 	var rej producer.Rejections
-	mapped := make([]*azservicebus.Message, 0, len(msgs))
+	mapped := map[int64]*azservicebus.Message{}
 	valid := rej.Keep(msgs, func(m *producer.Message) (string, error) {
+		if state.sessions && m.PartitionKey == "" {
+			return ReasonSessionIDRequired, fmt.Errorf("row %d has no partition_key, and entity %s requires sessions: the partition key is sent as the session id",
+				m.ID, producer.Quote(topic))
+		}
 		sb, reason, err := toMessage(m)
 		if err == nil {
-			mapped = append(mapped, sb)
+			mapped[m.ID] = sb
 		}
 		return reason, err
 	})
+	maxBatch := p.maxBatch
+	if state.mode == cutOneByOne {
+		maxBatch = 1
+	}
+	var out []producer.Batch
+	for _, group := range groups(valid, state.mode) {
+		batches, err := p.cut(ctx, s, topic, group, mapped, maxBatch, &rej)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, batches...)
+	}
+	return out, rej.Err()
+}
+
+// cut cuts msgs, in order, where the SDK says a batch is full or at maxBatch.
+func (p *Producer) cut(ctx context.Context, s sender, topic string, msgs []producer.Message, mapped map[int64]*azservicebus.Message,
+	maxBatch int, rej *producer.Rejections) ([]producer.Batch, error) {
 	var (
 		out      []producer.Batch
 		cur      = producer.Batch{Topic: topic}
 		sdkBatch messageBatch
+		err      error
 	)
-	for i := range valid {
-		m := mapped[i]
-		if sdkBatch == nil || len(cur.Messages) == p.maxBatch {
+	for i := range msgs {
+		m := mapped[msgs[i].ID]
+		if sdkBatch == nil || len(cur.Messages) == maxBatch {
 			if len(cur.Messages) > 0 {
 				out = append(out, cur)
 				cur = producer.Batch{Topic: topic}
@@ -248,18 +300,18 @@ func (p *Producer) Batches(ctx context.Context, topic string, msgs []producer.Me
 		}
 		switch {
 		case errors.Is(err, azservicebus.ErrMessageTooLarge):
-			rej.Add(valid[i].ID, producer.ReasonMessageTooLarge,
-				fmt.Errorf("row %d (%d bytes of payload) is too large for an empty Service Bus batch", valid[i].ID, len(valid[i].Payload)))
+			rej.Add(msgs[i].ID, producer.ReasonMessageTooLarge,
+				fmt.Errorf("row %d (%d bytes of payload) is too large for an empty Service Bus batch", msgs[i].ID, len(msgs[i].Payload)))
 		case err != nil:
-			rej.Add(valid[i].ID, producer.ReasonInvalidMessage, fmt.Errorf("row %d: %w", valid[i].ID, err))
+			rej.Add(msgs[i].ID, producer.ReasonInvalidMessage, fmt.Errorf("row %d: %w", msgs[i].ID, err))
 		default:
-			cur.Messages = append(cur.Messages, valid[i])
+			cur.Messages = append(cur.Messages, msgs[i])
 		}
 	}
 	if len(cur.Messages) > 0 {
 		out = append(out, cur)
 	}
-	return out, rej.Err()
+	return out, nil
 }
 
 // Send builds the batch again from its messages and sends it as one SDK batch,
@@ -268,6 +320,15 @@ func (p *Producer) Batches(ctx context.Context, topic string, msgs []producer.Me
 // the next tick, which cuts them again; sending part of it would send that part
 // twice. It checks the topic and the rows again, as Batches does, and sends
 // nothing when it refuses one.
+//
+// When the entity refuses the batch as mixed (a partitioned entity and several
+// partition keys, or distinct message ids under duplicate detection: the
+// batch was cut before the producer knew), Send cuts it again, by key or one
+// message a batch, and sends the parts in the order of their first rows; the
+// entity is cut so from then on. If a part fails after earlier parts went, the
+// whole batch fails and the earlier parts' rows are sent again later (the
+// message id is Service Bus's MessageID, so duplicate detection drops them
+// where it is on).
 func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 	if err := checkEntity(b.Topic); err != nil {
 		return err
@@ -289,6 +350,67 @@ func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 	if err != nil {
 		return err
 	}
+	return p.sendCut(ctx, s, b, mapped)
+}
+
+// sendCut sends b (mapped holds its messages, in order) as one SDK batch, and
+// cuts it again when the entity refuses it as mixed.
+func (p *Producer) sendCut(ctx context.Context, s sender, b producer.Batch, mapped []*azservicebus.Message) error {
+	err := p.sendOne(ctx, s, b, mapped)
+	var mixed *mixedRefusal
+	if !errors.As(err, &mixed) {
+		return err
+	}
+	mode := p.learnMode(b.Topic, b, mixed.description)
+	parts := [][]int{}
+	if mode == cutOneByOne {
+		for i := range b.Messages {
+			parts = append(parts, []int{i})
+		}
+	} else {
+		index := map[string]int{}
+		for i, m := range b.Messages {
+			k, ok := index[m.PartitionKey]
+			if !ok {
+				k = len(parts)
+				index[m.PartitionKey] = k
+				parts = append(parts, nil)
+			}
+			parts[k] = append(parts[k], i)
+		}
+	}
+	if len(parts) < 2 {
+		// One message, or one key already cut as the entity asks, and still
+		// refused: nothing left to cut. The entity's configuration is at
+		// fault: the topic's.
+		return producer.NewTopicError("not_allowed", fmt.Errorf("entity %s refuses even a batch of %d messages with one partition key: %w",
+			producer.Quote(b.Topic), len(b.Messages), mixed.err))
+	}
+	for _, part := range parts {
+		pb := producer.Batch{Topic: b.Topic, Messages: make([]producer.Message, len(part))}
+		pm := make([]*azservicebus.Message, len(part))
+		for j, i := range part {
+			pb.Messages[j], pm[j] = b.Messages[i], mapped[i]
+		}
+		if err := p.sendCut(ctx, s, pb, pm); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// mixedRefusal is the service's refusal of a batch that mixes partition keys,
+// session ids or message ids, which sendCut answers by cutting it again.
+type mixedRefusal struct {
+	description string
+	err         error
+}
+
+func (e *mixedRefusal) Error() string { return e.err.Error() }
+func (e *mixedRefusal) Unwrap() error { return e.err }
+
+// sendOne sends b as one SDK batch.
+func (p *Producer) sendOne(ctx context.Context, s sender, b producer.Batch, mapped []*azservicebus.Message) error {
 	sdkBatch, err := s.NewMessageBatch(ctx)
 	if err != nil {
 		return p.failed(ctx, b.Topic, s, fmt.Errorf("new message batch for %q: %w", b.Topic, err))
@@ -312,14 +434,26 @@ func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 			return producer.NewMessageError(producer.ReasonInvalidMessage, []int64{id}, err)
 		}
 	}
-	if err := s.SendMessageBatch(ctx, sdkBatch); err != nil {
-		// The service rejects a whole batch for one message too large
-		// (amqp:link:message-size-exceeded): pin it on the largest, so its
-		// neighbours are not charged with it.
-		return producer.PinOnLargest(p.failed(ctx, b.Topic, s,
-			fmt.Errorf("send %d messages to %q: %w", sdkBatch.NumMessages(), b.Topic, err)), b)
+	err = s.SendMessageBatch(ctx, sdkBatch)
+	if err == nil {
+		return nil
 	}
-	return nil
+	err = fmt.Errorf("send %d messages to %q: %w", sdkBatch.NumMessages(), b.Topic, err)
+	switch kind, description := refusal(err); kind {
+	case "mixed":
+		return &mixedRefusal{description: description, err: err}
+	case "session":
+		if ids := withoutKey(b.Messages); len(ids) > 0 {
+			p.learnSessions(b.Topic, description)
+			return sessionRequired(b.Topic, ids, err)
+		}
+	case "unknown":
+		p.logUnknown(b.Topic, description)
+	}
+	// The service rejects a whole batch for one message too large
+	// (amqp:link:message-size-exceeded): pin it on the largest, so its
+	// neighbours are not charged with it.
+	return producer.PinOnLargest(p.failed(ctx, b.Topic, s, err), b)
 }
 
 // failed classifies err and drops the sender when the SDK has closed it.

@@ -97,7 +97,9 @@ func toMessage(m *producer.Message) (*azservicebus.Message, string, error) {
 				"row %d: content_type has a non-ASCII byte at %d: AMQP sends it as a symbol, which is ASCII", m.ID, i)
 		}
 	}
-	header := len(m.MessageID) + len(m.PartitionKey) + len(m.CorrelationID) + len(m.ContentType)
+	// The partition key goes out twice, as the session id and the partition
+	// key (see toMessage's return).
+	header := len(m.MessageID) + 2*len(m.PartitionKey) + len(m.CorrelationID) + len(m.ContentType)
 
 	var props map[string]any
 	if len(headers) > 0 {
@@ -141,7 +143,11 @@ func toMessage(m *producer.Message) (*azservicebus.Message, string, error) {
 		ApplicationProperties: props,
 		ContentType:           optional(m.ContentType),
 		CorrelationID:         optional(m.CorrelationID),
-		SessionID:             optional(m.PartitionKey),
+		// Both, equal: a session-enabled entity needs the session id, a
+		// partitioned one the partition key, and the service refuses a message
+		// whose two differ.
+		SessionID:    optional(m.PartitionKey),
+		PartitionKey: optional(m.PartitionKey),
 	}, "", nil
 }
 
