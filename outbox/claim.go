@@ -264,6 +264,25 @@ func (p *pageClaim) keepAlive() {
 // held.
 func (p *pageClaim) used() { p.last = time.Now() }
 
+// record takes the page's transaction for statements that record something in
+// it (conn, then mu, as everywhere), and returns what gives it back, noting
+// the statements' end for the keep-alive. An earlier database error is the
+// page's: it comes back instead, and nothing is taken.
+func (p *pageClaim) record() (release func(), err error) {
+	p.conn.Lock()
+	p.mu.Lock()
+	if p.err != nil {
+		p.mu.Unlock()
+		p.conn.Unlock()
+		return nil, p.err
+	}
+	return func() {
+		p.used()
+		p.mu.Unlock()
+		p.conn.Unlock()
+	}, nil
+}
+
 // settle ends the page: it commits the marks of the rows sent and undoes the
 // others', in one round trip, or rolls everything back after a database error,
 // which it returns. ctx's cancellation does not stop it.

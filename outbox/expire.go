@@ -84,14 +84,11 @@ func (s *Sweeper) expireRows(st *sweepState, msgs []producer.Message) ([]produce
 	p := st.page
 	ctx, cancel := stmtCtx(st.work)
 	defer cancel()
-	p.conn.Lock()
-	defer p.conn.Unlock()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.err != nil {
-		return nil, 0, p.err
+	release, err := p.record()
+	if err != nil {
+		return nil, 0, err
 	}
-	defer p.used()
+	defer release()
 	// One statement per distinct error text, whatever the topics: with one
 	// --max-age that is one statement (two with rows past their own
 	// expires_at) for the whole page.

@@ -160,14 +160,11 @@ func (c *claim) apply(ctx context.Context, a action, sendErr error) (applied, er
 	p, topic := c.p, c.batch.Topic
 	recordCtx, cancel := stmtCtx(ctx)
 	defer cancel()
-	p.conn.Lock()
-	defer p.conn.Unlock()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.err != nil {
-		return out, p.err
+	release, err := p.record()
+	if err != nil {
+		return out, err
 	}
-	defer p.used()
+	defer release()
 	fail := func(err error) (applied, error) {
 		p.err = err
 		return out, err

@@ -158,23 +158,34 @@ func stripTracking(d string) string {
 	return d
 }
 
-// groups orders msgs for cutting in mode: by key, the messages of each key
-// in their order, the keys in the order of their first message; otherwise as
-// they are. The cut then starts a new batch at every group.
-func groups(msgs []producer.Message, mode cutMode) [][]producer.Message {
-	if mode < cutByKey {
-		return [][]producer.Message{msgs}
+// parts orders msgs for cutting in mode, as lists of their indexes: by key,
+// the messages of each key in their order, the keys in the order of their
+// first message; one message a part for cutOneByOne; otherwise all of them
+// as they are. The cut starts a new batch at every part.
+func parts(msgs []producer.Message, mode cutMode) [][]int {
+	var out [][]int
+	switch mode {
+	case cutBySize:
+		all := make([]int, len(msgs))
+		for i := range all {
+			all[i] = i
+		}
+		return [][]int{all}
+	case cutOneByOne:
+		for i := range msgs {
+			out = append(out, []int{i})
+		}
+		return out
 	}
 	index := map[string]int{}
-	var out [][]producer.Message
-	for _, m := range msgs {
-		i, ok := index[m.PartitionKey]
+	for i, m := range msgs {
+		k, ok := index[m.PartitionKey]
 		if !ok {
-			i = len(out)
-			index[m.PartitionKey] = i
+			k = len(out)
+			index[m.PartitionKey] = k
 			out = append(out, nil)
 		}
-		out[i] = append(out[i], m)
+		out[k] = append(out[k], i)
 	}
 	return out
 }

@@ -253,7 +253,11 @@ func (p *Producer) Batches(ctx context.Context, topic string, msgs []producer.Me
 		maxBatch = 1
 	}
 	var out []producer.Batch
-	for _, group := range groups(valid, state.mode) {
+	for _, part := range parts(valid, state.mode) {
+		group := make([]producer.Message, len(part))
+		for j, i := range part {
+			group[j] = valid[i]
+		}
 		batches, err := p.cut(ctx, s, topic, group, mapped, maxBatch, &rej)
 		if err != nil {
 			return nil, err
@@ -362,31 +366,15 @@ func (p *Producer) sendCut(ctx context.Context, s sender, b producer.Batch, mapp
 		return err
 	}
 	mode := p.learnMode(b.Topic, b, mixed.description)
-	parts := [][]int{}
-	if mode == cutOneByOne {
-		for i := range b.Messages {
-			parts = append(parts, []int{i})
-		}
-	} else {
-		index := map[string]int{}
-		for i, m := range b.Messages {
-			k, ok := index[m.PartitionKey]
-			if !ok {
-				k = len(parts)
-				index[m.PartitionKey] = k
-				parts = append(parts, nil)
-			}
-			parts[k] = append(parts[k], i)
-		}
-	}
-	if len(parts) < 2 {
+	pieces := parts(b.Messages, mode)
+	if len(pieces) < 2 {
 		// One message, or one key already cut as the entity asks, and still
 		// refused: nothing left to cut. The entity's configuration is at
 		// fault: the topic's.
 		return producer.NewTopicError("not_allowed", fmt.Errorf("entity %s refuses even a batch of %d messages with one partition key: %w",
 			producer.Quote(b.Topic), len(b.Messages), mixed.err))
 	}
-	for _, part := range parts {
+	for _, part := range pieces {
 		pb := producer.Batch{Topic: b.Topic, Messages: make([]producer.Message, len(part))}
 		pm := make([]*azservicebus.Message, len(part))
 		for j, i := range part {
