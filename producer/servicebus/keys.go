@@ -100,12 +100,11 @@ func (p *Producer) learnMode(name string, b producer.Batch, description string) 
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	e := p.entities[name]
-	before := e.mode
-	if p.batchByKey && before < cutByKey {
-		before = cutByKey
-	}
+	// Judged by the refused batch itself, not by what the entity was cut
+	// with: batches cut before the producer learnt (the rest of a page, the
+	// halves of a split) still mix keys, and their refusal says nothing new.
 	next := cutByKey
-	if before >= cutByKey || distinctKeys(b.Messages) == 1 {
+	if distinctKeys(b.Messages) == 1 {
 		next = cutOneByOne // one key and still refused: duplicate detection on a partitioned entity
 	}
 	if next > e.mode {

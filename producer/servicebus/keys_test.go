@@ -45,6 +45,10 @@ const (
 type entityKinds struct {
 	partitioned, dedup, sessions bool
 	notFound                     bool
+	// mixedFirst: a batch that mixes keys and lacks a session id is
+	// refused as mixed (the threads do not say which the service checks
+	// first).
+	mixedFirst bool
 }
 
 // strictSender is a sender of one entity of such a kind: it refuses what the
@@ -75,6 +79,13 @@ func (s *strictSender) SendMessageBatch(_ context.Context, b messageBatch) error
 	defer s.mu.Unlock()
 	refuse := func(err error) error { s.refused++; return err }
 	keys, ids := map[string]bool{}, map[string]bool{}
+	if s.kinds.partitioned && s.kinds.mixedFirst {
+		for _, m := range msgs {
+			if (m.PartitionKey == nil) != (msgs[0].PartitionKey == nil) || (m.PartitionKey != nil && *m.PartitionKey != *msgs[0].PartitionKey) {
+				return refuse(notAllowed(refusedMixed, s.entity))
+			}
+		}
+	}
 	for _, m := range msgs {
 		if s.kinds.sessions && m.SessionID == nil {
 			return refuse(&amqp.LinkError{RemoteErr: notAllowed(refusedNoSession, s.entity).(*amqp.Error)})
@@ -157,7 +168,7 @@ func keyed(topic string, keys ...string) []producer.Message {
 
 // A batch that mixes keys, cut before the producer knew the entity is
 // partitioned, is refused whole; the producer cuts it again by key, sends the
-// parts in the order of their first rows, and cuts the entity's later batches
+// parts (those without a key first, then in the order of their first rows), and cuts the entity's later batches
 // by key from the start. Every row goes once; each key's rows in their order.
 // What it learnt is logged once.
 func TestAMixedBatchOnAPartitionedEntityIsCutAgainByKey(t *testing.T) {
@@ -170,7 +181,8 @@ func TestAMixedBatchOnAPartitionedEntityIsCutAgainByKey(t *testing.T) {
 	require.Len(t, batches, 1, "nothing known yet: cut by size")
 	require.NoError(t, p.Send(ctx, batches[0]))
 	s := ns.senders["orders"]
-	require.Equal(t, [][]string{{"id-0001", "id-0003"}, {"id-0002", "id-0005"}, {"id-0004"}}, s.batches())
+	require.Equal(t, [][]string{{"id-0004"}, {"id-0001", "id-0003"}, {"id-0002", "id-0005"}}, s.batches(),
+		"the rows without a key first, then each key's in the order of its first row")
 	require.Equal(t, 1, s.refused)
 
 	batches, err = p.Batches(ctx, "orders", keyed("orders", "a", "b", "a"))
@@ -327,4 +339,41 @@ func TestSweeperOnSessionAndPartitionedEntities(t *testing.T) {
 	var outstanding int
 	require.NoError(t, dbtest.Pool(t).QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %s WHERE dispatched_at IS NULL`, tbl.Ident())).Scan(&outstanding))
 	require.Equal(t, 1, outstanding, "the missing entity's row waits")
+}
+
+// Batches cut by size before the producer learnt (the rest of a page) are
+// refused as mixed too: each is cut again by key, and the entity stays cut by
+// key, not one message a batch.
+func TestBatchesCutBeforeTheProducerLearntStayCutByKey(t *testing.T) {
+	t.Parallel()
+	p, ns, logs := strictProducer(Config{MaxBatch: 2}, map[string]entityKinds{"orders": {partitioned: true}})
+	ctx := context.Background()
+	batches, err := p.Batches(ctx, "orders", keyed("orders", "a", "b", "a", "b"))
+	require.NoError(t, err)
+	require.Len(t, batches, 2)
+	for _, b := range batches {
+		require.NoError(t, p.Send(ctx, b))
+	}
+	require.Equal(t, [][]string{{"id-0001"}, {"id-0002"}, {"id-0003"}, {"id-0004"}}, ns.senders["orders"].batches())
+	require.NotContains(t, logs.String(), "one message a batch")
+	batches, err = p.Batches(ctx, "orders", keyed("orders", "a", "b", "a", "b"))
+	require.NoError(t, err)
+	require.Len(t, batches, 2, "by key, two a batch")
+}
+
+// On an entity both partitioned and session-enabled, where the mixed batch is
+// reported before the missing session id, the rows without a key are sent
+// first, refused, and named: nothing else of the batch has gone, so its rest,
+// sent again, goes once.
+func TestOnAPartitionedSessionEntityNothingGoesTwice(t *testing.T) {
+	t.Parallel()
+	p, ns, _ := strictProducer(Config{}, map[string]entityKinds{"chats": {partitioned: true, sessions: true, mixedFirst: true}})
+	ctx := context.Background()
+	err := p.Send(ctx, producer.Batch{Topic: "chats", Messages: keyed("chats", "a", "", "b", "a")})
+	require.Equal(t, ReasonSessionIDRequired, producer.ReasonOf(err), "%v", err)
+	require.Equal(t, []int64{2}, producer.MessageIDs(err))
+	require.Empty(t, ns.senders["chats"].batches(), "nothing went before the refusal")
+	rest := keyed("chats", "a", "", "b", "a")
+	require.NoError(t, p.Send(ctx, producer.Batch{Topic: "chats", Messages: []producer.Message{rest[0], rest[2], rest[3]}}))
+	require.Equal(t, [][]string{{"id-0001", "id-0004"}, {"id-0003"}}, ns.senders["chats"].batches())
 }

@@ -31,10 +31,12 @@
 package servicebus
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -328,8 +330,8 @@ func (p *Producer) cut(ctx context.Context, s sender, topic string, msgs []produ
 // When the entity refuses the batch as mixed (a partitioned entity and several
 // partition keys, or distinct message ids under duplicate detection: the
 // batch was cut before the producer knew), Send cuts it again, by key or one
-// message a batch, and sends the parts in the order of their first rows; the
-// entity is cut so from then on. If a part fails after earlier parts went, the
+// message a batch, and sends the parts, those without a key first, then in
+// the order of their first rows; the entity is cut so from then on. If a part fails after earlier parts went, the
 // whole batch fails and the earlier parts' rows are sent again later (the
 // message id is Service Bus's MessageID, so duplicate detection drops them
 // where it is on).
@@ -366,7 +368,18 @@ func (p *Producer) sendCut(ctx context.Context, s sender, b producer.Batch, mapp
 		return err
 	}
 	mode := p.learnMode(b.Topic, b, mixed.description)
+	if distinctKeys(b.Messages) > 1 {
+		mode = cutByKey // what this batch needs, even if the entity is cut one by one
+	}
 	pieces := parts(b.Messages, mode)
+	// Rows without a key go first: on an entity that is session-enabled as
+	// well as partitioned, they are refused (the service may report the
+	// mixed batch before the missing session id), and refused before any
+	// other part went, the rest of the batch is sent again without having
+	// been sent once already.
+	slices.SortStableFunc(pieces, func(x, y []int) int {
+		return cmp.Compare(keyRank(b.Messages[x[0]]), keyRank(b.Messages[y[0]]))
+	})
 	if len(pieces) < 2 {
 		// One message, or one key already cut as the entity asks, and still
 		// refused: nothing left to cut. The entity's configuration is at
@@ -385,6 +398,13 @@ func (p *Producer) sendCut(ctx context.Context, s sender, b producer.Batch, mapp
 		}
 	}
 	return nil
+}
+
+func keyRank(m producer.Message) int {
+	if m.PartitionKey == "" {
+		return 0
+	}
+	return 1
 }
 
 // mixedRefusal is the service's refusal of a batch that mixes partition keys,
