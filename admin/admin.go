@@ -384,12 +384,13 @@ func (a *api) healthz(w http.ResponseWriter, _ *http.Request) {
 			if !st.LastSweep.IsZero() {
 				last = fmt.Sprintf("the last one completed at %s", st.LastSweep.UTC().Format(time.RFC3339))
 			}
-			a.cfg.Logger.Error("health check failed: the sweep loop is stalled", "sweep_began_at", st.Since, "ticks", st.Ticks)
+			a.cfg.Logger.Error("health check failed: the sweep loop is stalled", "sweep_began_at", st.Since, "progress_at", st.Progress, "ticks", st.Ticks)
 			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "stalled", "reason": fmt.Sprintf(
-				"the sweep that began at %s has not returned for %s, more than %d ticks (--stall-ticks); %s. "+
+				"the sweep that began at %s has made no progress (no statement and no send has returned) for %s, "+
+					"more than %d ticks (--stall-ticks) and %s (twice the send timeout plus 5s); %s. "+
 					"Something blocks it (a statement waiting on a lock, a broker call that ignores its timeout): "+
 					"restarting the process frees it; before that, SIGQUIT prints its goroutines to stderr",
-				st.Since.UTC().Format(time.RFC3339), now.Sub(st.Since).Round(time.Second), a.cfg.StallTicks, last)})
+				st.Since.UTC().Format(time.RFC3339), now.Sub(st.Progress).Round(time.Second), a.cfg.StallTicks, st.Limit, last)})
 			return
 		}
 	}

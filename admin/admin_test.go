@@ -601,14 +601,17 @@ func TestStatusSaysDegradedWithItsReasons(t *testing.T) {
 }
 
 // /healthz fails while a sweep is blocked (here on a lock an operator's
-// statement holds on the outbox) for more than --stall-ticks ticks, says so,
-// and recovers once the sweep returns: Kubernetes restarts a wedged process.
+// statement holds on the outbox) with no progress for more than --stall-ticks
+// ticks and the floor the send timeout sets, says so, and recovers once the
+// sweep goes on: Kubernetes restarts a wedged process.
 func TestHealthzFailsWhileASweepIsBlockedOnAHeldLock(t *testing.T) {
 	t.Parallel()
 	tbl := dbtest.Table(t)
 	ctx := context.Background()
+	// The shortest send timeout makes the floor of a stall (twice the send
+	// timeout plus 5s) about 10s.
 	s, err := outbox.NewSweeper(dbtest.Pool(t), memory.New(memory.Config{}),
-		outbox.Config{Table: tbl, Tick: 20 * time.Millisecond, DisableNotify: true})
+		outbox.Config{Table: tbl, Tick: 20 * time.Millisecond, DisableNotify: true, SendTimeout: time.Millisecond})
 	require.NoError(t, err)
 	srv := httptest.NewServer(admin.Handler(admin.Config{Pool: dbtest.Pool(t), Table: tbl, Topics: s.TopicBreaker(),
 		Stalled: func(now time.Time) (outbox.Stall, bool) { return s.Stalled(now, 3) }, StallTicks: 3}))

@@ -54,8 +54,9 @@ type NotifierConfig struct {
 	Echo Alerter
 	// Logger receives delivery failures and drops. Defaults to discarding.
 	Logger *slog.Logger
-	// OnDrop, when set, is told of each alert dropped, and why: "queue_full"
-	// or "undeliverable". It must be quick.
+	// OnDrop, when set, is told of each alert dropped, and why: "queue_full",
+	// "undeliverable", or "closed" (raised after Close began). It must be
+	// quick.
 	OnDrop func(a Alert, why string)
 	// Now is the clock of RepeatInterval; time.Now when nil. For tests.
 	Now func() time.Time
@@ -113,6 +114,7 @@ type Notifier struct {
 type condition struct {
 	since    time.Time // when it began firing
 	notified time.Time // when its last firing notification was queued
+	severity string    // the severity it was last notified with
 	repeats  int       // firing alerts grouped since
 	resolve  *time.Timer
 	resolved Alert // what the timer sends
@@ -168,7 +170,9 @@ func (n *Notifier) Alert(_ context.Context, a Alert) error {
 			c.resolve.Stop()
 			c.resolve = nil
 		}
-		if now.Sub(c.notified) < n.cfg.RepeatInterval {
+		// A graver alert of the condition (an automatic trip after an
+		// operator's) is news: it goes out at once.
+		if now.Sub(c.notified) < n.cfg.RepeatInterval && rank(a.Severity) <= rank(c.severity) {
 			c.repeats++
 			return nil
 		}
@@ -177,8 +181,19 @@ func (n *Notifier) Alert(_ context.Context, a Alert) error {
 		n.conditions[a.Key] = c
 	}
 	a.Repeats, a.FiringSince = c.repeats, timePtr(c.since)
-	c.notified, c.repeats = now, 0
+	c.notified, c.repeats, c.severity = now, 0, a.Severity
 	return n.enqueue(a)
+}
+
+// rank orders severities: info, warning, critical.
+func rank(severity string) int {
+	switch severity {
+	case Critical:
+		return 2
+	case Warning:
+		return 1
+	}
+	return 0
 }
 
 func timePtr(t time.Time) *time.Time {
@@ -226,7 +241,7 @@ func (n *Notifier) loop() {
 // failing receiver then gets one try per alert still queued).
 func (n *Notifier) deliver(a Alert) {
 	b := backoff.NewExponentialBackOff()
-	b.InitialInterval, b.MaxInterval = n.cfg.RetryInitial, n.cfg.RetryMax
+	b.InitialInterval, b.MaxInterval, b.Multiplier = n.cfg.RetryInitial, n.cfg.RetryMax, 2
 	giveUp := time.Now().Add(n.cfg.RetryFor)
 	for tries := 1; ; tries++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -266,7 +281,10 @@ func (n *Notifier) deliver(a Alert) {
 func (n *Notifier) Close(ctx context.Context) {
 	n.mu.Lock()
 	for key, c := range n.conditions {
-		if c.resolve != nil && c.resolve.Stop() {
+		if c.resolve != nil {
+			// A timer that has fired but waits for mu finds its condition
+			// gone and sends nothing: the alert goes out here, once.
+			c.resolve.Stop()
 			delete(n.conditions, key)
 			_ = n.enqueue(c.resolved)
 		}

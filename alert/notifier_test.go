@@ -187,3 +187,41 @@ func TestAFullQueueDropsWhatComesAndCountsIt(t *testing.T) {
 	n.Close(ctx)
 	require.Equal(t, []string{"a", "b", "c"}, h.snapshot())
 }
+
+// A graver alert of a condition already notified goes out at once: an
+// operator's trip (warning), reset, then a real fault's trip (critical)
+// within the group window is posted, not counted as a repeat.
+func TestAGraverAlertOfTheSameConditionIsPostedAtOnce(t *testing.T) {
+	t.Parallel()
+	rec := &alerts{}
+	n := alert.NewNotifier(rec, alert.NotifierConfig{GroupWindow: time.Hour})
+	defer n.Close(context.Background())
+	ctx := context.Background()
+	warn := firing("topic-breaker/orders", "tripped by an operator")
+	warn.Severity = alert.Warning
+	require.NoError(t, n.Alert(ctx, warn))
+	require.NoError(t, n.Alert(ctx, resolved("topic-breaker/orders")))
+	require.NoError(t, n.Alert(ctx, firing("topic-breaker/orders", "tripped: unroutable")))
+	require.NoError(t, n.Alert(ctx, firing("topic-breaker/orders", "tripped again: unroutable"))) // a repeat: grouped
+	got := rec.waitFor(t, 2)
+	require.Equal(t, alert.Warning, got[0].Severity)
+	require.Equal(t, alert.Critical, got[1].Severity)
+	require.Equal(t, "tripped: unroutable", got[1].Summary)
+}
+
+// Close sends every resolved notification still held, once, even when its
+// window ends as Close begins.
+func TestCloseSendsEveryHeldResolvedOnce(t *testing.T) {
+	t.Parallel()
+	for i := range 200 {
+		rec := &alerts{}
+		n := alert.NewNotifier(rec, alert.NotifierConfig{GroupWindow: time.Duration(i%5+1) * 10 * time.Microsecond})
+		ctx := context.Background()
+		require.NoError(t, n.Alert(ctx, firing("k", "open")))
+		require.NoError(t, n.Alert(ctx, resolved("k")))
+		n.Close(ctx)
+		got := rec.snapshot()
+		require.Len(t, got, 2, "run %d", i)
+		require.Equal(t, alert.Resolved, got[1].Status)
+	}
+}

@@ -69,7 +69,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		expired: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_expired_messages_total",
 			Help: "Rows that passed their deadline (expires_at, or --max-age / --topic-max-age) before they could be sent, moved to the dead-letter table with reason expired."}, []string{"topic"}),
 		alertsDropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_alerts_dropped_total",
-			Help: "Alerts not delivered: queue_full (the receiver failed or was slow while alerts kept coming) or undeliverable (tried for 15 minutes)."}, []string{"why"}),
+			Help: "Alerts not delivered: queue_full (the receiver failed or was slow while alerts kept coming), undeliverable (tried for 15 minutes) or closed (raised while the sweeper stopped)."}, []string{"why"}),
 		tripped: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outbox_topic_tripped",
 			Help: "1 while the topic's breaker is tripped or half-open, else 0."}, []string{"topic"}),
 		dependency: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_dependency_circuit_breaker_state",

@@ -91,6 +91,7 @@ func stmtCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 func (s *store) claimPage(ctx context.Context, topics []string, after []int64, share int) (*pageClaim, []producer.Message, map[string]pageTopic, error) {
 	claimCtx, cancel := stmtCtx(ctx)
 	defer cancel()
+	defer s.beat()
 	r := s.pageRead(topics, share)
 	tx, err := beginWith(claimCtx, s.pool, r.scan, s.claimPageSQL, r.args(after)...)
 	if err != nil {
@@ -114,6 +115,7 @@ func (s *store) claimPage(ctx context.Context, topics []string, after []int64, s
 func (p *pageClaim) claimAhead(ctx context.Context, topics []string, after []int64, share int) ([]producer.Message, map[string]pageTopic, error) {
 	claimCtx, cancel := stmtCtx(ctx)
 	defer cancel()
+	defer p.s.beat()
 	r := p.s.pageRead(topics, share)
 	p.conn.Lock()
 	defer p.conn.Unlock()
@@ -278,6 +280,7 @@ func (p *pageClaim) record() (release func(), err error) {
 	}
 	return func() {
 		p.used()
+		p.s.beat()
 		p.mu.Unlock()
 		p.conn.Unlock()
 	}, nil
@@ -294,6 +297,7 @@ func (p *pageClaim) settle(ctx context.Context) error {
 	p.stopKeepAlive()
 	endCtx, cancel := stmtCtx(ctx)
 	defer cancel()
+	defer p.s.beat()
 	unsent := []int64{}
 	for id := range p.held {
 		if !p.sent[id] {

@@ -194,6 +194,7 @@ func (s *store) expire(ctx context.Context, topics []string, ages []int64, whys 
 	report func(topic string, n int, correlationIDs []string)) (int, error) {
 	ctx, cancel := stmtCtx(ctx)
 	defer cancel()
+	defer s.beat()
 	if topics == nil {
 		topics, ages, whys = []string{}, []int64{}, []string{}
 	}

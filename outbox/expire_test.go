@@ -315,3 +315,53 @@ func TestMigration7RefusesAnInvalidExpiresAtIndex(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"007_expires_at.sql"}, res.Applied)
 }
+
+// gated is a broker that takes each batch only when the test lets it, and
+// says when a send has begun.
+type gated struct {
+	producer.Producer
+	began   chan struct{}
+	release chan struct{}
+}
+
+func (g gated) Send(ctx context.Context, b producer.Batch) error {
+	g.began <- struct{}{}
+	select {
+	case <-g.release:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return g.Producer.Send(ctx, b)
+}
+
+// Stalled counts from the sweep's last progress (a send or a statement that
+// returned), not from its start, and never below the floor the send timeout
+// sets: a slow broker's long sends are not a wedge, a sweep that moves on is
+// not one however long it lasts, and one that stops moving is.
+func TestStalledCountsFromTheLastProgress(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("a", 2)...)
+	g := gated{Producer: memory.New(memory.Config{MaxBatch: 1}), began: make(chan struct{}), release: make(chan struct{})}
+	s := newSweeper(t, dbtest.Pool(t), g, outbox.Config{Table: tbl, Tick: time.Second, SendTimeout: time.Minute, DisableNotify: true})
+	stop := dbtest.RunSweeper(t, s)
+	defer stop()
+	floor := outbox.StallFloor(time.Minute)
+
+	<-g.began // the first batch is with the broker
+	st, stalled := s.Stalled(time.Now(), 3)
+	require.False(t, stalled)
+	_, stalled = s.Stalled(st.Progress.Add(floor-time.Second), 3)
+	require.False(t, stalled, "more than 3 ticks, but within the floor: a send may take its whole timeout")
+	_, stalled = s.Stalled(st.Progress.Add(floor+5*time.Second), 3)
+	require.True(t, stalled, "past the floor and the ticks with nothing returned")
+
+	g.release <- struct{}{}
+	<-g.began // the first send returned; the second is with the broker
+	again, _ := s.Stalled(time.Now(), 3)
+	require.True(t, again.Progress.After(st.Progress), "the first send's return is progress")
+	require.Equal(t, st.Since, again.Since, "the same sweep")
+	_, stalled = s.Stalled(again.Progress.Add(floor-time.Second), 3)
+	require.False(t, stalled, "counted from the new progress")
+	g.release <- struct{}{}
+}

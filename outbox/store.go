@@ -8,6 +8,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -57,7 +58,15 @@ type store struct {
 	recentDeadLetters string
 	recordFailure     string
 	expireSQL         string
+
+	// progress is when a statement or a send last returned (Unix
+	// nanoseconds), whatever its outcome: a live sweep moves it at least
+	// once per send timeout or statement timeout (Sweeper.Stalled).
+	progress atomic.Int64
 }
+
+// beat notes that a statement or a send has just returned.
+func (s *store) beat() { s.progress.Store(time.Now().UnixNano()) }
 
 // deadLetterPolicy says when rows leave the outbox for the dead-letter table.
 type deadLetterPolicy struct {
@@ -100,6 +109,7 @@ func (s *store) topics(ctx context.Context, excluded []string) ([]string, error)
 		}
 		return pgx.CollectRows(rows, pgx.RowTo[string])
 	}
+	defer s.beat()
 	topics, err := list()
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == "22021" { // character_not_in_repertoire
 		excluded = slices.DeleteFunc(excluded, func(t string) bool { return !utf8.ValidString(t) })

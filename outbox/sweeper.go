@@ -529,40 +529,58 @@ func (s *Sweeper) Run(ctx context.Context) error {
 	}
 }
 
-// Stall describes a sweep of Run that has not returned for longer than its
-// schedule allows.
+// Stall describes a sweep of Run that has made no progress for longer than
+// the sweeper allows.
 type Stall struct {
-	// Since is when the sweep began; LastSweep, when the sweep before it
-	// ended (zero if none did).
-	Since, LastSweep time.Time
-	// Ticks is how many of the schedule's ticks have passed since.
+	// Since is when the sweep began; Progress, when a statement or a send of
+	// it last returned (Since if none has); LastSweep, when the sweep before
+	// it ended (zero if none did).
+	Since, Progress, LastSweep time.Time
+	// Ticks is how many of the schedule's ticks have passed since Progress;
+	// Limit, the time without progress that is allowed whatever the ticks.
 	Ticks int
+	Limit time.Duration
 }
 
-// Stalled reports whether Run's sweep in progress has lasted longer than
-// ticks ticks of the schedule: the relay is wedged (a statement that waits on
-// a lock, a producer's call that ignores its context), and restarting the
-// process is the cure. A sweep ends one page after its tick's time is up, and
-// every statement and send is bounded, so a live sweep never lasts many ticks;
-// between sweeps, Run waits for a time it knows (the next tick, or the backoff
-// after a failed sweep), so a sweeper that fails fast against a dead database
-// is not stalled: readiness reports that. Safe to call from any goroutine.
+// Stalled reports whether Run's sweep in progress is wedged: no statement and
+// no send of it has returned for longer than ticks ticks of the schedule, and
+// than StallFloor of the send timeout. A live sweep moves on at least once per
+// send (bounded by the send timeout) or statement (bounded by its own
+// timeout), however long a drain or a split takes; what stops it for longer is
+// a statement waiting on a lock nobody releases (DDL, LOCK TABLE), or a
+// producer's call that ignores its context, and restarting the process frees
+// it. Between sweeps Run waits for a time it knows (the next tick, or the
+// backoff after a failed sweep), so a sweeper that fails fast against a dead
+// database is not stalled: readiness reports that. Safe to call from any
+// goroutine.
 func (s *Sweeper) Stalled(now time.Time, ticks int) (Stall, bool) {
 	busy := s.busySince.Load()
 	if busy == 0 {
 		return Stall{}, false
 	}
-	st := Stall{Since: time.Unix(0, busy)}
+	st := Stall{Since: time.Unix(0, busy), Progress: time.Unix(0, max(busy, s.store.progress.Load())),
+		Limit: StallFloor(s.cfg.SendTimeout)}
 	if last := s.lastSweep.Load(); last != 0 {
 		st.LastSweep = time.Unix(0, last)
 	}
-	for t := st.Since; st.Ticks <= ticks; st.Ticks++ {
+	if now.Sub(st.Progress) <= st.Limit {
+		return st, false
+	}
+	for t := st.Progress; st.Ticks <= ticks; st.Ticks++ {
 		t = s.cfg.Schedule.Next(t)
 		if t.IsZero() || t.After(now) {
 			return st, false
 		}
 	}
 	return st, true
+}
+
+// StallFloor is the least time without progress that Stalled calls wedged,
+// whatever the ticks: twice IdleInTransactionTimeout (the send timeout plus
+// 5s), so that a send that takes its whole timeout, or a page's transaction
+// that Postgres may end for idling, is never mistaken for a wedge.
+func StallFloor(sendTimeout time.Duration) time.Duration {
+	return 2 * IdleInTransactionTimeout(sendTimeout)
 }
 
 // waitFor waits until t (tick) or a wake-up, whichever comes first, and reports

@@ -207,7 +207,7 @@ func (o *runOptions) flags() *flags {
 	o.maintenanceOptions.register(f)
 	f.String(&o.adminAddr, "admin-addr", admin.AddrDefault, "host:port", "where the admin HTTP API listens (health, readiness, metrics, tripped topics, breaker, dead letters); empty turns it off")
 	f.String(&o.adminToken, "admin-token", "", "token", "bearer token the admin API requires (but for /healthz, /readyz, /metrics); required to listen beyond loopback")
-	f.Int(&o.stallTicks, "stall-ticks", 60, "/healthz fails (so Kubernetes restarts the process) when a sweep has not returned for more than this many ticks; a failing sweep returns, and is not stalled")
+	f.Int(&o.stallTicks, "stall-ticks", 60, "/healthz fails (so Kubernetes restarts the process) when a sweep has made no progress (no statement or send returned) for more than this many ticks and twice --send-timeout plus 5s; a failing sweep returns, and is not stalled")
 	f.Int(&o.degradedDead, "degraded-dead-letters", admin.DegradedDeadLettersDefault, "GET /status says degraded above this many dead letters (-1: never); an open broker breaker or a tripped topic always does")
 	f.Bool(&o.adminUI, "admin-ui", true, "serve the console, a web page over the admin API, at / of --admin-addr (it asks for the token)")
 	f.Int(&o.concurrency, "concurrency", outbox.ConcurrencyDefault, "topics sent at once; the batches of one topic go in order")
