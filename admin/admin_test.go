@@ -1,7 +1,6 @@
 package admin_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,7 +11,6 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +21,7 @@ import (
 	"github.com/outbox-sweeper/sweeper/admin"
 	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
+	"github.com/outbox-sweeper/sweeper/internal/syncbuf"
 	"github.com/outbox-sweeper/sweeper/outbox"
 	"github.com/outbox-sweeper/sweeper/producer"
 	"github.com/outbox-sweeper/sweeper/producer/memory"
@@ -35,24 +34,7 @@ type bundle struct {
 	tbl    outbox.Table
 	topics *breaker.Topics
 	dep    *breaker.Dependency
-	log    *syncBuffer // the API's log, as JSON lines
-}
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+	log    *syncbuf.Buffer // the API's log, as JSON lines
 }
 
 // setup serves the API over a migrated outbox with three dead letters (two of
@@ -79,7 +61,7 @@ func setup(t *testing.T, token string, opts ...func(*admin.Config)) *bundle {
 	d, err := outbox.NewDeadLetters(dbtest.Pool(t), tbl)
 	require.NoError(t, err)
 	b := &bundle{tbl: tbl, topics: breaker.New(breaker.Settings{}),
-		dep: breaker.NewDependency(breaker.DependencyConfig{}), log: &syncBuffer{}}
+		dep: breaker.NewDependency(breaker.DependencyConfig{}), log: &syncbuf.Buffer{}}
 	t.Cleanup(func() { _ = b.dep.Close(context.Background()) })
 	cfg := admin.Config{Token: token, Pool: dbtest.Pool(t), Table: tbl, Topics: b.topics,
 		Dependency: b.dep, DeadLetters: d, Logger: slog.New(slog.NewJSONHandler(b.log, nil)), Activity: s.TopicActivity,
@@ -662,7 +644,7 @@ func TestHealthzStaysOkWhileSweepsFailAgainstADeadDatabase(t *testing.T) {
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	require.NoError(t, err)
 	defer pool.Close()
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	s, err := outbox.NewSweeper(pool, memory.New(memory.Config{}), outbox.Config{Tick: 10 * time.Millisecond, DisableNotify: true,
 		Logger: slog.New(slog.NewJSONHandler(logs, nil))})
 	require.NoError(t, err)

@@ -3,11 +3,8 @@ package outbox_test
 import (
 	"context"
 	"errors"
-	"io"
 	"log/slog"
 	"slices"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +12,7 @@ import (
 
 	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
+	"github.com/outbox-sweeper/sweeper/internal/syncbuf"
 	"github.com/outbox-sweeper/sweeper/outbox"
 	"github.com/outbox-sweeper/sweeper/producer"
 	"github.com/outbox-sweeper/sweeper/producer/memory"
@@ -184,9 +182,9 @@ func TestExcludedTopicsTheDatabaseCannotHoldDoNotStallTheSweep(t *testing.T) {
 	// Nor do they stall the expiry of the topics left out, which names them
 	// to the database too.
 	writeMessages(t, tbl, topicMessages("good", 3)...)
-	var logs strings.Builder // Sweep logs from its own goroutines, all done when it returns
+	var logs syncbuf.Buffer
 	res, err = newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, TopicBreaker: b, MaxAge: time.Hour,
-		Logger: slog.New(slog.NewTextHandler(&lockedWriter{w: &logs}, nil))}).Sweep(context.Background())
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))}).Sweep(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, 3, res.Dispatched)
 	require.NotContains(t, logs.String(), "failed")
@@ -232,16 +230,4 @@ func TestProducerWithoutACheckChargesOnlyWithASuccessBeside(t *testing.T) {
 			require.Zero(t, r.Attempts, "row %d", r.ID)
 		}
 	}
-}
-
-// lockedWriter serializes writes to w.
-type lockedWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
 }

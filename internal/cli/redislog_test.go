@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
+	"github.com/outbox-sweeper/sweeper/internal/syncbuf"
 )
 
 // go-redis's own log lines (here: it cannot dial) reach the sweeper's log as
@@ -28,7 +29,7 @@ func TestRedisClientLinesGoThroughTheLogRedacted(t *testing.T) {
 
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
-	var stdout, stderr syncBuffer
+	var stdout, stderr syncbuf.Buffer
 	done := make(chan int, 1)
 	go func() {
 		done <- Main(ctx, []string{"run", "--database-url", dbtest.URL(t), "--schema", tbl.Schema, "--table", tbl.Name,

@@ -8,7 +8,6 @@ package servicebus
 // shows (README, "Azure Service Bus").
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -24,6 +23,7 @@ import (
 
 	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
+	"github.com/outbox-sweeper/sweeper/internal/syncbuf"
 	"github.com/outbox-sweeper/sweeper/outbox"
 	"github.com/outbox-sweeper/sweeper/producer"
 )
@@ -132,10 +132,10 @@ type namespaceOf struct {
 	senders map[string]*strictSender
 }
 
-func strictProducer(cfg Config, kinds map[string]entityKinds) (*Producer, *namespaceOf, *bytes.Buffer) {
+func strictProducer(cfg Config, kinds map[string]entityKinds) (*Producer, *namespaceOf, *syncbuf.Buffer) {
 	ns := &namespaceOf{kinds: kinds, senders: map[string]*strictSender{}}
-	logs := &bytes.Buffer{}
-	cfg.Logger = slog.New(slog.NewTextHandler(&lockedBuffer{b: logs}, nil))
+	logs := &syncbuf.Buffer{}
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	p := newProducer(cfg, func(entity string) (sender, error) {
 		ns.mu.Lock()
 		defer ns.mu.Unlock()
@@ -144,17 +144,6 @@ func strictProducer(cfg Config, kinds map[string]entityKinds) (*Producer, *names
 		return s, nil
 	})
 	return p, ns, logs
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  *bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
 }
 
 // keyed returns messages 1..len(keys) of topic, with those partition keys.

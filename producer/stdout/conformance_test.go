@@ -10,30 +10,18 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/outbox-sweeper/sweeper/internal/syncbuf"
 	"github.com/outbox-sweeper/sweeper/producer"
 	"github.com/outbox-sweeper/sweeper/producer/producertest"
 	"github.com/outbox-sweeper/sweeper/producer/stdout"
 )
-
-// lockedBuffer is a writer the suite's producers share, read back as a
-// consumer of the stream would.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
 
 // The conformance suite against the stdout producer: a consumer parses its
 // lines.
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	var (
-		out    lockedBuffer
+		out    syncbuf.Buffer
 		mu     sync.Mutex
 		topics int
 	)
@@ -46,9 +34,7 @@ func TestConformance(t *testing.T) {
 			return "conformance." + string(rune('a'+topics))
 		},
 		Receive: func(t *testing.T, topic string, n int) []producertest.Received {
-			out.mu.Lock()
-			lines := bytes.Clone(out.buf.Bytes())
-			out.mu.Unlock()
+			lines := out.Bytes()
 			var got []producertest.Received
 			sc := bufio.NewScanner(bytes.NewReader(lines))
 			sc.Buffer(nil, 1<<20)
