@@ -76,8 +76,6 @@ type Config struct {
 	// sweep loop stalled (outbox.Sweeper.Stalled with --stall-ticks), so that
 	// Kubernetes restarts a wedged process.
 	Stalled func(now time.Time) (outbox.Stall, bool)
-	// StallTicks is the ticks Stalled allows, for /healthz's message.
-	StallTicks int
 	// DegradedDeadLetters is how many dead letters GET /status tolerates:
 	// more make it say degraded. Zero means DegradedDeadLettersDefault;
 	// negative, never.
@@ -390,7 +388,7 @@ func (a *api) healthz(w http.ResponseWriter, _ *http.Request) {
 					"more than %d ticks (--stall-ticks) and %s (twice the send timeout plus 5s); %s. "+
 					"Something blocks it (a statement waiting on a lock, a broker call that ignores its timeout): "+
 					"restarting the process frees it; before that, SIGQUIT prints its goroutines to stderr",
-				st.Since.UTC().Format(time.RFC3339), now.Sub(st.Progress).Round(time.Second), a.cfg.StallTicks, st.Limit, last)})
+				st.Since.UTC().Format(time.RFC3339), now.Sub(st.Progress).Round(time.Second), st.MaxTicks, st.Limit, last)})
 			return
 		}
 	}
@@ -547,7 +545,11 @@ func (a *api) health(topics []*topicStatus, deadLetters int64) healthStatus {
 		if len(stopped) > len(names) {
 			more = fmt.Sprintf(" and %d more", len(stopped)-len(names))
 		}
-		h.Reasons = append(h.Reasons, fmt.Sprintf("%d topics tripped or half-open: %s%s", len(stopped), strings.Join(quoteAll(names), ", "), more))
+		quoted := make([]string, len(names))
+		for i, n := range names {
+			quoted[i] = quoteShort(n)
+		}
+		h.Reasons = append(h.Reasons, fmt.Sprintf("%d topics tripped or half-open: %s%s", len(stopped), strings.Join(quoted, ", "), more))
 	}
 	limit := a.cfg.DegradedDeadLetters
 	if limit == 0 {
@@ -560,14 +562,6 @@ func (a *api) health(topics []*topicStatus, deadLetters int64) healthStatus {
 		h.Status = "degraded"
 	}
 	return h
-}
-
-func quoteAll(s []string) []string {
-	out := make([]string, len(s))
-	for i, x := range s {
-		out[i] = strconv.Quote(x)
-	}
-	return out
 }
 
 func (a *api) tripped(w http.ResponseWriter, _ *http.Request) {

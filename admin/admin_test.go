@@ -596,7 +596,7 @@ func TestHealthzFailsWhileASweepIsBlockedOnAHeldLock(t *testing.T) {
 		outbox.Config{Table: tbl, Tick: 20 * time.Millisecond, DisableNotify: true, SendTimeout: time.Millisecond})
 	require.NoError(t, err)
 	srv := httptest.NewServer(admin.Handler(admin.Config{Pool: dbtest.Pool(t), Table: tbl, Topics: s.TopicBreaker(),
-		Stalled: func(now time.Time) (outbox.Stall, bool) { return s.Stalled(now, 3) }, StallTicks: 3}))
+		Stalled: func(now time.Time) (outbox.Stall, bool) { return s.Stalled(now, 3) }}))
 	defer srv.Close()
 	healthz := func() (int, map[string]any) {
 		resp, err := http.Get(srv.URL + "/healthz")
@@ -649,7 +649,7 @@ func TestHealthzStaysOkWhileSweepsFailAgainstADeadDatabase(t *testing.T) {
 		Logger: slog.New(slog.NewJSONHandler(logs, nil))})
 	require.NoError(t, err)
 	srv := httptest.NewServer(admin.Handler(admin.Config{Pool: pool, Topics: s.TopicBreaker(),
-		Stalled: func(now time.Time) (outbox.Stall, bool) { return s.Stalled(now, 2) }, StallTicks: 2}))
+		Stalled: func(now time.Time) (outbox.Stall, bool) { return s.Stalled(now, 2) }}))
 	defer srv.Close()
 	runCtx, stop := context.WithCancel(context.Background())
 	ran := make(chan error, 1)

@@ -39,7 +39,15 @@ func (c *Config) maxAge(topic string) time.Duration {
 
 // expiresByAge says whether any topic may have a max age.
 func (c *Config) expiresByAge() bool {
-	return c.MaxAge > 0 || slices.ContainsFunc(slices.Collect(maps.Values(c.TopicMaxAge)), func(d time.Duration) bool { return d > 0 })
+	if c.MaxAge > 0 {
+		return true
+	}
+	for _, d := range c.TopicMaxAge {
+		if d > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // expiredWhy says why m may not be sent at now: its own deadline passed, or it
@@ -69,13 +77,17 @@ func ageError(age time.Duration) string {
 // An expired row holds up none behind it. A database error is the page's.
 func (s *Sweeper) expireRows(st *sweepState, msgs []producer.Message) ([]producer.Message, int, error) {
 	now := time.Now()
-	var byWhy map[string][]int64
+	var (
+		byWhy map[string][]int64
+		gone  map[int64]bool // both nil, allocation-free, on the usual path: nothing expired
+	)
 	for i := range msgs {
 		if why := s.expiredWhy(&msgs[i], now); why != "" {
 			if byWhy == nil {
-				byWhy = map[string][]int64{}
+				byWhy, gone = map[string][]int64{}, map[int64]bool{}
 			}
 			byWhy[why] = append(byWhy[why], msgs[i].ID)
+			gone[msgs[i].ID] = true
 		}
 	}
 	if byWhy == nil {
@@ -99,36 +111,16 @@ func (s *Sweeper) expireRows(st *sweepState, msgs []producer.Message) ([]produce
 			return nil, 0, err
 		}
 	}
-	gone := map[int64]bool{}
-	for _, ids := range byWhy {
-		for _, id := range ids {
-			gone[id] = true
-		}
-	}
 	kept := make([]producer.Message, 0, len(msgs)-len(gone))
-	type moved struct {
-		n   int
-		ids []string
-	}
-	byTopic := map[string]*moved{}
+	moved := expiredTally{}
 	for _, m := range msgs {
-		if !gone[m.ID] {
+		if gone[m.ID] {
+			moved.add(m.Topic, m.CorrelationID)
+		} else {
 			kept = append(kept, m)
-			continue
-		}
-		t := byTopic[m.Topic]
-		if t == nil {
-			t = &moved{}
-			byTopic[m.Topic] = t
-		}
-		t.n++
-		if m.CorrelationID != "" && len(t.ids) < maxLoggedIDs {
-			t.ids = append(t.ids, logText(m.CorrelationID))
 		}
 	}
-	for _, topic := range slices.Sorted(maps.Keys(byTopic)) {
-		s.reportExpired(topic, byTopic[topic].n, byTopic[topic].ids)
-	}
+	s.reportExpired(moved)
 	// The rows are the page's, locked by its transaction: every one moved.
 	return kept, out.deadLettered, nil
 }
@@ -167,7 +159,7 @@ func (s *Sweeper) expireLeftOut(ctx context.Context, leftOut []string, due time.
 		}
 	}
 	for range maxExpireRounds {
-		n, err := s.store.expire(ctx, topics, ages, whys, s.cfg.PageSize, s.reportExpired)
+		moved, err := s.store.expire(ctx, topics, ages, whys, s.cfg.PageSize)
 		if err != nil {
 			// Logged, not the sweep's error: a pass that fails must not stop
 			// the topics that send. A database that is down fails the sweep
@@ -176,6 +168,8 @@ func (s *Sweeper) expireLeftOut(ctx context.Context, leftOut []string, due time.
 				"table", s.cfg.Table.String(), "err", err)
 			return nil
 		}
+		s.reportExpired(moved)
+		n := moved.total()
 		res.DeadLettered += n
 		res.Expired += n
 		if n == 0 || (!due.IsZero() && !time.Now().Before(due)) {
@@ -185,66 +179,75 @@ func (s *Sweeper) expireLeftOut(ctx context.Context, leftOut []string, due time.
 	return nil
 }
 
-// maxExpireRounds bounds the statements one tick's expireIdle runs, each
-// moving up to a page of rows a topic.
+// maxExpireRounds bounds the statements one tick's expireLeftOut runs, each
+// moving up to a page of rows by age and a page by expires_at.
 const maxExpireRounds = 20
 
-// expire runs expire.sql once; report is told, per topic, what moved.
-func (s *store) expire(ctx context.Context, topics []string, ages []int64, whys []string, limit int,
-	report func(topic string, n int, correlationIDs []string)) (int, error) {
+// expire runs expire.sql once and returns what moved, per topic. Nil slices
+// go as NULL arrays, which unnest as no topic.
+func (s *store) expire(ctx context.Context, topics []string, ages []int64, whys []string, limit int) (expiredTally, error) {
 	ctx, cancel := stmtCtx(ctx)
 	defer cancel()
 	defer s.beat()
-	if topics == nil {
-		topics, ages, whys = []string{}, []int64{}, []string{}
-	}
 	rows, err := s.pool.Query(ctx, s.expireSQL, topics, ages, limit, whys)
 	if err != nil {
-		return 0, s.explain(err)
+		return nil, s.explain(err)
 	}
-	type moved struct {
-		n   int
-		ids []string
-	}
-	byTopic := map[string]*moved{}
+	moved := expiredTally{}
 	var topic string
 	var correlationID *string
-	total := 0
-	_, err = pgx.ForEachRow(rows, []any{&topic, &correlationID}, func() error {
-		m := byTopic[topic]
-		if m == nil {
-			m = &moved{}
-			byTopic[topic] = m
-		}
-		m.n++
-		total++
-		if correlationID != nil && len(m.ids) < maxLoggedIDs {
-			m.ids = append(m.ids, logText(*correlationID))
-		}
+	if _, err = pgx.ForEachRow(rows, []any{&topic, &correlationID}, func() error {
+		moved.add(topic, deref(correlationID))
 		return nil
-	})
-	if err != nil {
-		return 0, s.explain(err)
+	}); err != nil {
+		return nil, s.explain(err)
 	}
-	for _, t := range slices.Sorted(maps.Keys(byTopic)) {
-		report(t, byTopic[t].n, byTopic[t].ids)
-	}
-	return total, nil
+	return moved, nil
 }
 
-// reportExpired logs, counts and observes n rows of topic that expired.
-func (s *Sweeper) reportExpired(topic string, n int, correlationIDs []string) {
-	if n == 0 {
-		return
+// expiredTally counts expired rows per topic, with the first maxLoggedIDs
+// correlation ids of each, for reportExpired.
+type expiredTally map[string]*expiredTopic
+
+type expiredTopic struct {
+	n              int
+	correlationIDs []string
+}
+
+func (t expiredTally) add(topic, correlationID string) {
+	e := t[topic]
+	if e == nil {
+		e = &expiredTopic{}
+		t[topic] = e
 	}
-	s.activity.add(topic, time.Now(), activityCounts{deadLettered: n})
-	s.logger.Warn("rows expired: past their deadline, they were dead-lettered instead of sent",
-		"topic", logText(topic), "num_rows", n, "reason", ReasonExpired,
-		"correlation_ids", correlationIDs, "table", s.cfg.Table.DeadLetterName())
-	if s.cfg.Observer != nil {
-		s.cfg.Observer.DeadLettered(topic, n)
-		if o, ok := s.cfg.Observer.(ExpiryObserver); ok {
-			o.Expired(topic, n)
+	e.n++
+	if correlationID != "" && len(e.correlationIDs) < maxLoggedIDs {
+		e.correlationIDs = append(e.correlationIDs, logText(correlationID))
+	}
+}
+
+func (t expiredTally) total() int {
+	n := 0
+	for _, e := range t {
+		n += e.n
+	}
+	return n
+}
+
+// reportExpired logs, counts and observes the rows that expired, topic by
+// topic.
+func (s *Sweeper) reportExpired(moved expiredTally) {
+	for _, topic := range slices.Sorted(maps.Keys(moved)) {
+		e := moved[topic]
+		s.activity.add(topic, time.Now(), activityCounts{deadLettered: e.n})
+		s.logger.Warn("rows expired: past their deadline, they were dead-lettered instead of sent",
+			"topic", logText(topic), "num_rows", e.n, "reason", ReasonExpired,
+			"correlation_ids", e.correlationIDs, "table", s.cfg.Table.DeadLetterName())
+		if s.cfg.Observer != nil {
+			s.cfg.Observer.DeadLettered(topic, e.n)
+			if o, ok := s.cfg.Observer.(ExpiryObserver); ok {
+				o.Expired(topic, e.n)
+			}
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 
 	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
+	"github.com/outbox-sweeper/sweeper/internal/syncbuf"
 	"github.com/outbox-sweeper/sweeper/outbox"
 	"github.com/outbox-sweeper/sweeper/producer"
 	"github.com/outbox-sweeper/sweeper/producer/memory"
@@ -364,4 +366,29 @@ func TestStalledCountsFromTheLastProgress(t *testing.T) {
 	_, stalled = s.Stalled(again.Progress.Add(floor-time.Second), 3)
 	require.False(t, stalled, "counted from the new progress")
 	g.release <- struct{}{}
+}
+
+// A tick's expiry pass that fails (here the dead-letter table is gone, so its
+// move cannot insert) is logged, and the topics that send go on: expiry must
+// never be what stops the relay.
+func TestAFailingExpiryPassDoesNotStopTheTopicsThatSend(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("orders", 3)...)
+	writeMessages(t, tbl, topicMessages("held", 2)...)
+	age(t, tbl, 2*time.Hour, 4, 5)
+	_, err := dbtest.Pool(t).Exec(context.Background(), fmt.Sprintf(`ALTER TABLE %s RENAME TO gone`, tbl.DeadLetterIdent()))
+	require.NoError(t, err)
+	var logs syncbuf.Buffer
+	prod := memory.New(memory.Config{})
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, MaxAge: time.Hour,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	s.TopicBreaker().Trip("held", "tripped by an operator: test")
+	res, err := s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 3, res.Dispatched)
+	require.Zero(t, res.Expired)
+	require.Equal(t, []int64{1, 2, 3}, idsOf(prod.Messages()))
+	require.Contains(t, logs.String(), "expiring rows past their deadline failed")
+	require.Equal(t, 2, dbtest.Outstanding(t, tbl), "the held topic's rows stay, nothing lost")
 }

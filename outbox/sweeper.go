@@ -536,10 +536,11 @@ type Stall struct {
 	// it last returned (Since if none has); LastSweep, when the sweep before
 	// it ended (zero if none did).
 	Since, Progress, LastSweep time.Time
-	// Ticks is how many of the schedule's ticks have passed since Progress;
-	// Limit, the time without progress that is allowed whatever the ticks.
-	Ticks int
-	Limit time.Duration
+	// Ticks is how many of the schedule's ticks have passed since Progress,
+	// of the MaxTicks allowed; Limit, the time without progress that is
+	// allowed whatever the ticks.
+	Ticks, MaxTicks int
+	Limit           time.Duration
 }
 
 // Stalled reports whether Run's sweep in progress is wedged: no statement and
@@ -559,7 +560,7 @@ func (s *Sweeper) Stalled(now time.Time, ticks int) (Stall, bool) {
 		return Stall{}, false
 	}
 	st := Stall{Since: time.Unix(0, busy), Progress: time.Unix(0, max(busy, s.store.progress.Load())),
-		Limit: StallFloor(s.cfg.SendTimeout)}
+		MaxTicks: ticks, Limit: StallFloor(s.cfg.SendTimeout)}
 	if last := s.lastSweep.Load(); last != 0 {
 		st.LastSweep = time.Unix(0, last)
 	}

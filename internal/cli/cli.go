@@ -284,20 +284,12 @@ func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Wri
 	poolCfg.MaxConns = poolSize
 	logger := o.logger(errOut)
 	cfg.Logger = logger
-	syncAlerter, err := o.maintenanceOptions.alerter(f, logger)
-	if err != nil {
-		return err
-	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := metrics.New(reg)
 	m.SetBuildInfo(version())
 	cfg.Observer = m
-	// Alerts raised in the middle of a sweep (breaker changes) go through a
-	// notifier: it groups each condition's alerts, and delivers in the
-	// background, retrying, so that a slow receiver never holds the relay.
-	// The probe posts directly, since it retries what did not go out.
-	notifier, err := o.maintenanceOptions.notifier(f, logger, m)
+	syncAlerter, notifier, err := o.maintenanceOptions.alerters(f, logger, m)
 	if err != nil {
 		return err
 	}
@@ -370,8 +362,8 @@ func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Wri
 		waitAdmin, err := admin.Start(ctx, admin.Config{Addr: o.adminAddr, Token: o.adminToken, UI: o.adminUI, Pool: pool, Table: tbl,
 			Topics: s.TopicBreaker(), Dependency: dep, DeadLetters: dead, Logger: logger, Backoffs: s.TopicBackoffs,
 			Activity: s.TopicActivity, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
-			Stalled:    func(now time.Time) (outbox.Stall, bool) { return s.Stalled(now, o.stallTicks) },
-			StallTicks: o.stallTicks, DegradedDeadLetters: o.degradedDead})
+			Stalled:             func(now time.Time) (outbox.Stall, bool) { return s.Stalled(now, o.stallTicks) },
+			DegradedDeadLetters: o.degradedDead})
 		if err != nil {
 			_ = p.Close(ctx)
 			return err

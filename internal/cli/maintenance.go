@@ -39,34 +39,32 @@ func (o *maintenanceOptions) register(f *flags) {
 	f.String(&o.retentionSchedule, "retention-schedule", "@every 1m", "spec", "cron spec of retention")
 }
 
-// notifier returns the notifier that raised alerts go through, in front of
-// the alerter: it groups a condition's alerts and retries failed posts.
-func (o *maintenanceOptions) notifier(f *flags, logger *slog.Logger, m *metrics.Metrics) (*alert.Notifier, error) {
+// alerters returns the two ways alerts leave: the probe's (the log, and the
+// webhook if one is set, posted at once: the probe retries what did not go
+// out at its next run) and the notifier the breakers' alerts go through (it
+// groups a condition's alerts, and posts in the background, retrying, so that
+// a slow receiver never holds the relay).
+func (o *maintenanceOptions) alerters(f *flags, logger *slog.Logger, m *metrics.Metrics) (alert.Alerter, *alert.Notifier, error) {
 	if o.alertRepeat < time.Second {
-		return nil, usagef("%s is %s: it must be at least 1s, such as 4h", f.origin("alert-repeat-interval"), o.alertRepeat)
+		return nil, nil, usagef("%s is %s: it must be at least 1s, such as 4h", f.origin("alert-repeat-interval"), o.alertRepeat)
 	}
 	if o.alertGroupWindow == 0 {
-		return nil, usagef("%s is 0s: give a window such as 1m, or a negative value to send resolved alerts at once", f.origin("alert-group-window"))
+		return nil, nil, usagef("%s is 0s: give a window such as 1m, or a negative value to send resolved alerts at once", f.origin("alert-group-window"))
 	}
-	var webhook alert.Alerter // the URL was checked by alerter
-	if o.alertWebhookURL != "" {
-		webhook = alert.Webhook{URL: o.alertWebhookURL}
-	}
-	return alert.NewNotifier(webhook, alert.NotifierConfig{RepeatInterval: o.alertRepeat, GroupWindow: o.alertGroupWindow,
-		Echo: alert.Log{Logger: logger}, Logger: logger, OnDrop: func(_ alert.Alert, why string) { m.AlertDropped(why) }}), nil
-}
-
-// alerter returns the alerter: the log, and the webhook if one is set.
-func (o *maintenanceOptions) alerter(f *flags, logger *slog.Logger) (alert.Alerter, error) {
 	log := alert.Log{Logger: logger}
-	if o.alertWebhookURL == "" {
-		return log, nil
+	var webhook alert.Alerter
+	probe := alert.Alerter(log)
+	if o.alertWebhookURL != "" {
+		u, err := url.Parse(o.alertWebhookURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, nil, usagef("invalid value %q for %s: write an http:// or https:// URL", redactURL(o.alertWebhookURL), f.origin("alert-webhook-url"))
+		}
+		webhook = alert.Webhook{URL: o.alertWebhookURL}
+		probe = alert.Both{log, webhook}
 	}
-	u, err := url.Parse(o.alertWebhookURL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, usagef("invalid value %q for %s: write an http:// or https:// URL", redactURL(o.alertWebhookURL), f.origin("alert-webhook-url"))
-	}
-	return alert.Both{log, alert.Webhook{URL: o.alertWebhookURL}}, nil
+	n := alert.NewNotifier(webhook, alert.NotifierConfig{RepeatInterval: o.alertRepeat, GroupWindow: o.alertGroupWindow,
+		Echo: log, Logger: logger, OnDrop: func(_ alert.Alert, why string) { m.AlertDropped(why) }})
+	return probe, n, nil
 }
 
 // services validates the flags and returns the maintenance services, ready to

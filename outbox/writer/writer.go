@@ -190,13 +190,11 @@ func (w *Writer) Write(ctx context.Context, db DBTX, msgs ...Message) error {
 		for _, c := range cols {
 			a.add(c)
 		}
-		var err error
+		stmt, args := w.insertMany, []any{a.messageID, a.topic, a.payload, a.headers, a.contentType, a.correlationID, a.partitionKey}
 		if expiring {
-			_, err = db.Exec(ctx, w.insertManyExpiring, a.messageID, a.topic, a.payload, a.headers, a.contentType, a.correlationID, a.partitionKey, a.expiresAt)
-		} else {
-			_, err = db.Exec(ctx, w.insertMany, a.messageID, a.topic, a.payload, a.headers, a.contentType, a.correlationID, a.partitionKey)
+			stmt, args = w.insertManyExpiring, append(args, a.expiresAt)
 		}
-		if err != nil {
+		if _, err := db.Exec(ctx, stmt, args...); err != nil {
 			if dup := w.duplicate(err, msgs); dup != nil {
 				return dup
 			}

@@ -94,8 +94,10 @@ func (p *Producer) entityState(name string) entity {
 	return e
 }
 
-// learnMode notes that name refused a batch cut as b was: the next cut mode up
-// for the rest of the run, logged once at info. It returns the new mode.
+// learnMode notes that name refused batch b as mixed, and returns how b must
+// be cut again: by key when it holds several keys, else one message a batch.
+// The entity is cut at least so for the rest of the run (logged once at
+// info).
 func (p *Producer) learnMode(name string, b producer.Batch, description string) cutMode {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -114,7 +116,7 @@ func (p *Producer) learnMode(name string, b producer.Batch, description string) 
 			"entity", producer.Quote(name), "service_said", description,
 			"hint", "--servicebus-batch-by-key cuts by key from the start")
 	}
-	return e.mode
+	return next
 }
 
 // learnSessions notes that name requires a session id on every message.

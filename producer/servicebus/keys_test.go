@@ -366,3 +366,18 @@ func TestOnAPartitionedSessionEntityNothingGoesTwice(t *testing.T) {
 	require.NoError(t, p.Send(ctx, producer.Batch{Topic: "chats", Messages: []producer.Message{rest[0], rest[2], rest[3]}}))
 	require.Equal(t, [][]string{{"id-0001", "id-0004"}, {"id-0003"}}, ns.senders["chats"].batches())
 }
+
+// A "SessionId was not set" refusal of a batch whose rows all have a key
+// names no row: it is not the rows' fault, and stays the topic's.
+func TestASessionRefusalWithEveryRowKeyedIsTheTopics(t *testing.T) {
+	t.Parallel()
+	b := setup(1<<20, 100)
+	ctx := context.Background()
+	_, err := b.p.Batches(ctx, "chats", keyed("chats", "a", "b"))
+	require.NoError(t, err)
+	b.senders["chats"].sendErr = notAllowed(refusedNoSession, "chats")
+	err = b.p.Send(ctx, producer.Batch{Topic: "chats", Messages: keyed("chats", "a", "b")})
+	require.Equal(t, producer.ClassTopic, producer.ClassOf(err), "%v", err)
+	require.Equal(t, "not_allowed", producer.ReasonOf(err))
+	require.Empty(t, producer.MessageIDs(err))
+}

@@ -250,17 +250,13 @@ func (p *Producer) Batches(ctx context.Context, topic string, msgs []producer.Me
 		}
 		return reason, err
 	})
-	maxBatch := p.maxBatch
-	if state.mode == cutOneByOne {
-		maxBatch = 1
-	}
 	var out []producer.Batch
 	for _, part := range parts(valid, state.mode) {
 		group := make([]producer.Message, len(part))
 		for j, i := range part {
 			group[j] = valid[i]
 		}
-		batches, err := p.cut(ctx, s, topic, group, mapped, maxBatch, &rej)
+		batches, err := p.cut(ctx, s, topic, group, mapped, &rej)
 		if err != nil {
 			return nil, err
 		}
@@ -269,9 +265,9 @@ func (p *Producer) Batches(ctx context.Context, topic string, msgs []producer.Me
 	return out, rej.Err()
 }
 
-// cut cuts msgs, in order, where the SDK says a batch is full or at maxBatch.
+// cut cuts msgs, in order, where the SDK says a batch is full or at MaxBatch.
 func (p *Producer) cut(ctx context.Context, s sender, topic string, msgs []producer.Message, mapped map[int64]*azservicebus.Message,
-	maxBatch int, rej *producer.Rejections) ([]producer.Batch, error) {
+	rej *producer.Rejections) ([]producer.Batch, error) {
 	var (
 		out      []producer.Batch
 		cur      = producer.Batch{Topic: topic}
@@ -280,7 +276,7 @@ func (p *Producer) cut(ctx context.Context, s sender, topic string, msgs []produ
 	)
 	for i := range msgs {
 		m := mapped[msgs[i].ID]
-		if sdkBatch == nil || len(cur.Messages) == maxBatch {
+		if sdkBatch == nil || len(cur.Messages) == p.maxBatch {
 			if len(cur.Messages) > 0 {
 				out = append(out, cur)
 				cur = producer.Batch{Topic: topic}
@@ -331,10 +327,10 @@ func (p *Producer) cut(ctx context.Context, s sender, topic string, msgs []produ
 // partition keys, or distinct message ids under duplicate detection: the
 // batch was cut before the producer knew), Send cuts it again, by key or one
 // message a batch, and sends the parts, those without a key first, then in
-// the order of their first rows; the entity is cut so from then on. If a part fails after earlier parts went, the
-// whole batch fails and the earlier parts' rows are sent again later (the
-// message id is Service Bus's MessageID, so duplicate detection drops them
-// where it is on).
+// the order of their first rows; the entity is cut so from then on. If a part
+// fails after earlier parts went, the whole batch fails and the earlier parts'
+// rows are sent again later (the message id is Service Bus's MessageID, so
+// duplicate detection drops them where it is on).
 func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 	if err := checkEntity(b.Topic); err != nil {
 		return err
@@ -367,11 +363,7 @@ func (p *Producer) sendCut(ctx context.Context, s sender, b producer.Batch, mapp
 	if !errors.As(err, &mixed) {
 		return err
 	}
-	mode := p.learnMode(b.Topic, b, mixed.description)
-	if distinctKeys(b.Messages) > 1 {
-		mode = cutByKey // what this batch needs, even if the entity is cut one by one
-	}
-	pieces := parts(b.Messages, mode)
+	pieces := parts(b.Messages, p.learnMode(b.Topic, b, mixed.description))
 	// Rows without a key go first: on an entity that is session-enabled as
 	// well as partitioned, they are refused (the service may report the
 	// mixed batch before the missing session id), and refused before any
