@@ -56,13 +56,16 @@ type pageClaim struct {
 	// err is the first database error in the transaction: the page then rolls
 	// back, whatever else happens.
 	err error
-	// held is the claimed rows, written by hold while no send is in flight
-	// and read by claim. attempts holds each one's attempts, read under its
+	// held is the claimed rows, with their topics, written by hold while no
+	// send is in flight and read by claim. attempts holds each one's attempts, read under its
 	// lock and counted on as failures charge them; sent, the rows the broker
 	// accepted. Both under mu.
-	held     map[int64]struct{}
+	held     map[int64]string
 	attempts map[int64]int
 	sent     map[int64]bool
+	// left, when set, is told of each row the page's end leaves outstanding
+	// (the sweep's cursor keeps the topic's floor below it).
+	left func(topic string, id int64)
 	// last is when the last statement on tx ended; keepAlive reads it.
 	// sending holds when each send in flight began, under mu.
 	last    time.Time
@@ -74,9 +77,10 @@ type pageClaim struct {
 // pageTopic is what a page's claim found of one topic.
 type pageTopic struct {
 	// candidates counts the outstanding rows read, claimed or not; last is the
-	// highest id among them, where the topic's next page starts.
-	candidates int
-	last       int64
+	// highest id among them, where the topic's next page starts, and first
+	// the lowest.
+	candidates  int
+	last, first int64
 }
 
 func stmtCtx(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -165,7 +169,7 @@ func (r *pageRead) args(after []int64) []any {
 func (r *pageRead) scan(rows pgx.Rows) error {
 	var (
 		summary                               bool
-		id, candidates                        *int64
+		id, candidates, first                 *int64
 		messageID, contentType, correlationID *string
 		partitionKey                          *string
 		createdAt, expiresAt                  *time.Time
@@ -173,9 +177,9 @@ func (r *pageRead) scan(rows pgx.Rows) error {
 		m                                     producer.Message
 	)
 	_, err := pgx.ForEachRow(rows, []any{&summary, &id, &messageID, &m.Topic, &m.Payload, &m.Headers,
-		&contentType, &correlationID, &partitionKey, &createdAt, &expiresAt, &attempts, &candidates}, func() error {
+		&contentType, &correlationID, &partitionKey, &createdAt, &expiresAt, &attempts, &candidates, &first}, func() error {
 		if summary {
-			r.found[m.Topic] = pageTopic{candidates: int(*candidates), last: *id}
+			r.found[m.Topic] = pageTopic{candidates: int(*candidates), last: *id, first: *first}
 		} else {
 			m.ID, m.MessageID, m.CreatedAt, m.Attempts = *id, *messageID, *createdAt, *attempts
 			m.ContentType, m.CorrelationID, m.PartitionKey = deref(contentType), deref(correlationID), deref(partitionKey)
@@ -202,7 +206,7 @@ func (r *pageRead) failed(err error) error {
 // held starts the claim of a transaction, and the keep-alive that stops it
 // from idling past its timeout while the page sends.
 func (s *store) held(tx *batchTx) *pageClaim {
-	p := &pageClaim{s: s, tx: tx, held: map[int64]struct{}{}, attempts: map[int64]int{},
+	p := &pageClaim{s: s, tx: tx, held: map[int64]string{}, attempts: map[int64]int{},
 		sent: map[int64]bool{}, last: time.Now(), sending: map[*claim]time.Time{}, stop: make(chan struct{})}
 	p.wg.Go(p.keepAlive)
 	return p
@@ -213,7 +217,7 @@ func (p *pageClaim) hold(msgs []producer.Message) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, m := range msgs {
-		p.held[m.ID] = struct{}{}
+		p.held[m.ID] = m.Topic
 		p.attempts[m.ID] = m.Attempts
 	}
 }
@@ -299,9 +303,12 @@ func (p *pageClaim) settle(ctx context.Context) error {
 	defer cancel()
 	defer p.s.beat()
 	unsent := []int64{}
-	for id := range p.held {
+	for id, topic := range p.held {
 		if !p.sent[id] {
 			unsent = append(unsent, id)
+			if p.left != nil {
+				p.left(topic, id)
+			}
 		}
 	}
 	unclaim := ""

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"log/slog"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -32,3 +33,20 @@ const TxSettings = txSettings
 
 // MaxLockedTopics bounds the topic locks one transaction holds.
 const MaxLockedTopics = maxLockedTopics
+
+// SetCursorReset sets how often s's cursor forgets its floors (by default a
+// minute). Tests that must prove a row is found by the floors' own rules, not
+// by the reset, set it beyond their length.
+func SetCursorReset(s *Sweeper, every time.Duration) { s.cursor = newCursor(every) }
+
+// Floors returns s's cursor's floors: every outstanding row of a member topic
+// has a higher id than its floor, and of any other topic, than discovery.
+func Floors(s *Sweeper) (members map[string]int64, discovery int64) {
+	s.cursor.mu.Lock()
+	defer s.cursor.mu.Unlock()
+	members = make(map[string]int64, len(s.cursor.members))
+	for t, f := range s.cursor.members {
+		members[t] = f.after
+	}
+	return members, s.cursor.discovery.after
+}

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -55,6 +56,7 @@ type store struct {
 	unclaim           string
 	deadLetter        string
 	outstandingTopics string
+	liveTopicsSQL     string
 	recentDeadLetters string
 	recordFailure     string
 	expireSQL         string
@@ -87,6 +89,7 @@ func newStore(pool *pgxpool.Pool, t Table, policy deadLetterPolicy, ordering Ord
 		unclaim:           statement(t, "unclaim"),
 		deadLetter:        statement(t, "dead_letter"),
 		outstandingTopics: statement(t, "outstanding_topics"),
+		liveTopicsSQL:     statement(t, "live_topics"),
 		recentDeadLetters: statement(t, "recent_dead_letters"),
 		recordFailure:     statement(t, "record_failure"),
 		expireSQL:         statement(t, "expire"),
@@ -119,6 +122,60 @@ func (s *store) topics(ctx context.Context, excluded []string) ([]string, error)
 		return nil, s.explain(err)
 	}
 	return topics, nil
+}
+
+// listing is what live_topics.sql found: the known topics with outstanding
+// rows above their floors (live) and those with none (empty), the topics with
+// outstanding rows above the discovery floor (fresh) and the highest id the
+// discovery scan read (0: none), and the snapshot's xmin and xmax.
+type listing struct {
+	live, empty, fresh []string
+	last               int64
+	xmin, xmax         uint64
+}
+
+// discoveryLimit bounds the rows one listing's discovery scan reads.
+const discoveryLimit = 100_000
+
+// liveTopics runs live_topics.sql: it probes each of topics above its floor in
+// after, and discovers the topics with outstanding rows above discovery.
+func (s *store) liveTopics(ctx context.Context, topics []string, after []int64, discovery int64) (listing, error) {
+	defer s.beat()
+	var l listing
+	rows, err := s.pool.Query(ctx, s.liveTopicsSQL, topics, after, discovery, discoveryLimit)
+	if err != nil {
+		return l, s.explain(err)
+	}
+	var (
+		kind        int
+		topic       string
+		outstanding *bool
+		last        *int64
+	)
+	_, err = pgx.ForEachRow(rows, []any{&kind, &topic, &outstanding, &last}, func() error {
+		switch kind {
+		case 0:
+			if *outstanding {
+				l.live = append(l.live, topic)
+			} else {
+				l.empty = append(l.empty, topic)
+			}
+		case 1:
+			l.fresh = append(l.fresh, topic)
+			l.last = max(l.last, *last)
+		case 2:
+			xmin, err := strconv.ParseUint(topic, 10, 64)
+			if err != nil {
+				return fmt.Errorf("read the snapshot's xmin %q: %w", topic, err)
+			}
+			l.xmin, l.xmax = xmin, uint64(*last)
+		}
+		return nil
+	})
+	if err != nil {
+		return l, s.explain(err)
+	}
+	return l, nil
 }
 
 func deref(s *string) string {

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -75,18 +76,39 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 			return res, err
 		}
 	}
-	live, err := s.store.topics(work, excluded)
+	// Each topic is read from its floor (cursor.go), not from its lowest id,
+	// so that the sweep never walks again what earlier sweeps sent.
+	leftOut := make(map[string]bool, len(excluded))
+	for _, t := range excluded {
+		leftOut[t] = true
+	}
+	var marks *sweepMarks
+	members, floorsIn, discovery := s.cursor.begin(leftOut)
+	defer func() { s.cursor.finish(err == nil, marks) }()
+	l, err := s.store.liveTopics(work, members, floorsIn, discovery)
 	if err != nil {
 		return res, fmt.Errorf("list topics with outstanding rows in %s: %w", s.cfg.Table, err)
 	}
+	floors := s.cursor.listed(l.xmin, l.xmax, l.live, l.empty, l.fresh, l.last)
+	for t := range floors {
+		if leftOut[t] {
+			delete(floors, t)
+		}
+	}
+	live := slices.Sorted(maps.Keys(floors))
 	after := make([]int64, len(live))
+	for i, t := range live {
+		after[i] = floors[t]
+	}
+	marks = newSweepMarks(floors)
 	// A half-open broker breaker lets a single trial through and refuses the
 	// others: send one batch alone first, rather than claim batches only to
 	// have them refused, and sweep on only if it closed the breaker. The tried
 	// topic sits out the rest of the sweep: it had its batch, and its outcome
 	// is in.
 	if s.brokerState() == breaker.DependencyHalfOpen && len(live) > 0 {
-		i, p, msgs, err := s.trialClaim(work, live, &res)
+		marks.off = true // the trial's claims do not follow the pages
+		i, p, msgs, err := s.trialClaim(work, live, after, &res)
 		if err != nil || p == nil {
 			return res, err
 		}
@@ -97,7 +119,7 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 			return res, err
 		}
 		live = slices.Delete(live, i, i+1)
-		after = after[:len(live)] // all zero: no topic has paged yet
+		after = slices.Delete(after, i, i+1)
 	}
 	var (
 		p      *pageClaim // the open page transaction, between its claim and its end
@@ -128,12 +150,16 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 			if p, cur.msgs, cur.found, err = s.store.claimPage(work, live[:window], after[:window], share); err != nil {
 				return res, err
 			}
+			if p != nil {
+				p.left = marks.leave
+			}
 			pages, read = 0, make(map[string]bool, window)
 			for _, t := range live[:window] {
 				read[t] = true
 			}
 		}
 		pages++
+		marks.paged(cur)
 		done := s.account(cur, &res)
 		if len(halted) > 0 { // a page claimed ahead holds rows of topics that stopped since
 			cur.msgs = slices.DeleteFunc(cur.msgs, func(m producer.Message) bool { return halted[m.Topic] })
@@ -344,9 +370,9 @@ func (s *Sweeper) account(pg *aheadPage, res *SweepResult) (done map[string]bool
 // already known to fail alone (failing that, the first that had rows to
 // claim). It returns the topic's index in live, the claim (nil when no topic
 // had a row to claim) and its rows.
-func (s *Sweeper) trialClaim(ctx context.Context, live []string, res *SweepResult) (int, *pageClaim, []producer.Message, error) {
+func (s *Sweeper) trialClaim(ctx context.Context, live []string, after []int64, res *SweepResult) (int, *pageClaim, []producer.Message, error) {
 	claim := func(i int) (*pageClaim, []producer.Message, error) {
-		p, msgs, err := s.claimPage(ctx, live[i:i+1], []int64{0}, s.cfg.PageSize, res)
+		p, msgs, err := s.claimPage(ctx, live[i:i+1], after[i:i+1], s.cfg.PageSize, res)
 		if p != nil && len(msgs) == 0 { // held elsewhere in part, under OrderingTopic
 			p.release(ctx)
 			p = nil

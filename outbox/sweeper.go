@@ -383,6 +383,8 @@ type Sweeper struct {
 	// while it waits for the next; lastSweep, when its last sweep ended.
 	// Stalled reads them.
 	busySince, lastSweep atomic.Int64
+	// cursor keeps each topic's floor across sweeps.
+	cursor *cursor
 }
 
 // BrokerBreaker is the broker (dependency) circuit breaker as the sweeper
@@ -418,6 +420,7 @@ func NewSweeper(pool *pgxpool.Pool, p producer.Producer, cfg Config) (*Sweeper, 
 			stormLimit:  max(cfg.DeadLetterLimit, 0),
 			stormWindow: cfg.DeadLetterWindow,
 		}, cfg.Ordering, cfg.SendTimeout),
+		cursor: newCursor(cursorResetEvery),
 	}, nil
 }
 

@@ -14,8 +14,9 @@
 --   $6  idle_in_transaction_session_timeout for this transaction, e.g. '20000ms'
 --
 -- It returns the claimed rows (summary false), then one summary row per topic
--- that had outstanding rows: how many it read (candidates, locked or not) and
--- the last id it read. Candidates less claimed rows are rows another
+-- that had outstanding rows: how many it read (candidates, locked or not), the
+-- last id it read and the first (the sweeper's cursor keeps a topic's floor
+-- below rows it read but could not claim). Candidates less claimed rows are rows another
 -- transaction holds (SKIP LOCKED), or all of a topic whose lock another sweeper
 -- holds: under --ordering none they wait for a later sweep; under --ordering
 -- topic a topic that did not get all of them sends none (the sweeper undoes
@@ -101,10 +102,10 @@ WITH settings AS MATERIALIZED (
     RETURNING id, attempts
 )
 SELECT false AS summary, o.id, o.message_id::text, o.topic, o.payload, o.headers, o.content_type, o.correlation_id,
-       o.partition_key, o.created_at, o.expires_at, c.attempts, NULL::bigint AS candidates
+       o.partition_key, o.created_at, o.expires_at, c.attempts, NULL::bigint AS candidates, NULL::bigint AS first
 FROM claimed c
 JOIN {{outbox}} o ON o.id = c.id
 UNION ALL
-SELECT true, max(id), NULL, topic, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, count(*)
+SELECT true, max(id), NULL, topic, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, count(*), min(id)
 FROM candidates
 GROUP BY topic

@@ -1,0 +1,306 @@
+package outbox
+
+import (
+	"sync"
+	"time"
+)
+
+// cursor remembers, across sweeps, where each topic's outstanding rows begin,
+// so that a sweep reads each topic from there rather than from its lowest id.
+//
+// Why: marking a row dispatched is an UPDATE that leaves the old version's
+// entries in the outstanding indexes, and deleting it (retention, a move to
+// the dead-letter table) leaves them too. Those entries go only when vacuum
+// removes the dead versions, and vacuum may not remove a version while any
+// snapshot that could see it is open: a report, pg_dump, a replica with
+// hot_standby_feedback. Index entries carry no visibility, so a scan that
+// starts from a topic's lowest id visits every such entry and its heap tuple,
+// every sweep, and while something holds the horizon the visits grow with
+// every row sent: the sweep slows as the dead rows pile up, and the relay
+// falls behind the application (issue 32 measured 3,000 rows/s offered, 1,100
+// relayed, 75 s of lag). With the cursor a sweep visits only the entries of
+// the last sweeps, whatever is held.
+//
+// The hard part is rows that commit out of id order. Ids are drawn at insert,
+// so a transaction may hold id 100 uncommitted while id 101 commits and is
+// sent; a floor moved past 101 would never see 100. What a scan did not see
+// below the ids it saw was written by transactions running when its snapshot
+// was taken (an id below one the snapshot sees was drawn before that row's
+// transaction committed, so before the snapshot). Those transactions have all
+// ended once a later snapshot's xmin (the oldest running transaction) passes
+// the first snapshot's xmax. So a sweep's findings are kept pending, stamped
+// with the xmax of the next sweep's snapshot (later than every snapshot the
+// sweep used), and a floor moves to them only in a sweep whose snapshot shows
+// those transactions ended, and only as far as that sweep, reading from the
+// old floor, also found nothing left behind. This is the rule watermill's
+// Postgres adapter follows (it moves its offset only below
+// pg_snapshot_xmin(pg_current_snapshot())). Only transactions that wrote
+// something hold xmin back: a read-only report or pg_dump, which holds the
+// vacuum horizon for minutes, does not hold the cursor.
+//
+// New topics are found by reading the outstanding index by id from a
+// discovery floor that moves by the same rule: every topic with outstanding
+// rows below it is a member, with a floor of its own. A member whose floor
+// shows nothing outstanding is let go once the discovery floor has passed its
+// rows, so the cursor holds only topics with outstanding rows.
+//
+// Anything that puts a row back below a floor other than a sweep (an
+// operator's UPDATE … SET dispatched_at = NULL, say) is found by the full
+// reread every resetEvery: the cursor forgets everything and the next sweep
+// starts over from the lowest ids. A transaction that wrote to the database
+// and stays open holds floors where they are until it ends (the sweep then
+// rereads what came after them, as it did before the cursor), never longer.
+type cursor struct {
+	mu sync.Mutex
+	// members maps each topic known to have outstanding rows to its floor.
+	members map[string]*floor
+	// discovery is the floor of the discovery scan: a topic with outstanding
+	// rows whose id is at most discovery.after is a member.
+	discovery floor
+	// seen is the highest id discovery has read since the last reset.
+	seen int64
+	// xmin and xmax are those of the current sweep's snapshot (listing).
+	xmin, xmax uint64
+	// reset is when the cursor last forgot everything.
+	reset      time.Time
+	resetEvery time.Duration
+}
+
+// floor is one topic's (or the discovery scan's) floor: every outstanding row
+// has an id above after. pending holds findings waiting for the transactions
+// that were running when they were made to end.
+type floor struct {
+	after   int64
+	pending []pendingFloor
+	// found is the current sweep's finding (valid when scanned): nothing
+	// outstanding at or below it was left behind. settle is the pending
+	// finding whose transactions ended before this sweep began (valid when
+	// settling): the floor moves to min(settle, found) if the sweep succeeds.
+	found, settle     int64
+	scanned, settling bool
+	// empty says this sweep's listing found nothing outstanding above after.
+	empty bool
+	// unstamped is the last sweep's finding, stamped with the next sweep's
+	// xmax when it lists.
+	unstamped    int64
+	hasUnstamped bool
+}
+
+type pendingFloor struct {
+	after int64
+	xmax  uint64
+}
+
+// maxPending bounds the findings a floor keeps while something holds xmin:
+// past it the newest is replaced, which only moves the floor later.
+const maxPending = 4
+
+// cursorResetEvery is how often the cursor forgets every floor, so that a row
+// put back below one by anything other than a sweep waits at most this long.
+const cursorResetEvery = time.Minute
+
+func newCursor(resetEvery time.Duration) *cursor {
+	return &cursor{members: map[string]*floor{}, reset: time.Now(), resetEvery: resetEvery}
+}
+
+// begin starts a sweep: it forgets everything when the reset is due, and
+// returns the members to probe (less excluded) with their floors, and the
+// discovery floor.
+func (c *cursor) begin(excluded map[string]bool) (topics []string, after []int64, discovery int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if time.Since(c.reset) >= c.resetEvery {
+		c.members = map[string]*floor{}
+		c.discovery = floor{}
+		c.seen = 0
+		c.reset = time.Now()
+	}
+	topics = make([]string, 0, len(c.members))
+	after = make([]int64, 0, len(c.members))
+	for t, f := range c.members {
+		if !excluded[t] {
+			topics, after = append(topics, t), append(after, f.after)
+		}
+	}
+	return topics, after, c.discovery.after
+}
+
+// listed records what the sweep's listing found: its snapshot's xmin and
+// xmax, the members it found outstanding rows for (live), those it found none
+// for (empty), and the topics the discovery scan found above the discovery
+// floor, with the highest id it read (0: none). It returns each live or new
+// topic's floor.
+func (c *cursor) listed(xmin, xmax uint64, live, empty []string, fresh []string, last int64) map[string]int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.xmin, c.xmax = xmin, xmax
+	for _, f := range c.members {
+		f.start(xmin, xmax)
+	}
+	// Every outstanding row the snapshot shows up to the highest id discovery
+	// has ever read belongs to a member now: those up to the floor already
+	// did, and the scan read the rest (a scan that read nothing shows there
+	// are none).
+	c.discovery.start(xmin, xmax)
+	c.seen = max(c.seen, last, c.discovery.after)
+	c.discovery.scan(c.seen)
+	for _, t := range fresh {
+		if _, ok := c.members[t]; !ok {
+			f := &floor{after: c.discovery.after}
+			f.start(xmin, xmax)
+			c.members[t] = f
+		}
+	}
+	for _, t := range empty {
+		c.members[t].empty = true
+	}
+	floors := make(map[string]int64, len(live)+len(fresh))
+	for _, t := range live {
+		floors[t] = c.members[t].after
+	}
+	for _, t := range fresh {
+		floors[t] = c.members[t].after
+	}
+	return floors
+}
+
+// start stamps the last sweep's finding and takes the settled one.
+func (f *floor) start(xmin, xmax uint64) {
+	f.scanned, f.settling, f.empty = false, false, false
+	if f.hasUnstamped {
+		p := pendingFloor{after: f.unstamped, xmax: xmax}
+		if len(f.pending) == maxPending {
+			f.pending[maxPending-1] = p
+		} else {
+			f.pending = append(f.pending, p)
+		}
+		f.hasUnstamped = false
+	}
+	n := 0
+	for n < len(f.pending) && f.pending[n].xmax <= xmin {
+		f.settle, f.settling = f.pending[n].after, true
+		n++
+	}
+	f.pending = f.pending[n:]
+}
+
+// scan notes what this sweep found: nothing outstanding at or below after
+// was left behind (it can only lower a finding made earlier in the sweep).
+func (f *floor) scan(after int64) {
+	if !f.scanned || after < f.found {
+		f.found = after
+	}
+	f.scanned = true
+}
+
+// found notes that topic's rows up to after (its reach, or one before a row
+// left outstanding) were dealt with in this sweep, as far as its snapshots saw.
+func (c *cursor) found(topic string, after int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if f, ok := c.members[topic]; ok {
+		f.scan(after)
+	}
+}
+
+// done ends a sweep. After a successful one every floor settled in it moves,
+// and its findings wait for their transactions; after a failed one the
+// settled findings go back (rows may have been left anywhere) and the
+// findings are dropped.
+func (c *cursor) done(ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.discovery.end(ok)
+	for t, f := range c.members {
+		// A member that showed nothing outstanding above its floor is let go.
+		// It has none at or below the discovery floor either: every row up
+		// to that floor was visible to this sweep's snapshot (that is what
+		// the floor's settling means), and none below its own floor is
+		// outstanding. So any row of it still to come is above the
+		// discovery floor, where discovery finds it.
+		if ok && f.empty {
+			delete(c.members, t)
+			continue
+		}
+		f.end(ok)
+	}
+}
+
+func (f *floor) end(ok bool) {
+	if !ok {
+		if f.settling {
+			f.pending = append([]pendingFloor{{after: f.settle, xmax: 0}}, f.pending...)
+			if len(f.pending) > maxPending {
+				f.pending = f.pending[:maxPending]
+			}
+		}
+		f.scanned, f.settling = false, false
+		return
+	}
+	if f.settling && f.scanned {
+		f.after = max(f.after, min(f.settle, f.found))
+	} else if f.settling {
+		// Not read this sweep (left out): the settled finding waits for a
+		// sweep that reads the topic.
+		f.pending = append([]pendingFloor{{after: f.settle, xmax: 0}}, f.pending...)
+		if len(f.pending) > maxPending {
+			f.pending = f.pending[:maxPending]
+		}
+	}
+	if f.scanned {
+		f.unstamped, f.hasUnstamped = f.found, true
+	}
+	f.scanned, f.settling = false, false
+}
+
+// sweepMarks gathers, during one sweep, how far each topic it read was dealt
+// with: reach is the last id its pages read (its floor if none), left the id
+// before the first row it left outstanding (read but held elsewhere, or
+// claimed and not sent). Topics not in reach were not read.
+type sweepMarks struct {
+	reach, left map[string]int64
+	// off says the sweep's findings are not kept (a broker trial's sweep,
+	// whose claims do not follow the pages).
+	off bool
+}
+
+func newSweepMarks(floors map[string]int64) *sweepMarks {
+	return &sweepMarks{reach: floors, left: map[string]int64{}}
+}
+
+// paged notes what page pg found, before any of its rows is left out.
+func (m *sweepMarks) paged(pg *aheadPage) {
+	claimed := make(map[string]int, len(pg.found))
+	for _, msg := range pg.msgs {
+		claimed[msg.Topic]++
+	}
+	for t, f := range pg.found {
+		if _, ok := m.reach[t]; !ok {
+			continue
+		}
+		m.reach[t] = max(m.reach[t], f.last)
+		if claimed[t] < f.candidates {
+			m.leave(t, f.first)
+		}
+	}
+}
+
+// leave notes that row id of topic stays outstanding after the sweep.
+func (m *sweepMarks) leave(topic string, id int64) {
+	if l, ok := m.left[topic]; !ok || id-1 < l {
+		m.left[topic] = id - 1
+	}
+}
+
+// finish ends the sweep's part of the cursor: ok says the sweep succeeded.
+func (c *cursor) finish(ok bool, m *sweepMarks) {
+	if ok && m != nil && !m.off {
+		for t, reach := range m.reach {
+			if l, left := m.left[t]; left {
+				reach = min(reach, l)
+			}
+			c.found(t, reach)
+		}
+	}
+	c.done(ok && m != nil && !m.off)
+}

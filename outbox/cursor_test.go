@@ -1,0 +1,135 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-sweeper/sweeper/internal/dbtest"
+	"github.com/outbox-sweeper/sweeper/outbox"
+	"github.com/outbox-sweeper/sweeper/producer/memory"
+)
+
+// delivered reports whether p has accepted a message with payload body.
+func delivered(p *memory.Producer, body string) bool {
+	for _, m := range p.Messages() {
+		if string(m.Payload) == body {
+			return true
+		}
+	}
+	return false
+}
+
+// Ids are drawn at insert and rows commit in any order: a row whose
+// transaction commits after rows with higher ids have been sent must still be
+// sent, though the topic's floor has moved past those rows. The cursor's reset
+// is turned off, so only the floors' own rule (wait for the transactions the
+// snapshot saw running) can find it; it is found while the sweeper keeps
+// sending other rows of the same topic, and of a topic the sweeper first sees
+// in it.
+func TestCursorFindsRowsCommittedOutOfIdOrder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tbl := dbtest.Table(t)
+	pool := dbtest.Pool(t)
+	prod := memory.New(memory.Config{})
+	s := newSweeper(t, pool, prod, outbox.Config{Table: tbl, Tick: 5 * time.Millisecond})
+	outbox.SetCursorReset(s, time.Hour)
+	dbtest.RunSweeper(t, s)
+	name := pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()
+
+	for round := range 3 {
+		// An open transaction draws its ids first: one for a topic the sweeper
+		// knows, one for a topic it has never seen.
+		late, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		known, fresh := fmt.Sprintf("late-known-%d", round), fmt.Sprintf("late-fresh-%d", round)
+		_, err = late.Exec(ctx, "INSERT INTO "+name+" (topic, payload) VALUES ('orders', $1), ('new-"+fmt.Sprint(round)+"', $2)",
+			[]byte(known), []byte(fresh))
+		require.NoError(t, err)
+
+		// Rows with higher ids commit and are sent, several sweeps' worth, so
+		// that the floors move past the open transaction's ids.
+		for i := range 20 {
+			body := fmt.Sprintf("after-%d-%d", round, i)
+			_, err := pool.Exec(ctx, "INSERT INTO "+name+" (topic, payload) VALUES ('orders', $1)", []byte(body))
+			require.NoError(t, err)
+			dbtest.Eventually(t, 30*time.Second, body+" sent", func() bool { return delivered(prod, body) })
+		}
+		require.False(t, delivered(prod, known), "a row of an open transaction was sent")
+
+		require.NoError(t, late.Commit(ctx))
+		dbtest.Eventually(t, 30*time.Second, "the rows committed after higher ids were sent", func() bool {
+			return delivered(prod, known) && delivered(prod, fresh)
+		})
+	}
+	require.Zero(t, dbtest.Outstanding(t, tbl))
+}
+
+// While a REPEATABLE READ transaction holds the vacuum horizon (a report,
+// pg_dump), no dead row version can be removed, and a sweep that read each
+// topic from its lowest id would visit every row sent since the hold began,
+// again at every sweep. Rows keep arriving, and the floors keep moving to the
+// rows the last sweeps sent: a read-only snapshot does not hold the cursor
+// back, since it runs no transaction id.
+func TestCursorMovesWhileTheHorizonIsHeld(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tbl := dbtest.Table(t)
+	pool := dbtest.Pool(t)
+	prod := memory.New(memory.Config{})
+	s := newSweeper(t, pool, prod, outbox.Config{Table: tbl, Tick: 5 * time.Millisecond})
+	outbox.SetCursorReset(s, time.Hour)
+	dbtest.RunSweeper(t, s)
+	name := pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()
+
+	report, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	require.NoError(t, err)
+	defer report.Rollback(ctx)
+	var seen int
+	require.NoError(t, report.QueryRow(ctx, "SELECT count(*) FROM "+name).Scan(&seen))
+
+	topics := []string{"a", "b", "c"}
+	for round := range 10 {
+		var first int64
+		for i := range 300 {
+			var id int64
+			require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+name+" (topic, payload) VALUES ($1, $2) RETURNING id",
+				topics[i%len(topics)], fmt.Appendf(nil, "%d-%d", round, i)).Scan(&id))
+			if i == 0 {
+				first = id
+			}
+		}
+		dbtest.Eventually(t, time.Minute, fmt.Sprintf("round %d sent", round), func() bool {
+			return dbtest.Outstanding(t, tbl) == 0
+		})
+		if round < 2 {
+			continue
+		}
+		// The floors follow the sends: every topic's floor reaches this
+		// round's rows once its transactions are known to have ended, which
+		// the next sweeps (a row written wakes them) show.
+		dbtest.Eventually(t, time.Minute, fmt.Sprintf("the floors to pass round %d's first row %d", round, first), func() bool {
+			_, err := pool.Exec(ctx, "INSERT INTO "+name+" (topic, payload) VALUES ('tick', '\\x00')")
+			require.NoError(t, err)
+			members, discovery := outbox.Floors(s)
+			for _, tp := range topics {
+				f, ok := members[tp]
+				if !ok {
+					f = discovery
+				}
+				if f < first {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	var still int
+	require.NoError(t, report.QueryRow(ctx, "SELECT count(*) FROM "+name).Scan(&still))
+	require.Equal(t, seen, still, "the report's snapshot was held all along")
+}
