@@ -50,3 +50,6 @@ func Floors(s *Sweeper) (members map[string]int64, discovery int64) {
 	}
 	return members, s.cursor.discovery.after
 }
+
+// ForceFullRetention makes r's next run start from the oldest dispatched row.
+func ForceFullRetention(r *Retention) { r.fullRun = time.Time{} }

@@ -48,7 +48,23 @@ type Retention struct {
 	lockKey           int64
 	deleteDispatched  string
 	deleteDeadLetters string
+
+	// from is where the next run's delete of dispatched rows starts: the
+	// newest dispatched_at the last one deleted, less retentionMargin, so
+	// that a run does not walk again the index entries of rows deleted
+	// before (delete_dispatched.sql). A row marked in a page transaction
+	// that began before from and committed after the last run is left for
+	// the full run every retentionFullEvery, which starts from the oldest.
+	from, fullRun time.Time
 }
+
+// retentionMargin is how far before the last deleted row a run starts: page
+// transactions mark rows with their start time and commit after their sends,
+// which take well under it.
+const retentionMargin = 30 * time.Second
+
+// retentionFullEvery is how often a run starts from the oldest dispatched row.
+const retentionFullEvery = time.Hour
 
 // NewRetention returns a cleaner for cfg.Table.
 func NewRetention(pool *pgxpool.Pool, cfg RetentionConfig) (*Retention, error) {
@@ -107,7 +123,7 @@ func (r *Retention) RunOnce(ctx context.Context) (RetentionResult, error) {
 	}()
 
 	if r.cfg.Dispatched > 0 {
-		if res.Dispatched, err = r.deleteAll(ctx, conn.Conn(), r.deleteDispatched, r.cfg.Dispatched); err != nil {
+		if res.Dispatched, err = r.deleteDispatchedRows(ctx, conn.Conn()); err != nil {
 			return res, fmt.Errorf("delete dispatched rows of %s older than %s: %w", r.cfg.Table, r.cfg.Dispatched, err)
 		}
 	}
@@ -120,6 +136,37 @@ func (r *Retention) RunOnce(ctx context.Context) (RetentionResult, error) {
 		r.cfg.Logger.Info("retention", "table", r.cfg.Table.String(), "dispatched_deleted", res.Dispatched, "dead_letters_deleted", res.DeadLetters)
 	}
 	return res, nil
+}
+
+// deleteDispatchedRows runs delete_dispatched.sql until it deletes less than a
+// batch, from where the last run stopped (from), or from the oldest row once
+// every retentionFullEvery.
+func (r *Retention) deleteDispatchedRows(ctx context.Context, conn *pgx.Conn) (int, error) {
+	from := r.from
+	if time.Since(r.fullRun) >= retentionFullEvery {
+		from = time.Time{}
+		r.fullRun = time.Now()
+	}
+	total := 0
+	for {
+		var (
+			n      int
+			newest *time.Time
+		)
+		if err := conn.QueryRow(ctx, r.deleteDispatched, r.cfg.Dispatched, r.cfg.Batch, from).Scan(&n, &newest); err != nil {
+			return total, err
+		}
+		total += n
+		if newest != nil {
+			from = newest.Add(-retentionMargin)
+			if from.After(r.from) {
+				r.from = from
+			}
+		}
+		if n < r.cfg.Batch || ctx.Err() != nil {
+			return total, nil
+		}
+	}
 }
 
 // deleteAll runs a bounded delete until it deletes less than a batch.
