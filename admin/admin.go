@@ -505,8 +505,16 @@ func (a *api) status(w http.ResponseWriter, r *http.Request) {
 	if a.cfg.Dependency != nil {
 		broker = a.brokerBreaker()
 	}
+	// The table's health is read with the backlog's answer but not cached
+	// with it: it is one cheap query of the catalog and the statistics.
+	table, err := a.backlog.Table(r.Context())
+	if err != nil {
+		a.internal(w, r, err)
+		return
+	}
 	writeJSON(w, http.StatusOK, map[string]any{
 		"health":          a.health(topics, total),
+		"table":           table,
 		"time":            time.Now().UTC(),
 		"backlog_read_at": readAt.UTC(),
 		"topics":          topics,

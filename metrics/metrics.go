@@ -47,6 +47,10 @@ type Metrics struct {
 	deadByReason    *prometheus.GaugeVec
 	oldestDeadAge   prometheus.Gauge
 	buildInfo       *prometheus.GaugeVec
+	tableBytes      prometheus.Gauge
+	tableDeadRows   prometheus.Gauge
+	horizonHeld     prometheus.Gauge
+	horizonAge      prometheus.Gauge
 }
 
 var (
@@ -103,10 +107,19 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "Age of the oldest dead letter, 0 when there is none (refreshed on a schedule)."}),
 		buildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outbox_build_info",
 			Help: "1, labelled with the sweeper's version, its Go version and its source revision."}, []string{"version", "goversion", "revision"}),
+		tableBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_table_bytes",
+			Help: "Size of the outbox table with its indexes and TOAST (refreshed on a schedule)."}),
+		tableDeadRows: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_table_dead_rows",
+			Help: "Dead row versions in the outbox table, Postgres's estimate: they go when vacuum removes them, which nothing holding the horizon prevents (refreshed on a schedule)."}),
+		horizonHeld: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_horizon_held_seconds",
+			Help: "How long the transaction that holds the vacuum horizon back the longest has been open, 0 when Postgres does not say (a replication slot; a session of another role without pg_read_all_stats); GET /status names it (refreshed on a schedule)."}),
+		horizonAge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_horizon_xmin_age",
+			Help: "How many transactions ago the oldest snapshot that holds the vacuum horizon (a session, replication slot or prepared transaction) began (refreshed on a schedule)."}),
 	}
 	reg.MustRegister(m.dispatched, m.batches, m.errors, m.deadLettered, m.expired, m.alertsDropped, m.tripped, m.dependency, m.outstanding,
 		m.oldestAge, m.deadLetters, m.listening, m.sweepDuration, m.dispatchLatency, m.batchSize,
-		m.sendDuration, m.retries, m.topicChanges, m.brokerChanges, m.deadByReason, m.oldestDeadAge, m.buildInfo)
+		m.sendDuration, m.retries, m.topicChanges, m.brokerChanges, m.deadByReason, m.oldestDeadAge, m.buildInfo,
+		m.tableBytes, m.tableDeadRows, m.horizonHeld, m.horizonAge)
 	return m
 }
 
@@ -238,6 +251,21 @@ func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool, t outbox.Tabl
 		oldest = max(oldest, g.Age)
 	}
 	m.oldestDeadAge.Set(oldest)
+
+	h, err := outbox.ReadTableHealth(ctx, pool, t)
+	if err != nil {
+		return err
+	}
+	m.tableBytes.Set(float64(h.Bytes))
+	m.tableDeadRows.Set(float64(h.DeadRows))
+	m.horizonHeld.Set(0)
+	m.horizonAge.Set(0)
+	if h.Horizon != nil {
+		if h.Horizon.HeldSeconds != nil {
+			m.horizonHeld.Set(*h.Horizon.HeldSeconds)
+		}
+		m.horizonAge.Set(float64(h.Horizon.XminAge))
+	}
 	return nil
 }
 

@@ -133,3 +133,37 @@ func TestCursorMovesWhileTheHorizonIsHeld(t *testing.T) {
 	require.NoError(t, report.QueryRow(ctx, "SELECT count(*) FROM "+name).Scan(&still))
 	require.Equal(t, seen, still, "the report's snapshot was held all along")
 }
+
+// The table's health names what holds the horizon: here a REPEATABLE READ
+// transaction of this test, by its pid.
+func TestTableHealthNamesTheHorizonHolder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tbl := dbtest.Table(t)
+	pool := dbtest.Pool(t)
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	report, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	require.NoError(t, err)
+	defer report.Rollback(ctx)
+	var pid int
+	require.NoError(t, report.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
+	// A transaction that starts after the report's moves the horizon on
+	// everywhere else, so the report is the oldest holder.
+	_, err = pool.Exec(ctx, "SELECT pg_current_xact_id()")
+	require.NoError(t, err)
+
+	var reportAge int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT age(backend_xmin) FROM pg_stat_activity WHERE pid = $1", pid).Scan(&reportAge))
+
+	h, err := outbox.ReadTableHealth(ctx, pool, tbl)
+	require.NoError(t, err)
+	require.Positive(t, h.Bytes)
+	require.NotNil(t, h.Horizon, "a report holds the horizon")
+	// Other tests' transactions may be older than the report: the holder is
+	// the oldest, so at least as old as the report (whose age only grows).
+	require.GreaterOrEqual(t, h.Horizon.XminAge, reportAge)
+	require.NotEmpty(t, h.Horizon.Who)
+	require.NotEmpty(t, h.Horizon.Kind)
+}

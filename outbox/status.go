@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -74,4 +75,66 @@ func (b *Backlog) DeadLetters(ctx context.Context) ([]DeadLetterGroup, error) {
 		return nil, fmt.Errorf("count the dead letters of %s: %w", b.table, err)
 	}
 	return out, nil
+}
+
+// TableHealth is the outbox table's size and dead row versions, and what
+// holds the vacuum horizon back: what an operator needs when the table grows
+// or the relay slows while something else runs on the server.
+type TableHealth struct {
+	// Bytes is the table's size with its indexes and TOAST.
+	Bytes int64 `json:"bytes"`
+	// LiveRows and DeadRows are the statistics collector's estimates of its
+	// live and dead row versions.
+	LiveRows int64 `json:"live_rows"`
+	DeadRows int64 `json:"dead_rows"`
+	// LastAutovacuum is when autovacuum last finished on it; nil for never.
+	LastAutovacuum *time.Time `json:"last_autovacuum"`
+	// Horizon is what holds the vacuum horizon back the longest; nil when
+	// nothing does.
+	Horizon *HorizonHolder `json:"horizon"`
+}
+
+// HorizonHolder is a session, replication slot or prepared transaction whose
+// snapshot keeps vacuum from removing the row versions deleted after it began.
+type HorizonHolder struct {
+	// Kind is "session", "replication slot" or "prepared transaction".
+	Kind string `json:"kind"`
+	// Who is the session's pid and application, the slot's or the prepared
+	// transaction's name.
+	Who   string `json:"who"`
+	State string `json:"state"`
+	// HeldSeconds is how long its transaction has been open; nil when
+	// Postgres does not say (a slot, or a session of another role when the
+	// sweeper's role lacks pg_read_all_stats).
+	HeldSeconds *float64 `json:"held_seconds"`
+	// XminAge is how many transactions ago its horizon is.
+	XminAge int64 `json:"xmin_age"`
+}
+
+// Table reads the outbox table's health (table_health.sql).
+func (b *Backlog) Table(ctx context.Context) (TableHealth, error) {
+	return ReadTableHealth(ctx, b.pool, b.table)
+}
+
+// ReadTableHealth reads the health of t's outbox table (table_health.sql).
+func ReadTableHealth(ctx context.Context, pool *pgxpool.Pool, t Table) (TableHealth, error) {
+	t = t.WithDefaults()
+	var (
+		h                TableHealth
+		kind, who, state *string
+		held             *float64
+		xminAge          *int64
+	)
+	err := pool.QueryRow(ctx, statement(t, "table_health"), pgx.Identifier{t.Schema, t.Name}.Sanitize()).Scan(
+		&h.Bytes, &h.LiveRows, &h.DeadRows, &h.LastAutovacuum, &kind, &who, &state, &held, &xminAge)
+	if err != nil {
+		return h, fmt.Errorf("read the health of table %s: %w", t, err)
+	}
+	if kind != nil {
+		h.Horizon = &HorizonHolder{Kind: *kind, Who: deref(who), State: deref(state), HeldSeconds: held}
+		if xminAge != nil {
+			h.Horizon.XminAge = *xminAge
+		}
+	}
+	return h, nil
 }

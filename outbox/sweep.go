@@ -50,7 +50,8 @@ func (st *sweepState) evidence() evidence {
 // A page gives each live topic an equal share, read in id order from where the
 // topic's previous page ended, so a deep backlog in one topic cannot fill the
 // pages, and every page moves on. Rows left behind (poison, held by another
-// sweeper) wait for the next sweep, which starts each topic from its lowest id.
+// sweeper) wait for the next sweep, which starts each topic from its floor: the
+// cursor (cursor.go) keeps the floor below every row left outstanding.
 // Topics that appear during a tick are read from the next one.
 func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (res SweepResult, err error) {
 	if tick {
