@@ -102,6 +102,32 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 		after[i] = floors[t]
 	}
 	marks = newSweepMarks(floors)
+	// A tick that comes while topics still have rows is done here, and the
+	// sweep reads on, for up to maxSweepSpan: ending the sweep at each tick
+	// committed the page, listed the topics again and claimed the next page
+	// cold, and a short --tick slowed a drain by a third (issue 32). The
+	// cooldowns still count every tick; a topic whose cooldown ends waits
+	// for the next sweep, at most maxSweepSpan.
+	began := time.Now()
+	over := func() bool {
+		return !due.IsZero() && !time.Now().Before(due) && (time.Since(began) >= maxSweepSpan || stop.Err() != nil)
+	}
+	tickDue := func() (end bool) {
+		if due.IsZero() || time.Now().Before(due) {
+			return false
+		}
+		if over() {
+			return true
+		}
+		s.breaker.OnTick()
+		if err := s.expireLeftOut(work, excluded, due, &res); err != nil {
+			s.logger.Error("expiring the rows of left-out topics failed; they will be tried at the next tick",
+				"table", s.cfg.Table.String(), "err", err)
+		}
+		due = s.cfg.Schedule.Next(time.Now())
+		res.due = due
+		return false
+	}
 	// A half-open broker breaker lets a single trial through and refuses the
 	// others: send one batch alone first, rather than claim batches only to
 	// have them refused, and sweep on only if it closed the breaker. The tried
@@ -167,7 +193,7 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 		}
 		live, after = advance(live, after, cur, done, halted)
 		if p == nil { // nothing claimed: every row read is held elsewhere
-			if !due.IsZero() && !time.Now().Before(due) {
+			if tickDue() {
 				break
 			}
 			continue
@@ -177,8 +203,7 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 		// transaction carries at most pagesPerTransaction pages, so that the
 		// marks of a drain are committed as it goes.
 		var ahead chan error
-		if window, share := s.aheadWindow(live, read); window > 0 && pages < pagesPerTransaction &&
-			(due.IsZero() || time.Now().Before(due)) {
+		if window, share := s.aheadWindow(live, read); window > 0 && pages < pagesPerTransaction && !over() {
 			for _, t := range live[:window] {
 				read[t] = true
 			}
@@ -217,12 +242,18 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 				return res, err
 			}
 		}
-		if !due.IsZero() && !time.Now().Before(due) {
+		if tickDue() {
 			break
 		}
 	}
 	return res, nil
 }
+
+// maxSweepSpan is how long a sweep that still has rows to read goes on past
+// the tick it was due to end at, doing each tick's work as it comes. Past it
+// the sweep ends, and the next lists the topics again: topics whose cooldown
+// or backoff ended join, new ones are discovered.
+const maxSweepSpan = time.Second
 
 // pagesPerTransaction bounds the pages one transaction claims, one ahead of
 // another while the previous sends. More pages a transaction keep the database

@@ -351,6 +351,9 @@ type SweepResult struct {
 	// DeadLettered counts the rows moved to the dead-letter table, Expired
 	// among them those past their deadline.
 	DeadLettered, Expired int
+	// due is when the next tick comes, when the sweep did ticks' work as it
+	// read on past them (zero: the tick it was given).
+	due time.Time
 }
 
 // Sweeper relays outstanding outbox rows to a producer.
@@ -529,6 +532,9 @@ func (s *Sweeper) Run(ctx context.Context) error {
 				"failed_batches", res.FailedBatches, "pages", res.Pages, "duration", time.Since(start), "tick", tick)
 		}
 		next = due
+		if !res.due.IsZero() {
+			next = res.due
+		}
 	}
 }
 
