@@ -206,7 +206,7 @@ func (a *api) jsonErrors(mux *http.ServeMux) http.Handler {
 		_, pattern := mux.Handler(r)
 		if no := a.check(r, pattern != ""); no != nil {
 			a.cfg.Logger.Warn("admin API request refused", "method", r.Method, "path", r.URL.Path, "status", no.status,
-				"host", quoteShort(r.Host), "origin", quoteShort(r.Header.Get("Origin")),
+				"host", cut(r.Host), "origin", cut(r.Header.Get("Origin")),
 				"sec_fetch_site", r.Header.Get("Sec-Fetch-Site"), "remote", r.RemoteAddr)
 			writeJSON(w, no.status, errorBody{no.msg})
 			return
