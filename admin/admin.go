@@ -7,6 +7,9 @@
 // /openapi.json needs
 // "Authorization: Bearer <token>". Without one, the server refuses to listen on
 // anything but a loopback address: these calls change what the sweeper sends.
+// Whatever the token, what a web page of another site can make a browser
+// send is refused (guard.go): a request whose Host is not the API's, a POST
+// that is not JSON, a POST from another origin.
 package admin
 
 import (
