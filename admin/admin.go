@@ -7,6 +7,9 @@
 // /openapi.json needs
 // "Authorization: Bearer <token>". Without one, the server refuses to listen on
 // anything but a loopback address: these calls change what the sweeper sends.
+// Whatever the token, what a web page of another site can make a browser
+// send is refused (guard.go): a request whose Host is not the API's, a POST
+// that is not JSON, a POST from another origin.
 package admin
 
 import (
@@ -46,8 +49,14 @@ type Config struct {
 	// Addr is where to listen, e.g. 127.0.0.1:7488 (AddrDefault).
 	Addr string
 	// Token, when set, is required as a bearer token on every call but the
-	// health, readiness and metrics endpoints.
+	// health, readiness and metrics endpoints. CheckToken says which tokens
+	// are refused.
 	Token string
+	// AllowedHosts are names, besides Addr's, by which clients call the API
+	// (a proxy's or a Service's): a request whose Host header names anything
+	// else is refused (see guard.go). IP literals are served too unless Addr
+	// is loopback. Nil allows no other name.
+	AllowedHosts []string
 	// Pool and Table serve /readyz (database reachable, migrations current).
 	Pool  *pgxpool.Pool
 	Table outbox.Table
@@ -94,13 +103,13 @@ func Handler(cfg Config) http.Handler {
 	if cfg.StatusCacheFor == 0 {
 		cfg.StatusCacheFor = StatusCacheForDefault
 	}
-	a := &api{cfg: cfg}
+	a := &api{cfg: cfg, hosts: newHostRule(cfg.Addr, cfg.AllowedHosts)}
 	a.backlog, a.backlogErr = outbox.NewBacklog(cfg.Pool, cfg.Table)
 	mux := http.NewServeMux()
 	for _, r := range a.routes() {
 		mux.Handle(r.pattern, r.h)
 	}
-	return jsonErrors(mux)
+	return a.jsonErrors(mux)
 }
 
 // route is one endpoint: its method and path, as the mux takes them.
@@ -126,6 +135,8 @@ func (a *api) routes() []route {
 		guarded("POST /dlq/purge", a.dlqPurge),
 		guarded("POST /dlq/replay", a.dlqReplay),
 		guarded("GET /topics/tripped", a.tripped),
+		guarded("POST /topics/reset", a.reset),
+		guarded("POST /topics/trip", a.trip),
 		guarded("POST /topics/{topic}/reset", a.reset),
 		guarded("POST /topics/{topic}/trip", a.trip),
 		// Go's profiles, for finding where a slow relay spends its time
@@ -190,11 +201,20 @@ func serveOpenAPI(w http.ResponseWriter, _ *http.Request) {
 // jsonErrors answers what the mux itself refuses, a path it has no route for
 // (404) or a method a route does not take (405, with the Allow header), in
 // JSON like every other error, instead of the mux's plain text: a client
-// decodes every answer the same way. Every answer gets the secure headers.
-func jsonErrors(mux *http.ServeMux) http.Handler {
+// decodes every answer the same way. Every answer gets the secure headers,
+// and every request the checks of guard.go.
+func (a *api) jsonErrors(mux *http.ServeMux) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		secure(w.Header())
-		if _, pattern := mux.Handler(r); pattern != "" {
+		_, pattern := mux.Handler(r)
+		if no := a.check(r, pattern != ""); no != nil {
+			a.cfg.Logger.Warn("admin API request refused", "method", r.Method, "path", r.URL.Path, "status", no.status,
+				"host", cut(r.Host), "origin", cut(r.Header.Get("Origin")),
+				"sec_fetch_site", r.Header.Get("Sec-Fetch-Site"), "remote", r.RemoteAddr)
+			writeJSON(w, no.status, errorBody{no.msg})
+			return
+		}
+		if pattern != "" {
 			mux.ServeHTTP(w, r)
 			return
 		}
@@ -274,11 +294,15 @@ func Start(ctx context.Context, cfg Config) (wait func(), err error) {
 	return func() { <-done }, nil
 }
 
-// CheckAddr refuses to serve without a token anywhere but on loopback.
+// CheckAddr refuses a token CheckToken refuses, and to serve without a token
+// anywhere but on loopback.
 func CheckAddr(addr, token string) error {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("admin address %q (--admin-addr): %w", addr, err)
+	}
+	if err := CheckToken(token); err != nil {
+		return err
 	}
 	if token != "" {
 		return nil
@@ -295,6 +319,7 @@ func CheckAddr(addr, token string) error {
 
 type api struct {
 	cfg        Config
+	hosts      hostRule
 	backlog    *outbox.Backlog
 	backlogErr error
 
@@ -596,15 +621,13 @@ func (a *api) backoffs(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (a *api) trip(w http.ResponseWriter, r *http.Request) {
-	topic := r.PathValue("topic")
-	if err := checkText("topic", topic, topicHint); err != nil {
-		badRequest(w, "%v", err)
-		return
-	}
-	reason, err := readReason(r)
+	topic, reason, err := readTopicCall(r)
 	if err != nil {
 		badRequest(w, "%v", err)
 		return
+	}
+	if reason == "" {
+		reason = "tripped through the admin API"
 	}
 	before := a.cfg.Topics.State(topic)
 	a.cfg.Topics.Trip(topic, reason)
@@ -613,8 +636,8 @@ func (a *api) trip(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *api) reset(w http.ResponseWriter, r *http.Request) {
-	topic := r.PathValue("topic")
-	if err := checkText("topic", topic, topicHint); err != nil {
+	topic, _, err := readTopicCall(r)
+	if err != nil {
 		badRequest(w, "%v", err)
 		return
 	}
@@ -622,6 +645,48 @@ func (a *api) reset(w http.ResponseWriter, r *http.Request) {
 	a.cfg.Topics.Reset(topic)
 	a.audit(r, "topic reset", "topic", topic, "previous_state", before.String())
 	a.topicChanged(w, topic, before)
+}
+
+// readTopicCall reads a topic trip's or reset's topic and reason. The topic
+// is the path's (POST /topics/{topic}/trip) or, on POST /topics/trip and
+// /topics/reset, the body's {"topic": "…"}: a browser, and curl, make "." and
+// ".." path segments of a URL mean this folder and the one above, whatever
+// their escaping, so those topics can only travel in a body.
+func readTopicCall(r *http.Request) (topic, reason string, err error) {
+	topic = r.PathValue("topic")
+	if topic != "" {
+		if err := checkText("topic", topic, topicHint); err != nil {
+			return "", "", err
+		}
+	}
+	var body struct {
+		Reason string  `json:"reason"`
+		Topic  *string `json:"topic"`
+	}
+	raw, err := readBody(r)
+	if err != nil {
+		return "", "", err
+	}
+	if len(bytes.TrimSpace(raw)) > 0 {
+		if err := json.Unmarshal(raw, &body); err != nil {
+			return "", "", fmt.Errorf("body is not JSON like {\"reason\": \"…\"}: %v", err)
+		}
+	}
+	switch {
+	case topic == "" && (body.Topic == nil || *body.Topic == ""):
+		return "", "", fmt.Errorf("body field topic is missing or empty: %s %s takes {\"topic\": \"…\"}", r.Method, r.URL.Path)
+	case topic == "":
+		topic = *body.Topic
+		if err := checkText("body field topic", topic, topicHint); err != nil {
+			return "", "", err
+		}
+	case body.Topic != nil && *body.Topic != topic:
+		return "", "", fmt.Errorf("body field topic %s is not the path's topic %s: give one", quoteShort(*body.Topic), quoteShort(topic))
+	}
+	if err := checkText("reason", body.Reason, "write it as UTF-8 text"); err != nil {
+		return "", "", err
+	}
+	return topic, body.Reason, nil
 }
 
 // topicChanged answers a trip or reset with what it changed. Another
@@ -728,7 +793,7 @@ func filterFromQuery(r *http.Request) (outbox.DeadLetterFilter, error) {
 	if s := q.Get("since"); s != "" {
 		d, err := time.ParseDuration(s)
 		if err != nil || d < 0 {
-			return f, fmt.Errorf("since=%q is not a duration like 24h", s)
+			return f, fmt.Errorf("since=%s is not a duration like 24h", quoteShort(s))
 		}
 		f.Since = time.Now().Add(-d)
 	}
@@ -749,7 +814,7 @@ func parseCursor(s string) (*outbox.DeadLetterCursor, error) {
 	micros, err1 := strconv.ParseInt(at, 10, 64)
 	n, err2 := strconv.ParseInt(id, 10, 64)
 	if !ok || err1 != nil || err2 != nil || n < 1 {
-		return nil, fmt.Errorf("cursor=%q is not a next_cursor this API gave: pass the previous page's next_cursor as it is", s)
+		return nil, fmt.Errorf("cursor=%s is not a next_cursor this API gave: pass the previous page's next_cursor as it is", quoteShort(s))
 	}
 	return &outbox.DeadLetterCursor{At: time.UnixMicro(micros), ID: n}, nil
 }
@@ -759,7 +824,7 @@ func parseIDs(s string) ([]int64, error) {
 	for _, p := range strings.Split(s, ",") {
 		id, err := strconv.ParseInt(strings.TrimSpace(p), 10, 64)
 		if err != nil || id < 1 {
-			return nil, fmt.Errorf("id=%q: ids are whole numbers separated by commas", s)
+			return nil, fmt.Errorf("id=%s: ids are whole numbers separated by commas", quoteShort(s))
 		}
 		ids = append(ids, id)
 	}
@@ -775,7 +840,7 @@ func (a *api) dlqList(w http.ResponseWriter, r *http.Request) {
 	limit := 50
 	if s := r.URL.Query().Get("limit"); s != "" {
 		if limit, err = strconv.Atoi(s); err != nil || limit < 1 || limit > 10_000 {
-			badRequest(w, "limit=%q: a whole number from 1 to 10000", s)
+			badRequest(w, "limit=%s: a whole number from 1 to 10000", quoteShort(s))
 			return
 		}
 	}
@@ -842,7 +907,7 @@ func decodeSelection(r *http.Request) (selection, outbox.DeadLetterFilter, error
 		}
 		dur, err := time.ParseDuration(d.v)
 		if err != nil {
-			return s, f, fmt.Errorf("body field %s %q is not a duration like 720h", d.name, d.v)
+			return s, f, fmt.Errorf("body field %s %s is not a duration like 720h", d.name, quoteShort(d.v))
 		}
 		if err := outbox.CheckAge("body field "+d.name, dur); err != nil {
 			return s, f, err

@@ -81,6 +81,9 @@ func (b *bundle) call(t *testing.T, method, path, token, body string) (int, map[
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
+	if method == http.MethodPost {
+		req.Header.Set("Content-Type", "application/json") // what the API takes changes in
+	}
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()

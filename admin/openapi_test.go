@@ -85,6 +85,9 @@ func TestOpenAPISchemasMatchWhatTheHandlersAnswer(t *testing.T) {
 		{"GET", "/topics/tripped", "/topics/tripped", "tok", "", 200},
 		{"POST", "/topics/orders/trip", "/topics/{topic}/trip", "tok", `{"reason":"x"}`, 200},
 		{"POST", "/topics/orders/reset", "/topics/{topic}/reset", "tok", "", 200},
+		{"POST", "/topics/trip", "/topics/trip", "tok", `{"topic":"..","reason":"x"}`, 200},
+		{"POST", "/topics/reset", "/topics/reset", "tok", `{"topic":".."}`, 200},
+		{"POST", "/topics/reset", "/topics/reset", "tok", `{}`, 400},
 		{"POST", "/topics/%FF/reset", "/topics/{topic}/reset", "tok", "", 400},
 		{"GET", "/dlq?limit=10", "/dlq", "tok", "", 200},
 		{"GET", "/dlq?limit=1", "/dlq", "tok", "", 200}, // with a next_cursor

@@ -102,3 +102,12 @@ func invalidAt(b []byte) int {
 	}
 	return len(b)
 }
+
+// cut returns v, or its first 128 bytes when it is longer, for a log line,
+// which quotes by itself.
+func cut(v string) string {
+	if len(v) <= 128 {
+		return v
+	}
+	return v[:128] + "…"
+}

@@ -50,6 +50,9 @@ func (b *textBundle) do(t *testing.T, method, rawPath, body string) (int, string
 	t.Helper()
 	req, err := http.NewRequest(method, b.srv.URL+rawPath, strings.NewReader(body))
 	require.NoError(t, err)
+	if method == http.MethodPost {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()

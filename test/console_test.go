@@ -61,6 +61,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	req, err := http.NewRequest(http.MethodPost, base+"/topics/"+url.PathEscape(xss)+"/trip", strings.NewReader(`{"reason":"<b>not bold</b>"}`))
 	require.NoError(t, err)
 	req.Header.Set("Authorization", "Bearer t0ken")
+	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	resp.Body.Close()

@@ -453,6 +453,9 @@ func TestBinaryAdminAPI(t *testing.T) {
 		if token != "" {
 			req.Header.Set("Authorization", "Bearer "+token)
 		}
+		if method == http.MethodPost {
+			req.Header.Set("Content-Type", "application/json") // the API takes changes in JSON only
+		}
 		resp, err := http.DefaultClient.Do(req)
 		require.NoError(t, err)
 		defer resp.Body.Close()

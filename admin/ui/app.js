@@ -2,7 +2,8 @@
 // seconds, and buttons for the admin API's actions. Everything from the
 // sweeper (topics, errors, correlation ids, payloads) is put in the page as
 // text, never as HTML. The token lives in sessionStorage and travels in the
-// Authorization header only. Questions are asked in the page, not in browser
+// Authorization header only. Every change is a POST in JSON, an empty one
+// too: the API refuses others, which a page of another site could send. Questions are asked in the page, not in browser
 // dialogs: a phone may suppress those, and an operator should see the count
 // and the question side by side.
 "use strict";
@@ -17,7 +18,7 @@ function token() { return sessionStorage.getItem("outbox-admin-token") || ""; }
 async function api(method, path, body) {
   const headers = {};
   if (token()) headers["Authorization"] = "Bearer " + token();
-  if (body !== undefined) headers["Content-Type"] = "application/json";
+  if (method === "POST") headers["Content-Type"] = "application/json";
   const resp = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
   let data = {};
   try { data = await resp.json(); } catch (e) { /* not JSON: keep {} */ }
@@ -199,31 +200,44 @@ async function act(what, method, path, body) {
 }
 
 function describe(r) {
-  if (r.topic !== undefined) return "topic " + r.topic + " was " + r.previous_state + ", is " + r.state;
+  if (r.topic !== undefined) return "topic " + shown(r.topic) + " was " + r.previous_state + ", is " + r.state;
   if (r.replayed !== undefined) return r.replayed + " dead letters replayed";
   if (r.purged !== undefined) return r.purged + " dead letters purged";
   if (r.state !== undefined) return "broker breaker was " + r.previous_state + ", is " + r.state;
   return "done";
 }
 
+// Topics travel in the body: a URL's path cannot carry the topics "." and
+// "..", which the browser resolves as folders however they are escaped.
 async function tripTopic(topic) {
-  const reason = await ask("Trip topic " + topic + "? Nothing of it is sent until it is reset or its cooldown ends.", true);
+  const reason = await ask("Trip topic " + shown(topic) + "? Nothing of it is sent until it is reset or its cooldown ends.", true);
   if (reason === null) return;
-  act("Trip", "POST", "/topics/" + encodeURIComponent(topic) + "/trip", { reason });
+  act("Trip", "POST", "/topics/trip", { topic, reason });
 }
 
 function resetTopic(topic) {
-  act("Reset", "POST", "/topics/" + encodeURIComponent(topic) + "/reset");
+  act("Reset", "POST", "/topics/reset", { topic });
+}
+
+// shown writes a topic or filter value for a message: as it is when plain,
+// quoted when spaces around it (or nothing but spaces) would go unseen.
+function shown(v) {
+  return v === "" || v.trim() !== v ? JSON.stringify(v) : v;
 }
 
 // filter reads the filter form: the dead-letter list's query, and the body
-// that selects the same dead letters for a replay or purge.
+// that selects the same dead letters for a replay or purge. Topic and reason
+// are taken as they are, spaces and all: a topic may be " x " or "   ", and
+// trimmed it would select (and purge) the dead letters of another topic, or
+// of every topic. Since is a duration, trimmed.
 function filter() {
   const f = {};
-  for (const [k, id] of [["topic", "f-topic"], ["reason", "f-reason"], ["since", "f-since"]]) {
-    const v = $(id).value.trim();
-    if (v) f[k] = v;
+  for (const k of ["topic", "reason"]) {
+    const v = $("f-" + k).value;
+    if (v !== "") f[k] = v;
   }
+  const since = $("f-since").value.trim();
+  if (since) f.since = since;
   return f;
 }
 
@@ -336,7 +350,7 @@ async function purgeSelected() {
 function matching() {
   const f = filter();
   const what = Object.keys(f).length === 0 ? "every dead letter" :
-    "the dead letters matching " + Object.entries(f).map(([k, v]) => k + " " + v).join(", ");
+    "the dead letters matching " + Object.entries(f).map(([k, v]) => k + " " + shown(v)).join(", ");
   return { sel: Object.keys(f).length === 0 ? { all: true } : f, what };
 }
 
@@ -395,8 +409,9 @@ document.addEventListener("DOMContentLoaded", () => {
   $("broker-reset").addEventListener("click", () => act("Broker reset", "POST", "/breaker/reset"));
   $("trip-form").addEventListener("submit", (ev) => {
     ev.preventDefault();
-    const topic = $("trip-topic").value.trim();
-    if (topic) tripTopic(topic);
+    // As typed: a topic may start or end with a space.
+    const topic = $("trip-topic").value;
+    if (topic !== "") tripTopic(topic);
   });
   $("dlq-filter").addEventListener("submit", (ev) => { ev.preventDefault(); listDeadLetters(false); });
   $("dlq-more").addEventListener("click", () => listDeadLetters(true));

@@ -28,7 +28,7 @@ func breakerCommand(ctx context.Context, o *adminOptions, f *flags, out, _ io.Wr
 	if o.cmd != "status" {
 		path += "/" + o.cmd
 	}
-	raw, done, err := o.call(ctx, f, out, o.cmd != "status", path)
+	raw, done, err := o.call(ctx, f, out, o.cmd != "status", path, nil)
 	if err != nil || done {
 		return err
 	}

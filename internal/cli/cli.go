@@ -173,9 +173,11 @@ var cronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | 
 
 // runOptions are the flags of run.
 type runOptions struct {
-	adminAddr  string
-	adminToken string
-	adminUI    bool
+	adminAddr      string
+	adminHosts     string
+	adminToken     string
+	adminTokenFile string
+	adminUI        bool
 	common
 	logOptions
 	producerOptions
@@ -206,7 +208,8 @@ func (o *runOptions) flags() *flags {
 	o.topicBreakerOptions.register(f)
 	o.maintenanceOptions.register(f)
 	f.String(&o.adminAddr, "admin-addr", admin.AddrDefault, "host:port", "where the admin HTTP API listens (health, readiness, metrics, tripped topics, breaker, dead letters); empty turns it off")
-	f.String(&o.adminToken, "admin-token", "", "token", "bearer token the admin API requires (but for /healthz, /readyz, /metrics); required to listen beyond loopback")
+	adminTokenFlags(f, &o.adminToken, &o.adminTokenFile, "bearer token the admin API requires (but for /healthz, /readyz, /metrics); required to listen beyond loopback; printable ASCII, no spaces")
+	f.String(&o.adminHosts, "admin-allowed-hosts", "", "host,…", "names, besides --admin-addr's, by which clients call the admin API (a proxy's, a Service's); requests naming another Host are refused (DNS rebinding); IP literals are served unless --admin-addr is loopback")
 	f.Int(&o.stallTicks, "stall-ticks", 60, "/healthz fails (so Kubernetes restarts the process) when a sweep has made no progress (no statement or send returned) for more than this many ticks and twice --send-timeout plus 5s; a failing sweep returns, and is not stalled")
 	f.Int(&o.degradedDead, "degraded-dead-letters", admin.DegradedDeadLettersDefault, "GET /status says degraded above this many dead letters (-1: never); an open broker breaker or a tripped topic always does")
 	f.Bool(&o.adminUI, "admin-ui", true, "serve the console, a web page over the admin API, at / of --admin-addr (it asks for the token)")
@@ -269,8 +272,16 @@ func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Wri
 	if o.degradedDead == 0 || o.degradedDead < -1 {
 		return usagef("%s is %d: it must be at least 1, or -1 to never say degraded for dead letters", f.origin("degraded-dead-letters"), o.degradedDead)
 	}
+	token, err := adminToken(f, o.adminToken, o.adminTokenFile)
+	if err != nil {
+		return err
+	}
+	hosts, err := allowedHosts(f, o.adminHosts)
+	if err != nil {
+		return err
+	}
 	if o.adminAddr != "" {
-		if err := admin.CheckAddr(o.adminAddr, o.adminToken); err != nil {
+		if err := admin.CheckAddr(o.adminAddr, token); err != nil {
 			return usagef("%s: %v", f.origin("admin-addr"), err)
 		}
 	}
@@ -359,7 +370,7 @@ func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Wri
 		if err != nil {
 			return err
 		}
-		waitAdmin, err := admin.Start(ctx, admin.Config{Addr: o.adminAddr, Token: o.adminToken, UI: o.adminUI, Pool: pool, Table: tbl,
+		waitAdmin, err := admin.Start(ctx, admin.Config{Addr: o.adminAddr, Token: token, AllowedHosts: hosts, UI: o.adminUI, Pool: pool, Table: tbl,
 			Topics: s.TopicBreaker(), Dependency: dep, DeadLetters: dead, Logger: logger, Backoffs: s.TopicBackoffs,
 			Activity: s.TopicActivity, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
 			Stalled:             func(now time.Time) (outbox.Stall, bool) { return s.Stalled(now, o.stallTicks) },
@@ -369,7 +380,7 @@ func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Wri
 			return err
 		}
 		defer waitAdmin()
-		logger.Info("admin API listening", "addr", o.adminAddr, "token", o.adminToken != "")
+		logger.Info("admin API listening", "addr", o.adminAddr, "token", token != "", "allowed_hosts", hosts)
 	}
 	waitServices := svc.start(ctx, m, pool, tbl, s.TopicBreaker())
 	defer waitServices()

@@ -261,7 +261,9 @@ type topicDurationsValue map[string]time.Duration
 
 // Set reads "topic=duration" pairs separated by commas. A topic is cut at its
 // last "=", so it may hold one (a duration never does); it cannot hold a
-// comma.
+// comma. Spaces around a topic and a duration are dropped ("codes = 5m" is
+// codes, as an operator who writes it means), so a topic that starts or ends
+// with a space cannot be given here.
 func (v *topicDurationsValue) Set(s string) error {
 	m := map[string]time.Duration{}
 	for pair := range strings.SplitSeq(s, ",") {
@@ -270,10 +272,13 @@ func (v *topicDurationsValue) Set(s string) error {
 			continue
 		}
 		i := strings.LastIndexByte(pair, '=')
-		if i <= 0 {
+		topic, d := "", ""
+		if i >= 0 {
+			topic, d = strings.TrimSpace(pair[:i]), strings.TrimSpace(pair[i+1:])
+		}
+		if topic == "" {
 			return fmt.Errorf("%q is not topic=duration: write pairs such as orders=1h,codes=5m (a duration may be never)", pair)
 		}
-		topic, d := pair[:i], strings.TrimSpace(pair[i+1:])
 		if _, dup := m[topic]; dup {
 			return fmt.Errorf("topic %q is given twice: give each topic one duration", topic)
 		}
@@ -284,6 +289,9 @@ func (v *topicDurationsValue) Set(s string) error {
 		x, err := time.ParseDuration(d)
 		if err != nil || x <= 0 {
 			return fmt.Errorf("%q for topic %q is not a positive duration: write a number with a unit, such as 90s, 1h or 24h, or never", d, topic)
+		}
+		if x < time.Millisecond {
+			return fmt.Errorf("%q for topic %q is shorter than 1ms, the least max age: write at least 1ms, or never to exempt the topic from --max-age", d, topic)
 		}
 		m[topic] = x
 	}

@@ -21,11 +21,12 @@ import (
 // adminOptions are the flags of `sweeper topics` and `sweeper breaker`, which
 // talk to a running sweeper's admin API.
 type adminOptions struct {
-	cmd        string // topics: list, trip or reset; breaker: status, trip or reset
-	adminToken string
-	adminURL   string
-	jsonOut    bool
-	reason     string
+	cmd            string // topics: list, trip or reset; breaker: status, trip or reset
+	adminToken     string
+	adminTokenFile string
+	adminURL       string
+	jsonOut        bool
+	reason         string
 }
 
 // topicsFlags returns the flag set maker of topics cmd.
@@ -46,7 +47,7 @@ func (o *adminOptions) flags(cmd string) *flags {
 // adminFlags registers the flags of the commands that call the admin API.
 func (o *adminOptions) adminFlags(f *flags) {
 	f.String(&o.adminURL, "admin-url", "http://"+admin.AddrDefault, "url", "the running sweeper's admin API")
-	f.String(&o.adminToken, "admin-token", "", "token", "its bearer token, if it has one")
+	adminTokenFlags(f, &o.adminToken, &o.adminTokenFile, "its bearer token, if it has one")
 	f.bool(&o.jsonOut, "json", "print the API's JSON instead of a table")
 	f.noEnv["json"] = true
 	if o.cmd == "trip" {
@@ -69,11 +70,18 @@ func topicsCommand(ctx context.Context, o *adminOptions, f *flags, out, _ io.Wri
 		// JSON would send it with U+FFFD in place of the bytes, without a word.
 		return usagef("%s %q is not valid UTF-8: write the reason in UTF-8", f.origin("reason"), o.reason)
 	}
-	path := "/topics/tripped"
-	if cmd != "list" {
+	path, body := "/topics/tripped", map[string]string{}
+	switch {
+	case cmd == "list":
+	case topic == "." || topic == "..":
+		// A URL's "." and ".." segments mean this folder and the one above,
+		// however escaped, so that such a path may never reach the API as
+		// sent: these two go in the body.
+		path, body["topic"] = "/topics/"+cmd, topic
+	default:
 		path = "/topics/" + url.PathEscape(topic) + "/" + cmd
 	}
-	raw, done, err := o.call(ctx, f, out, cmd != "list", path)
+	raw, done, err := o.call(ctx, f, out, cmd != "list", path, body)
 	if err != nil || done {
 		return err
 	}
@@ -103,19 +111,29 @@ func topicsCommand(ctx context.Context, o *adminOptions, f *flags, out, _ io.Wri
 	return w.Flush()
 }
 
-// call makes the command's call to path: a POST with the reason, if any, when
-// change is set, else a GET. With --json it prints the answer and reports
-// done.
-func (o *adminOptions) call(ctx context.Context, f *flags, out io.Writer, change bool, path string) (raw []byte, done bool, err error) {
+// call makes the command's call to path: a POST of fields and the reason, if
+// any, as JSON when change is set, else a GET. With --json it prints the
+// answer and reports done.
+func (o *adminOptions) call(ctx context.Context, f *flags, out io.Writer, change bool, path string, fields map[string]string) (raw []byte, done bool, err error) {
+	token, err := adminToken(f, o.adminToken, o.adminTokenFile)
+	if err != nil {
+		return nil, false, err
+	}
 	method, body := http.MethodGet, ""
 	if change {
 		method = http.MethodPost
+		if fields == nil {
+			fields = map[string]string{}
+		}
 		if o.reason != "" {
-			b, _ := json.Marshal(map[string]string{"reason": o.reason})
+			fields["reason"] = o.reason
+		}
+		if len(fields) > 0 {
+			b, _ := json.Marshal(fields)
 			body = string(b)
 		}
 	}
-	if raw, err = adminCall(ctx, f, o.adminURL, o.adminToken, method, path, body); err != nil {
+	if raw, err = adminCall(ctx, f, o.adminURL, token, method, path, body); err != nil {
 		return nil, false, err
 	}
 	if o.jsonOut {
@@ -142,6 +160,11 @@ func adminCall(ctx context.Context, f *flags, adminURL, token, method, path, bod
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
+	if method == http.MethodPost {
+		// The API takes changes in JSON only, an empty body too: a web page
+		// of another site cannot send that type (admin/guard.go).
+		req.Header.Set("Content-Type", "application/json")
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("reach the admin API at %s (%s): %s (is the sweeper running, with its --admin-addr at that address?)",
@@ -158,7 +181,7 @@ func adminCall(ctx context.Context, f *flags, adminURL, token, method, path, bod
 		}
 		_ = json.Unmarshal(raw, &e)
 		if resp.StatusCode == http.StatusUnauthorized {
-			return nil, fmt.Errorf("admin API: %s (give --admin-token or OUTBOX_ADMIN_TOKEN)", e.Error)
+			return nil, fmt.Errorf("admin API: %s (give --admin-token, OUTBOX_ADMIN_TOKEN or --admin-token-file: the sweeper's)", e.Error)
 		}
 		return nil, fmt.Errorf("admin API answered %s: %s", resp.Status, e.Error)
 	}
