@@ -14,33 +14,36 @@ import (
 
 // pageClaim is a page's claim: one transaction that holds the locks of every
 // row of the page (and under OrderingTopic each topic's advisory lock) from the
-// claim, across the sends, to the page's end (settle), which commits the marks
-// of the rows the broker accepted and undoes the others'.
+// claim, across the sends, to the page's end (settle), which moves the rows the
+// broker accepted from the outbox to its history table and commits. Rows not
+// sent are left as they are: outstanding.
 //
 // Why a transaction that holds row locks across the network calls, rather than
 // a claim column with a lease: the lock is the claim. A second sweeper's claim
 // skips locked rows (SKIP LOCKED), so it never sends a row this one has in
 // flight; if this process dies mid-send, Postgres ends the session and rolls
 // the transaction back at once, so no lease has to run out before another
-// sweeper may take the rows; and the claim costs no write beyond the mark
-// itself. The claim reads the page and marks its rows dispatched in one
-// statement, sent with the BEGIN; the marks count only once the commit follows
-// the sends.
+// sweeper may take the rows; and the claim writes no row version at all. The
+// claim reads and locks the page in one statement, sent with the BEGIN; the
+// move of the sent rows travels with the COMMIT (move_dispatched.sql), and is a
+// sent row's only write: one DELETE from the outbox, one INSERT into history
+// (issue 32: the mark it replaces was an UPDATE that was never HOT).
 //
 // During a drain the transaction carries several pages (pagesPerTransaction):
 // the next is claimed in it while the current one sends (claimAhead), so the
 // database and the broker work at once, and it commits after the last. Topic
 // locks are the transaction's, so a second transaction could not claim ahead
-// under OrderingTopic.
+// under OrderingTopic. A page claimed ahead never reads a row the transaction
+// already holds: each topic is read after the last id its previous page read.
 //
 // Why one transaction for the page rather than one per batch: with many topics
 // a page holds a few rows of each, and a transaction per batch cost the
 // database more than the rows did (claim_page.sql has the figures). The
 // batches' outcomes stay independent: a batch's failure is recorded in the
-// transaction as it comes and touches only its own rows, and a row is marked
+// transaction as it comes and touches only its own rows, and a row is moved
 // only if its own send succeeded. The price: a database error while recording
 // (or a failed commit) rolls the whole page back, so rows other batches sent
-// are sent again (at-least-once), and a page's marks become visible only when
+// are sent again (at-least-once), and a page's moves become visible only when
 // its last batch is done.
 //
 // The sends of a page run concurrently; conn serializes the statements made
@@ -111,7 +114,7 @@ func (s *store) claimPage(ctx context.Context, topics []string, after []int64, s
 }
 
 // claimAhead claims the next page in p's transaction, as claimPage does, while
-// p's sends go on: the database reads and marks the next page while the
+// p's sends go on: the database reads and locks the next page while the
 // broker takes this one. It takes conn for its statement, as failures do; the
 // rows are p's only once hold takes them, which the caller does when no send
 // is in flight (claim reads held without mu). A database error is p's: the
@@ -290,9 +293,10 @@ func (p *pageClaim) record() (release func(), err error) {
 	}, nil
 }
 
-// settle ends the page: it commits the marks of the rows sent and undoes the
-// others', in one round trip, or rolls everything back after a database error,
-// which it returns. ctx's cancellation does not stop it.
+// settle ends the page: it moves the rows sent to the history table and
+// commits, in one round trip, or rolls everything back after a database error,
+// which it returns. Rows not sent stay outstanding as they are (with what
+// their failures recorded). ctx's cancellation does not stop it.
 func (p *pageClaim) settle(ctx context.Context) error {
 	if p.err != nil {
 		p.release(ctx)
@@ -302,21 +306,21 @@ func (p *pageClaim) settle(ctx context.Context) error {
 	endCtx, cancel := stmtCtx(ctx)
 	defer cancel()
 	defer p.s.beat()
-	unsent := []int64{}
+	sent := make([]int64, 0, len(p.sent))
 	for id, topic := range p.held {
-		if !p.sent[id] {
-			unsent = append(unsent, id)
-			if p.left != nil {
-				p.left(topic, id)
-			}
+		if p.sent[id] {
+			sent = append(sent, id)
+		} else if p.left != nil {
+			p.left(topic, id)
 		}
 	}
-	unclaim := ""
-	if len(unsent) > 0 {
-		unclaim = p.s.unclaim
+	move := ""
+	if len(sent) > 0 {
+		slices.Sort(sent) // the deletes lock in id order, as the claim did
+		move = p.s.moveDispatched
 	}
-	if err := p.tx.commit(endCtx, unclaim, unsent); err != nil {
-		return fmt.Errorf("commit a page of %d sent rows of %s as dispatched (they will be sent again): %w", len(p.sent), p.s.table, err)
+	if err := p.tx.commit(endCtx, move, sent); err != nil {
+		return fmt.Errorf("move a page's %d sent rows of %s to its history (they will be sent again): %w", len(sent), p.s.table, p.s.explain(err))
 	}
 	return nil
 }
@@ -378,7 +382,7 @@ func (c *claim) sending() (done func()) {
 }
 
 // dispatched records that the broker accepted every row: the page's end
-// commits their marks.
+// moves them to the history table.
 func (c *claim) dispatched() {
 	c.p.mu.Lock()
 	defer c.p.mu.Unlock()

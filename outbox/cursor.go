@@ -8,9 +8,10 @@ import (
 // cursor remembers, across sweeps, where each topic's outstanding rows begin,
 // so that a sweep reads each topic from there rather than from its lowest id.
 //
-// Why: marking a row dispatched is an UPDATE that leaves the old version's
-// entries in the outstanding indexes, and deleting it (retention, a move to
-// the dead-letter table) leaves them too. Those entries go only when vacuum
+// Why: moving a sent row to the history table is a DELETE that leaves the
+// row's entries in the outstanding indexes, and so does a move to the
+// dead-letter table (before the history table, a mark, an UPDATE, left its old
+// version's entries the same way). Those entries go only when vacuum
 // removes the dead versions, and vacuum may not remove a version while any
 // snapshot that could see it is open: a report, pg_dump, a replica with
 // hot_standby_feedback. Index entries carry no visibility, so a scan that

@@ -14,13 +14,12 @@
 // A [Sweeper] reads outstanding rows in id order and sends them through a
 // producer (see package producer), batch by batch:
 //
-//	page ──▶ group by topic ──▶ producer cuts batches ──▶ per batch, in one tx:
-//	                                                        claim (FOR UPDATE SKIP LOCKED)
-//	                                                        send
-//	                                                        mark dispatched, or raise attempts
+//	page, in one tx: claim (FOR UPDATE SKIP LOCKED) ──▶ group by topic ──▶
+//	    producer cuts batches ──▶ send each ──▶ raise attempts of failed rows
+//	    ──▶ at the page's end, move the sent rows to <table>_history, commit
 //
-// Delivery is at least once: a row is marked dispatched only after the broker
-// accepted it, in the transaction that holds its lock. A crash, a lost database
+// Delivery is at least once: a row moves from the outbox to its history only
+// after the broker accepted it, in the transaction that holds its lock. A crash, a lost database
 // connection or a shutdown timeout between the broker's answer and the commit
 // leaves the row outstanding, and it is sent again; brokers that de-duplicate by
 // message id drop that copy.

@@ -33,12 +33,15 @@ type row struct {
 	PartitionKey *string
 }
 
+// readRows reads every row of tbl that is outstanding or dispatched: those of
+// the outbox, and those the sweeper moved to its history table (Dispatched).
 func readRows(t *testing.T, tbl outbox.Table) []row {
 	t.Helper()
+	const columns = `id, topic, attempts, last_error, dispatched_at IS NOT NULL, message_id::text, payload, headers,
+		        content_type, correlation_id, partition_key`
 	rows, err := dbtest.Pool(t).Query(context.Background(), fmt.Sprintf(
-		`SELECT id, topic, attempts, last_error, dispatched_at IS NOT NULL, message_id::text, payload, headers,
-		        content_type, correlation_id, partition_key
-		 FROM %s ORDER BY id`, pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()))
+		`SELECT %s FROM %s UNION ALL SELECT %s FROM %s ORDER BY id`,
+		columns, pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize(), columns, pgx.Identifier{tbl.Schema, tbl.Name + "_history"}.Sanitize()))
 	require.NoError(t, err)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
 		var x row

@@ -28,7 +28,9 @@ type RetentionConfig struct {
 	// Table names the outbox.
 	Table Table
 	// Dispatched is how long dispatched rows are kept. Defaults to
-	// RetentionDefault; negative keeps them forever.
+	// RetentionDefault; negative keeps them forever. It also sets the width
+	// of the history table's partitions (a seventh of it, from 1s to a day;
+	// partitions.go).
 	Dispatched time.Duration
 	// DeadLetters is how long dead letters are kept. Zero keeps them until an
 	// operator purges them.
@@ -40,26 +42,38 @@ type RetentionConfig struct {
 	Logger *slog.Logger
 }
 
-// Retention deletes dispatched rows, and optionally dead letters, past their
-// retention, in bounded batches so no delete holds locks for long.
+// Retention retires dispatched rows, and optionally dead letters, past their
+// retention. Dispatched rows live in the history table's partitions, which it
+// creates ahead of time and drops whole once every row in them is past the
+// retention (partitions.go); it empties the DEFAULT partition, and deletes the
+// rows dispatched before the history table (schema version 8) that are still
+// in the outbox, in bounded batches so no delete holds locks for long. Those
+// are gone one retention period after the upgrade.
 type Retention struct {
-	cfg               RetentionConfig
-	pool              *pgxpool.Pool
-	lockKey           int64
-	deleteDispatched  string
-	deleteDeadLetters string
+	cfg                  RetentionConfig
+	pool                 *pgxpool.Pool
+	lockKey              int64
+	width                time.Duration
+	deleteDispatched     string
+	deleteDeadLetters    string
+	historyPartitions    string
+	historyDefaultSpan   string
+	deleteHistoryDefault string
 
-	// from is where the next run's delete of dispatched rows starts: the
-	// newest dispatched_at the last one deleted, less retentionMargin, so
-	// that a run does not walk again the index entries of rows deleted
-	// before (delete_dispatched.sql). A row marked in a page transaction
-	// that began before from and committed after the last run is left for
-	// the full run every retentionFullEvery, which starts from the oldest.
+	// from is where the next run's delete of dispatched rows left in the
+	// outbox (by sweepers before the history table) starts: the newest
+	// dispatched_at the last one deleted, less retentionMargin, so that a
+	// run does not walk again the index entries of rows deleted before
+	// (delete_dispatched.sql). A row marked in a page transaction (of a
+	// sweeper of the previous version, during a rolling upgrade) that began
+	// before from and committed after the last run is left for the full run
+	// every retentionFullEvery, which starts from the oldest.
 	from, fullRun time.Time
 }
 
 // retentionMargin is how far before the last deleted row a run starts: page
-// transactions mark rows with their start time and commit after their sends,
+// transactions of sweepers before the history table marked rows with their
+// start time and commit after their sends,
 // which take well under it.
 const retentionMargin = 30 * time.Second
 
@@ -83,33 +97,54 @@ func NewRetention(pool *pgxpool.Pool, cfg RetentionConfig) (*Retention, error) {
 	}
 	t := cfg.Table
 	return &Retention{cfg: cfg, pool: pool, lockKey: writer.AdvisoryKey("outbox-sweeper retention " + t.String()),
-		deleteDispatched: statement(t, "delete_dispatched"), deleteDeadLetters: statement(t, "delete_dead_letters")}, nil
+		width: historyWidth(cfg.Dispatched), deleteDispatched: statement(t, "delete_dispatched"),
+		deleteDeadLetters: statement(t, "delete_dead_letters"), historyPartitions: statement(t, "history_partitions"),
+		historyDefaultSpan: statement(t, "history_default_span"), deleteHistoryDefault: statement(t, "delete_history_default")}, nil
 }
 
-// RetentionResult counts what one run deleted.
+// RetentionResult counts what one run did.
 type RetentionResult struct {
+	// Dispatched counts the dispatched rows deleted row by row: those left in
+	// the outbox from before the history table, and those of the history's
+	// DEFAULT partition. Rows of dropped partitions are not counted.
 	Dispatched, DeadLetters int
+	// PartitionsCreated and PartitionsDropped count the history partitions
+	// made ahead and dropped past retention.
+	PartitionsCreated, PartitionsDropped int
 	// Skipped is set when another instance holds the run's lock.
 	Skipped bool
 }
 
-// RunOnce deletes what is past retention, batch after batch, unless another
-// sweeper instance is running retention on the same table right now (one
-// instance is enough; an advisory lock decides).
-func (r *Retention) RunOnce(ctx context.Context) (RetentionResult, error) {
-	var res RetentionResult
+// Prepare creates the history partitions the moves need now and soon (the
+// current one and the next two), unless another instance holds retention's
+// lock (it does the same). Call it before the sweeper starts: without them,
+// sent rows land in the DEFAULT partition until the first run. It returns an
+// error wrapping ErrNoHistory when the history table does not exist.
+func (r *Retention) Prepare(ctx context.Context) error {
+	_, err := r.locked(ctx, func(conn *pgx.Conn) error {
+		_, err := r.ensurePartitions(ctx, conn)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("prepare the history partitions of %s: %w", r.cfg.Table, err)
+	}
+	return nil
+}
+
+// locked runs f on a connection holding retention's advisory lock, unless
+// another instance holds it (skipped).
+func (r *Retention) locked(ctx context.Context, f func(*pgx.Conn) error) (skipped bool, err error) {
 	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
-		return res, fmt.Errorf("retention of %s: %w", r.cfg.Table, err)
+		return false, err
 	}
 	defer conn.Release()
 	var locked bool
 	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", r.lockKey).Scan(&locked); err != nil {
-		return res, fmt.Errorf("retention of %s: %w", r.cfg.Table, err)
+		return false, err
 	}
 	if !locked {
-		res.Skipped = true
-		return res, nil
+		return true, nil
 	}
 	defer func() {
 		// The lock belongs to the session: a connection that could not give it
@@ -122,18 +157,46 @@ func (r *Retention) RunOnce(ctx context.Context) (RetentionResult, error) {
 		}
 	}()
 
-	if r.cfg.Dispatched > 0 {
-		if res.Dispatched, err = r.deleteDispatchedRows(ctx, conn.Conn()); err != nil {
-			return res, fmt.Errorf("delete dispatched rows of %s older than %s: %w", r.cfg.Table, r.cfg.Dispatched, err)
+	return false, f(conn.Conn())
+}
+
+// RunOnce creates the history partitions ahead, drops those past retention
+// and deletes the rest of what is past retention, batch after batch, unless
+// another sweeper instance is running retention on the same table right now
+// (one instance is enough; an advisory lock decides).
+func (r *Retention) RunOnce(ctx context.Context) (RetentionResult, error) {
+	var res RetentionResult
+	skipped, err := r.locked(ctx, func(conn *pgx.Conn) error {
+		var err error
+		if res.PartitionsCreated, err = r.ensurePartitions(ctx, conn); err != nil {
+			return err
 		}
-	}
-	if r.cfg.DeadLetters > 0 {
-		if res.DeadLetters, err = r.deleteAll(ctx, conn.Conn(), r.deleteDeadLetters, r.cfg.DeadLetters); err != nil {
-			return res, fmt.Errorf("delete dead letters of %s older than %s: %w", r.cfg.Table, r.cfg.DeadLetters, err)
+		if r.cfg.Dispatched > 0 {
+			var inDefault int
+			if res.PartitionsDropped, inDefault, err = r.dropPartitions(ctx, conn); err != nil {
+				return err
+			}
+			res.Dispatched += inDefault
+			legacy, err := r.deleteDispatchedRows(ctx, conn)
+			res.Dispatched += legacy
+			if err != nil {
+				return fmt.Errorf("delete dispatched rows older than %s: %w", r.cfg.Dispatched, err)
+			}
 		}
+		if r.cfg.DeadLetters > 0 {
+			if res.DeadLetters, err = r.deleteAll(ctx, conn, r.deleteDeadLetters, r.cfg.DeadLetters); err != nil {
+				return fmt.Errorf("delete dead letters older than %s: %w", r.cfg.DeadLetters, err)
+			}
+		}
+		return nil
+	})
+	res.Skipped = skipped
+	if err != nil {
+		return res, fmt.Errorf("retention of %s: %w", r.cfg.Table, err)
 	}
-	if res.Dispatched+res.DeadLetters > 0 {
-		r.cfg.Logger.Info("retention", "table", r.cfg.Table.String(), "dispatched_deleted", res.Dispatched, "dead_letters_deleted", res.DeadLetters)
+	if res.Dispatched+res.DeadLetters+res.PartitionsCreated+res.PartitionsDropped > 0 {
+		r.cfg.Logger.Info("retention", "table", r.cfg.Table.String(), "dispatched_deleted", res.Dispatched, "dead_letters_deleted", res.DeadLetters,
+			"partitions_created", res.PartitionsCreated, "partitions_dropped", res.PartitionsDropped)
 	}
 	return res, nil
 }

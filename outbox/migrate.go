@@ -112,12 +112,14 @@ func CurrentSchemaVersion(ctx context.Context, db interface {
 // load fills in t's names and loads the embedded migrations into m.
 func load(m *migrate.Migrator, t Table) error {
 	m.Data = map[string]any{
-		"outbox":      t.Ident(),
-		"dead_letter": t.DeadLetterIdent(),
-		"prefix":      t.Name,
-		"schema":      pgx.Identifier{t.Schema}.Sanitize(),
-		"probe":       probeIdent(t),
-		"awake_key":   awakeKey(t),
+		"outbox":          t.Ident(),
+		"dead_letter":     t.DeadLetterIdent(),
+		"history":         historyIdent(t),
+		"history_default": historyDefaultIdent(t),
+		"prefix":          t.Name,
+		"schema":          pgx.Identifier{t.Schema}.Sanitize(),
+		"probe":           probeIdent(t),
+		"awake_key":       awakeKey(t),
 	}
 	if err := m.LoadMigrations(migrations.FS); err != nil {
 		return fmt.Errorf("load embedded migrations: %w", err)

@@ -36,7 +36,7 @@ const idleMargin = 5 * time.Second
 
 // dbTimeout bounds each statement the sweeper runs for one batch. It is counted
 // on a context detached from shutdown, so that a batch the broker has accepted is
-// still marked dispatched while the sweeper stops.
+// still moved to the history table while the sweeper stops.
 const dbTimeout = 30 * time.Second
 
 // store runs the sweeper's statements against one outbox table.
@@ -53,7 +53,7 @@ type store struct {
 	sendTimeout time.Duration
 
 	claimPageSQL      string
-	unclaim           string
+	moveDispatched    string
 	deadLetter        string
 	outstandingTopics string
 	liveTopicsSQL     string
@@ -86,7 +86,7 @@ func newStore(pool *pgxpool.Pool, t Table, policy deadLetterPolicy, ordering Ord
 		idleTimeout:       fmt.Sprintf("%dms", IdleInTransactionTimeout(sendTimeout).Milliseconds()),
 		sendTimeout:       sendTimeout,
 		claimPageSQL:      statement(t, "claim_page"),
-		unclaim:           statement(t, "unclaim"),
+		moveDispatched:    statement(t, "move_dispatched"),
 		deadLetter:        statement(t, "dead_letter"),
 		outstandingTopics: statement(t, "outstanding_topics"),
 		liveTopicsSQL:     statement(t, "live_topics"),

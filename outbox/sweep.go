@@ -201,7 +201,7 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 		// While the broker takes this page, the database claims the next in the
 		// same transaction (the page's topic locks are this transaction's). A
 		// transaction carries at most pagesPerTransaction pages, so that the
-		// marks of a drain are committed as it goes.
+		// moves of a drain are committed as it goes.
 		var ahead chan error
 		if window, share := s.aheadWindow(live, read); window > 0 && pages < pagesPerTransaction && !over() {
 			for _, t := range live[:window] {
@@ -222,7 +222,7 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 			if aheadErr := <-ahead; sendErr == nil {
 				sendErr = aheadErr
 			}
-			p.hold(next.msgs) // all of them, so that the page's end undoes the marks of those not sent
+			p.hold(next.msgs) // all of them, so that the page's end leaves those not sent to the cursor
 		}
 		if sendErr != nil {
 			return res, sendErr // the deferred settle rolls back
@@ -372,7 +372,7 @@ func (s *Sweeper) claimPage(ctx context.Context, topics []string, after []int64,
 // account counts claimed page pg in res. Rows another transaction holds were
 // skipped; under OrderingTopic a topic that did not get all it read sends none
 // of it (nothing may overtake a row in flight elsewhere): account leaves their
-// rows out of pg.msgs (the page's end undoes their marks) and returns those
+// rows out of pg.msgs (the page's end leaves them outstanding) and returns those
 // topics, done for this sweep.
 func (s *Sweeper) account(pg *aheadPage, res *SweepResult) (done map[string]bool) {
 	res.Pages++

@@ -331,7 +331,8 @@ func (c Config) Validate() error {
 type SweepResult struct {
 	// Pages is how many pages were read.
 	Pages int
-	// Dispatched is how many rows the broker accepted and were marked dispatched.
+	// Dispatched is how many rows the broker accepted and were moved to the
+	// history table.
 	Dispatched int
 	// Batches and FailedBatches count the sends made and those that failed.
 	Batches, FailedBatches int
@@ -360,9 +361,11 @@ type SweepResult struct {
 //
 // A sweep reads a page of outstanding rows in id order, groups it by topic
 // keeping that order, lets the producer cut each group into batches, and sends up
-// to Concurrency topics at once, the batches of one topic in order. Each batch is
-// claimed, sent and marked dispatched in its own transaction (see store.dispatch),
-// so a later failure never undoes an earlier success and a second sweeper on the
+// to Concurrency topics at once, the batches of one topic in order. A page is
+// claimed in one transaction that holds its rows' locks while its batches are
+// sent, and each batch's outcome is its own: only the rows the broker accepted
+// move to the history table at the page's end (claim.go), so a later failure
+// never undoes an earlier success and a second sweeper on the
 // same table never sends a row this one has in flight. What a failed batch means
 // for its rows, its topic and the broker is the failure policy's to say
 // (policy.go): a batch that fails while the broker is up is split until the

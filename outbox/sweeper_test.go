@@ -910,27 +910,30 @@ func TestPagesClaimedAheadSendNothingOfATopicThatStopped(t *testing.T) {
 	require.Equal(t, want("a", 30), sent["a"], "a sent whole, in order")
 	require.Equal(t, want("b", 10), sent["b"], "b sent up to the batch that failed, and nothing after it")
 
-	// What is marked is what was sent; and the rows claimed ahead were claimed
-	// and let go (their row version is the sweeper's), not left alone.
-	rows, err := dbtest.Pool(t).Query(ctx, "SELECT convert_from(payload, 'UTF8'), dispatched_at IS NOT NULL, xmin::text FROM "+
-		pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()+" WHERE topic = 'b' ORDER BY id")
+	// What moved to history is what was sent; and the rows claimed ahead were
+	// claimed (locked: their tuple's xmax is the sweeper's) and let go, not
+	// left alone.
+	rows, err := dbtest.Pool(t).Query(ctx, "SELECT id, convert_from(payload, 'UTF8'), false, xmax::text FROM "+
+		pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()+" WHERE topic = 'b' UNION ALL SELECT id, convert_from(payload, 'UTF8'), true, '' FROM "+
+		pgx.Identifier{tbl.Schema, tbl.Name + "_history"}.Sanitize()+" WHERE topic = 'b' ORDER BY 1")
 	require.NoError(t, err)
 	type row struct {
+		ID         int64
 		Payload    string
 		Dispatched bool
-		Xmin       string
+		Xmax       string
 	}
 	bRows, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
 	require.NoError(t, err)
 	require.Len(t, bRows, 30)
-	written := bRows[29].Xmin // b-29: never read, still the writer's version
 	for i, r := range bRows {
+		require.Equal(t, fmt.Sprintf("b-%d", i), r.Payload)
 		require.Equal(t, i < 10, r.Dispatched, "%s dispatched", r.Payload)
 		if i >= 15 && i < 20 {
-			require.NotEqual(t, written, r.Xmin, "%s was claimed ahead, then let go", r.Payload)
+			require.NotEqual(t, "0", r.Xmax, "%s was claimed ahead, then let go", r.Payload)
 		}
 		if i >= 20 {
-			require.Equal(t, written, r.Xmin, "%s was never claimed: b had stopped", r.Payload)
+			require.Equal(t, "0", r.Xmax, "%s was never claimed: b had stopped", r.Payload)
 		}
 	}
 	require.Equal(t, 20, dbtest.Outstanding(t, tbl))

@@ -44,9 +44,23 @@ func NewWriter(t Table) (*Writer, error) { return writer.New(t) }
 // probe's watermark.
 func probeIdent(t Table) string { return pgx.Identifier{t.Schema, t.Name + "_probe"}.Sanitize() }
 
+// historyName returns the bare name of t's history table, which holds the
+// dispatched rows (migration 8).
+func historyName(t Table) string { return t.Name + "_history" }
+
+// historyIdent returns the quoted name of t's history table.
+func historyIdent(t Table) string { return pgx.Identifier{t.Schema, historyName(t)}.Sanitize() }
+
+// historyDefaultIdent returns the quoted name of the DEFAULT partition of t's
+// history table.
+func historyDefaultIdent(t Table) string {
+	return pgx.Identifier{t.Schema, historyName(t) + "_default"}.Sanitize()
+}
+
 // statement returns the named statement of package sql for t's tables.
 func statement(t Table, name string) string {
-	return outboxsql.Statement(name, outboxsql.Tables{Outbox: t.Ident(), DeadLetter: t.DeadLetterIdent(), Probe: probeIdent(t)})
+	return outboxsql.Statement(name, outboxsql.Tables{Outbox: t.Ident(), DeadLetter: t.DeadLetterIdent(), Probe: probeIdent(t),
+		History: historyIdent(t), HistoryDefault: historyDefaultIdent(t)})
 }
 
 // versionTable returns the name of the table where the migrations record the

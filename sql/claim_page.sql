@@ -1,9 +1,10 @@
 -- Reads and claims a page in one statement, in the page's transaction (which, during
 -- a drain, claims the next page in the same way while this one sends): up to a
 -- share of outstanding rows of each topic, read in id order from where the
--- topic's previous page ended, locked and marked dispatched. The marks become
--- visible only when the transaction commits, after the sends; the page's end
--- undoes the mark of every row the broker did not accept (unclaim.sql), and a
+-- topic's previous page ended, and locked (FOR UPDATE SKIP LOCKED). The lock is
+-- the claim: nothing is written. At the page's end the rows the broker accepted
+-- move to the history table in one statement (move_dispatched.sql), and the
+-- transaction commits; every other row is left as it is, outstanding, and a
 -- crash rolls everything back.
 --
 --   $1  the topics to read (from outstanding_topics.sql, less those stopped)
@@ -19,8 +20,8 @@
 -- below rows it read but could not claim). Candidates less claimed rows are rows another
 -- transaction holds (SKIP LOCKED), or all of a topic whose lock another sweeper
 -- holds: under --ordering none they wait for a later sweep; under --ordering
--- topic a topic that did not get all of them sends none (the sweeper undoes
--- their marks), so nothing overtakes a row in flight elsewhere.
+-- topic a topic that did not get all of them sends none (its rows are left
+-- outstanding), so nothing overtakes a row in flight elsewhere.
 --
 -- Why one statement and one transaction for the whole page rather than one per
 -- batch: at 1,000 topics a page's share is one row a topic, and a transaction
@@ -42,21 +43,22 @@
 -- the topics, and so before any row is looked at, whatever plan is picked.
 --
 -- The transaction commits without waiting for its WAL to reach disk
--- (synchronous_commit off, for it alone). Its marks say "sent"; if Postgres
--- crashes before it flushes them (a fraction of a second, wal_writer_delay
--- times three at most), the rows are outstanding again after recovery and are
+-- (synchronous_commit off, for it alone). Its move says "sent"; if Postgres
+-- crashes before it flushes it (a fraction of a second, wal_writer_delay
+-- times three at most), the rows are back in the outbox after recovery and are
 -- sent again: a duplicate, which at-least-once allows, never a loss (the rows
 -- themselves were committed by the application with its own settings). WAL is
--- flushed in order, so what is lost is always the latest marks, and a topic's
+-- flushed in order, so what is lost is always the latest moves, and a topic's
 -- rows come again in id order. The same holds for what a failure records in
 -- this transaction (attempts, a move to the dead-letter table): lost, the row
 -- is tried again.
 --
--- The claimed rows come back from the UPDATE as ids and attempts (read under the
--- lock), and the rest is read by id from the statement's snapshot, which holds
--- the same row as it was before the mark: payloads and headers never change.
--- Returning whole rows from the UPDATE cost more (they pass through the CTE's
--- tuplestore).
+-- Why no mark at claim: the mark was an UPDATE of dispatched_at, which is in
+-- the partial indexes' predicates, so it was never HOT and added an entry to
+-- every index of the outbox, and its old version stayed until vacuum (issue
+-- 32). The move at the page's end is now the row's only write after the
+-- application's insert. A row lock makes no new row version: it sets the
+-- tuple's xmax in place (a small WAL record), and the indexes do not see it.
 --
 -- Each topic's candidates are read through the (topic, id) index in id order.
 -- Its range is written as row comparisons on (topic, id), not as topic = … AND
@@ -64,9 +66,9 @@
 -- without a sort. Written plainly, the planner may walk the primary key in id
 -- order and filter, betting that the LIMIT stops it early; when its statistics
 -- predate a drain, that bet reads every dispatched row in each page (a second a
--- page at 100,000 rows). The candidates are then locked and marked through the
--- primary key. The ids go from step to step as arrays (= ANY (ARRAY(…))), not
--- as IN (subquery): pgx prepares the statement, and after five runs Postgres
+-- page at 100,000 rows). The candidates are then locked, and read whole,
+-- through the primary key. The ids go from step to step as arrays
+-- (= ANY (ARRAY(…))), not as IN (subquery): pgx prepares the statement, and after five runs Postgres
 -- may keep a generic plan, which cannot see the share ($4) and planned IN as a
 -- hash join over a sequential scan of the whole table (98 ms for a 500-row
 -- page of a 100,000-row table, against 13 ms).
@@ -89,22 +91,17 @@ WITH settings AS MATERIALIZED (
         ORDER BY o.topic, o.id
         LIMIT $4
     ) p
-), claimed AS (
-    UPDATE {{outbox}}
-    SET dispatched_at = now()
-    WHERE id = ANY (ARRAY(
-        SELECT o.id
-        FROM {{outbox}} o
-        WHERE o.id = ANY (ARRAY(SELECT c.id FROM candidates c WHERE c.held))
-          AND o.dispatched_at IS NULL
-        FOR UPDATE OF o SKIP LOCKED
-    ))
-    RETURNING id, attempts
+), claimed AS MATERIALIZED (
+    SELECT o.id, o.message_id, o.topic, o.payload, o.headers, o.content_type, o.correlation_id,
+           o.partition_key, o.created_at, o.expires_at, o.attempts
+    FROM {{outbox}} o
+    WHERE o.id = ANY (ARRAY(SELECT c.id FROM candidates c WHERE c.held))
+      AND o.dispatched_at IS NULL
+    FOR UPDATE OF o SKIP LOCKED
 )
-SELECT false AS summary, o.id, o.message_id::text, o.topic, o.payload, o.headers, o.content_type, o.correlation_id,
-       o.partition_key, o.created_at, o.expires_at, c.attempts, NULL::bigint AS candidates, NULL::bigint AS first
+SELECT false AS summary, c.id, c.message_id::text, c.topic, c.payload, c.headers, c.content_type, c.correlation_id,
+       c.partition_key, c.created_at, c.expires_at, c.attempts, NULL::bigint AS candidates, NULL::bigint AS first
 FROM claimed c
-JOIN {{outbox}} o ON o.id = c.id
 UNION ALL
 SELECT true, max(id), NULL, topic, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, count(*), min(id)
 FROM candidates

@@ -3,7 +3,8 @@
 -- collector's estimates), when autovacuum last ran on it, and what holds the
 -- vacuum horizon back the longest: the session, replication slot or prepared
 -- transaction with the oldest xmin. While something holds it, no row version
--- that any transaction has deleted since (a mark, a retention delete) can be
+-- that any transaction has deleted since (a move to history, a legacy retention
+-- delete) can be
 -- removed, and the table and its indexes grow (README, "Runbook").
 --
 --   $1  the outbox table's quoted, schema-qualified name

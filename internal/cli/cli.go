@@ -6,6 +6,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -381,6 +382,17 @@ func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Wri
 		}
 		defer waitAdmin()
 		logger.Info("admin API listening", "addr", o.adminAddr, "token", token != "", "allowed_hosts", hosts)
+	}
+	// The history partitions the moves need are made before the first page.
+	// A schema that predates them stops the start: the sweeper could send
+	// but never record a row as sent, and would send every row again and
+	// again. Any other failure (the database not up yet) is retention's to
+	// retry.
+	if err := svc.retention.Prepare(ctx); errors.Is(err, outbox.ErrNoHistory) {
+		_ = p.Close(ctx)
+		return err
+	} else if err != nil {
+		logger.Warn("history partitions not prepared; retention tries again at its next run, and meanwhile sent rows go to the DEFAULT partition", "err", err)
 	}
 	waitServices := svc.start(ctx, m, pool, tbl, s.TopicBreaker())
 	defer waitServices()

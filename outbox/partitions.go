@@ -1,0 +1,220 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// History partitions. The history table (migration 8) holds the dispatched
+// rows, partitioned by range of dispatched_at; retention retires them by
+// dropping whole partitions, which leaves no dead row behind, however long
+// something holds the vacuum horizon (DESIGN.md, "It lives for months").
+//
+// Each partition is historyWidth(retention) wide, and named by its start, in
+// UTC: <table>_h_YYYYMMDD_hhmmss. Retention creates the current partition and
+// the next historyAhead ones at the sweeper's start and at each run, and drops
+// those whose upper bound is older than the retention. The count stays
+// bounded: at most retention/width+1 (7 or 8 while the width is retention/7;
+// retention in days, plus one, for a retention above a week) behind now, the
+// ahead ones, and DEFAULT. A retention that keeps rows forever drops none.
+//
+// The DEFAULT partition catches moves no partition covers (retention did not
+// run for longer than the partitions ahead last, the clock jumped): a page
+// never fails for want of one. Retention empties it by row DELETE.
+//
+// Locks: attaching a partition takes SHARE UPDATE EXCLUSIVE on the history
+// table, which the moves' inserts (ROW EXCLUSIVE) do not conflict with;
+// dropping one takes ACCESS EXCLUSIVE on the history table, for the moment of
+// the drop. Either waits at most partitionLockTimeout for the moves running
+// then, then gives up until the next run: a move waits behind it that long at
+// most. Neither ever locks the outbox.
+
+// historyAhead is how many partitions past the current one retention keeps
+// ready.
+const historyAhead = 2
+
+// partitionLockTimeout bounds how long creating or dropping a partition waits
+// for its lock (and so how long moves queue behind it).
+const partitionLockTimeout = "500ms"
+
+// historyWidth returns the width of the history partitions for a retention:
+// a seventh of it, in whole seconds, at least a second and at most a day (a
+// retention that keeps rows forever gets a day).
+func historyWidth(retention time.Duration) time.Duration {
+	if retention <= 0 {
+		return 24 * time.Hour
+	}
+	return min(max((retention/7).Truncate(time.Second), time.Second), 24*time.Hour)
+}
+
+// historyPartition is a partition of the history table.
+type historyPartition struct {
+	name         string
+	isDefault    bool
+	lower, upper *time.Time
+}
+
+// partitionName names the partition of t's history starting at start.
+func partitionName(t Table, start time.Time) string {
+	return t.Name + "_h_" + start.UTC().Format("20060102_150405")
+}
+
+// listPartitions reads the history table's partitions, and the database's
+// clock.
+func (r *Retention) listPartitions(ctx context.Context, conn *pgx.Conn) ([]historyPartition, time.Time, error) {
+	var now time.Time
+	rows, err := conn.Query(ctx, r.historyPartitions, historyIdent(r.cfg.Table))
+	if err != nil {
+		return nil, now, err
+	}
+	var p historyPartition
+	parts, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (historyPartition, error) {
+		err := row.Scan(&p.name, &p.isDefault, &p.lower, &p.upper, &now)
+		return p, err
+	})
+	return parts, now, err
+}
+
+// planPartitions returns the ranges to create so that [now, now + (ahead+1) ×
+// width) is covered, given the partitions there are and the newest row of the
+// DEFAULT partition (nil: none). Ranges are aligned on multiples of width
+// (counted from time.Time's zero, so a day's width starts at midnight UTC)
+// and cut where a partition already begins, so a width
+// that changed (a new --retention) never overlaps the partitions made before.
+func planPartitions(parts []historyPartition, defaultNewest *time.Time, now time.Time, width time.Duration, ahead int) [][2]time.Time {
+	pos := now.Truncate(width)
+	if defaultNewest != nil && !defaultNewest.Before(pos) {
+		// A partition may not take rows the DEFAULT partition holds.
+		pos = defaultNewest.Truncate(time.Second).Add(time.Second)
+	}
+	end := now.Truncate(width).Add(time.Duration(ahead+1) * width)
+	var out [][2]time.Time
+	for pos.Before(end) {
+		next := pos.Truncate(width).Add(width)
+		covered := false
+		for _, p := range parts {
+			if p.lower == nil || p.upper == nil {
+				continue
+			}
+			if !pos.Before(*p.lower) && pos.Before(*p.upper) {
+				pos, covered = *p.upper, true
+				break
+			}
+			if p.lower.After(pos) && p.lower.Before(next) {
+				next = *p.lower
+			}
+		}
+		if covered {
+			continue
+		}
+		out = append(out, [2]time.Time{pos, next})
+		pos = next
+	}
+	return out
+}
+
+// ensurePartitions creates the current history partition and the next
+// historyAhead, where missing. A partition whose lock could not be had in
+// partitionLockTimeout is left for the next run. It returns how many it
+// created.
+func (r *Retention) ensurePartitions(ctx context.Context, conn *pgx.Conn) (int, error) {
+	parts, now, err := r.listPartitions(ctx, conn)
+	if err != nil {
+		return 0, r.explainHistory(err)
+	}
+	var newest *time.Time
+	if err := conn.QueryRow(ctx, r.historyDefaultSpan).Scan(&newest); err != nil {
+		return 0, r.explainHistory(err)
+	}
+	created := 0
+	for _, rg := range planPartitions(parts, newest, now, r.width, historyAhead) {
+		name := pgx.Identifier{r.cfg.Table.Schema, partitionName(r.cfg.Table, rg[0])}.Sanitize()
+		// Created apart and then attached, rather than with CREATE TABLE …
+		// PARTITION OF, which locks the history table against the moves.
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			for _, stmt := range []string{
+				"SET LOCAL lock_timeout = '" + partitionLockTimeout + "'",
+				"CREATE TABLE " + name + " (LIKE " + historyIdent(r.cfg.Table) + " INCLUDING DEFAULTS INCLUDING CONSTRAINTS)",
+				"ALTER TABLE " + historyIdent(r.cfg.Table) + " ATTACH PARTITION " + name +
+					" FOR VALUES FROM ('" + rg[0].UTC().Format(time.RFC3339Nano) + "') TO ('" + rg[1].UTC().Format(time.RFC3339Nano) + "')",
+			} {
+				if _, err := tx.Exec(ctx, stmt); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if lockTimedOut(err) {
+			r.cfg.Logger.Warn("a history partition waited too long for its lock; the next retention run creates it",
+				"table", r.cfg.Table.String(), "partition", name)
+			continue
+		}
+		if err != nil {
+			return created, fmt.Errorf("create history partition %s: %w", name, err)
+		}
+		created++
+	}
+	return created, nil
+}
+
+// dropPartitions drops the history partitions whose every row is older than
+// the retention (their upper bound is), and empties the DEFAULT partition of
+// such rows. It returns how many partitions it dropped and how many rows it
+// deleted from DEFAULT.
+func (r *Retention) dropPartitions(ctx context.Context, conn *pgx.Conn) (dropped, deleted int, err error) {
+	parts, now, err := r.listPartitions(ctx, conn)
+	if err != nil {
+		return 0, 0, r.explainHistory(err)
+	}
+	horizon := now.Add(-r.cfg.Dispatched)
+	for _, p := range parts {
+		if p.isDefault || p.upper == nil || p.upper.After(horizon) {
+			continue
+		}
+		name := pgx.Identifier{r.cfg.Table.Schema, p.name}.Sanitize()
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '"+partitionLockTimeout+"'"); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, "DROP TABLE "+name)
+			return err
+		})
+		if lockTimedOut(err) {
+			r.cfg.Logger.Warn("a history partition past retention waited too long for its lock; the next retention run drops it",
+				"table", r.cfg.Table.String(), "partition", name)
+			continue
+		}
+		if err != nil {
+			return dropped, deleted, fmt.Errorf("drop history partition %s: %w", name, err)
+		}
+		dropped++
+	}
+	deleted, err = r.deleteAll(ctx, conn, r.deleteHistoryDefault, r.cfg.Dispatched)
+	if err != nil {
+		return dropped, deleted, fmt.Errorf("delete from the DEFAULT history partition: %w", err)
+	}
+	return dropped, deleted, nil
+}
+
+// explainHistory says what to do when the history table is missing.
+func (r *Retention) explainHistory(err error) error {
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && (pgErr.Code == "42P01" || pgErr.Code == "42704") {
+		return fmt.Errorf("%w: %s does not exist (schema version 8 is needed): run `sweeper migrate --schema %s --table %s` against this database: %w",
+			ErrNoHistory, historyIdent(r.cfg.Table), r.cfg.Table.Schema, r.cfg.Table.Name, err)
+	}
+	return err
+}
+
+// ErrNoHistory says the outbox's history table does not exist: its schema
+// predates migration 8, and the sweeper cannot move sent rows.
+var ErrNoHistory = errors.New("the outbox has no history table")
+
+func lockTimedOut(err error) bool {
+	pgErr, ok := errors.AsType[*pgconn.PgError](err)
+	return ok && pgErr.Code == "55P03" // lock_not_available
+}
