@@ -53,3 +53,9 @@ func Floors(s *Sweeper) (members map[string]int64, discovery int64) {
 
 // ForceFullRetention makes r's next run start from the oldest dispatched row.
 func ForceFullRetention(r *Retention) { r.fullRun = time.Time{} }
+
+// HistoryWidth is the width of the history partitions for a retention.
+func HistoryWidth(retention time.Duration) time.Duration { return historyWidth(retention) }
+
+// PartitionName names the partition of t's history that starts at start.
+func PartitionName(t Table, start time.Time) string { return partitionName(t.WithDefaults(), start) }

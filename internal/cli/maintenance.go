@@ -35,7 +35,7 @@ func (o *maintenanceOptions) register(f *flags) {
 	f.Int(&o.dlqAlertThreshold, "dlq-alert-threshold", outbox.DeadLetterThresholdDefault, "dead letters at which the probe alerts (once per growth)")
 	f.String(&o.dlqProbeSchedule, "dlq-probe-schedule", "@every 1m", "spec", "cron spec of the dead-letter probe")
 	f.Duration(&o.dlqRetention, "dlq-retention", 0, "delete dead letters older than this (0: keep until purged)")
-	f.Duration(&o.retention, "retention", outbox.RetentionDefault, "delete dispatched rows older than this (-1ns or any negative: keep)")
+	f.Duration(&o.retention, "retention", outbox.RetentionDefault, "keep dispatched rows this long: history partitions, each a seventh of it wide (1s to 1 day), are dropped whole once older (-1ns or any negative: keep)")
 	f.String(&o.retentionSchedule, "retention-schedule", "@every 1m", "spec", "cron spec of retention")
 }
 
