@@ -37,6 +37,12 @@ type RetentionConfig struct {
 	DeadLetters time.Duration
 	// Batch is the most rows one delete removes. Defaults to
 	// RetentionBatchDefault.
+	//
+	// Ahead is how far past the current history partition each run makes
+	// partitions ready: set it to at least the time between runs, or moves
+	// land in the DEFAULT partition until the next run. Zero (and anything
+	// less) means two partitions' width.
+	Ahead time.Duration
 	Batch int
 	// Logger receives a line per run that deleted something.
 	Logger *slog.Logger

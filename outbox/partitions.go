@@ -17,11 +17,12 @@ import (
 //
 // Each partition is historyWidth(retention) wide, and named by its start, in
 // UTC: <table>_h_YYYYMMDD_hhmmss. Retention creates the current partition and
-// the next historyAhead ones at the sweeper's start and at each run, and drops
+// the next ones (historyAhead, or as many as cover RetentionConfig.Ahead) at
+// the sweeper's start and at each run, and drops
 // those whose upper bound is older than the retention. The count stays
 // bounded: at most retention/width+1 (7 or 8 while the width is retention/7;
 // retention in days, plus one, for a retention above a week) behind now, the
-// ahead ones, and DEFAULT. A retention that keeps rows forever drops none.
+// ahead ones (Ahead/width, at least historyAhead), and DEFAULT. A retention that keeps rows forever drops none.
 //
 // The DEFAULT partition catches moves no partition covers (retention did not
 // run for longer than the partitions ahead last, the clock jumped): a page
@@ -119,7 +120,7 @@ func planPartitions(parts []historyPartition, defaultNewest *time.Time, now time
 }
 
 // ensurePartitions creates the current history partition and the next
-// historyAhead, where missing. A partition whose lock could not be had in
+// that cover RetentionConfig.Ahead (at least historyAhead), where missing. A partition whose lock could not be had in
 // partitionLockTimeout is left for the next run. It returns how many it
 // created.
 func (r *Retention) ensurePartitions(ctx context.Context, conn *pgx.Conn) (int, error) {
@@ -132,7 +133,8 @@ func (r *Retention) ensurePartitions(ctx context.Context, conn *pgx.Conn) (int, 
 		return 0, r.explainHistory(err)
 	}
 	created := 0
-	for _, rg := range planPartitions(parts, newest, now, r.width, historyAhead) {
+	ahead := max(historyAhead, int((r.cfg.Ahead+r.width-1)/r.width))
+	for _, rg := range planPartitions(parts, newest, now, r.width, ahead) {
 		name := pgx.Identifier{r.cfg.Table.Schema, partitionName(r.cfg.Table, rg[0])}.Sanitize()
 		// Created apart and then attached, rather than with CREATE TABLE …
 		// PARTITION OF, which locks the history table against the moves.

@@ -96,7 +96,12 @@ func (o *maintenanceOptions) services(f *flags, pool *pgxpool.Pool, tbl outbox.T
 	if dispatched == 0 {
 		return nil, usagef("%s is 0s: give a duration, or a negative one to keep dispatched rows", f.origin("retention"))
 	}
-	r, err := outbox.NewRetention(pool, outbox.RetentionConfig{Table: tbl, Dispatched: dispatched, DeadLetters: o.dlqRetention, Logger: logger})
+	// History partitions are made ready for twice the time between runs, so
+	// that a run late or failed once still finds moves a partition.
+	next := retentionSched.Next(time.Now())
+	ahead := 2 * retentionSched.Next(next).Sub(next)
+	r, err := outbox.NewRetention(pool, outbox.RetentionConfig{Table: tbl, Dispatched: dispatched, DeadLetters: o.dlqRetention,
+		Ahead: ahead, Logger: logger})
 	if err != nil {
 		return nil, err
 	}
