@@ -388,7 +388,10 @@ func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Wri
 	// but never record a row as sent, and would send every row again and
 	// again. Any other failure (the database not up yet) is retention's to
 	// retry.
-	if err := svc.retention.Prepare(ctx); errors.Is(err, outbox.ErrNoHistory) {
+	prepCtx, cancelPrep := context.WithTimeout(ctx, 10*time.Second)
+	err = svc.retention.Prepare(prepCtx)
+	cancelPrep()
+	if errors.Is(err, outbox.ErrNoHistory) {
 		_ = p.Close(ctx)
 		return err
 	} else if err != nil {
