@@ -234,7 +234,7 @@ func (e *ReplayConflictError) Error() string {
 		}
 		what = fmt.Sprintf("%s of %s is already in %s, as row %d (written or replayed after it was dead-lettered)",
 			id, holder, e.Table, e.OutboxID)
-		todo = fmt.Sprintf("purge the dead letter if row %d replaces it, or replay it once retention has deleted row %d; ",
+		todo = fmt.Sprintf("purge the dead letter if row %d replaces it, or replay it once row %d has been sent; ",
 			e.OutboxID, e.OutboxID)
 	case len(e.DeadLetterIDs) > 1:
 		what = fmt.Sprintf("dead letters %s share %s", idList(e.DeadLetterIDs), id)

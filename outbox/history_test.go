@@ -341,3 +341,32 @@ func TestTheUpgradeToHistoryIsOnlineAndDeliversEveryRowOnce(t *testing.T) {
 		return count(t, "SELECT count(*) FROM "+ident) == 0
 	})
 }
+
+// The unique index on message_id covers the outbox, which holds outstanding
+// rows only: a write of an id is refused while its row waits, and accepted
+// once that row has been sent (moved to history, which has no unique index).
+func TestAMessageIDIsFreeAgainOnceItsRowWasSent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tbl := dbtest.Table(t)
+	const id = "6f1c2a0e-8d9b-4b8e-9a51-3f0b7e0c1d99"
+	writeMessages(t, tbl, outbox.Message{Topic: "orders", MessageID: id, Payload: []byte("first")})
+	w, err := outbox.NewWriter(tbl)
+	require.NoError(t, err)
+	write := func() error {
+		return pgx.BeginFunc(ctx, dbtest.Pool(t), func(tx pgx.Tx) error {
+			return w.Write(ctx, tx, outbox.Message{Topic: "orders", MessageID: id, Payload: []byte("second")})
+		})
+	}
+	var dup *outbox.DuplicateMessageIDError
+	require.ErrorAs(t, write(), &dup, "refused while the first row is outstanding")
+
+	prod := memory.New(memory.Config{})
+	_, err = newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl}).Sweep(ctx)
+	require.NoError(t, err)
+	require.NoError(t, write(), "accepted once the first row was sent")
+	_, err = newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl}).Sweep(ctx)
+	require.NoError(t, err)
+	require.Len(t, prod.Messages(), 2)
+	require.Equal(t, 2, count(t, "SELECT count(*) FROM "+historyIdent(tbl)+" WHERE message_id = $1", id), "both in history")
+}

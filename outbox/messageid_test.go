@@ -21,7 +21,8 @@ const (
 
 // Two rows with one message_id cannot both be in the outbox, however they are
 // written: one message, a multi-row INSERT, COPY, or plain SQL, and also when
-// the first row was already dispatched (it stays until retention deletes it).
+// the first row was marked dispatched in the outbox before the history table
+// (such a row stays until retention deletes it).
 // Through the Writer the error names the id and says what it means, and
 // errors.As still finds Postgres's unique violation; nothing of the refused
 // call is written.
