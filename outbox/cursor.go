@@ -46,7 +46,7 @@ import (
 // rows, so the cursor holds only topics with outstanding rows.
 //
 // Anything that puts a row back below a floor other than a sweep (an
-// operator's UPDATE … SET dispatched_at = NULL, say) is found by the full
+// operator's copy of a sent row back from history with its own id, say) is found by the full
 // reread every resetEvery: the cursor forgets everything and the next sweep
 // starts over from the lowest ids. A transaction that wrote to the database
 // and stays open holds floors where they are until it ends (the sweep then
