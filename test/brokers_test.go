@@ -57,7 +57,7 @@ func writeRoundTrip(t *testing.T, tbl outbox.Table, topics []string, n int) map[
 		require.NoError(t, w.Write(context.Background(), dbtest.Pool(t), msgs...))
 	}
 	rows, err := dbtest.Pool(t).Query(context.Background(),
-		"SELECT id, message_id::text FROM "+pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize())
+		"SELECT id, message_id::text FROM "+dbtest.EveryRow(tbl))
 	require.NoError(t, err)
 	ids := map[int64]string{}
 	var id int64

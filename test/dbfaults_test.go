@@ -132,7 +132,7 @@ func postgresStoppedMidRun(t *testing.T, crash bool) {
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
 	require.Equal(t, 0, p.wait(t, time.Minute))
 
-	rows, err := pool.Query(ctx, "SELECT id FROM outbox")
+	rows, err := pool.Query(ctx, "SELECT id FROM outbox UNION ALL SELECT id FROM outbox_history")
 	require.NoError(t, err)
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	require.NoError(t, err)
@@ -181,11 +181,12 @@ func TestFrozenInstanceRowsArePickedUpWithinTheBound(t *testing.T) {
 	t.Cleanup(func() { _ = frozen.Process.Kill(); _ = frozen.Wait() })
 
 	// The frozen instance's batch: its session idle in a transaction that has
-	// claimed rows of the outbox (the claim's UPDATE takes ROW EXCLUSIVE on the
-	// table, in the statement that sets the transaction's idle timeout; a page
-	// read takes ACCESS SHARE only), since when, and Postgres's clock now.
+	// claimed rows of the outbox (the claim's SELECT … FOR UPDATE takes ROW
+	// SHARE on the table, in the statement that sets the transaction's idle
+	// timeout; a plain read takes ACCESS SHARE only), since when, and
+	// Postgres's clock now.
 	outboxIdent := pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()
-	const claimed = `EXISTS (SELECT FROM pg_locks l WHERE l.pid = a.pid AND l.relation = $2::regclass AND l.mode = 'RowExclusiveLock')`
+	const claimed = `EXISTS (SELECT FROM pg_locks l WHERE l.pid = a.pid AND l.relation = $2::regclass AND l.mode = 'RowShareLock')`
 	type session struct {
 		pid   int32
 		state string // "" once the session is gone

@@ -24,7 +24,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -261,7 +260,7 @@ func requireNothingCharged(t *testing.T, tbl outbox.Table) {
 	t.Helper()
 	var attempted int
 	require.NoError(t, dbtest.Pool(t).QueryRow(context.Background(), "SELECT count(*) FROM "+
-		pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()+" WHERE attempts > 0").Scan(&attempted))
+		dbtest.EveryRow(tbl)+" WHERE attempts > 0").Scan(&attempted))
 	require.Zero(t, attempted, "rows charged an attempt for the broker's outage")
 	require.Empty(t, deadLetterReasons(t, tbl))
 }

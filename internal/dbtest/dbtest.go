@@ -282,6 +282,16 @@ func Run(m *testing.M) int {
 	return code
 }
 
+// EveryRow is a FROM item, aliased every_row, for every row of tbl that is
+// outstanding or was sent: those of the outbox and those the sweeper moved to
+// its history table (migration 8). Tests that check what was written or what
+// was charged read it, since a sent row leaves the outbox.
+func EveryRow(tbl outbox.Table) string {
+	const columns = "id, message_id, topic, payload, attempts, last_error, dispatched_at"
+	return "(SELECT " + columns + " FROM " + pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize() +
+		" UNION ALL SELECT " + columns + " FROM " + pgx.Identifier{tbl.Schema, tbl.Name + "_history"}.Sanitize() + ") AS every_row"
+}
+
 // Outstanding returns how many rows of tbl are not dispatched yet.
 func Outstanding(t testing.TB, tbl outbox.Table) int {
 	t.Helper()
