@@ -36,6 +36,10 @@ type activity struct {
 
 const activityBuckets = int(ActivityWindow / time.Second)
 
+// activityKeepMap is the most topics a bucket's map may have held and still
+// be cleared for reuse rather than replaced.
+const activityKeepMap = 64
+
 type activityBucket struct {
 	sec    int64 // the Unix second it counts
 	topics map[string]activityCounts
@@ -50,7 +54,9 @@ func (a *activity) add(topic string, now time.Time, c activityCounts) {
 	b := &a.buckets[sec%int64(activityBuckets)]
 	if b.sec != sec {
 		b.sec = sec
-		if b.topics == nil {
+		if b.topics == nil || len(b.topics) > activityKeepMap {
+			// clear keeps a map's buckets: a second of a flood of topics
+			// would hold its memory for good.
 			b.topics = map[string]activityCounts{}
 		}
 		clear(b.topics)
