@@ -14,6 +14,7 @@ package admin
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/subtle"
 	"embed"
@@ -89,6 +90,9 @@ type Config struct {
 	// more make it say degraded. Zero means DegradedDeadLettersDefault;
 	// negative, never.
 	DegradedDeadLetters int
+	// StatusTopics is the most topics GET /status lists (see capTopics);
+	// topics_omitted counts the rest. Zero means StatusTopicsDefault.
+	StatusTopics int
 }
 
 // DegradedDeadLettersDefault is the dead letters above which GET /status says
@@ -530,13 +534,17 @@ func (a *api) status(w http.ResponseWriter, r *http.Request) {
 	if a.cfg.Dependency != nil {
 		broker = a.brokerBreaker()
 	}
+	limit := cmp.Or(a.cfg.StatusTopics, StatusTopicsDefault)
+	shown, omitted := capTopics(topics, limit)
+	groups, groupsOmitted := capGroups(dead, limit)
 	writeJSON(w, http.StatusOK, map[string]any{
 		"health":          a.health(topics, total),
 		"time":            time.Now().UTC(),
 		"backlog_read_at": readAt.UTC(),
-		"topics":          topics,
+		"topics":          shown,
+		"topics_omitted":  omitted,
 		"broker_breaker":  broker,
-		"dead_letters":    map[string]any{"total": total, "groups": dead},
+		"dead_letters":    map[string]any{"total": total, "groups": groups, "groups_omitted": groupsOmitted},
 	})
 }
 
