@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,16 +20,19 @@ import (
 	"testing"
 	"time"
 
+	natsgo "github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-sweeper/sweeper/admin"
 	"github.com/outbox-sweeper/sweeper/breaker"
+	"github.com/outbox-sweeper/sweeper/internal/brokertest"
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
 	"github.com/outbox-sweeper/sweeper/metrics"
 	"github.com/outbox-sweeper/sweeper/outbox"
 	"github.com/outbox-sweeper/sweeper/producer"
+	outboxnats "github.com/outbox-sweeper/sweeper/producer/nats"
 )
 
 // floodTopics is how many distinct topics the topic-flood tests write:
@@ -209,4 +213,103 @@ func TestATopicPerRowIsDrainedWithinBoundedMemoryMetricsAndStatus(t *testing.T) 
 	t.Logf("/metrics after the drain: %d series, %d bytes, %d topic label values", series, len(body), len(topicLabels))
 
 	stop()
+}
+
+// Issue 30, item 6: a flood of rows on subjects no stream captures (each a
+// topic of its own) does not starve a healthy topic: the producer refuses
+// each such subject from its stream list at once, so the flood's topics trip
+// in microseconds, not in the half second a publish waits for JetStream's
+// answer. A healthy row written while the flood is being tripped arrives
+// (seen by a subscription on its subject) within a second of its commit at
+// the 99th percentile; it waited 45-50 s before.
+func TestAFloodOfTopicsWithoutAStreamDoesNotStarveAHealthyTopic(t *testing.T) {
+	t.Parallel()
+	n := floodTopics(t)
+	const (
+		healthyEvery = 20 * time.Millisecond
+		minHealthy   = 10 // rows that must be written while the flood lasts
+		goal         = time.Second
+	)
+	url := brokertest.NATSURL(t)
+	prefix := brokertest.Name("flood")
+	nc, _ := brokertest.PrefixStream(t, url, prefix)
+	healthy := prefix + ".healthy"
+	tbl := migrated(t)
+	writeTopicPerRow(t, tbl, n, func(i int) string { return fmt.Sprintf("nostream_%s.%08x-7d2e-4c1a-9b3f-%012d", prefix, i, i) })
+
+	// Arrivals, by the seq header the row carries.
+	var mu sync.Mutex
+	arrived := map[int]time.Time{}
+	sub, err := nc.Subscribe(healthy, func(m *natsgo.Msg) {
+		seq, err := strconv.Atoi(m.Header.Get("seq"))
+		if err != nil {
+			t.Errorf("healthy message without a seq: %v", err)
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if _, dup := arrived[seq]; !dup {
+			arrived[seq] = time.Now()
+		}
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	require.NoError(t, nc.Flush())
+
+	var trips atomic.Int64
+	firstTrip := make(chan struct{})
+	var once sync.Once
+	topics := breaker.New(breaker.Settings{OnStateChange: func(_ string, _, to breaker.State, _ string) {
+		if to == breaker.StateTripped {
+			trips.Add(1)
+			once.Do(func() { close(firstTrip) })
+		}
+	}})
+	p, err := outboxnats.New(outboxnats.Config{URL: url})
+	require.NoError(t, err)
+	require.NoError(t, p.Connect(context.Background())) // as the binary does at start
+	s, err := outbox.NewSweeper(dbtest.Pool(t), p, outbox.Config{Table: tbl, TopicBreaker: topics})
+	require.NoError(t, err)
+	stop := dbtest.RunSweeper(t, s)
+	t.Cleanup(func() { _ = p.Close(context.Background()) })
+
+	select {
+	case <-firstTrip:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("no flood topic tripped within 2 minutes")
+	}
+	// The healthy topic's rows, one per transaction, while the flood's
+	// topics are tripped, and again when their cooldown is over and each is
+	// tried again (half-open): until every one has tripped twice.
+	w, err := outbox.NewWriter(tbl)
+	require.NoError(t, err)
+	committed := map[int]time.Time{}
+	deadline := time.Now().Add(5 * time.Minute)
+	for seq := 0; trips.Load() < 2*int64(n); seq++ {
+		require.True(t, time.Now().Before(deadline), "the flood's topics tripped %d times in 5 minutes, not twice each", trips.Load())
+		require.NoError(t, w.Write(context.Background(), dbtest.Pool(t),
+			outbox.Message{Topic: healthy, Payload: []byte("ok"), Headers: map[string]any{"seq": seq}}))
+		committed[seq] = time.Now()
+		time.Sleep(healthyEvery) // the application's pace, not a wait for an outcome
+	}
+	t.Logf("%d healthy rows written while %d flood topics tripped, then tripped again", len(committed), n)
+	require.GreaterOrEqual(t, len(committed), minHealthy)
+
+	dbtest.Eventually(t, 2*time.Minute, "every healthy row arrived", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(arrived) >= len(committed)
+	})
+	stop()
+	mu.Lock()
+	defer mu.Unlock()
+	lat := make([]time.Duration, 0, len(committed))
+	for seq, at := range committed {
+		lat = append(lat, arrived[seq].Sub(at))
+	}
+	slices.Sort(lat)
+	p99 := lat[(len(lat)*99+99)/100-1]
+	t.Logf("healthy topic commit→arrival over %d rows: p50 %s, p99 %s, max %s", len(lat),
+		lat[len(lat)/2].Round(time.Millisecond), p99.Round(time.Millisecond), lat[len(lat)-1].Round(time.Millisecond))
+	require.Less(t, p99, goal, "a healthy topic's p99 commit→arrival during the flood")
 }

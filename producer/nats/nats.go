@@ -95,8 +95,9 @@ type Producer struct {
 }
 
 var (
-	_ producer.Producer = (*Producer)(nil)
-	_ producer.Checker  = (*Producer)(nil)
+	_ producer.Producer     = (*Producer)(nil)
+	_ producer.Checker      = (*Producer)(nil)
+	_ producer.TopicChecker = (*Producer)(nil)
 )
 
 // New returns a producer; it connects on [Producer.Connect] or first use, so a
@@ -227,6 +228,23 @@ func (p *Producer) Batches(ctx context.Context, topic string, msgs []producer.Me
 	})
 	out, _, _ := producer.Split(topic, valid, producer.Limits{Messages: p.cfg.MaxBatch})
 	return out, rej.Err()
+}
+
+// CheckTopic refuses, as topic class, a subject that is not a valid literal
+// subject, or that no stream captures as far as the stream list says (see
+// streams.go). While not connected it cannot tell, and says nil: it never
+// connects.
+func (p *Producer) CheckTopic(ctx context.Context, topic string) error {
+	if err := checkSubject(topic); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	nc, js := p.nc, p.js
+	p.mu.Unlock()
+	if nc == nil || !nc.IsConnected() {
+		return nil
+	}
+	return p.streams.check(ctx, js, topic)
 }
 
 // sizeOf is about a message's size as max_payload counts it: the payload and
