@@ -665,9 +665,15 @@ func TestATopicNoMessageCanReachTripsWithoutClaimingARow(t *testing.T) {
 		require.Equal(t, "good", m.Topic)
 	}
 	require.Equal(t, 100, dbtest.Outstanding(t, tbl))
+	noted := 0
 	for _, r := range readRows(t, tbl) {
 		require.Zero(t, r.Attempts, "row %d", r.ID)
+		if r.LastError != nil {
+			require.Contains(t, *r.LastError, "no stream captures")
+			noted++
+		}
 	}
+	require.Equal(t, 50, noted, "each refused topic's oldest row says why it waits")
 	asked := prod.checks.Load()
 	_, err = s.Sweep(context.Background())
 	require.NoError(t, err)

@@ -79,7 +79,9 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 	if err != nil {
 		return res, fmt.Errorf("list topics with outstanding rows in %s: %w", s.cfg.Table, err)
 	}
-	live = s.leaveOutUnreachable(work, st.plan, live)
+	if live, err = s.leaveOutUnreachable(work, st.plan, live); err != nil {
+		return res, err
+	}
 	after := make([]int64, len(live))
 	// A half-open broker breaker lets a single trial through and refuses the
 	// others: send one batch alone first, rather than claim batches only to

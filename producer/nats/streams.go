@@ -72,9 +72,10 @@ func (s *streams) check(ctx context.Context, js jetstream.JetStream, subject str
 	if !known || captured {
 		return nil
 	}
+	// The text stays the same from one refusal to the next: the sweeper
+	// writes it on a row only when it changes.
 	return producer.NewTopicError("no_stream", fmt.Errorf(
-		"publish to subject %q: no JetStream stream captures it, says the stream list read %s ago (create a stream whose subjects include this one)",
-		subject, s.age().Round(time.Millisecond)))
+		"publish to subject %q: no JetStream stream captures it, says the stream list (create a stream whose subjects include this one)", subject))
 }
 
 // lookup says whether the cached list captures subject, whether there is a
@@ -93,12 +94,6 @@ func (s *streams) lookup(subject string) (captured, known, fresh bool) {
 		}
 	}
 	return false, true, fresh
-}
-
-func (s *streams) age() time.Duration {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.now().Sub(s.readAt)
 }
 
 // read reads the list again, unless another read is under way (then it waits
