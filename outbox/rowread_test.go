@@ -51,7 +51,7 @@ func TestReadRowJudgesEachColumn(t *testing.T) {
 			}},
 		{name: "a far expires_at is kept", headers: []byte(`{}`), createdAt: finite(now),
 			expiresAt: finite(time.Date(294276, 12, 31, 23, 59, 59, 0, time.UTC)),
-			check: func(t *testing.T, m producer.Message) { require.Equal(t, 294276, m.ExpiresAt.Year()) }},
+			check:     func(t *testing.T, m producer.Message) { require.Equal(t, 294276, m.ExpiresAt.Year()) }},
 		{name: "an early created_at is kept", headers: []byte(`{}`), createdAt: finite(time.Date(-4713, 11, 24, 0, 0, 0, 0, time.UTC)),
 			check: func(t *testing.T, m producer.Message) { require.Equal(t, -4713, m.CreatedAt.Year()) }},
 		{name: "created_at infinity", headers: []byte(`{}`), createdAt: infinite(pgtype.Infinity),
