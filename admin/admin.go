@@ -93,7 +93,16 @@ type Config struct {
 	// StatusTopics is the most topics GET /status lists (see capTopics);
 	// topics_omitted counts the rest. Zero means StatusTopicsDefault.
 	StatusTopics int
+	// SweepsFailing, when set, makes GET /status say degraded, with the last
+	// error, while DegradedSweepFailures or more sweeps in a row have failed
+	// (outbox.Sweeper.Failing).
+	SweepsFailing func() (outbox.SweepFailure, bool)
 }
+
+// DegradedSweepFailures is how many sweeps in a row must fail for GET /status
+// to say degraded: one failure is a blip the backoff rides out (a statement
+// cancelled, a connection reset); three in a row, seconds apart, are a fault.
+const DegradedSweepFailures = 3
 
 // DegradedDeadLettersDefault is the dead letters above which GET /status says
 // degraded: seed 003's health check's threshold.
@@ -590,6 +599,12 @@ func (a *api) health(topics []*topicStatus, deadLetters int64) healthStatus {
 	}
 	if limit > 0 && deadLetters > int64(limit) {
 		h.Reasons = append(h.Reasons, fmt.Sprintf("%d dead letters, more than --degraded-dead-letters (%d)", deadLetters, limit))
+	}
+	if a.cfg.SweepsFailing != nil {
+		if f, failing := a.cfg.SweepsFailing(); failing && f.Consecutive >= DegradedSweepFailures {
+			h.Reasons = append(h.Reasons, fmt.Sprintf("%d sweeps in a row failed since %s, and nothing is sent meanwhile; the last: %s",
+				f.Consecutive, f.Since.UTC().Format(time.RFC3339), f.Err))
+		}
 	}
 	if len(h.Reasons) > 0 {
 		h.Status = "degraded"

@@ -51,12 +51,14 @@ type Metrics struct {
 	activeTopics    prometheus.GaugeFunc
 	topics          *topicLabels
 	maxTopics       int
+	sweepsFailing   prometheus.Gauge
 }
 
 var (
-	_ outbox.ListenObserver = (*Metrics)(nil)
-	_ outbox.SendObserver   = (*Metrics)(nil)
-	_ outbox.ExpiryObserver = (*Metrics)(nil)
+	_ outbox.ListenObserver        = (*Metrics)(nil)
+	_ outbox.SendObserver          = (*Metrics)(nil)
+	_ outbox.ExpiryObserver        = (*Metrics)(nil)
+	_ outbox.SweepFailuresObserver = (*Metrics)(nil)
 )
 
 // New registers the metrics on reg, with Config's defaults.
@@ -109,6 +111,8 @@ func NewWithConfig(reg prometheus.Registerer, cfg Config) *Metrics {
 			Help: "Rows in the dead-letter table by reason (refreshed on a schedule)."}, []string{"reason"}),
 		oldestDeadAge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_oldest_dead_letter_age_seconds",
 			Help: "Age of the oldest dead letter, 0 when there is none (refreshed on a schedule)."}),
+		sweepsFailing: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_sweeps_failed_consecutive",
+			Help: "Sweeps that failed one after another (a database error: down, or a statement that fails every time), 0 once one succeeds. Nothing is sent while it rises."}),
 		buildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outbox_build_info",
 			Help: "1, labelled with the sweeper's version, its Go version and its source revision."}, []string{"version", "goversion", "revision"}),
 	}
@@ -123,7 +127,7 @@ func NewWithConfig(reg prometheus.Registerer, cfg Config) *Metrics {
 	reg.MustRegister(m.topicsTracked, m.activeTopics)
 	reg.MustRegister(m.dispatched, m.batches, m.errors, m.deadLettered, m.expired, m.alertsDropped, m.tripped, m.dependency, m.outstanding,
 		m.oldestAge, m.deadLetters, m.listening, m.sweepDuration, m.dispatchLatency, m.batchSize,
-		m.sendDuration, m.retries, m.topicChanges, m.brokerChanges, m.deadByReason, m.oldestDeadAge, m.buildInfo)
+		m.sendDuration, m.retries, m.topicChanges, m.brokerChanges, m.deadByReason, m.oldestDeadAge, m.buildInfo, m.sweepsFailing)
 	return m
 }
 
@@ -195,6 +199,12 @@ func (m *Metrics) Listening(up bool) {
 	}
 	m.listening.Set(v)
 }
+
+// SweepsFailing implements outbox.SweepFailuresObserver.
+func (m *Metrics) SweepsFailing(n int) { m.sweepsFailing.Set(float64(n)) }
+
+// SweepsFailingGauge returns outbox_sweeps_failed_consecutive, for tests.
+func (m *Metrics) SweepsFailingGauge() prometheus.Gauge { return m.sweepsFailing }
 
 // SweepDone implements outbox.Observer.
 func (m *Metrics) SweepDone(d time.Duration) { m.sweepDuration.Observe(d.Seconds()) }

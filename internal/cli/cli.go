@@ -384,6 +384,7 @@ func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Wri
 			Topics: s.TopicBreaker(), Dependency: dep, DeadLetters: dead, Logger: logger, Backoffs: s.TopicBackoffs,
 			Activity: s.TopicActivity, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
 			Stalled:             func(now time.Time) (outbox.Stall, bool) { return s.Stalled(now, o.stallTicks) },
+			SweepsFailing:       s.Failing,
 			DegradedDeadLetters: o.degradedDead, StatusTopics: o.statusTopics})
 		if err != nil {
 			_ = p.Close(ctx)
