@@ -388,6 +388,9 @@ type Sweeper struct {
 	busySince, lastSweep atomic.Int64
 	// cursor keeps each topic's floor across sweeps.
 	cursor *cursor
+	// failing is Run's sweeps that failed one after another, nil while the
+	// last one succeeded. Failing reads it.
+	failing atomic.Pointer[SweepFailure]
 }
 
 // BrokerBreaker is the broker (dependency) circuit breaker as the sweeper
@@ -517,6 +520,7 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		}
 		if err != nil {
 			failing++
+			s.sweepFailed(failing, start, err)
 			delay := retry.NextBackOff()
 			s.logger.Error("sweep failed; retrying", "err", err, "retry_in", delay.Round(time.Millisecond), "failures_in_a_row", failing)
 			next = time.Now().Add(delay)
@@ -525,6 +529,7 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		if failing > 0 {
 			s.logger.Info("sweep succeeded again", "failures_before", failing)
 			failing = 0
+			s.sweepFailed(0, start, nil)
 			retry.Reset()
 		}
 		if res.Dispatched > 0 || res.FailedBatches > 0 {
@@ -536,6 +541,58 @@ func (s *Sweeper) Run(ctx context.Context) error {
 			next = res.due
 		}
 	}
+}
+
+// SweepFailure describes Run's sweeps failing one after another.
+type SweepFailure struct {
+	// Consecutive is how many sweeps failed in a row; Since, when the first
+	// of them began; Err, the last one's error, cut short.
+	Consecutive int
+	Since       time.Time
+	Err         string
+}
+
+// SweepFailuresObserver is an Observer that also wants to know how many
+// sweeps have failed in a row (the metrics package implements it).
+type SweepFailuresObserver interface {
+	Observer
+	// SweepsFailing reports n sweeps failed in a row; 0 once one succeeds.
+	SweepsFailing(n int)
+}
+
+// maxSweepErrorText bounds the error Failing reports: the status page shows
+// it, and a statement's error may quote a long value.
+const maxSweepErrorText = 500
+
+// sweepFailed records that the n-th sweep in a row, begun at start, failed
+// with err; n = 0: a sweep succeeded.
+func (s *Sweeper) sweepFailed(n int, start time.Time, err error) {
+	if o, ok := s.cfg.Observer.(SweepFailuresObserver); ok {
+		o.SweepsFailing(n)
+	}
+	if n == 0 {
+		s.failing.Store(nil)
+		return
+	}
+	f := SweepFailure{Consecutive: n, Since: start, Err: truncate(err.Error(), maxSweepErrorText)}
+	if prev := s.failing.Load(); prev != nil {
+		f.Since = prev.Since
+	}
+	s.failing.Store(&f)
+}
+
+// Failing reports whether Run's last sweep failed, and how many before it
+// failed in a row. A sweep fails on a database error (the database is down,
+// or a statement fails); a broker's failures are the rows' and the topics',
+// never the sweep's. Sweeps that fail while the database answers are a fault
+// no backoff cures: the admin API's GET /status says degraded, and
+// outbox_sweeps_failed_consecutive rises. Safe to call from any goroutine.
+func (s *Sweeper) Failing() (SweepFailure, bool) {
+	f := s.failing.Load()
+	if f == nil {
+		return SweepFailure{}, false
+	}
+	return *f, true
 }
 
 // Stall describes a sweep of Run that has made no progress for longer than

@@ -191,6 +191,8 @@ type runOptions struct {
 	topicMaxAge      map[string]time.Duration
 	stallTicks       int
 	degradedDead     int
+	metricsTopics    int
+	statusTopics     int
 	notify           bool
 	ordering         string
 	pageSize         int
@@ -212,6 +214,8 @@ func (o *runOptions) flags() *flags {
 	f.String(&o.adminHosts, "admin-allowed-hosts", "", "host,…", "names, besides --admin-addr's, by which clients call the admin API (a proxy's, a Service's); requests naming another Host are refused (DNS rebinding); IP literals are served unless --admin-addr is loopback")
 	f.Int(&o.stallTicks, "stall-ticks", 60, "/healthz fails (so Kubernetes restarts the process) when a sweep has made no progress (no statement or send returned) for more than this many ticks and twice --send-timeout plus 5s; a failing sweep returns, and is not stalled")
 	f.Int(&o.degradedDead, "degraded-dead-letters", admin.DegradedDeadLettersDefault, "GET /status says degraded above this many dead letters (-1: never); an open broker breaker or a tripped topic always does")
+	f.Int(&o.statusTopics, "status-topics", admin.StatusTopicsDefault, "most topics GET /status and the console list: those in trouble first, then the deepest backlogs, then the busiest; the rest are counted")
+	f.Int(&o.metricsTopics, "metrics-max-topics", metrics.MaxTopicsDefault, `most topics with series of their own in the per-topic metrics; the others are counted under topic="_other"`)
 	f.Bool(&o.adminUI, "admin-ui", true, "serve the console, a web page over the admin API, at / of --admin-addr (it asks for the token)")
 	f.Int(&o.concurrency, "concurrency", outbox.ConcurrencyDefault, "topics sent at once; the batches of one topic go in order")
 	f.Int(&o.deadLetterLimit, "dead-letter-limit", outbox.DeadLetterLimitDefault, "storm guard: more rows of one topic dead-lettered within --dead-letter-window stop dead-lettering, trip the topic and alert (-1: off)")
@@ -272,6 +276,12 @@ func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Wri
 	if o.degradedDead == 0 || o.degradedDead < -1 {
 		return usagef("%s is %d: it must be at least 1, or -1 to never say degraded for dead letters", f.origin("degraded-dead-letters"), o.degradedDead)
 	}
+	if o.statusTopics < 1 {
+		return usagef("%s is %d: it must be at least 1", f.origin("status-topics"), o.statusTopics)
+	}
+	if o.metricsTopics < 1 {
+		return usagef("%s is %d: it must be at least 1", f.origin("metrics-max-topics"), o.metricsTopics)
+	}
 	token, err := adminToken(f, o.adminToken, o.adminTokenFile)
 	if err != nil {
 		return err
@@ -297,7 +307,7 @@ func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Wri
 	cfg.Logger = logger
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	m := metrics.New(reg)
+	m := metrics.NewWithConfig(reg, metrics.Config{MaxTopics: o.metricsTopics})
 	m.SetBuildInfo(version())
 	cfg.Observer = m
 	syncAlerter, notifier, err := o.maintenanceOptions.alerters(f, logger, m)
@@ -374,7 +384,8 @@ func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Wri
 			Topics: s.TopicBreaker(), Dependency: dep, DeadLetters: dead, Logger: logger, Backoffs: s.TopicBackoffs,
 			Activity: s.TopicActivity, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
 			Stalled:             func(now time.Time) (outbox.Stall, bool) { return s.Stalled(now, o.stallTicks) },
-			DegradedDeadLetters: o.degradedDead})
+			SweepsFailing:       s.Failing,
+			DegradedDeadLetters: o.degradedDead, StatusTopics: o.statusTopics})
 		if err != nil {
 			_ = p.Close(ctx)
 			return err
