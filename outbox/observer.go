@@ -56,3 +56,11 @@ type ListenObserver interface {
 	// Listening reports the connection up (true) or down (false).
 	Listening(up bool)
 }
+
+// SweepFailuresObserver is an Observer that also wants to know how many
+// sweeps have failed in a row (the metrics package implements it).
+type SweepFailuresObserver interface {
+	Observer
+	// SweepsFailing reports n sweeps failed in a row; 0 once one succeeds.
+	SweepsFailing(n int)
+}

@@ -230,14 +230,6 @@ type SweepFailure struct {
 	Err         string
 }
 
-// SweepFailuresObserver is an Observer that also wants to know how many
-// sweeps have failed in a row (the metrics package implements it).
-type SweepFailuresObserver interface {
-	Observer
-	// SweepsFailing reports n sweeps failed in a row; 0 once one succeeds.
-	SweepsFailing(n int)
-}
-
 // maxSweepErrorText bounds the error Failing reports: the status page shows
 // it, and a statement's error may quote a long value.
 const maxSweepErrorText = 500
