@@ -228,7 +228,7 @@ func run(ctx context.Context, cfg *config) error {
 			if rate > cfg.stepMax {
 				return phase{}, false
 			}
-			return phase{name: fmt.Sprintf("rate=%d", rate), dur: cfg.stepHold, rate: rate}, true
+			return phase{name: fmt.Sprintf("step-%d", rate), dur: cfg.stepHold, rate: rate}, true
 		}
 	}
 	sums, err := soak(ctx, cfg, cl, enc, plan)

@@ -98,6 +98,17 @@ func printSummaries(cfg *config, sums []summary) {
 			}
 		}
 		fmt.Fprintf(&b, "highest rate held for %s with lag ≤ %s: %d rows/s\n", cfg.stepHold, cfg.lagLimit, best)
+		if last := sums[len(sums)-1]; !last.held(cfg.lagLimit) {
+			switch {
+			case last.OfferedRate < 0.97*float64(last.TargetRate) && last.LagMax <= cfg.lagLimit.Seconds():
+				fmt.Fprintf(&b, "stopped by the writer, not the relay: it offered %.0f of %d rows/s with the lag within the limit, so the figure is a lower bound (more --conns or --tx-rows)\n",
+					last.OfferedRate, last.TargetRate)
+			case last.WriterErrors > 0:
+				fmt.Fprintf(&b, "stopped by the writer's errors\n")
+			default:
+				fmt.Fprintf(&b, "stopped by the lag: %.2fs at %d rows/s\n", last.LagMax, last.TargetRate)
+			}
+		}
 		fmt.Printf("BenchmarkSoakStep 1 %d held-rows/s\n", best)
 	}
 	fmt.Fprint(os.Stderr, b.String())
@@ -106,6 +117,9 @@ func printSummaries(cfg *config, sums []summary) {
 			s.Phase, s.Ratio, s.LagMax*1000, s.DeliveryP99*1000, s.BacklogMax, float64(s.SizeStart)/(1<<20), float64(s.SizeEnd)/(1<<20), s.DeadMax)
 		if s.RecoverS != nil {
 			line += fmt.Sprintf(" %.1f recover-s", *s.RecoverS)
+		}
+		if s.SettledS != nil {
+			line += fmt.Sprintf(" %.1f settled-s", *s.SettledS)
 		}
 		fmt.Println(line)
 	}

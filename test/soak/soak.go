@@ -229,7 +229,7 @@ func (m *monitor) phase(ctx context.Context, enc *json.Encoder, p phase, prev sa
 	defer fine.Stop()
 	nextSample := start.Add(m.cfg.sample)
 	end := start.Add(p.dur)
-	var lastOver time.Time // the last check with the lag over the limit
+	var settledAt time.Time // the first check of the run of checks, to now, with the lag within the limit
 	for ctx.Err() == nil {
 		var now time.Time
 		select {
@@ -241,9 +241,13 @@ func (m *monitor) phase(ctx context.Context, enc *json.Encoder, p phase, prev sa
 		lag := m.r.oldest(now)
 		s.LagMax = max(s.LagMax, lag.Seconds())
 		if !holdEnded.IsZero() {
-			if lag > m.cfg.lagLimit {
-				lastOver = now
-			} else if s.RecoverS == nil {
+			switch {
+			case lag > m.cfg.lagLimit:
+				settledAt = time.Time{}
+			case settledAt.IsZero():
+				settledAt = now
+			}
+			if lag <= m.cfg.lagLimit && s.RecoverS == nil {
 				v := now.Sub(holdEnded).Seconds()
 				s.RecoverS = &v
 			}
@@ -264,15 +268,9 @@ func (m *monitor) phase(ctx context.Context, enc *json.Encoder, p phase, prev sa
 			break
 		}
 	}
-	if !holdEnded.IsZero() && s.RecoverS != nil {
-		v := lastOver.Sub(holdEnded).Seconds()
-		if lastOver.IsZero() || v < 0 {
-			v = *s.RecoverS
-		}
+	if !holdEnded.IsZero() && !settledAt.IsZero() {
+		v := settledAt.Sub(holdEnded).Seconds()
 		s.SettledS = &v
-		if s.last.Lag > m.cfg.lagLimit.Seconds() {
-			s.SettledS = nil // not settled by the phase's end
-		}
 	}
 	s.Seconds = time.Since(start).Seconds()
 	s.Offered = m.w.committed.Load() - offered0
