@@ -248,7 +248,7 @@ func (r *reader) oldest(now time.Time) time.Duration {
 // parsePayload reads "soak <txn> <row> " from the start of the line's base64
 // payload.
 func parsePayload(line, buf []byte) (txn int64, k int, ok bool) {
-	i := bytes.Index(line, payloadKey)
+	i := bytes.LastIndex(line, payloadKey) // the last field: headers may hold the key too
 	if i < 0 {
 		return 0, 0, false
 	}
