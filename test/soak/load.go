@@ -278,7 +278,8 @@ func parsePayload(line, buf []byte) (txn int64, k int, ok bool) {
 // output (the stdout producer's messages) read by the harness.
 type sweeper struct {
 	cmd  *exec.Cmd
-	done chan error // the reader's end
+	done chan error    // the reader's end
+	eof  chan struct{} // closed when its output ends: it has exited
 }
 
 // startSweeper runs bin with args (after "run --database-url url"), its
@@ -302,10 +303,12 @@ func startSweeper(bin, url string, args []string, consume func(io.Reader) error)
 		pr.Close()
 		return nil, err
 	}
-	s := &sweeper{cmd: cmd, done: make(chan error, 1)}
+	s := &sweeper{cmd: cmd, done: make(chan error, 1), eof: make(chan struct{})}
 	go func() {
 		defer pr.Close()
-		s.done <- consume(pr)
+		err := consume(pr)
+		close(s.eof)
+		s.done <- err
 	}()
 	return s, nil
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -128,7 +129,7 @@ func soak(ctx context.Context, cfg *config, cl *cluster, enc *json.Encoder, plan
 	wg.Go(func() { w.run(wctx, ctx) })
 	defer func() { stopWriter(); wg.Wait() }()
 
-	m := &monitor{cfg: cfg, conn: mon, w: w, r: r, start: time.Now()}
+	m := &monitor{cfg: cfg, conn: mon, w: w, r: r, start: time.Now(), gone: sw.eof}
 	prev := m.sample(ctx, "start", 0, nil) // the sizes before the first phase
 	_ = enc.Encode(prev)
 
@@ -208,6 +209,7 @@ type monitor struct {
 	w     *writer
 	r     *reader
 	start time.Time
+	gone  <-chan struct{} // closed when the sweeper's output ends
 
 	prevAt                 time.Time
 	prevOffered, prevLines int64
@@ -230,11 +232,16 @@ func (m *monitor) phase(ctx context.Context, enc *json.Encoder, p phase, prev sa
 	nextSample := start.Add(m.cfg.sample)
 	end := start.Add(p.dur)
 	var settledAt time.Time // the first check of the run of checks, to now, with the lag within the limit
-	for ctx.Err() == nil {
+	var failed error
+	for ctx.Err() == nil && failed == nil {
 		var now time.Time
 		select {
 		case <-ctx.Done():
-			s.Phase += " (interrupted)"
+			s.Phase += "-interrupted" // no spaces: it names a benchmark line
+			continue
+		case <-m.gone:
+			s.Phase += "-sweeper-exited"
+			failed = fmt.Errorf("the sweeper exited during phase %s (its stderr is above)", p.name)
 			continue
 		case now = <-fine.C:
 		}
@@ -292,7 +299,7 @@ func (m *monitor) phase(ctx context.Context, enc *json.Encoder, p phase, prev sa
 		fmt.Fprintf(os.Stderr, "soak: %d of the writer's transactions failed in %s; the last: %v\n", s.WriterErrors, p.name, m.w.lastErr)
 		m.w.mu.Unlock()
 	}
-	return s, ctx.Err()
+	return s, cmp.Or(failed, ctx.Err())
 }
 
 // sample reads the counters and asks the database for sizes, dead tuples and
