@@ -87,7 +87,7 @@ func printSummaries(cfg *config, sums []summary) {
 			fmt.Fprintf(&b, "%s: the writer fell behind by %d transactions, %d failed\n", s.Phase, s.Behind, s.WriterErrors)
 		}
 		if s.Missing != nil {
-			fmt.Fprintf(&b, "at the end (after up to %s with no new rows): %d rows never arrived, %d duplicates\n", cfg.tail, *s.Missing, s.Duplicates)
+			fmt.Fprintf(&b, "at the end, %s after the last row was offered at most (-tail): %d rows not arrived, %d duplicates\n", cfg.tail, *s.Missing, s.Duplicates)
 		}
 	}
 	if cfg.mode == "step" {

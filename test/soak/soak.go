@@ -70,7 +70,7 @@ type summary struct {
 	Behind       int64    `json:"writer_behind"`
 	WriterErrors int64    `json:"writer_errors"`
 	Duplicates   int64    `json:"duplicates"`
-	Missing      *int64   `json:"missing,omitempty"` // last phase: rows committed that never arrived within --tail
+	Missing      *int64   `json:"missing,omitempty"` // last phase: rows committed and not arrived when --tail ran out (or all had arrived)
 
 	phaseState `json:"-"`
 }
