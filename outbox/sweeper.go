@@ -220,8 +220,10 @@ func (s *Sweeper) Run(ctx context.Context) error {
 			retry.Reset()
 		}
 		if res.Dispatched > 0 || res.FailedBatches > 0 {
+			cs := s.cursor.stats()
 			s.logger.Debug("swept", "dispatched", res.Dispatched, "batches", res.Batches,
-				"failed_batches", res.FailedBatches, "pages", res.Pages, "duration", time.Since(start), "tick", tick)
+				"failed_batches", res.FailedBatches, "pages", res.Pages, "duration", time.Since(start), "tick", tick,
+				"floors", cs.Members, "lowest_floor", cs.Lowest, "discovery_floor", cs.Discovery, "pending", cs.Pending, "xmin", cs.Xmin)
 		}
 		next = due
 		if !res.due.IsZero() {
