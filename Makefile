@@ -7,7 +7,11 @@
 # scripts/services.sh brings the services up (installing them from Debian's
 # packages when run as root; otherwise it says what to run). When Postgres wants
 # a password over TCP it writes the URLs to use to .services.env, read here.
-#   make bench   the benchmarks: drains, instances, page query, latency, RSS (see BENCHMARKS.md)
+#   make bench   the benchmarks: drains, instances, page query, latency, RSS, soak (see BENCHMARKS.md)
+#   make soak    the soak of issue 32: bin/sweeper at 3,000 rows/s on a Postgres of its own
+#                (autovacuum on), clean / a held snapshot / recovery, 2 min each, beside the
+#                claim-and-mark ceiling; SOAK_MODE=clean|step|ceiling, SOAK_BIN=old binary,
+#                SOAK_ARGS='-phase 20s -sweeper-args "--tick 100ms"' (see BENCHMARKS.md)
 
 BIN          := bin/sweeper
 VERSION      ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
@@ -20,7 +24,7 @@ BENCHSTAT    := golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4
 SHELL       := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: build run test test-under-load services bench bench-binary vet check-deploy clean
+.PHONY: build run test test-under-load services bench bench-binary soak vet check-deploy clean
 
 # Loads .services.env (if scripts/services.sh wrote one) into a recipe line.
 LOADENV := set -a; [ ! -f .services.env ] || . ./.services.env; set +a;
@@ -94,7 +98,20 @@ bench:
 	$(LOADENV) go test -run '^$$' -bench 'Split' -benchtime 20x -count 3 -timeout 30m ./outbox/ | tee -a bench.out
 	$(LOADENV) go test -run '^$$' -bench . -benchtime 1x -count 3 -timeout 30m ./test/bench/ | tee -a bench.out
 	go test -run '^$$' -bench 'Send' -benchtime 20x -count 3 -timeout 30m ./producer/kafka/ | tee -a bench.out
+	$(MAKE) --no-print-directory soak SOAK_MODE=phases SOAK_TEE='tee -a bench.out'
 	go run $(BENCHSTAT) bench.out
 
+# The soak (issue 32, test/soak/): starts a Postgres of its own (initdb's settings,
+# autovacuum on) in a temporary directory and removes it at the end, Ctrl-C
+# included; runs $(SOAK_BIN) as users do (migrate, then run --producer stdout,
+# its output read through a pipe for end-to-end lag). Benchmark lines go to
+# soak.out (bench.out under make bench), the 2-second samples to soak-samples.out.
+SOAK_MODE ?= phases
+SOAK_BIN  ?= $(BIN)
+SOAK_ARGS ?=
+SOAK_TEE  ?= tee soak.out
+soak: build
+	go run ./test/soak $(SOAK_MODE) --bin $(SOAK_BIN) $(SOAK_ARGS) | $(SOAK_TEE)
+
 clean:
-	rm -rf bin bench.out
+	rm -rf bin bench.out soak.out soak-samples.out

@@ -14,6 +14,7 @@ package admin
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/subtle"
 	"embed"
@@ -89,7 +90,19 @@ type Config struct {
 	// more make it say degraded. Zero means DegradedDeadLettersDefault;
 	// negative, never.
 	DegradedDeadLetters int
+	// StatusTopics is the most topics GET /status lists (see capTopics);
+	// topics_omitted counts the rest. Zero means StatusTopicsDefault.
+	StatusTopics int
+	// SweepsFailing, when set, makes GET /status say degraded, with the last
+	// error, while DegradedSweepFailures or more sweeps in a row have failed
+	// (outbox.Sweeper.Failing).
+	SweepsFailing func() (outbox.SweepFailure, bool)
 }
+
+// DegradedSweepFailures is how many sweeps in a row must fail for GET /status
+// to say degraded: one failure is a blip the backoff rides out (a statement
+// cancelled, a connection reset); three in a row, seconds apart, are a fault.
+const DegradedSweepFailures = 3
 
 // DegradedDeadLettersDefault is the dead letters above which GET /status says
 // degraded: seed 003's health check's threshold.
@@ -537,14 +550,18 @@ func (a *api) status(w http.ResponseWriter, r *http.Request) {
 		a.internal(w, r, err)
 		return
 	}
+	limit := cmp.Or(a.cfg.StatusTopics, StatusTopicsDefault)
+	shown, omitted := capTopics(topics, limit)
+	groups, groupsOmitted := capGroups(dead, limit)
 	writeJSON(w, http.StatusOK, map[string]any{
 		"health":          a.health(topics, total),
 		"table":           table,
 		"time":            time.Now().UTC(),
 		"backlog_read_at": readAt.UTC(),
-		"topics":          topics,
+		"topics":          shown,
+		"topics_omitted":  omitted,
 		"broker_breaker":  broker,
-		"dead_letters":    map[string]any{"total": total, "groups": dead},
+		"dead_letters":    map[string]any{"total": total, "groups": groups, "groups_omitted": groupsOmitted},
 	})
 }
 
@@ -590,6 +607,12 @@ func (a *api) health(topics []*topicStatus, deadLetters int64) healthStatus {
 	}
 	if limit > 0 && deadLetters > int64(limit) {
 		h.Reasons = append(h.Reasons, fmt.Sprintf("%d dead letters, more than --degraded-dead-letters (%d)", deadLetters, limit))
+	}
+	if a.cfg.SweepsFailing != nil {
+		if f, failing := a.cfg.SweepsFailing(); failing && f.Consecutive >= DegradedSweepFailures {
+			h.Reasons = append(h.Reasons, fmt.Sprintf("%d sweeps in a row failed since %s, and nothing is sent meanwhile; the last: %s",
+				f.Consecutive, f.Since.UTC().Format(time.RFC3339), f.Err))
+		}
 	}
 	if len(h.Reasons) > 0 {
 		h.Status = "degraded"

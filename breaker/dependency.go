@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"time"
 
-	"github.com/cenkalti/backoff/v5"
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/outbox-sweeper/sweeper/alert"
@@ -19,9 +17,6 @@ import (
 const (
 	BreakerFailuresDefault     = 5
 	BreakerOpenDurationDefault = 30 * time.Second
-	RetryAttemptsDefault       = 5
-	RetryInitialDefault        = 200 * time.Millisecond
-	RetryMaxDefault            = 5 * time.Second
 )
 
 // DependencyState is the dependency breaker's state, with the numbers the
@@ -179,13 +174,6 @@ func (d *Dependency) newBreaker() *gobreaker.TwoStepCircuitBreaker[struct{}] {
 	return cb
 }
 
-func (d *Dependency) notify(c stateChange) {
-	select {
-	case d.changes <- c:
-	default: // a burst of changes beyond the buffer: the state is what counts
-	}
-}
-
 // Trip opens the breaker by hand, for reason: every send is refused, and no
 // trial goes through, until Reset. For a broker an operator knows is going
 // away (maintenance, a failover): nothing is sent to it and no row is
@@ -278,75 +266,6 @@ func fromGobreaker(s gobreaker.State) DependencyState {
 	}
 }
 
-func (d *Dependency) notifyLoop() {
-	defer d.wg.Done()
-	for {
-		select {
-		case c := <-d.changes:
-			d.deliver(c)
-		case <-d.done:
-			for { // deliver what came before Close
-				select {
-				case c := <-d.changes:
-					d.deliver(c)
-				default:
-					return
-				}
-			}
-		}
-	}
-}
-
-// AlertKeyBroker is the key of the broker breaker's alerts; AlertKeyTopic
-// returns a topic breaker's.
-const AlertKeyBroker = "broker-circuit-breaker"
-
-// AlertKeyTopic returns the key of topic's breaker alerts.
-func AlertKeyTopic(topic string) string { return "topic-breaker/" + topic }
-
-// deliver tells the observer, then the alerter, about one change.
-func (d *Dependency) deliver(c stateChange) {
-	reason := changeReason(c, d.cfg)
-	if d.cfg.OnStateChange != nil {
-		d.cfg.OnStateChange(c.from, c.to, reason)
-	}
-	if d.cfg.Alerter == nil {
-		return
-	}
-	// One condition, keyed: open and half-open fire it (a notifier groups the
-	// reopenings of a long outage), closed resolves it.
-	severity, status := alert.Info, alert.Firing
-	switch {
-	case c.to == DependencyOpen && c.manual != "":
-		severity = alert.Warning // an operator's decision, not an outage found
-	case c.to == DependencyOpen:
-		severity = alert.Critical
-	case c.to == DependencyClosed:
-		status = alert.Resolved
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	_ = d.cfg.Alerter.Alert(ctx, alert.Alert{Time: time.Now().UTC(), Severity: severity, Component: "dependency-breaker",
-		Key: AlertKeyBroker, Status: status, Summary: fmt.Sprintf("broker circuit breaker %s: %s", c.to, reason)})
-}
-
-func changeReason(c stateChange, cfg DependencyConfig) string {
-	switch {
-	case c.manual != "":
-		return c.manual
-	case c.from == DependencyClosed && c.to == DependencyOpen:
-		return fmt.Sprintf("%d sends in a row failed (last: %s); no send for %s", cfg.Failures, c.lastErr, cfg.OpenDuration)
-	case c.to == DependencyHalfOpen:
-		return fmt.Sprintf("open for %s: one trial batch goes through", cfg.OpenDuration)
-	case c.from == DependencyHalfOpen && c.to == DependencyOpen:
-		return fmt.Sprintf("the trial batch failed (%s); no send for %s", c.lastErr, cfg.OpenDuration)
-	case c.to == DependencyClosed:
-		return "the trial batch succeeded"
-	default:
-		return ""
-	}
-}
-
 // State returns the breaker's state: open while tripped by hand. mu is never
 // held while calling into gobreaker, which calls back under its own lock.
 func (d *Dependency) State() DependencyState {
@@ -376,142 +295,3 @@ func (d *Dependency) Close(ctx context.Context) error {
 	})
 	return nil
 }
-
-// Retry is the in-call retry of one send: transient and broker-class failures
-// are tried again with exponential backoff and full jitter, up to Attempts
-// tries and within the send's context (the sweeper bounds it by
-// --send-timeout). Other classes are not retried: a missing topic or a bad row
-// will not get better in a second. Zero fields mean their defaults.
-type Retry struct {
-	// Attempts is how many times one send is tried in all (1: no retry).
-	// Defaults to RetryAttemptsDefault.
-	Attempts int
-	// Initial and Max bound the backoff between tries: the n-th wait is a
-	// random duration in [0, min(Max, Initial·2ⁿ)) (full jitter). Default to
-	// RetryInitialDefault and RetryMaxDefault.
-	Initial, Max time.Duration
-	// Rand returns a number in [0, 1) for the jitter. Defaults to math/rand/v2;
-	// tests inject their own.
-	Rand func() float64
-	// OnRetry, when set, is called before each try after the first, with the
-	// failure that is being retried (for a retries metric).
-	OnRetry func(err error)
-}
-
-// WithDefaults returns r with zero fields set to their defaults.
-func (r Retry) WithDefaults() Retry {
-	if r.Attempts <= 0 {
-		r.Attempts = RetryAttemptsDefault
-	}
-	if r.Initial <= 0 {
-		r.Initial = RetryInitialDefault
-	}
-	if r.Max <= 0 {
-		r.Max = RetryMaxDefault
-	}
-	if r.Rand == nil {
-		r.Rand = rand.Float64
-	}
-	return r
-}
-
-// Do calls try until it succeeds, fails with a class retrying cannot help, the
-// attempts run out, or the next wait would outlast ctx's deadline. It returns
-// the last failure itself, so the rows and the breaker see what went wrong, not
-// just that time ran out.
-func (r Retry) Do(ctx context.Context, try func(context.Context) error) error {
-	r = r.WithDefaults()
-	tries := 0
-	// cause is the last failure that was not the send's own deadline: when the
-	// final try runs into the deadline, it says why the tries failed.
-	var last, cause error
-	retryable := func(err error) bool {
-		c := producer.ClassOf(err)
-		return c == producer.ClassTransient || c == producer.ClassBroker
-	}
-	_, err := backoff.Retry(ctx, func() (struct{}, error) {
-		tries++
-		if tries > 1 && r.OnRetry != nil {
-			r.OnRetry(last)
-		}
-		last = try(ctx)
-		if last == nil {
-			return struct{}{}, nil
-		}
-		if ctx.Err() == nil || !errors.Is(last, ctx.Err()) {
-			cause = last
-		}
-		if !retryable(last) {
-			return struct{}{}, backoff.Permanent(last)
-		}
-		return struct{}{}, last
-	}, backoff.WithBackOff(untilDeadline{NewFullJitter(r.Initial, r.Max, r.Rand), ctx}),
-		backoff.WithMaxTries(uint(r.Attempts)),
-		backoff.WithMaxElapsedTime(0))
-	switch {
-	case err == nil:
-		return nil
-	case last != nil && !retryable(last):
-		return last // not retried; also unwraps backoff's Permanent on the last try
-	case last != nil && ctx.Err() != nil && !errors.Is(last, ctx.Err()):
-		if errors.Is(ctx.Err(), context.Canceled) {
-			return ctx.Err() // stopping: local
-		}
-		return fmt.Errorf("send deadline reached after %d tries: %w", tries, last)
-	case last != nil && cause != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) && errors.Is(last, ctx.Err()):
-		// The last try was cut short by the deadline (on a slow machine, or a
-		// broker that answers slowly): the failure before it is the news.
-		return fmt.Errorf("send deadline reached after %d tries: %w", tries, cause)
-	case last != nil && tries > 1:
-		return fmt.Errorf("after %d tries: %w", tries, last)
-	case last != nil:
-		return last
-	default:
-		return err
-	}
-}
-
-// untilDeadline stops a backoff whose next wait would end after ctx's deadline:
-// waiting out the send's time to then not try again helps nobody.
-type untilDeadline struct {
-	backoff.BackOff
-	ctx context.Context
-}
-
-func (u untilDeadline) NextBackOff() time.Duration {
-	next := u.BackOff.NextBackOff()
-	if dl, ok := u.ctx.Deadline(); ok && next != backoff.Stop && time.Until(dl) < next {
-		return backoff.Stop
-	}
-	return next
-}
-
-// FullJitter is exponential backoff with full jitter: the n-th delay is random
-// in [0, min(max, initial·2ⁿ)). The exponential part is backoff's own; only the
-// jitter is drawn here, from rnd, so tests can make it deterministic.
-type FullJitter struct {
-	exp *backoff.ExponentialBackOff
-	rnd func() float64
-}
-
-// NewFullJitter returns a full-jitter backoff.
-func NewFullJitter(initial, maxDelay time.Duration, rnd func() float64) *FullJitter {
-	exp := backoff.NewExponentialBackOff()
-	exp.InitialInterval = initial
-	exp.MaxInterval = maxDelay
-	exp.Multiplier = 2
-	exp.RandomizationFactor = 0
-	return &FullJitter{exp: exp, rnd: rnd}
-}
-
-// NextBackOff returns the next delay.
-func (f *FullJitter) NextBackOff() time.Duration {
-	d := f.exp.NextBackOff()
-	if d == backoff.Stop {
-		return d
-	}
-	return time.Duration(f.rnd() * float64(d))
-}
-
-// Reset starts the sequence over.
-func (f *FullJitter) Reset() { f.exp.Reset() }

@@ -169,11 +169,20 @@ type remote struct {
 }
 
 // The scripts share these helpers. Topic state is JSON in the topics hash;
-// generations live in their own hash, which is never trimmed, so a topic closed
-// and tripped again keeps counting up.
+// generations live in their own hash. A close deletes the topic's generation,
+// so that the hash, which every plan reads, holds the topics that are not
+// closed and no more: rows that each carry a topic of their own would
+// otherwise grow it, and every plan, by one entry per topic ever tripped. A
+// closed topic's generation is then 0, as for a topic never tripped. The
+// other generations come from one sequence (bump), so that a topic tripped
+// again never gets back a generation it had: a report from a batch planned
+// while the topic was tripped or half-open is ignored whatever happened since.
 const luaHelpers = `
 local topics, gens, lease = KEYS[1], KEYS[2], KEYS[3]
 local prefix = ARGV[1]
+local function bump(topic)
+  redis.call('HSET', gens, topic, redis.call('INCR', prefix .. ':genseq'))
+end
 local function trip(topic, st, cooldown, now, err)
   cooldown = math.max(1, cooldown)
   st = st or {trips = 0}
@@ -181,13 +190,13 @@ local function trip(topic, st, cooldown, now, err)
   st.trips = (st.trips or 0) + 1
   st.tripped_at, st.last_error = now, err
   redis.call('HSET', topics, topic, cjson.encode(st))
-  redis.call('HINCRBY', gens, topic, 1)
+  bump(topic)
   redis.call('DEL', prefix .. ':failures:' .. topic, prefix .. ':trial:' .. topic)
   return 'tripped'
 end
 local function close(topic)
   redis.call('HDEL', topics, topic)
-  redis.call('HINCRBY', gens, topic, 1)
+  redis.call('HDEL', gens, topic)
   redis.call('DEL', prefix .. ':failures:' .. topic, prefix .. ':trial:' .. topic)
   return 'closed'
 end
@@ -239,7 +248,7 @@ for i = 1, #all, 2 do
     -- Check, then count, as the in-memory breaker does.
     if st.ticks_left <= 0 then
       st.ticks_left, st.state = 0, 'half-open'
-      redis.call('HINCRBY', gens, all[i], 1)
+      bump(all[i])
       redis.call('DEL', prefix .. ':trial:' .. all[i])
       table.insert(opened, all[i])
     else
@@ -270,7 +279,7 @@ local cooldown = math.max(1, tonumber(ARGV[3]))
 redis.call('HSET', topics, ARGV[2], cjson.encode({state = 'tripped', cooldown = cooldown,
   ticks_left = tonumber(ARGV[4]), trips = tonumber(ARGV[5]), tripped_at = tonumber(ARGV[6]),
   last_error = ARGV[7]}))
-redis.call('HINCRBY', gens, ARGV[2], 1)
+bump(ARGV[2])
 return 'tripped'
 `)
 

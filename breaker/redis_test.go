@@ -286,3 +286,28 @@ func TestRedisOperatorChangesReportTheirRealFromState(t *testing.T) {
 	defer mu.Unlock()
 	require.Equal(t, []string{"A closed→tripped", "A tripped→half-open", "A half-open→tripped", "A tripped→closed"}, changes)
 }
+
+// The generations hash, which every plan reads, holds the topics that are not
+// closed: a close deletes the topic's generation. A report from a batch
+// planned before a close is still ignored after the topic trips again.
+func TestRedisClosedTopicsLeaveNoGeneration(t *testing.T) {
+	t.Parallel()
+	one, _, client, prefix := sharedPairOn(t, breaker.Settings{}, time.Minute)
+	ctx := context.Background()
+	for _, topic := range []string{"a", "b", "c"} {
+		one.Failure(topic, one.Plan().Gen(topic), true, "no entity")
+	}
+	stale := one.Plan().Gen("a")
+	require.NotZero(t, stale)
+	require.EqualValues(t, 3, client.HLen(ctx, prefix+":gens").Val())
+	for _, topic := range []string{"a", "b", "c"} {
+		one.Reset(topic)
+	}
+	require.EqualValues(t, 0, client.HLen(ctx, prefix+":gens").Val())
+
+	one.Failure("a", one.Plan().Gen("a"), true, "no entity again")
+	require.NotEqual(t, stale, one.Plan().Gen("a"), "a generation is never handed out twice")
+	one.Reset("a")
+	one.Failure("a", stale, true, "late")
+	require.Equal(t, breaker.StateClosed, one.State("a"))
+}

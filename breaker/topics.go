@@ -40,6 +40,7 @@ const (
 	FailureWindowDefault    = time.Minute
 	CooldownTicksDefault    = 10
 	MaxCooldownTicksDefault = 300
+	ForgetAfterDefault      = 10 * time.Minute
 )
 
 // Settings configures a [Topics] breaker. The zero value of each field means its
@@ -60,7 +61,16 @@ type Settings struct {
 	// MaxCooldownTicks caps the cooldown, which doubles each time a half-open
 	// trial fails. Defaults to MaxCooldownTicksDefault.
 	MaxCooldownTicks int
-	// Now is the clock for FailureWindow and TrippedAt. Defaults to time.Now.
+	// ForgetAfter is how long a closed topic's state (its generation, its
+	// failures) is kept after its last failure or change: then OnTick forgets
+	// it, as if the topic had never failed. Why: rows that each carry a topic
+	// of their own would otherwise grow the breaker by one entry per topic
+	// ever seen, and each plan with it. It is never less than FailureWindow,
+	// and long enough that no batch planned before the topic's last change is
+	// still out. Defaults to ForgetAfterDefault.
+	ForgetAfter time.Duration
+	// Now is the clock for FailureWindow, ForgetAfter and TrippedAt. Defaults
+	// to time.Now.
 	Now func() time.Time
 	// OnStateChange is called after every change of a topic's state, outside the
 	// breaker's lock, so it may call back into the breaker.
@@ -128,7 +138,8 @@ type topic struct {
 	trips     int
 	trippedAt time.Time
 	lastError string
-	trialOut  bool // half-open: the trial batch was handed out
+	trialOut  bool      // half-open: the trial batch was handed out
+	seen      time.Time // the last failure or change, for ForgetAfter
 }
 
 // New returns a breaker with every topic closed.
@@ -145,6 +156,10 @@ func New(s Settings) *Topics {
 	if s.MaxCooldownTicks <= 0 {
 		s.MaxCooldownTicks = MaxCooldownTicksDefault
 	}
+	if s.ForgetAfter <= 0 {
+		s.ForgetAfter = ForgetAfterDefault
+	}
+	s.ForgetAfter = max(s.ForgetAfter, s.FailureWindow)
 	if s.Now == nil {
 		s.Now = time.Now
 	}
@@ -168,13 +183,19 @@ func (b *Topics) notify(changes []change) {
 }
 
 // OnTick advances every tripped topic's cooldown by one tick; a topic whose
-// cooldown has run out becomes half-open, so its trial comes in this tick. A half-open topic whose trial was handed out
-// but never reported gets a new trial.
+// cooldown has run out becomes half-open, so its trial comes in this tick. A
+// half-open topic whose trial was handed out but never reported gets a new
+// trial. A closed topic with nothing for ForgetAfter is forgotten.
 func (b *Topics) OnTick() {
 	b.mu.Lock()
 	var changes []change
+	now := b.s.Now()
 	for name, t := range b.topics {
 		switch t.state {
+		case StateClosed:
+			if now.Sub(t.seen) >= b.s.ForgetAfter {
+				delete(b.topics, name) // deleting while ranging is safe in Go
+			}
 		case StateTripped:
 			// Check, then count: a topic tripped with cooldown N is left out of
 			// the N ticks after the one it tripped in, and tried in the next.
@@ -196,9 +217,11 @@ func (b *Topics) OnTick() {
 func (b *Topics) Plan() Plan {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	p := Plan{Excluded: []string{}, Trials: map[string]bool{}, gens: make(map[string]uint64, len(b.topics))}
+	p := Plan{Excluded: []string{}, Trials: map[string]bool{}, gens: map[string]uint64{}}
 	for name, t := range b.topics {
-		p.gens[name] = t.gen
+		if t.gen != 0 { // Gen says 0 for the others
+			p.gens[name] = t.gen
+		}
 		switch {
 		case t.state == StateTripped, t.state == StateHalfOpen && t.trialOut:
 			p.Excluded = append(p.Excluded, name)
@@ -242,6 +265,7 @@ func (b *Topics) Failure(name string, gen uint64, topicClass bool, errText strin
 	}
 	now := b.s.Now()
 	t.lastError = errText
+	t.seen = now
 	var changes []change
 	switch t.state {
 	case StateHalfOpen:
@@ -332,7 +356,7 @@ func (b *Topics) genOf(name string) uint64 {
 func (b *Topics) topic(name string) *topic {
 	t, ok := b.topics[name]
 	if !ok {
-		t = &topic{}
+		t = &topic{seen: b.s.Now()}
 		b.topics[name] = t
 	}
 	return t
@@ -386,5 +410,6 @@ func (b *Topics) setState(name string, t *topic, state State, reason string) cha
 	c := change{topic: name, from: t.state, to: state, reason: reason}
 	t.state = state
 	t.gen++
+	t.seen = b.s.Now()
 	return c
 }

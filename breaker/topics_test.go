@@ -1,6 +1,7 @@
 package breaker_test
 
 import (
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -207,4 +208,34 @@ func TestStateNames(t *testing.T) {
 	require.Equal(t, "closed", breaker.StateClosed.String())
 	require.Equal(t, "tripped", breaker.StateTripped.String())
 	require.Equal(t, "half-open", breaker.StateHalfOpen.String())
+}
+
+// Rows that each carry a topic of their own (an application writing an id as
+// the topic) leave nothing behind in the breaker once the topics are closed
+// and quiet for ForgetAfter; a tripped topic is kept however long it waits.
+func TestIdleClosedTopicsAreForgotten(t *testing.T) {
+	t.Parallel()
+	b, clk, _ := setup(breaker.Settings{FailureThreshold: 2, ForgetAfter: 5 * time.Minute})
+	for i := range 2_000 {
+		fail(b, fmt.Sprintf("t-%d", i), false) // one failure: stays closed
+	}
+	fail(b, "wrong", true)
+	fail(b, "reset", true)
+	staleGen := b.Plan().Gen("reset")
+	b.Reset("reset")
+	require.Equal(t, 2_002, breaker.Len(b))
+	require.Empty(t, b.Plan().Trials)
+
+	clk.Add(4 * time.Minute)
+	b.OnTick()
+	require.Equal(t, 2_002, breaker.Len(b), "within ForgetAfter, a topic's failures still count")
+	clk.Add(time.Minute)
+	b.OnTick()
+	require.Equal(t, 1, breaker.Len(b), "only the tripped topic is left")
+	require.NotEqual(t, breaker.StateClosed, b.State("wrong"))
+
+	// A report from a batch planned before the topic was forgotten does not
+	// count against the topic now.
+	b.Failure("reset", staleGen, true, "late")
+	require.Equal(t, breaker.StateClosed, b.State("reset"))
 }

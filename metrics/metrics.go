@@ -51,17 +51,27 @@ type Metrics struct {
 	tableDeadRows   prometheus.Gauge
 	horizonHeld     prometheus.Gauge
 	horizonAge      prometheus.Gauge
+	topicsTracked   prometheus.GaugeFunc
+	activeTopics    prometheus.GaugeFunc
+	topics          *topicLabels
+	maxTopics       int
+	sweepsFailing   prometheus.Gauge
 }
 
 var (
-	_ outbox.ListenObserver = (*Metrics)(nil)
-	_ outbox.SendObserver   = (*Metrics)(nil)
-	_ outbox.ExpiryObserver = (*Metrics)(nil)
+	_ outbox.ListenObserver        = (*Metrics)(nil)
+	_ outbox.SendObserver          = (*Metrics)(nil)
+	_ outbox.ExpiryObserver        = (*Metrics)(nil)
+	_ outbox.SweepFailuresObserver = (*Metrics)(nil)
 )
 
-// New registers the metrics on reg.
-func New(reg prometheus.Registerer) *Metrics {
-	m := &Metrics{
+// New registers the metrics on reg, with Config's defaults.
+func New(reg prometheus.Registerer) *Metrics { return NewWithConfig(reg, Config{}) }
+
+// NewWithConfig registers the metrics on reg.
+func NewWithConfig(reg prometheus.Registerer, cfg Config) *Metrics {
+	cfg = cfg.withDefaults()
+	m := &Metrics{maxTopics: cfg.MaxTopics,
 		dispatched: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_messages_dispatched_total",
 			Help: "Messages the broker accepted."}, []string{"topic"}),
 		batches: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_batches_total",
@@ -105,6 +115,8 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "Rows in the dead-letter table by reason (refreshed on a schedule)."}, []string{"reason"}),
 		oldestDeadAge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_oldest_dead_letter_age_seconds",
 			Help: "Age of the oldest dead letter, 0 when there is none (refreshed on a schedule)."}),
+		sweepsFailing: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_sweeps_failed_consecutive",
+			Help: "Sweeps that failed one after another (a database error: down, or a statement that fails every time), 0 once one succeeds. Nothing is sent while it rises."}),
 		buildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outbox_build_info",
 			Help: "1, labelled with the sweeper's version, its Go version and its source revision."}, []string{"version", "goversion", "revision"}),
 		tableBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_table_bytes",
@@ -116,10 +128,19 @@ func New(reg prometheus.Registerer) *Metrics {
 		horizonAge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_horizon_xmin_age",
 			Help: "How many transactions ago the oldest snapshot that holds the vacuum horizon (a session, replication slot or prepared transaction) began (refreshed on a schedule)."}),
 	}
+	m.topics = newTopicLabels(cfg, topicVecs{m.dispatched.MetricVec, m.batches.MetricVec, m.errors.MetricVec,
+		m.deadLettered.MetricVec, m.expired.MetricVec, m.retries.MetricVec, m.topicChanges.MetricVec, m.tripped.MetricVec}.drop)
+	m.topicsTracked = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "outbox_metrics_topics",
+		Help: "Topics with series of their own in the per-topic metrics (at most --metrics-max-topics); the others are counted under topic=\"_other\"."},
+		func() float64 { return float64(m.topics.len()) })
+	m.activeTopics = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "outbox_active_topics",
+		Help: "Distinct topics this sweeper sent, failed, retried, expired or dead-lettered within the last 5 to 10 minutes: an estimate, within a few percent up to about a million. Thousands are almost always an application writing an id as the topic."},
+		m.topics.activeTopics)
+	reg.MustRegister(m.topicsTracked, m.activeTopics)
 	reg.MustRegister(m.dispatched, m.batches, m.errors, m.deadLettered, m.expired, m.alertsDropped, m.tripped, m.dependency, m.outstanding,
 		m.oldestAge, m.deadLetters, m.listening, m.sweepDuration, m.dispatchLatency, m.batchSize,
 		m.sendDuration, m.retries, m.topicChanges, m.brokerChanges, m.deadByReason, m.oldestDeadAge, m.buildInfo,
-		m.tableBytes, m.tableDeadRows, m.horizonHeld, m.horizonAge)
+		m.tableBytes, m.tableDeadRows, m.horizonHeld, m.horizonAge, m.sweepsFailing)
 	return m
 }
 
@@ -149,33 +170,35 @@ func (m *Metrics) BatchSent(_ string, _ int, d time.Duration, err error) {
 
 // SendRetried implements outbox.SendObserver.
 func (m *Metrics) SendRetried(topic string, class producer.Class) {
-	m.retries.WithLabelValues(label(topic), label(class.String())).Inc()
+	m.retries.WithLabelValues(m.topics.of(topic), label(class.String())).Inc()
 }
 
 // BatchDispatched implements outbox.Observer.
 func (m *Metrics) BatchDispatched(topic string, size int, latencies []time.Duration) {
-	m.dispatched.WithLabelValues(label(topic)).Add(float64(size))
-	m.batches.WithLabelValues(label(topic), label("ok")).Inc()
+	l := m.topics.of(topic)
+	m.dispatched.WithLabelValues(l).Add(float64(size))
+	m.batches.WithLabelValues(l, label("ok")).Inc()
 	m.batchSize.Observe(float64(size))
-	for _, l := range latencies {
-		m.dispatchLatency.Observe(l.Seconds())
+	for _, d := range latencies {
+		m.dispatchLatency.Observe(d.Seconds())
 	}
 }
 
 // BatchFailed implements outbox.Observer.
 func (m *Metrics) BatchFailed(topic string, class producer.Class) {
-	m.batches.WithLabelValues(label(topic), label("failed")).Inc()
-	m.errors.WithLabelValues(label(topic), label(class.String())).Inc()
+	l := m.topics.of(topic)
+	m.batches.WithLabelValues(l, label("failed")).Inc()
+	m.errors.WithLabelValues(l, label(class.String())).Inc()
 }
 
 // DeadLettered implements outbox.Observer.
 func (m *Metrics) DeadLettered(topic string, n int) {
-	m.deadLettered.WithLabelValues(label(topic)).Add(float64(n))
+	m.deadLettered.WithLabelValues(m.topics.of(topic)).Add(float64(n))
 }
 
 // Expired implements outbox.ExpiryObserver.
 func (m *Metrics) Expired(topic string, n int) {
-	m.expired.WithLabelValues(label(topic)).Add(float64(n))
+	m.expired.WithLabelValues(m.topics.of(topic)).Add(float64(n))
 }
 
 // AlertDropped counts an alert the notifier dropped, and why.
@@ -190,17 +213,35 @@ func (m *Metrics) Listening(up bool) {
 	m.listening.Set(v)
 }
 
+// SweepsFailing implements outbox.SweepFailuresObserver.
+func (m *Metrics) SweepsFailing(n int) { m.sweepsFailing.Set(float64(n)) }
+
+// SweepsFailingGauge returns outbox_sweeps_failed_consecutive, for tests.
+func (m *Metrics) SweepsFailingGauge() prometheus.Gauge { return m.sweepsFailing }
+
 // SweepDone implements outbox.Observer.
 func (m *Metrics) SweepDone(d time.Duration) { m.sweepDuration.Observe(d.Seconds()) }
 
-// OnTopicChange fits breaker.Settings.OnStateChange.
-func (m *Metrics) OnTopicChange(topic string, _, to breaker.State, _ string) {
+// OnTopicChange fits breaker.Settings.OnStateChange. A topic without series
+// of its own moves the count of tripped topics under topic="_other"; the next
+// Refresh sets that count from the breaker's list.
+func (m *Metrics) OnTopicChange(topic string, from, to breaker.State, _ string) {
+	l := m.topics.of(topic)
+	m.topicChanges.WithLabelValues(l, label(to.String())).Inc()
+	if l == OtherTopic {
+		switch {
+		case from == breaker.StateClosed && to != breaker.StateClosed:
+			m.tripped.WithLabelValues(OtherTopic).Inc()
+		case from != breaker.StateClosed && to == breaker.StateClosed:
+			m.tripped.WithLabelValues(OtherTopic).Dec()
+		}
+		return
+	}
 	v := 0.0
 	if to != breaker.StateClosed {
 		v = 1
 	}
-	m.tripped.WithLabelValues(label(topic)).Set(v)
-	m.topicChanges.WithLabelValues(label(topic), label(to.String())).Inc()
+	m.tripped.WithLabelValues(l).Set(v)
 }
 
 // OnDependencyChange fits breaker.DependencyConfig.OnStateChange.
@@ -210,10 +251,13 @@ func (m *Metrics) OnDependencyChange(from, to breaker.DependencyState, _ string)
 }
 
 // Refresh sets the gauges that need a query: outstanding rows, the oldest
-// one's age, dead letters; and sets outbox_topic_tripped from the topic
+// one's age, dead letters; deletes the series of topics idle for TopicIdle (so
+// that a sweeper that sees no events still lets them go); and sets
+// outbox_topic_tripped from the topic
 // breaker's list, so that changes made by other instances (a shared breaker)
 // show too. Run it on a schedule, not per scrape.
 func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool, t outbox.Table, topics breaker.Breaker) error {
+	m.topics.expire()
 	if topics != nil {
 		m.setTripped(topics.Tripped())
 	}
@@ -269,13 +313,33 @@ func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool, t outbox.Tabl
 	return nil
 }
 
-// setTripped makes outbox_topic_tripped list exactly the topics of list. The
-// topics are whatever the breaker holds, from any instance sharing it, so
-// they are escaped like every other label.
+// setTripped makes outbox_topic_tripped list exactly the topics of list: at
+// most MaxTopics of them by name, those with series of their own first, and
+// the number of the rest under topic="_other". The topics are whatever the
+// breaker holds, from any instance sharing it, so they are escaped like every
+// other label.
 func (m *Metrics) setTripped(list []breaker.TopicStatus) {
 	m.tripped.Reset()
+	own, other := 0, 0
+	var rest []string
 	for _, st := range list {
-		m.tripped.WithLabelValues(label(st.Topic)).Set(1)
+		if l, ok := m.topics.known(st.Topic); ok && l != OtherTopic && own < m.maxTopics {
+			m.tripped.WithLabelValues(l).Set(1)
+			own++
+			continue
+		}
+		rest = append(rest, st.Topic)
+	}
+	for _, topic := range rest {
+		if l := label(topic); own < m.maxTopics && l != OtherTopic {
+			m.tripped.WithLabelValues(l).Set(1)
+			own++
+			continue
+		}
+		other++
+	}
+	if other > 0 {
+		m.tripped.WithLabelValues(OtherTopic).Set(float64(other))
 	}
 }
 
@@ -283,24 +347,36 @@ func (m *Metrics) setTripped(list []breaker.TopicStatus) {
 // tests. They take the topic as the sweeper reports it, and escape it as the
 // observer methods do.
 func (m *Metrics) Dispatched(topic string) prometheus.Counter {
-	return m.dispatched.WithLabelValues(label(topic))
+	return m.dispatched.WithLabelValues(m.labelOf(topic))
 }
 
 func (m *Metrics) Errors(topic, class string) prometheus.Counter {
-	return m.errors.WithLabelValues(label(topic), label(class))
+	return m.errors.WithLabelValues(m.labelOf(topic), label(class))
 }
 
 func (m *Metrics) Tripped(topic string) prometheus.Gauge {
-	return m.tripped.WithLabelValues(label(topic))
+	return m.tripped.WithLabelValues(m.labelOf(topic))
 }
 
 func (m *Metrics) DeadLetteredTotal(topic string) prometheus.Counter {
-	return m.deadLettered.WithLabelValues(label(topic))
+	return m.deadLettered.WithLabelValues(m.labelOf(topic))
 }
 
 func (m *Metrics) ExpiredTotal(topic string) prometheus.Counter {
-	return m.expired.WithLabelValues(label(topic))
+	return m.expired.WithLabelValues(m.labelOf(topic))
 }
 
 // ListeningGauge returns outbox_listening, for tests.
 func (m *Metrics) ListeningGauge() prometheus.Gauge { return m.listening }
+
+// labelOf is topic's label value as the observer methods last gave it: its
+// own while it holds a place (or has none yet), else "_other".
+func (m *Metrics) labelOf(topic string) string {
+	if l, ok := m.topics.known(topic); ok {
+		return l
+	}
+	if m.topics.len() >= m.maxTopics {
+		return OtherTopic
+	}
+	return label(topic)
+}

@@ -36,6 +36,18 @@ type activity struct {
 
 const activityBuckets = int(ActivityWindow / time.Second)
 
+// activityMaxTopics bounds the topics one second counts: the topics past it
+// in that second go uncounted. Rows that each carry a topic of their own
+// would otherwise keep a minute of them, a map entry each (and a /status
+// answer that sums them all); a service's real topics are far fewer, and
+// /status lists a few hundred at most anyway. The window holds at most
+// ActivityWindow/time.Second times this many entries.
+const activityMaxTopics = 512
+
+// activityKeepMap is the most topics a bucket's map may have held and still
+// be cleared for reuse rather than replaced.
+const activityKeepMap = 64
+
 type activityBucket struct {
 	sec    int64 // the Unix second it counts
 	topics map[string]activityCounts
@@ -50,12 +62,17 @@ func (a *activity) add(topic string, now time.Time, c activityCounts) {
 	b := &a.buckets[sec%int64(activityBuckets)]
 	if b.sec != sec {
 		b.sec = sec
-		if b.topics == nil {
+		if b.topics == nil || len(b.topics) > activityKeepMap {
+			// clear keeps a map's buckets: a second of a flood of topics
+			// would hold its memory for good.
 			b.topics = map[string]activityCounts{}
 		}
 		clear(b.topics)
 	}
-	t := b.topics[topic]
+	t, ok := b.topics[topic]
+	if !ok && len(b.topics) >= activityMaxTopics {
+		return // a flood's second: see activityMaxTopics
+	}
 	t.dispatched += c.dispatched
 	t.failed += c.failed
 	t.deadLettered += c.deadLettered
@@ -91,5 +108,5 @@ func (a *activity) list(now time.Time) []TopicActivity {
 
 // TopicActivity lists, by topic name, what this sweeper dispatched, failed and
 // dead-lettered within the last ActivityWindow. Topics with nothing in the
-// window are left out.
+// window are left out, and so are the topics past the first 512 of a second.
 func (s *Sweeper) TopicActivity() []TopicActivity { return s.activity.list(time.Now()) }

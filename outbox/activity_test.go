@@ -32,3 +32,17 @@ func TestActivityCountsTheLastMinuteOnly(t *testing.T) {
 
 	require.Empty(t, a.list(t0.Add(10*time.Minute)))
 }
+
+// A second of a flood of topics counts a bounded number of them, and does
+// not keep its map's memory once the second comes round again.
+func TestActivityDropsAFloodsMap(t *testing.T) {
+	var a activity
+	t0 := time.Unix(1_700_000_000, 0)
+	for i := range 10_000 {
+		a.add(string(rune('a'+i%26))+time.Duration(i).String(), t0, activityCounts{dispatched: 1})
+	}
+	require.Len(t, a.list(t0), activityMaxTopics, "a second counts its first topics only")
+	a.add("orders", t0.Add(time.Minute), activityCounts{dispatched: 1})
+	require.Len(t, a.buckets[t0.Unix()%int64(activityBuckets)].topics, 1)
+	require.Equal(t, []TopicActivity{{Topic: "orders", Dispatched: 1}}, a.list(t0.Add(time.Minute)))
+}

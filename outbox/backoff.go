@@ -79,14 +79,21 @@ func (b *topicBackoff) succeeded(topic string) {
 	delete(b.topics, topic)
 }
 
-// waiting lists the topics whose wait has not ended at now.
+// waiting lists the topics whose wait has not ended at now. It forgets the
+// topics whose wait ended more than maxWait ago without another try: they had
+// nothing more to send (their rows went, or were dead-lettered), and rows that
+// each carry a topic of their own would otherwise keep an entry per topic ever
+// failed. Such a topic's next failure starts again at the first wait.
 func (b *topicBackoff) waiting(now time.Time) []string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var out []string
 	for t, w := range b.topics {
-		if now.Before(w.until) {
+		switch {
+		case now.Before(w.until):
 			out = append(out, t)
+		case now.Sub(w.until) > b.maxWait:
+			delete(b.topics, t)
 		}
 	}
 	return out

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -616,4 +617,65 @@ type messageFailingBatches struct{ *memory.Producer }
 
 func (messageFailingBatches) Batches(context.Context, string, []producer.Message) ([]producer.Batch, error) {
 	return nil, producer.NewMessageError(producer.ReasonMessageTooLarge, nil, errors.New("batch too large"))
+}
+
+// checkedTopics is a producer that knows, without sending, that no message
+// can reach the topics in missing (as NATS knows a subject no stream
+// captures); checks counts what it was asked.
+type checkedTopics struct {
+	*memory.Producer
+	missing map[string]bool
+	checks  atomic.Int64
+}
+
+func (c *checkedTopics) CheckTopic(_ context.Context, topic string) error {
+	c.checks.Add(1)
+	if c.missing[topic] {
+		return producer.NewTopicError("no_stream", errors.New("no stream captures "+topic))
+	}
+	return nil
+}
+
+// A topic the producer refuses before paging (producer.TopicChecker) trips at
+// once without a row of it claimed or sent: its rows keep no attempt, and the
+// pages carry the topics that work. A tripped topic is not asked again until
+// its trial.
+func TestATopicNoMessageCanReachTripsWithoutClaimingARow(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	var msgs []outbox.Message
+	missing := map[string]bool{}
+	for i := range 50 {
+		topic := fmt.Sprintf("bug.%d", i)
+		missing[topic] = true
+		msgs = append(msgs, topicMessages(topic, 2)...)
+	}
+	writeMessages(t, tbl, msgs...)
+	writeMessages(t, tbl, topicMessages("good", 3)...)
+	prod := &checkedTopics{Producer: memory.New(memory.Config{}), missing: missing}
+	b := breaker.New(breaker.Settings{FailureThreshold: 5})
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, TopicBreaker: b, PageSize: 10})
+	res, err := s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 3, res.Dispatched)
+	require.Equal(t, 1, res.Pages, "one page: the refused topics took none")
+	require.Len(t, b.Tripped(), 50)
+	require.Contains(t, b.Tripped()[0].LastError, "no stream captures")
+	for _, m := range prod.Messages() {
+		require.Equal(t, "good", m.Topic)
+	}
+	require.Equal(t, 100, dbtest.Outstanding(t, tbl))
+	noted := 0
+	for _, r := range readRows(t, tbl) {
+		require.Zero(t, r.Attempts, "row %d", r.ID)
+		if r.LastError != nil {
+			require.Contains(t, *r.LastError, "no stream captures")
+			noted++
+		}
+	}
+	require.Equal(t, 50, noted, "each refused topic's oldest row says why it waits")
+	asked := prod.checks.Load()
+	_, err = s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Zero(t, prod.checks.Load()-asked, "tripped topics are left out of the listing: nothing to ask")
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outbox-sweeper/sweeper/producer"
 )
@@ -75,6 +76,10 @@ type pageClaim struct {
 	sending map[*claim]time.Time
 	stop    chan struct{}
 	wg      sync.WaitGroup
+
+	// unreadable holds why each claimed row that cannot be sent cannot
+	// (readRow), under mu; expireRows dead-letters them.
+	unreadable map[int64]string
 }
 
 // pageTopic is what a page's claim found of one topic.
@@ -110,6 +115,7 @@ func (s *store) claimPage(ctx context.Context, topics []string, after []int64, s
 	}
 	p := s.held(tx)
 	p.hold(r.sorted())
+	p.unreadable = r.unreadable
 	return p, r.msgs, r.found, nil
 }
 
@@ -143,6 +149,12 @@ func (p *pageClaim) claimAhead(ctx context.Context, topics []string, after []int
 		p.err = r.failed(err)
 		return nil, nil, p.err
 	}
+	for id, why := range r.unreadable {
+		if p.unreadable == nil {
+			p.unreadable = map[int64]string{}
+		}
+		p.unreadable[id] = why
+	}
 	return r.sorted(), r.found, nil
 }
 
@@ -153,6 +165,9 @@ type pageRead struct {
 	share  int
 	msgs   []producer.Message
 	found  map[string]pageTopic
+	// unreadable holds why each row of msgs that cannot be sent cannot
+	// (readRow); nil when every row can.
+	unreadable map[int64]string
 }
 
 func (s *store) pageRead(topics []string, share int) *pageRead {
@@ -169,29 +184,39 @@ func (r *pageRead) args(after []int64) []any {
 	return []any{r.topics, after, keys, r.share, r.s.topicLocks, r.s.idleTimeout}
 }
 
+// scan reads the page's rows. Every column is scanned into what holds any
+// value Postgres accepts (headers as bytes, timestamps with their
+// infinities), so that no row's value can fail the page; readRow judges each
+// row, and one it cannot send is kept in unreadable, to be dead-lettered as
+// the page is sent (expireRows).
 func (r *pageRead) scan(rows pgx.Rows) error {
 	var (
 		summary                               bool
 		id, candidates, first                 *int64
 		messageID, contentType, correlationID *string
 		partitionKey                          *string
-		createdAt, expiresAt                  *time.Time
+		headers                               []byte
+		createdAt, expiresAt                  pgtype.Timestamptz
 		attempts                              *int
 		m                                     producer.Message
 	)
-	_, err := pgx.ForEachRow(rows, []any{&summary, &id, &messageID, &m.Topic, &m.Payload, &m.Headers,
+	_, err := pgx.ForEachRow(rows, []any{&summary, &id, &messageID, &m.Topic, &m.Payload, &headers,
 		&contentType, &correlationID, &partitionKey, &createdAt, &expiresAt, &attempts, &candidates, &first}, func() error {
 		if summary {
 			r.found[m.Topic] = pageTopic{candidates: int(*candidates), last: *id, first: *first}
 		} else {
-			m.ID, m.MessageID, m.CreatedAt, m.Attempts = *id, *messageID, *createdAt, *attempts
+			m.ID, m.MessageID, m.Attempts = *id, *messageID, *attempts
 			m.ContentType, m.CorrelationID, m.PartitionKey = deref(contentType), deref(correlationID), deref(partitionKey)
-			if expiresAt != nil {
-				m.ExpiresAt = *expiresAt
+			if why := readRow(&m, headers, createdAt, expiresAt); why != "" {
+				if r.unreadable == nil {
+					r.unreadable = map[int64]string{}
+				}
+				r.unreadable[m.ID] = why
 			}
 			r.msgs = append(r.msgs, m)
 		}
-		m = producer.Message{} // Payload and Headers must not share memory with the next row.
+		// Payload and Headers must not share memory with the next row.
+		m, headers, createdAt, expiresAt = producer.Message{}, nil, pgtype.Timestamptz{}, pgtype.Timestamptz{}
 		return nil
 	})
 	return err

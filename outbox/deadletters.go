@@ -10,13 +10,18 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-sweeper/sweeper/outbox/writer"
 )
 
 // DeadLetter is a row of the dead-letter table. Payload and Headers are empty
-// unless asked for: they may hold personal data.
+// unless asked for: they may hold personal data. CreatedAt is cut to the years
+// 0 to 9999 (an 'infinity' shows as 9999-12-31T23:59:59Z, a '-infinity' as
+// 0000-01-01T00:00:00Z), and Headers left out when Go cannot read them as JSON
+// (nested deeper than 10,000 levels; the row's error says so): the table keeps
+// what the row held, and a listing never fails on it.
 type DeadLetter struct {
 	ID             int64           `json:"id"`
 	MessageID      string          `json:"message_id"`
@@ -33,6 +38,26 @@ type DeadLetter struct {
 	Error          *string         `json:"error"`
 	DeadLetteredAt time.Time       `json:"dead_lettered_at"`
 }
+
+// listedTime returns t as a dead letter's CreatedAt shows it: within the
+// years 0 to 9999, which RFC 3339 (and JSON's encoding of a time.Time) can
+// write. A dead letter may hold any timestamp Postgres accepts (an infinite
+// or far created_at is why some rows are dead letters, reason
+// unreadable_row): listing it must not fail; the table keeps the value.
+func listedTime(t pgtype.Timestamptz) time.Time {
+	switch {
+	case t.InfinityModifier == pgtype.Infinity || (t.Valid && t.Time.Year() > 9999):
+		return lastListedTime
+	case t.InfinityModifier == pgtype.NegativeInfinity || (t.Valid && t.Time.Year() < 0):
+		return firstListedTime
+	}
+	return t.Time
+}
+
+var (
+	firstListedTime = time.Date(0, time.January, 1, 0, 0, 0, 0, time.UTC)
+	lastListedTime  = time.Date(9999, time.December, 31, 23, 59, 59, 0, time.UTC)
+)
 
 // DeadLetterFilter selects dead letters. Zero fields select everything; at
 // least one must be set for Replay and Purge, unless All is.
@@ -140,11 +165,13 @@ func (d *DeadLetters) ListPage(ctx context.Context, f DeadLetterFilter, after *D
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadLetter, error) {
 		var x DeadLetter
 		var headers []byte
+		var createdAt pgtype.Timestamptz
 		err := r.Scan(&x.ID, &x.MessageID, &x.Topic, &x.Payload, &headers, &x.ContentType, &x.CorrelationID,
-			&x.PartitionKey, &x.CreatedAt, &x.Attempts, &x.LastError, &x.Reason, &x.Error, &x.DeadLetteredAt)
-		if len(headers) > 0 {
+			&x.PartitionKey, &createdAt, &x.Attempts, &x.LastError, &x.Reason, &x.Error, &x.DeadLetteredAt)
+		if len(headers) > 0 && json.Valid(headers) {
 			x.Headers = headers
 		}
+		x.CreatedAt = listedTime(createdAt)
 		return x, err
 	})
 	if err != nil {

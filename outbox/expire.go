@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -68,61 +69,100 @@ func ageError(age time.Duration) string {
 	return fmt.Sprintf("it passed the max age of its topic (%s, counted from created_at) before it could be sent", age)
 }
 
-// expireRows moves the rows of msgs, claimed in the page st.page, that are
-// past their deadline to the dead-letter table, in the page's transaction,
-// and returns the others in their order, and how many moved. It runs as a
-// page is sent and again before each batch is handed to the producer, so a
-// row that expires while its batch waits its turn is not sent either (a send
-// the producer retries within --send-timeout may still end up to that late).
-// An expired row holds up none behind it. A database error is the page's.
-func (s *Sweeper) expireRows(st *sweepState, msgs []producer.Message) ([]producer.Message, int, error) {
+// expireRows moves the rows of msgs, claimed in the page st.page, that can
+// never be sent to the dead-letter table, in the page's transaction: those
+// past their deadline (reason expired), and those the claim could not read
+// (reason unreadable_row, see readRow). It returns the others in their order,
+// and how many moved. It runs as a page is sent and again before each batch
+// is handed to the producer, so a row that expires while its batch waits its
+// turn is not sent either (a send the producer retries within --send-timeout
+// may still end up to that late). A row that moves holds up none behind it. A
+// database error is the page's.
+func (s *Sweeper) expireRows(st *sweepState, msgs []producer.Message) ([]producer.Message, unsendable, error) {
+	p := st.page
 	now := time.Now()
+	type move struct{ reason, why string }
 	var (
-		byWhy map[string][]int64
-		gone  map[int64]bool // both nil, allocation-free, on the usual path: nothing expired
+		byWhy map[move][]int64
+		gone  map[int64]string // both nil, allocation-free, on the usual path: nothing moves
 	)
+	p.mu.Lock()
+	unreadable := p.unreadable
 	for i := range msgs {
-		if why := s.expiredWhy(&msgs[i], now); why != "" {
+		why, reason := unreadable[msgs[i].ID], ReasonUnreadableRow
+		if why == "" {
+			why, reason = s.expiredWhy(&msgs[i], now), ReasonExpired
+		}
+		if why != "" {
 			if byWhy == nil {
-				byWhy, gone = map[string][]int64{}, map[int64]bool{}
+				byWhy, gone = map[move][]int64{}, map[int64]string{}
 			}
-			byWhy[why] = append(byWhy[why], msgs[i].ID)
-			gone[msgs[i].ID] = true
+			byWhy[move{reason, why}] = append(byWhy[move{reason, why}], msgs[i].ID)
+			gone[msgs[i].ID] = reason
 		}
 	}
+	p.mu.Unlock()
 	if byWhy == nil {
-		return msgs, 0, nil
+		return msgs, unsendable{}, nil
 	}
-	p := st.page
 	ctx, cancel := stmtCtx(st.work)
 	defer cancel()
 	release, err := p.record()
 	if err != nil {
-		return nil, 0, err
+		return nil, unsendable{}, err
 	}
 	defer release()
 	// One statement per distinct error text, whatever the topics: with one
 	// --max-age that is one statement (two with rows past their own
-	// expires_at) for the whole page.
+	// expires_at) for the whole page; an unreadable row has one of its own.
 	var out applied
-	for _, why := range slices.Sorted(maps.Keys(byWhy)) {
-		if err := p.s.moveToDeadLetters(ctx, p.tx, "", byWhy[why], 0, ReasonExpired, why, &out); err != nil {
+	moves := slices.SortedFunc(maps.Keys(byWhy), func(a, b move) int {
+		return cmp.Or(strings.Compare(a.reason, b.reason), strings.Compare(a.why, b.why))
+	})
+	for _, mv := range moves {
+		if err := p.s.moveToDeadLetters(ctx, p.tx, "", byWhy[mv], 0, mv.reason, mv.why, &out); err != nil {
 			p.err = err
-			return nil, 0, err
+			return nil, unsendable{}, err
 		}
 	}
 	kept := make([]producer.Message, 0, len(msgs)-len(gone))
-	moved := expiredTally{}
+	expired := expiredTally{}
+	var moved unsendable
 	for _, m := range msgs {
-		if gone[m.ID] {
-			moved.add(m.Topic, m.CorrelationID)
-		} else {
+		switch gone[m.ID] {
+		case "":
 			kept = append(kept, m)
+		case ReasonExpired:
+			expired.add(m.Topic, m.CorrelationID)
+			moved.expired++
+		default:
+			s.reportUnreadable(m, unreadable[m.ID])
+			moved.unreadable++
+			delete(unreadable, m.ID) // under p's record lock (mu): moved, never looked at again
 		}
 	}
-	s.reportExpired(moved)
+	s.reportExpired(expired)
 	// The rows are the page's, locked by its transaction: every one moved.
-	return kept, out.deadLettered, nil
+	return kept, moved, nil
+}
+
+// unsendable counts the rows expireRows moved, by reason.
+type unsendable struct{ expired, unreadable int }
+
+// total is every row moved: all are dead letters.
+func (u unsendable) total() int { return u.expired + u.unreadable }
+
+// reportUnreadable logs, counts and observes an unreadable row moved to the
+// dead-letter table. The error names the column and its value cut short,
+// never the payload.
+func (s *Sweeper) reportUnreadable(m producer.Message, why string) {
+	s.activity.add(m.Topic, time.Now(), activityCounts{deadLettered: 1})
+	s.logger.Warn("row unreadable: a column holds a value the sweeper cannot send; it was dead-lettered, the rest of the page goes on",
+		"topic", logText(m.Topic), "id", m.ID, "correlation_id", logText(m.CorrelationID), "reason", ReasonUnreadableRow,
+		"err", why, "table", s.cfg.Table.DeadLetterName())
+	if s.cfg.Observer != nil {
+		s.cfg.Observer.DeadLettered(m.Topic, 1)
+	}
 }
 
 // expireLeftOut moves the rows that no page of this sweep will claim and that

@@ -315,7 +315,7 @@ func TestMigration7RefusesAnInvalidExpiresAtIndex(t *testing.T) {
 	require.NoError(t, err)
 	res, err := outbox.Migrate(ctx, conn, tbl)
 	require.NoError(t, err)
-	require.Equal(t, []string{"007_expires_at.sql", "008_history.sql"}, res.Applied)
+	require.Equal(t, []string{"007_expires_at.sql", "008_created_at_finite.sql", "009_autovacuum.sql", "010_history.sql"}, res.Applied)
 }
 
 // gated is a broker that takes each batch only when the test lets it, and

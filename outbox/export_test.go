@@ -39,6 +39,10 @@ const MaxLockedTopics = maxLockedTopics
 // by the reset, set it beyond their length.
 func SetCursorReset(s *Sweeper, every time.Duration) { s.cursor = newCursor(every) }
 
+// SetCursorSettle sets how long s's cursor's findings wait before a floor
+// moves to them (by default settleAfter), after SetCursorReset.
+func SetCursorSettle(s *Sweeper, wait time.Duration) { s.cursor.settleAfter = wait }
+
 // Floors returns s's cursor's floors: every outstanding row of a member topic
 // has a higher id than its floor, and of any other topic, than discovery.
 func Floors(s *Sweeper) (members map[string]int64, discovery int64) {

@@ -297,3 +297,14 @@ func TestRetentionStartsWhereTheLastRunStopped(t *testing.T) {
 	}
 	require.Equal(t, []int64{8, 9, 10}, left)
 }
+
+// Migration 9 sets the outbox's autovacuum to a hundredth of the table.
+func TestMigrationSetsTheOutboxAutovacuum(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	var opts []string
+	require.NoError(t, dbtest.Pool(t).QueryRow(context.Background(), "SELECT reloptions FROM pg_class WHERE oid = $1::regclass",
+		pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()).Scan(&opts))
+	require.Subset(t, opts, []string{"autovacuum_vacuum_scale_factor=0.01", "autovacuum_analyze_scale_factor=0.01",
+		"autovacuum_vacuum_threshold=1000"})
+}

@@ -308,7 +308,8 @@ func TestMigrationFindsAUniqueIndexBuiltConcurrently(t *testing.T) {
 	require.NoError(t, batch.Rollback(ctx))
 	r := <-done
 	require.NoError(t, r.err)
-	require.Equal(t, []string{"005_unique_message_id.sql", "006_notify_only_when_asleep.sql", "007_expires_at.sql", "008_history.sql"}, r.res.Applied)
+	require.Equal(t, []string{"005_unique_message_id.sql", "006_notify_only_when_asleep.sql", "007_expires_at.sql",
+		"008_created_at_finite.sql", "009_autovacuum.sql", "010_history.sql"}, r.res.Applied)
 	requireVersion(t, tbl, outbox.SchemaVersion())
 }
 

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -138,6 +139,29 @@ func TestTopicBackoff(t *testing.T) {
 	}
 	off := newTopicBackoff(100, -1, nil)
 	require.Zero(t, off.failed("a", time.Unix(1e9, 0)))
+	require.Empty(t, off.waiting(time.Unix(1e9, 0)))
+}
+
+// A topic not tried again within the longest wait after its wait ended had
+// nothing more to send: it is forgotten, so that a topic per row leaves no
+// entry per topic behind.
+func TestTopicBackoffForgetsTopicsNotTriedAgain(t *testing.T) {
+	t.Parallel()
+	b := newTopicBackoff(100, 1000, func() float64 { return 0 })
+	now := time.Unix(1e9, 0)
+	for i := range 1000 {
+		b.failed(fmt.Sprint(i), now)
+	}
+	require.Len(t, b.waiting(now), 1000)
+	require.Empty(t, b.waiting(now.Add(1000)))
+	require.Len(t, b.list(), 1000, "a wait just over is kept: its topic is tried at the next sweep")
+	require.Empty(t, b.waiting(now.Add(1051)))
+	require.Empty(t, b.list())
+}
+
+func TestTopicBackoffOff(t *testing.T) {
+	t.Parallel()
+	off := newTopicBackoff(100, -1, nil)
 	require.Empty(t, off.waiting(time.Unix(1e9, 0)))
 }
 

@@ -114,13 +114,13 @@ func (s *Sweeper) sendBatch(st *sweepState, b producer.Batch, gen uint64, retry 
 		// A row that passed its deadline while the batch waited its turn
 		// (for a slot of --concurrency, behind the topic's earlier batches)
 		// is not sent either.
-		kept, expired, err := s.expireRows(st, c.batch.Messages)
+		kept, moved, err := s.expireRows(st, c.batch.Messages)
 		if err != nil {
 			tr.failed = true
 			return true, err
 		}
-		tr.expired += expired
-		tr.deadLettered += expired
+		tr.expired += moved.expired
+		tr.deadLettered += moved.total()
 		if len(kept) == 0 {
 			return false, nil
 		}

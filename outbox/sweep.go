@@ -97,6 +97,9 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 		}
 	}
 	live := slices.Sorted(maps.Keys(floors))
+	if live, err = s.leaveOutUnreachable(work, st.plan, live); err != nil {
+		return res, err
+	}
 	after := make([]int64, len(live))
 	for i, t := range live {
 		after[i] = floors[t]
@@ -461,12 +464,12 @@ func (s *Sweeper) sendClaimed(st *sweepState, p *pageClaim, msgs []producer.Mess
 // to res; rows past their deadline go to the dead-letter table instead. It
 // returns the topics that stopped for the rest of the sweep.
 func (s *Sweeper) sendPage(st *sweepState, msgs []producer.Message, res *SweepResult) ([]string, error) {
-	msgs, expired, err := s.expireRows(st, msgs)
+	msgs, moved, err := s.expireRows(st, msgs)
 	if err != nil {
 		return nil, err
 	}
-	res.DeadLettered += expired
-	res.Expired += expired
+	res.DeadLettered += moved.total()
+	res.Expired += moved.expired
 	groups := groupByTopic(msgs)
 	var (
 		mu      sync.Mutex

@@ -137,3 +137,15 @@ type Checker interface {
 	// Check returns nil when the broker answers within ctx.
 	Check(ctx context.Context) error
 }
+
+// TopicChecker is a producer that can tell, without sending anything and in
+// about a microsecond, that no message can reach a topic: NATS knows the
+// subjects its streams capture. The sweeper asks it about each topic it is
+// about to read rows of, and trips a topic it refuses without claiming a row:
+// a flood of such topics (an application writing an id as the topic) then
+// costs the sweeper no page, and the topics that work keep their pace.
+type TopicChecker interface {
+	// CheckTopic returns a topic-class error when no message can reach topic,
+	// and nil when one may, or when it cannot tell without a round trip.
+	CheckTopic(ctx context.Context, topic string) error
+}

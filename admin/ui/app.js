@@ -154,7 +154,12 @@ function renderStatus(st) {
     tr.appendChild(actions);
     body.appendChild(tr);
   }
-  $("no-topics").hidden = st.topics.length > 0;
+  $("no-topics").hidden = st.topics.length > 0 || st.topics_omitted > 0;
+  // The API lists the topics that most need a look; a topic per row (an
+  // application writing an id as the topic) leaves the rest to this count.
+  $("more-topics").hidden = !st.topics_omitted;
+  $("more-topics").textContent = st.topics_omitted ? st.topics_omitted + " more topics not shown: the quiet ones, with the fewest rows " +
+    "(thousands of topics are almost always an application writing an id as the topic)" : "";
 
   const groups = $("dead-groups");
   groups.replaceChildren();
@@ -175,6 +180,11 @@ function renderStatus(st) {
     groups.appendChild(tr);
   }
   $("no-dead").hidden = st.dead_letters.groups.length > 0;
+  if (st.dead_letters.groups_omitted) {
+    const tr = document.createElement("tr");
+    cell(tr, "Topic", "and " + st.dead_letters.groups_omitted + " smaller groups not shown", "muted");
+    groups.appendChild(tr);
+  }
   $("updated").textContent = "updated " + new Date(st.time).toLocaleTimeString();
   $("updated").title = st.time;
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/outbox-sweeper/sweeper/alert"
 	"github.com/outbox-sweeper/sweeper/metrics"
 	"github.com/outbox-sweeper/sweeper/outbox"
+	"github.com/outbox-sweeper/sweeper/relay"
 )
 
 // Exit codes.
@@ -192,6 +193,8 @@ type runOptions struct {
 	topicMaxAge      map[string]time.Duration
 	stallTicks       int
 	degradedDead     int
+	metricsTopics    int
+	statusTopics     int
 	notify           bool
 	ordering         string
 	pageSize         int
@@ -213,6 +216,8 @@ func (o *runOptions) flags() *flags {
 	f.String(&o.adminHosts, "admin-allowed-hosts", "", "host,…", "names, besides --admin-addr's, by which clients call the admin API (a proxy's, a Service's); requests naming another Host are refused (DNS rebinding); IP literals are served unless --admin-addr is loopback")
 	f.Int(&o.stallTicks, "stall-ticks", 60, "/healthz fails (so Kubernetes restarts the process) when a sweep has made no progress (no statement or send returned) for more than this many ticks and twice --send-timeout plus 5s; a failing sweep returns, and is not stalled")
 	f.Int(&o.degradedDead, "degraded-dead-letters", admin.DegradedDeadLettersDefault, "GET /status says degraded above this many dead letters (-1: never); an open broker breaker or a tripped topic always does")
+	f.Int(&o.statusTopics, "status-topics", admin.StatusTopicsDefault, "most topics GET /status and the console list: those in trouble first, then the deepest backlogs, then the busiest; the rest are counted")
+	f.Int(&o.metricsTopics, "metrics-max-topics", metrics.MaxTopicsDefault, `most topics with series of their own in the per-topic metrics; the others are counted under topic="_other"`)
 	f.Bool(&o.adminUI, "admin-ui", true, "serve the console, a web page over the admin API, at / of --admin-addr (it asks for the token)")
 	f.Int(&o.concurrency, "concurrency", outbox.ConcurrencyDefault, "topics sent at once; the batches of one topic go in order")
 	f.Int(&o.deadLetterLimit, "dead-letter-limit", outbox.DeadLetterLimitDefault, "storm guard: more rows of one topic dead-lettered within --dead-letter-window stop dead-lettering, trip the topic and alert (-1: off)")
@@ -231,10 +236,11 @@ func (o *runOptions) flags() *flags {
 	return f
 }
 
-func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Writer) error {
+// sweeperConfig returns the sweeper's config the flags set, validated.
+func (o *runOptions) sweeperConfig(f *flags) (outbox.Config, error) {
 	tbl, err := o.tableName(f)
 	if err != nil {
-		return err
+		return outbox.Config{}, err
 	}
 	cfg := outbox.Config{
 		DeadLetterLimit:  o.deadLetterLimit,
@@ -254,37 +260,64 @@ func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Wri
 	}
 	if o.schedule != "" {
 		if f.set("tick") {
-			return usagef("%s %s and %s %q are both set: use one", f.origin("tick"), o.tick, f.origin("schedule"), o.schedule)
+			return outbox.Config{}, usagef("%s %s and %s %q are both set: use one", f.origin("tick"), o.tick, f.origin("schedule"), o.schedule)
 		}
 		s, err := cronParser.Parse(o.schedule)
 		if err != nil {
-			return usagef("invalid value %q for %s: %v; write a cron spec such as \"*/10 * * * * *\" or \"@every 2s\"", o.schedule, f.origin("schedule"), err)
+			return outbox.Config{}, usagef("invalid value %q for %s: %v; write a cron spec such as \"*/10 * * * * *\" or \"@every 2s\"", o.schedule, f.origin("schedule"), err)
 		}
 		cfg.Schedule = s
 	}
 	// Validate before defaults fill in zeros: a flag set to 0 is a mistake to
 	// report, not a request for the default.
 	if err := cfg.Validate(); err != nil {
-		return f.configError(err)
+		return outbox.Config{}, f.configError(err)
 	}
+	return cfg, nil
+}
+
+// adminConfig returns the admin API's config the flags set, validated; with
+// --admin-addr empty it serves none, and its flags are checked all the same.
+// It checks --metrics-max-topics too, for /metrics, where it always was.
+func (o *runOptions) adminConfig(f *flags) (admin.Config, error) {
 	if o.stallTicks < 2 {
-		return usagef("%s is %d: it must be at least 2 (a sweep lasts up to a tick and a page)", f.origin("stall-ticks"), o.stallTicks)
+		return admin.Config{}, usagef("%s is %d: it must be at least 2 (a sweep lasts up to a tick and a page)", f.origin("stall-ticks"), o.stallTicks)
 	}
 	if o.degradedDead == 0 || o.degradedDead < -1 {
-		return usagef("%s is %d: it must be at least 1, or -1 to never say degraded for dead letters", f.origin("degraded-dead-letters"), o.degradedDead)
+		return admin.Config{}, usagef("%s is %d: it must be at least 1, or -1 to never say degraded for dead letters", f.origin("degraded-dead-letters"), o.degradedDead)
+	}
+	if o.statusTopics < 1 {
+		return admin.Config{}, usagef("%s is %d: it must be at least 1", f.origin("status-topics"), o.statusTopics)
+	}
+	if o.metricsTopics < 1 {
+		return admin.Config{}, usagef("%s is %d: it must be at least 1", f.origin("metrics-max-topics"), o.metricsTopics)
 	}
 	token, err := adminToken(f, o.adminToken, o.adminTokenFile)
 	if err != nil {
-		return err
+		return admin.Config{}, err
 	}
 	hosts, err := allowedHosts(f, o.adminHosts)
 	if err != nil {
-		return err
+		return admin.Config{}, err
 	}
 	if o.adminAddr != "" {
 		if err := admin.CheckAddr(o.adminAddr, token); err != nil {
-			return usagef("%s: %v", f.origin("admin-addr"), err)
+			return admin.Config{}, usagef("%s: %v", f.origin("admin-addr"), err)
 		}
+	}
+	return admin.Config{Addr: o.adminAddr, Token: token, AllowedHosts: hosts, UI: o.adminUI, DegradedDeadLetters: o.degradedDead,
+		StatusTopics: o.statusTopics}, nil
+}
+
+func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Writer) error {
+	cfg, err := o.sweeperConfig(f)
+	if err != nil {
+		return err
+	}
+	tbl := cfg.Table
+	adminCfg, err := o.adminConfig(f)
+	if err != nil {
+		return err
 	}
 	poolCfg, err := o.poolConfig(f.origin("database-url"))
 	if err != nil {
@@ -295,17 +328,19 @@ func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Wri
 	// API, one for the metrics refresh, and a spare.
 	poolCfg.MaxConns = poolSize
 	logger := o.logger(errOut)
-	cfg.Logger = logger
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	m := metrics.New(reg)
+	m := metrics.NewWithConfig(reg, metrics.Config{MaxTopics: o.metricsTopics})
 	m.SetBuildInfo(version())
-	cfg.Observer = m
 	syncAlerter, notifier, err := o.maintenanceOptions.alerters(f, logger, m)
 	if err != nil {
 		return err
 	}
+	ownNotifier := true // until the relay runs, which closes it
 	defer func() {
+		if !ownNotifier {
+			return
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		notifier.Close(ctx)
@@ -341,8 +376,10 @@ func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Wri
 	}
 	defer pool.Close()
 	metrics.RegisterPool(reg, pool)
-	svc, err := o.maintenanceOptions.services(f, pool, tbl, syncAlerter, logger)
-	if err != nil {
+	adminCfg.Metrics = promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	opts := relay.Options{Sweeper: cfg, Admin: adminCfg, Logger: logger, Metrics: m, Notifier: notifier,
+		ProducerName: o.name, StallTicks: o.stallTicks}
+	if err := o.maintenanceOptions.services(f, &opts, syncAlerter); err != nil {
 		return err
 	}
 
@@ -355,59 +392,22 @@ func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Wri
 		_ = p.Close(ctx)
 		return err
 	}
-	defer func() { _ = dep.Close(context.WithoutCancel(ctx)) }()
-	cfg.BrokerBreaker, cfg.Retry = dep, retry
+	defer func() { _ = dep.Close(context.WithoutCancel(ctx)) }() // the relay closes it first when it runs
+	opts.Dependency, opts.Sweeper.Retry = dep, retry
 	connectEarly(ctx, p, o.name, logger)
 
-	s, err := outbox.NewSweeper(pool, p, cfg)
+	r, err := relay.New(pool, p, opts)
 	if err != nil {
 		_ = p.Close(ctx)
-		return &usageError{msg: err.Error()}
+		if _, ok := errors.AsType[*outbox.ConfigError](err); ok {
+			return &usageError{msg: err.Error()}
+		}
+		return err
 	}
 	logger.Info("starting", "version", version(), "producer", o.name,
 		"database", redact(poolCfg.ConnConfig), "table", tbl.String())
-	if o.adminAddr != "" {
-		dead, err := outbox.NewDeadLetters(pool, tbl)
-		if err != nil {
-			return err
-		}
-		waitAdmin, err := admin.Start(ctx, admin.Config{Addr: o.adminAddr, Token: token, AllowedHosts: hosts, UI: o.adminUI, Pool: pool, Table: tbl,
-			Topics: s.TopicBreaker(), Dependency: dep, DeadLetters: dead, Logger: logger, Backoffs: s.TopicBackoffs,
-			Activity: s.TopicActivity, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
-			Stalled:             func(now time.Time) (outbox.Stall, bool) { return s.Stalled(now, o.stallTicks) },
-			DegradedDeadLetters: o.degradedDead})
-		if err != nil {
-			_ = p.Close(ctx)
-			return err
-		}
-		defer waitAdmin()
-		logger.Info("admin API listening", "addr", o.adminAddr, "token", token != "", "allowed_hosts", hosts)
-	}
-	// The history partitions the moves need are made before the first page.
-	// A schema that predates them stops the start: the sweeper could send
-	// but never record a row as sent, and would send every row again and
-	// again. Any other failure (the database not up yet) is retention's to
-	// retry.
-	prepCtx, cancelPrep := context.WithTimeout(ctx, 10*time.Second)
-	err = svc.retention.Prepare(prepCtx)
-	cancelPrep()
-	if errors.Is(err, outbox.ErrNoHistory) {
-		_ = p.Close(ctx)
-		return err
-	} else if err != nil {
-		logger.Warn("history partitions not prepared; retention tries again at its next run, and meanwhile sent rows go to the DEFAULT partition", "err", err)
-	}
-	waitServices := svc.start(ctx, m, pool, tbl, s.TopicBreaker())
-	defer waitServices()
-	if err := s.Run(ctx); err != nil {
-		return err
-	}
-	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	if err := p.Close(closeCtx); err != nil {
-		logger.Warn("closing the producer failed", "producer", o.name, "err", err)
-	}
-	return nil
+	ownNotifier = false
+	return r.Run(ctx)
 }
 
 // redact names the database without its password.

@@ -4,15 +4,13 @@ import (
 	"context"
 	"log/slog"
 	"net/url"
-	"sync"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-sweeper/sweeper/alert"
 	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/metrics"
 	"github.com/outbox-sweeper/sweeper/outbox"
+	"github.com/outbox-sweeper/sweeper/relay"
 )
 
 // maintenanceOptions are the flags of the services that run beside the sweeper:
@@ -67,74 +65,33 @@ func (o *maintenanceOptions) alerters(f *flags, logger *slog.Logger, m *metrics.
 	return probe, n, nil
 }
 
-// services validates the flags and returns the maintenance services, ready to
-// start with start.
-type services struct {
-	retention      *outbox.Retention
-	retentionSched outbox.Schedule
-	probe          *outbox.Probe
-	probeSched     outbox.Schedule
-	logger         *slog.Logger
-}
-
-func (o *maintenanceOptions) services(f *flags, pool *pgxpool.Pool, tbl outbox.Table, alerter alert.Alerter, logger *slog.Logger) (*services, error) {
+// services validates the flags of the maintenance services and sets them in
+// opts: retention and the dead-letter probe, each on its schedule, the probe
+// alerting through alerter.
+func (o *maintenanceOptions) services(f *flags, opts *relay.Options, alerter alert.Alerter) error {
 	if o.dlqAlertThreshold < 1 {
-		return nil, usagef("%s is %d: it must be at least 1", f.origin("dlq-alert-threshold"), o.dlqAlertThreshold)
+		return usagef("%s is %d: it must be at least 1", f.origin("dlq-alert-threshold"), o.dlqAlertThreshold)
 	}
 	if o.dlqRetention < 0 {
-		return nil, usagef("%s is %s: it must not be negative (0 keeps dead letters until purged)", f.origin("dlq-retention"), o.dlqRetention)
+		return usagef("%s is %s: it must not be negative (0 keeps dead letters until purged)", f.origin("dlq-retention"), o.dlqRetention)
 	}
 	retentionSched, err := cronParser.Parse(o.retentionSchedule)
 	if err != nil {
-		return nil, usagef("invalid value %q for %s: %v", o.retentionSchedule, f.origin("retention-schedule"), err)
+		return usagef("invalid value %q for %s: %v", o.retentionSchedule, f.origin("retention-schedule"), err)
 	}
 	probeSched, err := cronParser.Parse(o.dlqProbeSchedule)
 	if err != nil {
-		return nil, usagef("invalid value %q for %s: %v", o.dlqProbeSchedule, f.origin("dlq-probe-schedule"), err)
+		return usagef("invalid value %q for %s: %v", o.dlqProbeSchedule, f.origin("dlq-probe-schedule"), err)
 	}
 	dispatched := o.retention
 	if dispatched == 0 {
-		return nil, usagef("%s is 0s: give a duration, or a negative one to keep dispatched rows", f.origin("retention"))
+		return usagef("%s is 0s: give a duration, or a negative one to keep dispatched rows", f.origin("retention"))
 	}
-	// History partitions are made ready for twice the time between runs, so
-	// that a run late or failed once still finds moves a partition.
-	next := retentionSched.Next(time.Now())
-	ahead := 2 * retentionSched.Next(next).Sub(next)
-	r, err := outbox.NewRetention(pool, outbox.RetentionConfig{Table: tbl, Dispatched: dispatched, DeadLetters: o.dlqRetention,
-		Ahead: ahead, Logger: logger})
-	if err != nil {
-		return nil, err
-	}
-	p, err := outbox.NewProbe(pool, outbox.ProbeConfig{Table: tbl, Threshold: o.dlqAlertThreshold, Alerter: alerter, Logger: logger})
-	if err != nil {
-		return nil, err
-	}
-	return &services{retention: r, retentionSched: retentionSched, probe: p, probeSched: probeSched, logger: logger}, nil
-}
-
-// start runs the services, and the refresh of the metrics that need a query
-// (every 15 s), until ctx is done; the returned wait blocks until they have
-// stopped.
-func (s *services) start(ctx context.Context, m *metrics.Metrics, pool *pgxpool.Pool, tbl outbox.Table, topics breaker.Breaker) (wait func()) {
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		outbox.RunOnSchedule(ctx, outbox.Every(15*time.Second), s.logger, "metrics refresh", func(ctx context.Context) error {
-			return m.Refresh(ctx, pool, tbl, topics)
-		})
-	})
-	wg.Go(func() {
-		outbox.RunOnSchedule(ctx, s.retentionSched, s.logger, "retention", func(ctx context.Context) error {
-			_, err := s.retention.RunOnce(ctx)
-			return err
-		})
-	})
-	wg.Go(func() {
-		outbox.RunOnSchedule(ctx, s.probeSched, s.logger, "dead-letter probe", func(ctx context.Context) error {
-			_, err := s.probe.RunOnce(ctx)
-			return err
-		})
-	})
-	return wg.Wait
+	opts.Retention = outbox.RetentionConfig{Dispatched: dispatched, DeadLetters: o.dlqRetention}
+	opts.RetentionSchedule = retentionSched
+	opts.Probe = outbox.ProbeConfig{Threshold: o.dlqAlertThreshold, Alerter: alerter}
+	opts.ProbeSchedule = probeSched
+	return nil
 }
 
 // alertTopicChanges wraps a topic breaker hook so every change of a topic's

@@ -35,6 +35,7 @@ type producerOptions struct {
 	name                string
 	kafka               kafkaOptions
 	natsURL             string
+	natsStreamsRefresh  time.Duration
 	rabbitmqExchange    string
 	rabbitmqURL         string
 	servicebusConnStr   string
@@ -53,6 +54,7 @@ func (o *producerOptions) register(f *flags) {
 		"where messages go: stdout (one JSON object per message per line), rabbitmq, nats (JetStream), kafka or servicebus (Azure Service Bus)")
 	o.kafka.register(f)
 	f.String(&o.natsURL, "nats-url", "", "url", "NATS server URL for --producer nats, e.g. nats://127.0.0.1:4222; a stream must capture each topic's subject")
+	f.Duration(&o.natsStreamsRefresh, "nats-streams-refresh", nats.StreamsRefreshDefault, "how often --producer nats reads the list of streams again, to refuse at once a subject no stream captures (a subject it does not capture reads it again, at most once a second); -1ns turns the check off, for subjects captured through an account import or a subject mapping")
 	f.String(&o.rabbitmqExchange, "rabbitmq-exchange", rabbitmq.ExchangeDefault, "name", "durable topic exchange --producer rabbitmq publishes to (declared at start); the topic is the routing key")
 	f.String(&o.rabbitmqURL, "rabbitmq-url", "", "url", "AMQP URL for --producer rabbitmq, e.g. amqp://user:pass@host:5672/vhost")
 	f.String(&o.servicebusConnStr, "servicebus-connection-string", "", "string", "Service Bus connection string with send rights for --producer servicebus (prefer the variable: it is a secret)")
@@ -93,7 +95,10 @@ func (o *producerOptions) build(f *flags, out io.Writer, logger *slog.Logger) (p
 				return nil, usagef("invalid value %q for %s: write nats://host:port (or tls://, ws://, wss://), several separated by commas", redactURL(u), f.origin("nats-url"))
 			}
 		}
-		p, err := nats.New(nats.Config{URL: o.natsURL})
+		if o.natsStreamsRefresh == 0 {
+			return nil, usagef("%s is 0: give a duration such as 30s, or -1ns to turn the check off", f.origin("nats-streams-refresh"))
+		}
+		p, err := nats.New(nats.Config{URL: o.natsURL, StreamsRefresh: o.natsStreamsRefresh})
 		if err != nil {
 			msg := err.Error()
 			for _, u := range strings.Split(o.natsURL, ",") {

@@ -9,8 +9,9 @@
 // their JSON text), content_type → Content-Type, correlation_id → Correlation-Id,
 // partition_key → Partition-Key, message_id → Nats-Msg-Id.
 //
-// Failure classes: a subject no stream captures ("no response from stream") is
-// topic-class; a message over the server's max_payload or the stream's
+// Failure classes: a subject no stream captures is topic-class, refused before
+// it is published when the producer's copy of the stream list says so (see
+// streams.go), else when JetStream answers "no response from stream"; a message over the server's max_payload or the stream's
 // max_msg_size is message-class; a connection that cannot be opened, or is
 // lost or reconnecting, is broker-class ("connection_lost"), which never counts
 // against the rows; a timeout or a stream that is full is transient.
@@ -62,6 +63,16 @@ type Config struct {
 	// before it gives up on it; a Send's own context usually ends sooner.
 	// Defaults to AckTimeoutDefault.
 	AckTimeout time.Duration
+	// StreamsRefresh is how often the producer reads again the list of the
+	// account's streams, whose subjects it keeps so as to refuse at once, as
+	// topic-class no_stream, a subject no stream captures, where a publish
+	// would wait about half a second for JetStream to say so. A subject the
+	// list does not capture makes it read the list again first, at most once
+	// a second, so a stream just created is seen. Defaults to
+	// StreamsRefreshDefault; negative turns the check off, for subjects a
+	// stream captures through an account import or a subject mapping, which
+	// the account's own list does not show.
+	StreamsRefresh time.Duration
 }
 
 // Producer publishes to JetStream. It is safe for concurrent use.
@@ -79,11 +90,14 @@ type Producer struct {
 	// maxPayload is the server's max_payload as last seen, for cutting batches
 	// while not connected.
 	maxPayload atomic.Int64
+	// streams knows which subjects the streams capture (streams.go).
+	streams *streams
 }
 
 var (
-	_ producer.Producer = (*Producer)(nil)
-	_ producer.Checker  = (*Producer)(nil)
+	_ producer.Producer     = (*Producer)(nil)
+	_ producer.Checker      = (*Producer)(nil)
+	_ producer.TopicChecker = (*Producer)(nil)
 )
 
 // New returns a producer; it connects on [Producer.Connect] or first use, so a
@@ -101,7 +115,7 @@ func New(cfg Config) (*Producer, error) {
 	if cfg.AckTimeout <= 0 {
 		cfg.AckTimeout = AckTimeoutDefault
 	}
-	return &Producer{cfg: cfg, dial: make(chan struct{}, 1), done: make(chan struct{})}, nil
+	return &Producer{cfg: cfg, dial: make(chan struct{}, 1), done: make(chan struct{}), streams: newStreams(cfg.StreamsRefresh)}, nil
 }
 
 // Connect connects, so that a start-up can report a server it cannot reach.
@@ -182,15 +196,20 @@ func (p *Producer) conn(ctx context.Context) (*natsgo.Conn, jetstream.JetStream,
 // pins it on that row); and the send, which connects, fails instead. A failed
 // cut would count an attempt on every row without the broker breaker ever
 // seeing a failed send, and so dead-letter the outbox while the server is down.
-func (p *Producer) Batches(_ context.Context, topic string, msgs []producer.Message) ([]producer.Batch, error) {
+func (p *Producer) Batches(ctx context.Context, topic string, msgs []producer.Message) ([]producer.Batch, error) {
 	p.mu.Lock()
-	closed, nc := p.closed, p.nc
+	closed, nc, js := p.closed, p.nc, p.js
 	p.mu.Unlock()
 	if closed {
 		return nil, producer.NewLocalError(errors.New("nats producer is closed"))
 	}
 	if err := checkSubject(topic); err != nil {
 		return nil, err
+	}
+	if nc != nil && nc.IsConnected() {
+		if err := p.streams.check(ctx, js, topic); err != nil {
+			return nil, err
+		}
 	}
 	limit := p.maxPayload.Load() // 0 before any server answered: no check
 	if nc != nil && nc.IsConnected() {
@@ -209,6 +228,23 @@ func (p *Producer) Batches(_ context.Context, topic string, msgs []producer.Mess
 	})
 	out, _, _ := producer.Split(topic, valid, producer.Limits{Messages: p.cfg.MaxBatch})
 	return out, rej.Err()
+}
+
+// CheckTopic refuses, as topic class, a subject that is not a valid literal
+// subject, or that no stream captures as far as the stream list says (see
+// streams.go). While not connected it cannot tell, and says nil: it never
+// connects.
+func (p *Producer) CheckTopic(ctx context.Context, topic string) error {
+	if err := checkSubject(topic); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	nc, js := p.nc, p.js
+	p.mu.Unlock()
+	if nc == nil || !nc.IsConnected() {
+		return nil
+	}
+	return p.streams.check(ctx, js, topic)
 }
 
 // sizeOf is about a message's size as max_payload counts it: the payload and
@@ -240,9 +276,14 @@ func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 		return err
 	}
 
-	_, js, err := p.conn(ctx)
+	nc, js, err := p.conn(ctx)
 	if err != nil {
 		return err
+	}
+	if nc.IsConnected() { // while reconnecting, the list cannot be read
+		if err := p.streams.check(ctx, js, b.Topic); err != nil {
+			return err
+		}
 	}
 	futures := make([]jetstream.PubAckFuture, len(msgs))
 	for i, m := range msgs {

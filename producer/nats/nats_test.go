@@ -117,12 +117,17 @@ func TestRedeliveredBatchIsDeduplicated(t *testing.T) {
 
 func TestSubjectWithoutStreamIsTopicClass(t *testing.T) {
 	t.Parallel()
-	f := setup(t, outboxnats.Config{}, jetstream.StreamConfig{})
-	subj := brokertest.Name("nostream") + ".t"
-	err := f.p.Send(context.Background(), producer.Batch{Topic: subj, Messages: producertest.Messages(subj, 1, 3)})
-	require.Equal(t, producer.ClassTopic, producer.ClassOf(err), "%v", err)
-	require.Equal(t, "no_stream", producer.ReasonOf(err))
-	require.ErrorContains(t, err, "create a stream whose subjects include this one")
+	for _, refresh := range []time.Duration{0, -1} { // the stream list's answer, and JetStream's
+		t.Run(fmt.Sprint("refresh=", refresh), func(t *testing.T) {
+			t.Parallel()
+			f := setup(t, outboxnats.Config{StreamsRefresh: refresh}, jetstream.StreamConfig{})
+			subj := brokertest.Name("nostream") + ".t"
+			err := f.p.Send(context.Background(), producer.Batch{Topic: subj, Messages: producertest.Messages(subj, 1, 3)})
+			require.Equal(t, producer.ClassTopic, producer.ClassOf(err), "%v", err)
+			require.Equal(t, "no_stream", producer.ReasonOf(err))
+			require.ErrorContains(t, err, "create a stream whose subjects include this one")
+		})
+	}
 }
 
 // A stream's max_msg_size rejects the large message only; the sweeper gets the

@@ -1,0 +1,77 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/outbox-sweeper/sweeper/breaker"
+	"github.com/outbox-sweeper/sweeper/producer"
+)
+
+// maxLoggedTopics bounds the topics named on one log line.
+const maxLoggedTopics = 5
+
+// maxNotedTopics bounds the topics whose rows a sweep notes as refused before
+// paging (note_refused_topics.sql): in a flood, a statement of bounded cost a
+// sweep, and the rest noted at their next trials.
+const maxNotedTopics = 1000
+
+// leaveOutUnreachable returns live without the topics the producer says no
+// message can reach (producer.TopicChecker: NATS, for a subject no stream
+// captures), and trips each of those at once as topic class, without
+// claiming a row of it: its rows stay outstanding, and the oldest row of each
+// keeps the error as its last_error (no attempt), as when a topic refuses a
+// batch.
+//
+// Why before paging: a topic is otherwise learnt wrong only by claiming its
+// rows and sending them, a page slot and a few statements each. Rows that each
+// carry a topic of their own (an application writing an id as the topic) then
+// fill page after page with topics tried once each, and a healthy topic,
+// which gets one share of a page like any of them, waits for all of them: 45
+// to 50 s at 100,000 topics (issue 30). Asked first, each costs about a
+// microsecond and a breaker trip, and the pages carry the topics that work.
+func (s *Sweeper) leaveOutUnreachable(ctx context.Context, plan breaker.Plan, live []string) ([]string, error) {
+	c, ok := s.producer.(producer.TopicChecker)
+	if !ok || len(live) == 0 {
+		return live, nil
+	}
+	kept := make([]string, 0, len(live))
+	var (
+		refused      []string
+		first        error
+		noted, notes []string
+	)
+	for _, topic := range live {
+		err := c.CheckTopic(ctx, topic)
+		if err == nil || producer.ClassOf(err) != producer.ClassTopic {
+			kept = append(kept, topic)
+			continue
+		}
+		text := truncate(err.Error(), maxErrorText)
+		s.breaker.Failure(topic, plan.Gen(topic), true, text)
+		if len(noted) < maxNotedTopics {
+			noted, notes = append(noted, topic), append(notes, text)
+		}
+		s.observeFailure(topic, err, applied{})
+		if first == nil {
+			first = err
+		}
+		if len(refused) < maxLoggedTopics {
+			refused = append(refused, logText(topic))
+		}
+	}
+	if first != nil {
+		// One line a sweep, however many: a flood would otherwise log one a topic
+		// (the breaker's own line for each trip is the log's price already).
+		s.logger.Warn("topics refused before paging: no message can reach them; they trip, their rows wait",
+			"num_topics", len(live)-len(kept), "topics", refused, "reason", producer.ReasonOf(first), "err", first)
+	}
+	if len(noted) > 0 {
+		_, err := s.store.pool.Exec(ctx, statement(s.cfg.Table, "note_refused_topics"), noted, notes)
+		s.store.beat()
+		if err != nil {
+			return nil, fmt.Errorf("note why %d refused topics wait in %s: %w", len(noted), s.cfg.Table, err)
+		}
+	}
+	return kept, nil
+}
