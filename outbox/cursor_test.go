@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
@@ -24,6 +25,22 @@ func delivered(p *memory.Producer, body string) bool {
 	return false
 }
 
+// cursorSweeper runs a sweeper on an outbox of its own whose cursor never
+// resets, so that only the floors' rules can find a row; settle is how long
+// its findings wait (settleAfter in production). It returns the outbox, its
+// quoted name, the pool, what the sweeper sent and the sweeper.
+func cursorSweeper(t *testing.T, settle time.Duration) (tbl outbox.Table, name string, pool *pgxpool.Pool, prod *memory.Producer, s *outbox.Sweeper) {
+	t.Helper()
+	tbl = dbtest.Table(t)
+	pool = dbtest.Pool(t)
+	prod = memory.New(memory.Config{})
+	s = newSweeper(t, pool, prod, outbox.Config{Table: tbl, Tick: 5 * time.Millisecond})
+	outbox.SetCursorReset(s, time.Hour)
+	outbox.SetCursorSettle(s, settle)
+	dbtest.RunSweeper(t, s)
+	return tbl, pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize(), pool, prod, s
+}
+
 // Ids are drawn at insert and rows commit in any order: a row whose
 // transaction commits after rows with higher ids have been sent must still be
 // sent, though the topic's floor has moved past those rows. The cursor's reset
@@ -34,14 +51,7 @@ func delivered(p *memory.Producer, body string) bool {
 func TestCursorFindsRowsCommittedOutOfIdOrder(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	tbl := dbtest.Table(t)
-	pool := dbtest.Pool(t)
-	prod := memory.New(memory.Config{})
-	s := newSweeper(t, pool, prod, outbox.Config{Table: tbl, Tick: 5 * time.Millisecond})
-	outbox.SetCursorReset(s, time.Hour)
-	outbox.SetCursorSettle(s, 0) // the transactions' rule alone
-	dbtest.RunSweeper(t, s)
-	name := pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()
+	tbl, name, pool, prod, _ := cursorSweeper(t, 0) // the transactions' rule alone
 
 	for round := range 3 {
 		// An open transaction draws its ids first: one for a topic the sweeper
@@ -82,13 +92,7 @@ func TestCursorFindsRowsCommittedOutOfIdOrder(t *testing.T) {
 func TestCursorMovesWhileTheHorizonIsHeld(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	tbl := dbtest.Table(t)
-	pool := dbtest.Pool(t)
-	prod := memory.New(memory.Config{})
-	s := newSweeper(t, pool, prod, outbox.Config{Table: tbl, Tick: 5 * time.Millisecond})
-	outbox.SetCursorReset(s, time.Hour)
-	dbtest.RunSweeper(t, s)
-	name := pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()
+	tbl, name, pool, _, s := cursorSweeper(t, time.Second) // as in production
 
 	report, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	require.NoError(t, err)
@@ -180,14 +184,7 @@ func TestTableHealthNamesTheHorizonHolder(t *testing.T) {
 func TestCursorFindsARowWhoseIdWasDrawnBeforeItsTransactionStarted(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	tbl := dbtest.Table(t)
-	pool := dbtest.Pool(t)
-	prod := memory.New(memory.Config{})
-	s := newSweeper(t, pool, prod, outbox.Config{Table: tbl, Tick: 5 * time.Millisecond})
-	outbox.SetCursorReset(s, time.Hour)
-	outbox.SetCursorSettle(s, time.Minute) // longer than this test's stall, however slow the machine
-	dbtest.RunSweeper(t, s)
-	name := pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()
+	_, name, pool, prod, _ := cursorSweeper(t, time.Minute) // longer than this test's stall, however slow the machine
 
 	stalled, err := pool.Begin(ctx)
 	require.NoError(t, err)
