@@ -379,8 +379,35 @@ func TestTwoSweepersNeverSendARowTwice(t *testing.T) {
 	rand.Shuffle(len(msgs), func(i, j int) { msgs[i], msgs[j] = msgs[j], msgs[i] })
 	writeMessages(t, tbl, msgs...)
 
-	cfg := outbox.Config{Table: tbl, Tick: 5 * time.Millisecond, PageSize: 300}
+	// Without topic order, so that the two meet on rows (SKIP LOCKED) rather
+	// than wait for each other's topic locks (TestTwoSweepersKeepPerTopicOrder
+	// runs two under topic order).
+	cfg := outbox.Config{Table: tbl, Tick: 5 * time.Millisecond, PageSize: 300, Ordering: outbox.OrderingNone}
 	p1, p2 := memory.New(memory.Config{MaxBatch: 20}), memory.New(memory.Config{MaxBatch: 20})
+	// Each sweeper's first send waits until the other's has begun, so that
+	// both take part however fast one of them drains (one sweep of a fast
+	// machine can take all 20,000 rows before the other's first page): the
+	// first holds its page's rows locked meanwhile, and the second claims
+	// others.
+	started1, started2 := make(chan struct{}), make(chan struct{})
+	meet := func(mine, theirs chan struct{}) memory.SendFunc {
+		var once sync.Once
+		return func(ctx context.Context, _ producer.Batch) error {
+			first := false
+			once.Do(func() { close(mine); first = true })
+			if !first {
+				return nil
+			}
+			select {
+			case <-theirs:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	}
+	p1.SetSendFunc(meet(started1, started2))
+	p2.SetSendFunc(meet(started2, started1))
 	stop1 := dbtest.RunSweeper(t, newSweeper(t, dbtest.NewPool(t, 6), p1, cfg))
 	stop2 := dbtest.RunSweeper(t, newSweeper(t, dbtest.NewPool(t, 6), p2, cfg))
 	dbtest.Eventually(t, 60*time.Second, "every row dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
