@@ -269,7 +269,7 @@ func TestTheUpgradeToHistoryIsOnlineAndDeliversEveryRowOnce(t *testing.T) {
 				written[id] = true
 				latencies = append(latencies, took)
 				mu.Unlock()
-				time.Sleep(2 * time.Millisecond)
+				time.Sleep(2 * time.Millisecond) // the application's pace, not a wait for an outcome
 			}
 		})
 	}
@@ -281,11 +281,16 @@ func TestTheUpgradeToHistoryIsOnlineAndDeliversEveryRowOnce(t *testing.T) {
 			default:
 			}
 			if oldSweep() == 0 {
-				time.Sleep(5 * time.Millisecond)
+				time.Sleep(5 * time.Millisecond) // the old sweeper's idle poll, as its tick was
 			}
 		}
 	})
-	time.Sleep(200 * time.Millisecond)
+	// The migration runs while both are at work.
+	dbtest.Eventually(t, patience, "writers writing and the old sweeper delivering", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(written) >= 20 && len(delivered) > 0
+	})
 
 	conn, err := pgx.Connect(ctx, dbtest.URL(t))
 	require.NoError(t, err)
@@ -303,10 +308,19 @@ func TestTheUpgradeToHistoryIsOnlineAndDeliversEveryRowOnce(t *testing.T) {
 	for _, p := range prods {
 		dbtest.RunSweeper(t, newSweeper(t, dbtest.NewPool(t, 4), p, outbox.Config{Table: tbl, Tick: 10 * time.Millisecond}))
 	}
-	time.Sleep(300 * time.Millisecond)
+	dbtest.Eventually(t, patience, "the new sweepers delivering beside the old one", func() bool {
+		return len(prods[0].Messages())+len(prods[1].Messages()) > 0
+	})
 	close(stopOld)
 	old.Wait()
-	time.Sleep(300 * time.Millisecond)
+	mu.Lock()
+	before := len(written)
+	mu.Unlock()
+	dbtest.Eventually(t, patience, "writers writing after the old sweeper stopped", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(written) >= before+20
+	})
 	close(stopWriters)
 	writers.Wait()
 	dbtest.Eventually(t, patience, "every row dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
@@ -334,7 +348,6 @@ func TestTheUpgradeToHistoryIsOnlineAndDeliversEveryRowOnce(t *testing.T) {
 
 	// The old sweeper's marks go with retention; what remains in the outbox
 	// is nothing (every row was sent).
-	time.Sleep(2 * time.Second)
 	dbtest.Eventually(t, patience, "the legacy marked rows deleted", func() bool {
 		_, err := r.RunOnce(ctx)
 		require.NoError(t, err)

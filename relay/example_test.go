@@ -48,7 +48,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	go func() {
-		for len(prod.Messages()) < 2 {
+		for len(prod.Messages()) < 2 { // polls for the event: both messages sent
 			time.Sleep(10 * time.Millisecond)
 		}
 		stop()
