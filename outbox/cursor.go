@@ -284,20 +284,19 @@ func newSweepMarks(floors map[string]int64) *sweepMarks {
 	return &sweepMarks{reach: floors, left: map[string]int64{}}
 }
 
-// paged notes what page pg found, before any of its rows is left out.
-func (m *sweepMarks) paged(pg *aheadPage) {
-	claimed := make(map[string]int, len(pg.found))
-	for _, msg := range pg.msgs {
-		claimed[msg.Topic]++
+// paged notes what a page found of topic t: it read up to f.last, and with
+// held set it left some of what it read (held elsewhere) from f.first on. A
+// nil m notes nothing.
+func (m *sweepMarks) paged(t string, f pageTopic, held bool) {
+	if m == nil {
+		return
 	}
-	for t, f := range pg.found {
-		if _, ok := m.reach[t]; !ok {
-			continue
-		}
-		m.reach[t] = max(m.reach[t], f.last)
-		if claimed[t] < f.candidates {
-			m.leave(t, f.first)
-		}
+	if _, ok := m.reach[t]; !ok {
+		return
+	}
+	m.reach[t] = max(m.reach[t], f.last)
+	if held {
+		m.leave(t, f.first)
 	}
 }
 

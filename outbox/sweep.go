@@ -189,8 +189,7 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 			}
 		}
 		pages++
-		marks.paged(cur)
-		done := s.account(cur, &res)
+		done := s.account(cur, &res, marks)
 		if len(halted) > 0 { // a page claimed ahead holds rows of topics that stopped since
 			cur.msgs = slices.DeleteFunc(cur.msgs, func(m producer.Message) bool { return halted[m.Topic] })
 		}
@@ -368,7 +367,7 @@ func (s *Sweeper) claimPage(ctx context.Context, topics []string, after []int64,
 	if p, pg.msgs, pg.found, err = s.store.claimPage(ctx, topics, after, share); err != nil {
 		return nil, nil, err
 	}
-	s.account(pg, res)
+	s.account(pg, res, nil)
 	return p, pg.msgs, nil
 }
 
@@ -376,8 +375,9 @@ func (s *Sweeper) claimPage(ctx context.Context, topics []string, after []int64,
 // skipped; under OrderingTopic a topic that did not get all it read sends none
 // of it (nothing may overtake a row in flight elsewhere): account leaves their
 // rows out of pg.msgs (the page's end leaves them outstanding) and returns those
-// topics, done for this sweep.
-func (s *Sweeper) account(pg *aheadPage, res *SweepResult) (done map[string]bool) {
+// topics, done for this sweep. It tells marks (nil for none) how far each
+// topic was read, before any row is left out.
+func (s *Sweeper) account(pg *aheadPage, res *SweepResult, marks *sweepMarks) (done map[string]bool) {
 	res.Pages++
 	done = make(map[string]bool)
 	claimed := make(map[string]int, len(pg.found))
@@ -385,6 +385,7 @@ func (s *Sweeper) account(pg *aheadPage, res *SweepResult) (done map[string]bool
 		claimed[m.Topic]++
 	}
 	for t, f := range pg.found {
+		marks.paged(t, f, claimed[t] < f.candidates)
 		if n := claimed[t]; n < f.candidates {
 			res.Skipped += f.candidates - n
 			if s.cfg.Ordering == OrderingTopic {
