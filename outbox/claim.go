@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -67,6 +68,9 @@ type pageClaim struct {
 	held     map[int64]string
 	attempts map[int64]int
 	sent     map[int64]bool
+	// tids holds where the claim found each row (its ctid), which the page's
+	// end moves it by (move_dispatched.sql); under mu.
+	tids map[int64]pgtype.TID
 	// left, when set, is told of each row the page's end leaves outstanding
 	// (the sweep's cursor keeps the topic's floor below it).
 	left func(topic string, id int64)
@@ -116,6 +120,7 @@ func (s *store) claimPage(ctx context.Context, topics []string, after []int64, s
 	p := s.held(tx)
 	p.hold(r.sorted())
 	p.unreadable = r.unreadable
+	p.tids = r.tids
 	return p, r.msgs, r.found, nil
 }
 
@@ -155,6 +160,7 @@ func (p *pageClaim) claimAhead(ctx context.Context, topics []string, after []int
 		}
 		p.unreadable[id] = why
 	}
+	maps.Copy(p.tids, r.tids)
 	return r.sorted(), r.found, nil
 }
 
@@ -168,11 +174,14 @@ type pageRead struct {
 	// unreadable holds why each row of msgs that cannot be sent cannot
 	// (readRow); nil when every row can.
 	unreadable map[int64]string
+	// tids holds each row's ctid.
+	tids map[int64]pgtype.TID
 }
 
 func (s *store) pageRead(topics []string, share int) *pageRead {
 	return &pageRead{s: s, topics: topics, share: share,
-		msgs: make([]producer.Message, 0, share*len(topics)), found: make(map[string]pageTopic, len(topics))}
+		msgs: make([]producer.Message, 0, share*len(topics)), found: make(map[string]pageTopic, len(topics)),
+		tids: make(map[int64]pgtype.TID, share*len(topics))}
 }
 
 // args are claim_page.sql's arguments.
@@ -198,10 +207,11 @@ func (r *pageRead) scan(rows pgx.Rows) error {
 		headers                               []byte
 		createdAt, expiresAt                  pgtype.Timestamptz
 		attempts                              *int
+		tid                                   pgtype.TID
 		m                                     producer.Message
 	)
 	_, err := pgx.ForEachRow(rows, []any{&summary, &id, &messageID, &m.Topic, &m.Payload, &headers,
-		&contentType, &correlationID, &partitionKey, &createdAt, &expiresAt, &attempts, &candidates, &first}, func() error {
+		&contentType, &correlationID, &partitionKey, &createdAt, &expiresAt, &attempts, &candidates, &first, &tid}, func() error {
 		if summary {
 			r.found[m.Topic] = pageTopic{candidates: int(*candidates), last: *id, first: *first}
 		} else {
@@ -214,6 +224,7 @@ func (r *pageRead) scan(rows pgx.Rows) error {
 				r.unreadable[m.ID] = why
 			}
 			r.msgs = append(r.msgs, m)
+			r.tids[m.ID] = tid
 		}
 		// Payload and Headers must not share memory with the next row.
 		m, headers, createdAt, expiresAt = producer.Message{}, nil, pgtype.Timestamptz{}, pgtype.Timestamptz{}
@@ -339,12 +350,17 @@ func (p *pageClaim) settle(ctx context.Context) error {
 			p.left(topic, id)
 		}
 	}
+	var args []any
 	move := ""
 	if len(sent) > 0 {
 		slices.Sort(sent) // the deletes lock in id order, as the claim did
-		move = p.s.moveDispatched
+		tids := make([]pgtype.TID, len(sent))
+		for i, id := range sent {
+			tids[i] = p.tids[id]
+		}
+		move, args = p.s.moveDispatched, []any{sent, tids}
 	}
-	if err := p.tx.commit(endCtx, move, sent); err != nil {
+	if err := p.tx.commit(endCtx, move, args...); err != nil {
 		return fmt.Errorf("move a page's %d sent rows of %s to its history (they will be sent again): %w", len(sent), p.s.table, p.s.explain(err))
 	}
 	return nil

@@ -229,17 +229,19 @@ func (s *store) expire(ctx context.Context, topics []string, ages []int64, whys 
 	ctx, cancel := stmtCtx(ctx)
 	defer cancel()
 	defer s.beat()
-	rows, err := s.pool.Query(ctx, s.expireSQL, topics, ages, limit, whys)
-	if err != nil {
-		return nil, s.explain(err)
-	}
 	moved := expiredTally{}
 	var topic string
 	var correlationID *string
-	if _, err = pgx.ForEachRow(rows, []any{&topic, &correlationID}, func() error {
-		moved.add(topic, deref(correlationID))
-		return nil
-	}); err != nil {
+	scan := func(rows pgx.Rows) error {
+		_, err := pgx.ForEachRow(rows, []any{&topic, &correlationID}, func() error {
+			moved.add(topic, deref(correlationID))
+			return nil
+		})
+		return err
+	}
+	// Under the page's planner settings, as the listing: the pass reads every
+	// tick, also while something holds the horizon (queryPlanned).
+	if err := queryPlanned(ctx, s.pool, scan, s.expireSQL, topics, ages, limit, whys); err != nil {
 		return nil, s.explain(err)
 	}
 	return moved, nil

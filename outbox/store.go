@@ -142,38 +142,40 @@ const discoveryLimit = 100_000
 func (s *store) liveTopics(ctx context.Context, topics []string, after []int64, discovery int64) (listing, error) {
 	defer s.beat()
 	var l listing
-	rows, err := s.pool.Query(ctx, s.liveTopicsSQL, topics, after, discovery, discoveryLimit)
-	if err != nil {
-		return l, s.explain(err)
-	}
 	var (
 		kind        int
 		topic       string
 		outstanding *bool
 		last        *int64
 	)
-	_, err = pgx.ForEachRow(rows, []any{&kind, &topic, &outstanding, &last}, func() error {
-		switch kind {
-		case 0:
-			if *outstanding {
-				l.live = append(l.live, topic)
-			} else {
-				l.empty = append(l.empty, topic)
+	// The listing reads under the page's planner settings (queryPlanned): with
+	// the statistics of a held horizon the planner read each topic's probe by a
+	// sequential scan, then by a full index scan and a sort (issue 32's soak).
+	scan := func(rows pgx.Rows) error {
+		_, err := pgx.ForEachRow(rows, []any{&kind, &topic, &outstanding, &last}, func() error {
+			switch kind {
+			case 0:
+				if *outstanding {
+					l.live = append(l.live, topic)
+				} else {
+					l.empty = append(l.empty, topic)
+				}
+			case 1:
+				l.fresh = append(l.fresh, topic)
+				l.last = max(l.last, *last)
+			case 2:
+				xmin, err := strconv.ParseUint(topic, 10, 64)
+				if err != nil {
+					return fmt.Errorf("read the snapshot's xmin %q: %w", topic, err)
+				}
+				l.xmin, l.xmax = xmin, uint64(*last)
 			}
-		case 1:
-			l.fresh = append(l.fresh, topic)
-			l.last = max(l.last, *last)
-		case 2:
-			xmin, err := strconv.ParseUint(topic, 10, 64)
-			if err != nil {
-				return fmt.Errorf("read the snapshot's xmin %q: %w", topic, err)
-			}
-			l.xmin, l.xmax = xmin, uint64(*last)
-		}
-		return nil
-	})
-	if err != nil {
-		return l, s.explain(err)
+			return nil
+		})
+		return err
+	}
+	if err := queryPlanned(ctx, s.pool, scan, s.liveTopicsSQL, topics, after, discovery, discoveryLimit); err != nil {
+		return listing{}, s.explain(err)
 	}
 	return l, nil
 }

@@ -14,7 +14,8 @@
 --   $5  whether to take each topic's lock (--ordering topic)
 --   $6  idle_in_transaction_session_timeout for this transaction, e.g. '20000ms'
 --
--- It returns the claimed rows (summary false), then one summary row per topic
+-- It returns the claimed rows (summary false) with their ctids, which the
+-- page's move finds them by (move_dispatched.sql), then one summary row per topic
 -- that had outstanding rows: how many it read (candidates, locked or not), the
 -- last id it read and the first (the sweeper's cursor keeps a topic's floor
 -- below rows it read but could not claim). Candidates less claimed rows are rows another
@@ -72,6 +73,19 @@
 -- may keep a generic plan, which cannot see the share ($4) and planned IN as a
 -- hash join over a sequential scan of the whole table (98 ms for a 500-row
 -- page of a 100,000-row table, against 13 ms).
+--
+-- The candidates are locked by their ctid (a TID scan, which fetches exactly
+-- those tuples), not by id. While something holds the vacuum horizon the
+-- outbox is a few live rows among hundreds of thousands of dead ones: its
+-- statistics then say a handful of rows, its indexes are large, and the
+-- planner reckons every index fetch costs pages in proportion. The soak
+-- (issue 32) caught it locking by id through a full scan of the (topic, id)
+-- index, every entry ever sent since the horizon was held (220,000 buffers,
+-- 0.7 to 1.2 s a page, the relay at 250 rows/s against 3,000 offered). A TID
+-- scan has no such choice. A row updated and committed by another
+-- transaction between the read and the lock fails the TID recheck and is left
+-- for a later sweep, as a row held elsewhere is; its ctid cannot be reused
+-- meanwhile, since this statement's snapshot still sees it.
 WITH settings AS MATERIALIZED (
     SELECT set_config('idle_in_transaction_session_timeout', $6::text, true) AS idle_timeout,
            set_config('synchronous_commit', 'off', true) AS synchronous_commit
@@ -80,10 +94,10 @@ WITH settings AS MATERIALIZED (
            CASE WHEN $5::boolean THEN pg_try_advisory_xact_lock(l.key) ELSE true END AS held
     FROM settings, unnest($1::text[], $2::bigint[], $3::bigint[]) AS l(topic, after, key)
 ), candidates AS MATERIALIZED (
-    SELECT t.topic, t.held, p.id
+    SELECT t.topic, t.held, p.id, p.ctid
     FROM topics t
     CROSS JOIN LATERAL (
-        SELECT o.id
+        SELECT o.id, o.ctid
         FROM {{outbox}} o
         WHERE (o.topic, o.id) > (t.topic, t.after)
           AND (o.topic, o.id) <= (t.topic, 9223372036854775807)
@@ -93,16 +107,17 @@ WITH settings AS MATERIALIZED (
     ) p
 ), claimed AS MATERIALIZED (
     SELECT o.id, o.message_id, o.topic, o.payload, o.headers, o.content_type, o.correlation_id,
-           o.partition_key, o.created_at, o.expires_at, o.attempts
+           o.partition_key, o.created_at, o.expires_at, o.attempts, o.ctid
     FROM {{outbox}} o
-    WHERE o.id = ANY (ARRAY(SELECT c.id FROM candidates c WHERE c.held))
+    WHERE o.ctid = ANY (ARRAY(SELECT c.ctid FROM candidates c WHERE c.held))
       AND o.dispatched_at IS NULL
     FOR UPDATE OF o SKIP LOCKED
 )
 SELECT false AS summary, c.id, c.message_id::text, c.topic, c.payload, c.headers, c.content_type, c.correlation_id,
-       c.partition_key, c.created_at, c.expires_at, c.attempts, NULL::bigint AS candidates, NULL::bigint AS first
+       c.partition_key, c.created_at, c.expires_at, c.attempts, NULL::bigint AS candidates, NULL::bigint AS first,
+       c.ctid
 FROM claimed c
 UNION ALL
-SELECT true, max(id), NULL, topic, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, count(*), min(id)
+SELECT true, max(id), NULL, topic, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, count(*), min(id), NULL
 FROM candidates
 GROUP BY topic

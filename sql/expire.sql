@@ -26,7 +26,9 @@
 -- that carry one, read from the earliest.
 --
 -- Rows another transaction holds (a page in flight) are skipped: that page
--- checks them itself. Returns the moved rows' topics and correlation ids.
+-- checks them itself. Rows are locked and moved by ctid, for the reason
+-- claim_page.sql gives: by id, a planner misled by a held horizon's dead rows
+-- may scan a whole index to find them. Returns the moved rows' topics and correlation ids.
 WITH due AS MATERIALIZED (
     SELECT t.topic, t.max_age_ms
     FROM unnest($1::text[], $2::bigint[]) AS t(topic, max_age_ms)
@@ -38,10 +40,10 @@ WITH due AS MATERIALIZED (
            ORDER BY o.topic, o.id
            LIMIT 1) <= now() - t.max_age_ms * interval '1 millisecond'
 ), aged AS (
-    SELECT p.id
+    SELECT p.ctid
     FROM due t
     CROSS JOIN LATERAL (
-        SELECT o.id, o.created_at
+        SELECT o.ctid, o.created_at
         FROM {{outbox}} o
         WHERE (o.topic, o.id) > (t.topic, 0)
           AND (o.topic, o.id) <= (t.topic, 9223372036854775807)
@@ -52,7 +54,7 @@ WITH due AS MATERIALIZED (
     WHERE p.created_at <= now() - t.max_age_ms * interval '1 millisecond'
     LIMIT $3
 ), deadlined AS (
-    SELECT o.id
+    SELECT o.ctid
     FROM {{outbox}} o
     WHERE o.expires_at <= now()
       AND o.dispatched_at IS NULL
@@ -60,14 +62,14 @@ WITH due AS MATERIALIZED (
     ORDER BY o.expires_at
     LIMIT $3
 ), locked AS (
-    SELECT o.id
+    SELECT o.ctid
     FROM {{outbox}} o
-    WHERE o.id = ANY (ARRAY(SELECT id FROM aged UNION SELECT id FROM deadlined))
+    WHERE o.ctid = ANY (ARRAY(SELECT ctid FROM aged UNION SELECT ctid FROM deadlined))
       AND o.dispatched_at IS NULL
     FOR UPDATE OF o SKIP LOCKED
 ), moved AS (
     DELETE FROM {{outbox}}
-    WHERE id = ANY (ARRAY(SELECT id FROM locked))
+    WHERE ctid = ANY (ARRAY(SELECT ctid FROM locked))
     RETURNING *
 )
 INSERT INTO {{dead_letter}} (id, message_id, topic, payload, headers, content_type, correlation_id,

@@ -29,16 +29,23 @@ type cluster struct {
 	// runAs is the user that runs initdb and pg_ctl when the harness is root
 	// (Postgres refuses to run as root); empty otherwise.
 	runAs string
+	// keepLog, when set, is where the server's log is copied when it stops
+	// (with --pg-opts turning on auto_explain, say, to read plans afterwards).
+	keepLog string
 }
 
 // startCluster initialises and starts a cluster. On an error it removes what
 // it made.
-func startCluster(ctx context.Context, pgBin string) (_ *cluster, err error) {
+//
+// opts are more server settings, as postgres's own command line takes them
+// (-c name=value ...): for diagnosis only, since every figure the harness
+// reports is meant for initdb's defaults.
+func startCluster(ctx context.Context, pgBin, opts, keepLog string) (_ *cluster, err error) {
 	dir, err := os.MkdirTemp("", "soak-pg-")
 	if err != nil {
 		return nil, err
 	}
-	c := &cluster{pgBin: pgBin, dir: dir}
+	c := &cluster{pgBin: pgBin, dir: dir, keepLog: keepLog}
 	defer func() {
 		if err != nil {
 			c.stop()
@@ -64,7 +71,7 @@ func startCluster(ctx context.Context, pgBin string) (_ *cluster, err error) {
 		return nil, fmt.Errorf("initdb: %v\n%s", err, out)
 	}
 	// Only where it listens is set: everything else is initdb's default.
-	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1", c.port, c.dir)
+	opts = strings.TrimSpace(fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 %s", c.port, c.dir, opts))
 	if out, err := c.command(ctx, "pg_ctl", "-D", c.data(), "-l", c.logFile(), "-w", "-t", "120", "-o", opts,
 		"start").CombinedOutput(); err != nil {
 		log, _ := os.ReadFile(c.logFile())
@@ -152,6 +159,13 @@ func (c *cluster) stop() {
 		defer cancel()
 		if out, err := c.command(ctx, "pg_ctl", "-D", c.data(), "-m", "fast", "-w", "stop").CombinedOutput(); err != nil {
 			fmt.Fprintf(os.Stderr, "soak: pg_ctl stop: %v\n%s", err, out)
+		}
+	}
+	if c.keepLog != "" {
+		if b, err := os.ReadFile(c.logFile()); err != nil {
+			fmt.Fprintf(os.Stderr, "soak: the server's log: %v\n", err)
+		} else if err := os.WriteFile(c.keepLog, b, 0o644); err != nil {
+			fmt.Fprintf(os.Stderr, "soak: keep the server's log: %v\n", err)
 		}
 	}
 	if err := os.RemoveAll(c.dir); err != nil && !errors.Is(err, os.ErrNotExist) {

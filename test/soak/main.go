@@ -77,6 +77,8 @@ type config struct {
 	stepMax     int
 	lagLimit    time.Duration
 	tail        time.Duration
+	pgOpts      string
+	pgLog       string
 }
 
 func (c *config) topicNames() []string {
@@ -130,6 +132,9 @@ func main() {
 	fs.IntVar(&cfg.stepMax, "step-max", 60_000, "step: stop after this rate")
 	fs.DurationVar(&cfg.lagLimit, "lag-limit", time.Second, "step: a step is held when the lag never exceeds this; and the recovery's target")
 	fs.DurationVar(&cfg.tail, "tail", time.Minute, "after the last phase, how long to wait for every row to arrive")
+	fs.StringVar(&cfg.pgOpts, "pg-opts", "", "more server settings for diagnosis, as postgres takes them, e.g. "+
+		"'-c shared_preload_libraries=auto_explain -c auto_explain.log_min_duration=100' (figures are for the defaults)")
+	fs.StringVar(&cfg.pgLog, "pg-log", "", "copy the server's log here when the soak ends (.out: ignored by git)")
 	_ = fs.Parse(args)
 	var err error
 	if cfg.sweeperArgs, err = splitArgs(*sweeperArgs); err == nil {
@@ -171,7 +176,7 @@ func run(ctx context.Context, cfg *config) error {
 	defer out.Close()
 	enc := json.NewEncoder(out)
 
-	cl, err := startCluster(ctx, cfg.pgBin)
+	cl, err := startCluster(ctx, cfg.pgBin, cfg.pgOpts, cfg.pgLog)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,195 @@
+package outbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-sweeper/sweeper/internal/dbtest"
+	"github.com/outbox-sweeper/sweeper/outbox"
+	"github.com/outbox-sweeper/sweeper/producer/memory"
+	outboxsql "github.com/outbox-sweeper/sweeper/sql"
+)
+
+// While something holds the vacuum horizon, the outbox is a few live rows
+// among many dead ones, and a vacuum then leaves statistics that mislead the
+// planner: the table holds a handful of rows (the live ones), its indexes
+// hundreds of thousands of entries (the dead ones too), so that any index scan,
+// even a whole index's, looks like a page or two. Issue 32's soak caught the
+// relay falling from 3,000 rows/s to 250 that way: the claim locked its rows
+// by id through a full scan of the (topic, id) index, and the listing read
+// each topic's first row by a sequential scan, then by a full scan of the (id)
+// index and a sort. This builds those statistics (reltuples asserted, so the
+// test knows it has them) and checks the plans that cannot go wrong whatever
+// the statistics say: the claim's lock and the page's move are TID scans, and
+// no statement of a sweep sorts or reads the table whole. Then the relay
+// delivers, the horizon still held.
+func TestAHeldHorizonsStatisticsDoNotMisleadTheSweep(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tbl := dbtest.Table(t)
+	pool := dbtest.Pool(t)
+	name := pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		_, err := pool.Exec(ctx, sql, args...)
+		require.NoError(t, err)
+	}
+	exec("ALTER TABLE " + name + " SET (autovacuum_enabled = false)")
+	// Dead rows vacuum may remove, so that its pass over the indexes counts
+	// what is left in them.
+	churn := func(rows int) {
+		exec("INSERT INTO "+name+" (topic, payload) SELECT 'topic-' || (g % 10), '\\x00' FROM generate_series(1, $1) g", rows)
+		exec("DELETE FROM " + name + " WHERE id <= (SELECT max(id) - 60 FROM " + name + ")")
+	}
+	churn(2_000)
+
+	report, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	require.NoError(t, err)
+	defer func() { _ = report.Rollback(ctx) }()
+	var seen int
+	require.NoError(t, report.QueryRow(ctx, "SELECT count(*) FROM "+name).Scan(&seen))
+	for range 15 {
+		churn(10_000)
+	}
+	// The statistics a vacuum leaves while the horizon is held, written
+	// directly: whether a vacuum of this test's table gets to make them
+	// depends on every other session of the server (its pass over the indexes,
+	// which counts their entries, runs only if it can remove something).
+	exec("UPDATE pg_class SET reltuples = 60 WHERE oid = $1::regclass", name)
+	exec("UPDATE pg_class SET reltuples = 150060 WHERE oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = $1::regclass)", name)
+
+	topics := make([]string, 10)
+	for i := range topics {
+		topics[i] = fmt.Sprintf("topic-%d", i)
+	}
+	var floor int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT min(id) - 1 FROM "+name).Scan(&floor))
+	floors := make([]int64, len(topics))
+	for i := range floors {
+		floors[i] = floor
+	}
+	claim := outboxsql.Statement("claim_page", outboxsql.Tables{Outbox: ident(tbl)})
+	listing := outboxsql.Statement("live_topics", outboxsql.Tables{Outbox: ident(tbl)})
+	for _, generic := range []bool{false, true} {
+		mode := map[bool]string{false: "force_custom_plan", true: "force_generic_plan"}[generic]
+		c := explain(t, pool, mode, claim, topics, floors, make([]int64, len(topics)), 50, false, "20000ms")
+		require.Equal(t, 60, c.rows("LockRows"), c.text)
+		require.Equal(t, []string{"Tid Scan"}, c.under("LockRows"), "the claim locks its rows by ctid:\n%s", c.text)
+		c.noneOf(t, "Seq Scan", "Sort", "Bitmap Heap Scan")
+		require.Less(t, c.buffers, 1_500, "the claim read more than its rows and their index entries:\n%s", c.text)
+
+		l := explain(t, pool, mode, listing, topics, floors, floor, 1000)
+		l.noneOf(t, "Seq Scan", "Sort", "Bitmap Heap Scan")
+		require.Less(t, l.buffers, 1_500, "the listing read more than its probes:\n%s", l.text)
+	}
+
+	// And the relay delivers every live row, the horizon still held.
+	prod := memory.New(memory.Config{})
+	s := newSweeper(t, pool, prod, outbox.Config{Table: tbl})
+	dbtest.RunSweeper(t, s)
+	dbtest.Eventually(t, time.Minute, "the 60 live rows sent", func() bool { return len(prod.Messages()) >= 60 })
+	dbtest.Eventually(t, time.Minute, "the 60 rows moved", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
+	var still int
+	require.NoError(t, report.QueryRow(ctx, "SELECT count(*) FROM "+name).Scan(&still))
+	require.Equal(t, seen, still, "the report's snapshot was held all along")
+}
+
+// plan is what EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) said of a statement.
+type plan struct {
+	root    map[string]any
+	buffers int // shared blocks hit and read, the whole statement
+	text    string
+}
+
+// explain runs sql with args under the page's planner settings and plan_cache_mode
+// mode, in a transaction it rolls back, and returns its plan.
+func explain(t *testing.T, pool interface {
+	Begin(context.Context) (pgx.Tx, error)
+}, mode, sql string, args ...any) plan {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, outbox.TxSettings)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "SET LOCAL plan_cache_mode = "+mode)
+	require.NoError(t, err)
+	var out []byte
+	require.NoError(t, tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, args...).Scan(&out))
+	var doc []struct {
+		Plan map[string]any `json:"Plan"`
+	}
+	require.NoError(t, json.Unmarshal(out, &doc))
+	p := plan{root: doc[0].Plan, text: string(out)}
+	p.buffers = int(num(p.root["Shared Hit Blocks"]) + num(p.root["Shared Read Blocks"]))
+	return p
+}
+
+func num(v any) float64 {
+	f, _ := v.(float64)
+	return f
+}
+
+// walk calls f on every node of the plan, init plans and CTEs included.
+func (p plan) walk(f func(node map[string]any)) {
+	var visit func(n map[string]any)
+	visit = func(n map[string]any) {
+		f(n)
+		kids, _ := n["Plans"].([]any)
+		for _, k := range kids {
+			if m, ok := k.(map[string]any); ok {
+				visit(m)
+			}
+		}
+	}
+	visit(p.root)
+}
+
+// noneOf fails if any node of the plan is one of types.
+func (p plan) noneOf(t *testing.T, types ...string) {
+	t.Helper()
+	p.walk(func(n map[string]any) {
+		for _, ty := range types {
+			require.NotEqual(t, ty, n["Node Type"], "the plan has a %s:\n%s", ty, p.text)
+		}
+	})
+}
+
+// under returns the node types of the children of the first node of type
+// parent that are scans of a relation (init plans left out).
+func (p plan) under(parent string) []string {
+	var out []string
+	done := false
+	p.walk(func(n map[string]any) {
+		if done || n["Node Type"] != parent {
+			return
+		}
+		done = true
+		kids, _ := n["Plans"].([]any)
+		for _, k := range kids {
+			m, _ := k.(map[string]any)
+			if m != nil && m["Relation Name"] != nil {
+				out = append(out, m["Node Type"].(string))
+			}
+		}
+	})
+	return out
+}
+
+// rows returns the actual rows of the first node of type ty.
+func (p plan) rows(ty string) int {
+	rows := -1
+	p.walk(func(n map[string]any) {
+		if rows < 0 && n["Node Type"] == ty {
+			rows = int(num(n["Actual Rows"]))
+		}
+	})
+	return rows
+}
