@@ -118,7 +118,7 @@ func (a *api) jsonErrors(mux *http.ServeMux) http.Handler {
 		}
 		rec := &statusOnly{header: w.Header(), status: http.StatusNotFound}
 		mux.ServeHTTP(rec, r)
-		msg := fmt.Sprintf("no endpoint %s %s: the endpoints are in the README's \"Admin HTTP API\"", r.Method, r.URL.Path)
+		msg := fmt.Sprintf("no endpoint %s %s: the endpoints are in docs/operations.md, \"Admin HTTP API\"", r.Method, r.URL.Path)
 		if rec.status == http.StatusMethodNotAllowed {
 			msg = fmt.Sprintf("%s does not take %s: use %s", r.URL.Path, r.Method, w.Header().Get("Allow"))
 		}
