@@ -10,7 +10,7 @@ import (
 )
 
 // What a web page of another site can make a browser send to this API, and
-// why each is refused (README, "Admin HTTP API", "Browsers"):
+// why each is refused (docs/operations.md, "Admin HTTP API", "Browsers"):
 //
 //   - A POST with a "simple" content type (text/plain, a form), or with none,
 //     which needs no consent from the server: fetch(…, {mode: "no-cors"}) or a

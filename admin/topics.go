@@ -1,79 +1,112 @@
 package admin
 
 import (
-	"cmp"
-	"slices"
-	"strings"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"time"
 
+	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/outbox"
 )
 
-// StatusTopicsDefault is how many topics GET /status lists when
-// Config.StatusTopics is zero.
-const StatusTopicsDefault = 200
-
-// capTopics keeps the n topics an operator most needs to see, by name, and
-// returns how many it left out. Rows that each carry a topic of their own
-// (an application writing an id as the topic) made /status list every one:
-// 20 MB at 100,000 topics, and a console that froze re-rendering them. What
-// comes first: a breaker not closed, a backoff, failures or dead letters in
-// the last minute, then the most outstanding rows, then the most dispatched.
-func capTopics(topics []*topicStatus, n int) ([]*topicStatus, int) {
-	if len(topics) <= n {
-		return topics, 0
+func (a *api) tripped(w http.ResponseWriter, _ *http.Request) {
+	list := a.cfg.Topics.Tripped()
+	if list == nil {
+		list = []breaker.TopicStatus{}
 	}
-	ranked := slices.Clone(topics)
-	slices.SortFunc(ranked, func(x, y *topicStatus) int {
-		return cmp.Or(
-			-cmp.Compare(trouble(x), trouble(y)),
-			-cmp.Compare(x.Outstanding, y.Outstanding),
-			-cmp.Compare(x.DispatchedLastMinute, y.DispatchedLastMinute),
-			strings.Compare(x.Topic, y.Topic))
-	})
-	shown := ranked[:n]
-	slices.SortFunc(shown, func(x, y *topicStatus) int { return strings.Compare(x.Topic, y.Topic) })
-	return shown, len(topics) - n
+	writeJSON(w, http.StatusOK, map[string]any{"tripped": list})
 }
 
-// trouble ranks what is wrong with a topic: higher comes first.
-func trouble(t *topicStatus) int {
+// backoffs lists the topics that failed transiently in a row, with when each is
+// tried again and how long that is from now.
+func (a *api) backoffs(w http.ResponseWriter, _ *http.Request) {
+	type waiting struct {
+		outbox.TopicBackoff
+		WaitSeconds float64 `json:"wait_seconds"`
+	}
+	list := []waiting{}
+	now := time.Now()
+	for _, b := range a.cfg.Backoffs() {
+		list = append(list, waiting{b, max(b.Until.Sub(now), 0).Seconds()})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"backoff": list})
+}
+
+func (a *api) trip(w http.ResponseWriter, r *http.Request) {
+	topic, reason, err := readTopicCall(r)
+	if err != nil {
+		badRequest(w, "%v", err)
+		return
+	}
+	if reason == "" {
+		reason = "tripped through the admin API"
+	}
+	before := a.cfg.Topics.State(topic)
+	a.cfg.Topics.Trip(topic, reason)
+	a.audit(r, "topic trip", "topic", topic, "reason", reason, "previous_state", before.String())
+	a.topicChanged(w, topic, before)
+}
+
+func (a *api) reset(w http.ResponseWriter, r *http.Request) {
+	topic, _, err := readTopicCall(r)
+	if err != nil {
+		badRequest(w, "%v", err)
+		return
+	}
+	before := a.cfg.Topics.State(topic)
+	a.cfg.Topics.Reset(topic)
+	a.audit(r, "topic reset", "topic", topic, "previous_state", before.String())
+	a.topicChanged(w, topic, before)
+}
+
+// readTopicCall reads a topic trip's or reset's topic and reason. The topic
+// is the path's (POST /topics/{topic}/trip) or, on POST /topics/trip and
+// /topics/reset, the body's {"topic": "…"}: a browser, and curl, make "." and
+// ".." path segments of a URL mean this folder and the one above, whatever
+// their escaping, so those topics can only travel in a body.
+func readTopicCall(r *http.Request) (topic, reason string, err error) {
+	topic = r.PathValue("topic")
+	if topic != "" {
+		if err := checkText("topic", topic, topicHint); err != nil {
+			return "", "", err
+		}
+	}
+	var body struct {
+		Reason string  `json:"reason"`
+		Topic  *string `json:"topic"`
+	}
+	raw, err := readBody(r)
+	if err != nil {
+		return "", "", err
+	}
+	if len(bytes.TrimSpace(raw)) > 0 {
+		if err := json.Unmarshal(raw, &body); err != nil {
+			return "", "", fmt.Errorf("body is not JSON like {\"reason\": \"…\"}: %v", err)
+		}
+	}
 	switch {
-	case t.State != "closed":
-		return 3
-	case t.BackoffFailures > 0:
-		return 2
-	case t.FailedBatchesLastMinute > 0 || t.DeadLetteredLastMinute > 0:
-		return 1
+	case topic == "" && (body.Topic == nil || *body.Topic == ""):
+		return "", "", fmt.Errorf("body field topic is missing or empty: %s %s takes {\"topic\": \"…\"}", r.Method, r.URL.Path)
+	case topic == "":
+		topic = *body.Topic
+		if err := checkText("body field topic", topic, topicHint); err != nil {
+			return "", "", err
+		}
+	case body.Topic != nil && *body.Topic != topic:
+		return "", "", fmt.Errorf("body field topic %s is not the path's topic %s: give one", quoteShort(*body.Topic), quoteShort(topic))
 	}
-	return 0
+	if err := checkText("reason", body.Reason, "write it as UTF-8 text"); err != nil {
+		return "", "", err
+	}
+	return topic, body.Reason, nil
 }
 
-// capGroups keeps the n dead-letter groups with the most rows, in their
-// order, and returns how many it left out: the groups are by topic, so a
-// topic per row makes one per row too.
-func capGroups(groups []outbox.DeadLetterGroup, n int) ([]outbox.DeadLetterGroup, int) {
-	if len(groups) <= n {
-		return groups, 0
-	}
-	ranked := slices.Clone(groups)
-	slices.SortStableFunc(ranked, func(x, y outbox.DeadLetterGroup) int { return -cmp.Compare(x.Count, y.Count) })
-	floor := ranked[n-1].Count
-	above := 0 // groups above floor are all kept; then groups at floor, first come
-	for _, g := range ranked[:n] {
-		if g.Count > floor {
-			above++
-		}
-	}
-	atFloor := n - above
-	out := make([]outbox.DeadLetterGroup, 0, n)
-	for _, g := range groups {
-		switch {
-		case g.Count > floor:
-			out = append(out, g)
-		case g.Count == floor && atFloor > 0:
-			out = append(out, g)
-			atFloor--
-		}
-	}
-	return out, len(groups) - n
+// topicChanged answers a trip or reset with what it changed. Another
+// instance's breaker (with Redis) may move the state between the two reads;
+// the answer then shows both moves as one.
+func (a *api) topicChanged(w http.ResponseWriter, topic string, before breaker.State) {
+	writeJSON(w, http.StatusOK, map[string]string{"topic": topic, "state": a.cfg.Topics.State(topic).String(),
+		"previous_state": before.String()})
 }

@@ -43,14 +43,14 @@ func readYAML(t *testing.T, path string, v any) {
 	}
 }
 
-// githubAnchor is the anchor GitHub gives a README heading.
+// githubAnchor is the anchor GitHub gives a Markdown heading.
 func githubAnchor(heading string) string {
 	s := strings.ToLower(strings.TrimSpace(heading))
 	s = regexp.MustCompile(`[^\p{L}\p{N} _-]`).ReplaceAllString(s, "")
 	return strings.ReplaceAll(s, " ", "-")
 }
 
-// Every alert links a runbook entry that exists in the README, and has a
+// Every alert links a runbook entry that exists in docs/operations.md, and has a
 // promtool test that fires it and one where it stays quiet.
 func TestEveryAlertHasARunbookAndATest(t *testing.T) {
 	t.Parallel()
@@ -58,12 +58,12 @@ func TestEveryAlertHasARunbookAndATest(t *testing.T) {
 	readYAML(t, "prometheus/alerts.yml", &rules)
 	var tests rulesTests
 	readYAML(t, "prometheus/alerts_test.yml", &tests)
-	readme, err := os.ReadFile("../README.md")
+	runbook, err := os.ReadFile("../docs/operations.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var anchors []string
-	for _, m := range regexp.MustCompile(`(?m)^#{1,6} (.+)$`).FindAllStringSubmatch(string(readme), -1) {
+	for _, m := range regexp.MustCompile(`(?m)^#{1,6} (.+)$`).FindAllStringSubmatch(string(runbook), -1) {
 		anchors = append(anchors, githubAnchor(m[1]))
 	}
 	fires, quiet := map[string]bool{}, map[string]bool{}
@@ -81,11 +81,11 @@ func TestEveryAlertHasARunbookAndATest(t *testing.T) {
 		for _, r := range g.Rules {
 			n++
 			url := r.Annotations["runbook_url"]
-			const base = "https://github.com/outbox-sweeper/sweeper/blob/main/README.md#"
+			const base = "https://github.com/outbox-sweeper/sweeper/blob/main/docs/operations.md#"
 			if !strings.HasPrefix(url, base) {
-				t.Errorf("%s: runbook_url %q does not point into the README (%s…)", r.Alert, url, base)
+				t.Errorf("%s: runbook_url %q does not point into docs/operations.md (%s…)", r.Alert, url, base)
 			} else if anchor := strings.TrimPrefix(url, base); !slices.Contains(anchors, anchor) {
-				t.Errorf("%s: runbook_url's anchor #%s is no heading of the README", r.Alert, anchor)
+				t.Errorf("%s: runbook_url's anchor #%s is no heading of docs/operations.md", r.Alert, anchor)
 			}
 			if !fires[r.Alert] || !quiet[r.Alert] {
 				t.Errorf("%s: alerts_test.yml needs a case that fires it (%v) and one that does not (%v)", r.Alert, fires[r.Alert], quiet[r.Alert])

@@ -5,7 +5,7 @@
 -- transaction with the oldest xmin. While something holds it, no row version
 -- that any transaction has deleted since (a move to history, a legacy retention
 -- delete) can be
--- removed, and the table and its indexes grow (README, "Runbook").
+-- removed, and the table and its indexes grow (docs/operations.md, "Runbook").
 --
 --   $1  the outbox table's quoted, schema-qualified name
 --

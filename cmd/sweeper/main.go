@@ -1,6 +1,6 @@
 // Command sweeper relays messages from a transactional outbox table in Postgres
-// to a message broker. Run `sweeper help` for its commands and flags; the README
-// has the operator's guide.
+// to a message broker. Run `sweeper help` for its commands and flags; docs/
+// has the operator's guide (README.md maps it).
 package main
 
 import (
