@@ -13,8 +13,8 @@ import (
 	"github.com/outbox-sweeper/sweeper/producer"
 )
 
-// pageClaim is a page's claim: one transaction that holds the locks of every
-// row of the page (and under OrderingTopic each topic's advisory lock) from the
+// page is a page of claimed rows and the transaction that claimed them: it
+// holds the locks of every row of the page (and under OrderingTopic each topic's advisory lock) from the
 // claim, across the sends, to the page's end (settle), which moves the rows the
 // broker accepted from the outbox to its history table and commits. Rows not
 // sent are left as they are: outstanding.
@@ -52,11 +52,11 @@ import (
 // of the next page), and mu guards the rest. Where both are taken, conn comes
 // first: a send's bookkeeping takes mu alone, so it never waits for the next
 // page's claim.
-type pageClaim struct {
+type page struct {
 	s    *store
 	conn sync.Mutex
 	mu   sync.Mutex
-	tx   *batchTx
+	tx   *pageTx
 	// err is the first database error in the transaction: the page then rolls
 	// back, whatever else happens.
 	err error
@@ -73,7 +73,7 @@ type pageClaim struct {
 	// last is when the last statement on tx ended; keepAlive reads it.
 	// sending holds when each send in flight began, under mu.
 	last    time.Time
-	sending map[*claim]time.Time
+	sending map[*pageBatch]time.Time
 	stop    chan struct{}
 	wg      sync.WaitGroup
 
@@ -97,10 +97,10 @@ func stmtCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 
 // claimPage reads and claims up to share outstanding rows of each of topics,
 // each after the id its entry in after names (0: from its first), in a
-// transaction of its own. It returns the claim (nil if no row was claimed:
+// transaction of its own. It returns the page (nil if no row was claimed:
 // nothing is left open), the claimed rows in id order, and what it found of
 // each topic that had outstanding rows.
-func (s *store) claimPage(ctx context.Context, topics []string, after []int64, share int) (*pageClaim, []producer.Message, map[string]pageTopic, error) {
+func (s *store) claimPage(ctx context.Context, topics []string, after []int64, share int) (*page, []producer.Message, map[string]pageTopic, error) {
 	claimCtx, cancel := stmtCtx(ctx)
 	defer cancel()
 	defer s.beat()
@@ -125,7 +125,7 @@ func (s *store) claimPage(ctx context.Context, topics []string, after []int64, s
 // rows are p's only once hold takes them, which the caller does when no send
 // is in flight (claim reads held without mu). A database error is p's: the
 // page then rolls back.
-func (p *pageClaim) claimAhead(ctx context.Context, topics []string, after []int64, share int) ([]producer.Message, map[string]pageTopic, error) {
+func (p *page) claimAhead(ctx context.Context, topics []string, after []int64, share int) ([]producer.Message, map[string]pageTopic, error) {
 	claimCtx, cancel := stmtCtx(ctx)
 	defer cancel()
 	defer p.s.beat()
@@ -233,15 +233,15 @@ func (r *pageRead) failed(err error) error {
 
 // held starts the claim of a transaction, and the keep-alive that stops it
 // from idling past its timeout while the page sends.
-func (s *store) held(tx *batchTx) *pageClaim {
-	p := &pageClaim{s: s, tx: tx, held: map[int64]string{}, attempts: map[int64]int{},
-		sent: map[int64]bool{}, last: time.Now(), sending: map[*claim]time.Time{}, stop: make(chan struct{})}
+func (s *store) held(tx *pageTx) *page {
+	p := &page{s: s, tx: tx, held: map[int64]string{}, attempts: map[int64]int{},
+		sent: map[int64]bool{}, last: time.Now(), sending: map[*pageBatch]time.Time{}, stop: make(chan struct{})}
 	p.wg.Go(p.keepAlive)
 	return p
 }
 
 // hold adds claimed rows msgs to the page. Call it while no send is in flight.
-func (p *pageClaim) hold(msgs []producer.Message) {
+func (p *page) hold(msgs []producer.Message) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, m := range msgs {
@@ -263,7 +263,7 @@ func (p *pageClaim) hold(msgs []producer.Message) {
 // for a frozen process, so that another instance sends the rows.
 const keepAliveEvery = time.Second
 
-func (p *pageClaim) keepAlive() {
+func (p *page) keepAlive() {
 	t := time.NewTicker(keepAliveEvery)
 	defer t.Stop()
 	for {
@@ -296,13 +296,13 @@ func (p *pageClaim) keepAlive() {
 
 // used notes that a statement has just ended on the transaction. Call with mu
 // held.
-func (p *pageClaim) used() { p.last = time.Now() }
+func (p *page) used() { p.last = time.Now() }
 
 // record takes the page's transaction for statements that record something in
 // it (conn, then mu, as everywhere), and returns what gives it back, noting
 // the statements' end for the keep-alive. An earlier database error is the
 // page's: it comes back instead, and nothing is taken.
-func (p *pageClaim) record() (release func(), err error) {
+func (p *page) record() (release func(), err error) {
 	p.conn.Lock()
 	p.mu.Lock()
 	if p.err != nil {
@@ -322,7 +322,7 @@ func (p *pageClaim) record() (release func(), err error) {
 // commits, in one round trip, or rolls everything back after a database error,
 // which it returns. Rows not sent stay outstanding as they are (with what
 // their failures recorded). ctx's cancellation does not stop it.
-func (p *pageClaim) settle(ctx context.Context) error {
+func (p *page) settle(ctx context.Context) error {
 	if p.err != nil {
 		p.release(ctx)
 		return p.err
@@ -351,26 +351,27 @@ func (p *pageClaim) settle(ctx context.Context) error {
 }
 
 // release rolls the page back: every row is outstanding as it was.
-func (p *pageClaim) release(ctx context.Context) {
+func (p *page) release(ctx context.Context) {
 	p.stopKeepAlive()
 	rollback(ctx, p.tx)
 }
 
-func (p *pageClaim) stopKeepAlive() {
+func (p *page) stopKeepAlive() {
 	close(p.stop)
 	p.wg.Wait()
 }
 
-// claim is one batch's share of its page's claim.
-type claim struct {
-	p *pageClaim
+// pageBatch is one batch's rows as its page holds them: what the page sends
+// and records the outcome of, batch by batch.
+type pageBatch struct {
+	p *page
 	// batch holds the claimed rows, in id order.
 	batch producer.Batch
 }
 
-// claim returns the claim of the rows of b that the page holds. contended says
-// some were not held.
-func (p *pageClaim) claim(b producer.Batch) (c *claim, contended bool) {
+// batch returns the rows of b that the page holds. contended says some were
+// not held.
+func (p *page) batch(b producer.Batch) (c *pageBatch, contended bool) {
 	held := make([]int64, 0, len(b.Messages))
 	for _, m := range b.Messages {
 		if _, ok := p.held[m.ID]; ok {
@@ -381,13 +382,13 @@ func (p *pageClaim) claim(b producer.Batch) (c *claim, contended bool) {
 		return nil, true
 	}
 	if len(held) < len(b.Messages) {
-		return &claim{p: p, batch: subset(b, held)}, true
+		return &pageBatch{p: p, batch: subset(b, held)}, true
 	}
-	return &claim{p: p, batch: b}, false
+	return &pageBatch{p: p, batch: b}, false
 }
 
 // attemptsOf returns the attempts of claimed row id.
-func (c *claim) attemptsOf(id int64) int {
+func (c *pageBatch) attemptsOf(id int64) int {
 	c.p.mu.Lock()
 	defer c.p.mu.Unlock()
 	return c.p.attempts[id]
@@ -395,7 +396,7 @@ func (c *claim) attemptsOf(id int64) int {
 
 // sending notes that c's send begins, for the keep-alive; it returns the
 // function that notes its end.
-func (c *claim) sending() (done func()) {
+func (c *pageBatch) sending() (done func()) {
 	c.p.mu.Lock()
 	defer c.p.mu.Unlock()
 	c.p.sending[c] = time.Now()
@@ -408,7 +409,7 @@ func (c *claim) sending() (done func()) {
 
 // dispatched records that the broker accepted every row: the page's end
 // moves them to the history table.
-func (c *claim) dispatched() {
+func (c *pageBatch) dispatched() {
 	c.p.mu.Lock()
 	defer c.p.mu.Unlock()
 	for _, m := range c.batch.Messages {
@@ -416,7 +417,7 @@ func (c *claim) dispatched() {
 	}
 }
 
-func rollback(ctx context.Context, tx *batchTx) {
+func rollback(ctx context.Context, tx *pageTx) {
 	rollbackCtx, cancel := stmtCtx(ctx)
 	defer cancel()
 	tx.rollback(rollbackCtx) // a no-op after Commit

@@ -96,7 +96,7 @@ func isolateSuspects(batches []producer.Batch) []producer.Batch {
 // tr.contended). retry says whether the send gets in-call retries.
 func (s *Sweeper) sendBatch(st *sweepState, b producer.Batch, gen uint64, retry bool, tr *topicResult) (stop bool, err error) {
 	for len(b.Messages) > 0 {
-		c, contended := st.page.claim(b)
+		c, contended := st.page.batch(b)
 		if contended {
 			claimed := 0
 			if c != nil {
@@ -320,11 +320,11 @@ func (s *Sweeper) checkBroker(st *sweepState) evidence {
 // again in halves; otherwise the topic stops for this sweep (tr.failed). It
 // reports whether g is done with, so that the batches are not sent.
 func (s *Sweeper) rejectCut(st *sweepState, g topicGroup, gen uint64, err error, tr *topicResult) (done bool, dbErr error) {
-	page := producer.Batch{Topic: g.topic, Messages: g.msgs}
-	named := subset(page, slices.Sorted(slices.Values(intersect(page.IDs(), producer.MessageIDs(err)))))
+	all := producer.Batch{Topic: g.topic, Messages: g.msgs}
+	named := subset(all, slices.Sorted(slices.Values(intersect(all.IDs(), producer.MessageIDs(err)))))
 	a := decide(failure{class: producer.ClassOf(err), rows: len(g.msgs), named: len(named.Messages), cut: true})
 	if a.deadLetterNamed && len(named.Messages) == 0 {
-		named = page // a refusal of one row that names none
+		named = all // a refusal of one row that names none
 	}
 	tr.failedBatches++
 	if a.broker != breaker.VerdictUnknown && s.broker != nil {
@@ -333,7 +333,7 @@ func (s *Sweeper) rejectCut(st *sweepState, g topicGroup, gen uint64, err error,
 		}
 	}
 	if a.deadLetterNamed {
-		c, contended := st.page.claim(named)
+		c, contended := st.page.batch(named)
 		if c == nil {
 			// Another sweeper has them: under OrderingTopic the topic waits
 			// for it; under OrderingNone the rest goes on.
@@ -362,12 +362,12 @@ func (s *Sweeper) rejectCut(st *sweepState, g topicGroup, gen uint64, err error,
 		return false, nil // the rest of the topic goes on
 	}
 	s.observeFailure(g.topic, err, applied{})
-	s.logFailure(page, err, a, brokerUnknown)
+	s.logFailure(all, err, a, brokerUnknown)
 	if a.note {
 		// The rows keep the reason as their last_error, so that an operator
 		// looking at them sees why they wait. Rows another sweeper holds are
 		// left as they are.
-		if c, _ := st.page.claim(page); c != nil {
+		if c, _ := st.page.batch(all); c != nil {
 			if _, dbErr := c.apply(st.work, a, err); dbErr != nil {
 				return true, dbErr
 			}

@@ -222,7 +222,7 @@ type applied struct {
 // they were when the page ends (unless sent again in this page). An error is
 // the page's: its transaction is rolled back at its end, and every row of the
 // page is outstanding again.
-func (c *claim) apply(ctx context.Context, a action, sendErr error) (applied, error) {
+func (c *pageBatch) apply(ctx context.Context, a action, sendErr error) (applied, error) {
 	out := applied{a: a}
 	p, topic := c.p, c.batch.Topic
 	recordCtx, cancel := stmtCtx(ctx)
@@ -295,7 +295,7 @@ const ReasonMaxRetriesExceeded = "max_retries_exceeded"
 
 // stormy reports whether dead-lettering n more rows of topic would pass the
 // storm guard's limit within its window.
-func (s *store) stormy(ctx context.Context, tx *batchTx, topic string, n int) (bool, error) {
+func (s *store) stormy(ctx context.Context, tx *pageTx, topic string, n int) (bool, error) {
 	if s.policy.stormLimit <= 0 {
 		return false, nil
 	}
@@ -309,7 +309,7 @@ func (s *store) stormy(ctx context.Context, tx *batchTx, topic string, n int) (b
 // moveToDeadLetters moves the rows of ids with at least minAttempts attempts to
 // the dead-letter table, noting in out what moved. topic names them in errors
 // ("" for rows of several topics).
-func (s *store) moveToDeadLetters(ctx context.Context, tx *batchTx, topic string, ids []int64, minAttempts int, reason, errText string, out *applied) error {
+func (s *store) moveToDeadLetters(ctx context.Context, tx *pageTx, topic string, ids []int64, minAttempts int, reason, errText string, out *applied) error {
 	what := fmt.Sprintf("%d rows of topic %q", len(ids), topic)
 	if topic == "" {
 		what = fmt.Sprintf("%d rows (%s)", len(ids), reason)

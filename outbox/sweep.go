@@ -22,8 +22,8 @@ type sweepState struct {
 	// trial is set while the sweep sends the half-open broker breaker's one
 	// batch: its topic sends that batch and nothing more.
 	trial bool
-	// page is the claim of the page being sent.
-	page *pageClaim
+	// page is the page being sent.
+	page *page
 	// up says the broker is known to be up in this sweep: a send succeeded, or
 	// the producer's check passed. down says a check failed and nothing has
 	// succeeded since. They are the policy's evidence.
@@ -157,7 +157,7 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 		after = slices.Delete(after, i, i+1)
 	}
 	var (
-		p      *pageClaim // the open page transaction, between its claim and its end
+		p      *page      // the open page transaction, between its claim and its end
 		pages  int        // pages claimed in p
 		next   *aheadPage // the next page, claimed in p while the current one sends
 		halted = map[string]bool{}
@@ -364,18 +364,6 @@ const maxLockedTopics = 256
 // maxTrialCandidates bounds the topics claimed to find a trial batch.
 const maxTrialCandidates = 8
 
-// claimPage claims a page (store.claimPage) in a transaction of its own,
-// adding to res (see account); msgs leaves out the rows of topics done.
-func (s *Sweeper) claimPage(ctx context.Context, topics []string, after []int64, share int, res *SweepResult) (
-	p *pageClaim, msgs []producer.Message, err error) {
-	pg := &aheadPage{window: len(topics), share: share}
-	if p, pg.msgs, pg.found, err = s.store.claimPage(ctx, topics, after, share); err != nil {
-		return nil, nil, err
-	}
-	s.account(pg, res, nil)
-	return p, pg.msgs, nil
-}
-
 // account counts claimed page pg in res. Rows another transaction holds were
 // skipped; under OrderingTopic a topic that did not get all it read sends none
 // of it (nothing may overtake a row in flight elsewhere): account leaves their
@@ -409,16 +397,24 @@ func (s *Sweeper) account(pg *aheadPage, res *SweepResult, marks *sweepMarks) (d
 // cannot be the only trial there ever is; and among the next few, the first
 // whose oldest row has never failed, so the trial does not fall on a row
 // already known to fail alone (failing that, the first that had rows to
-// claim). It returns the topic's index in live, the claim (nil when no topic
+// claim). It returns the topic's index in live, the page (nil when no topic
 // had a row to claim) and its rows.
-func (s *Sweeper) trialClaim(ctx context.Context, live []string, after []int64, res *SweepResult) (int, *pageClaim, []producer.Message, error) {
-	claim := func(i int) (*pageClaim, []producer.Message, error) {
-		p, msgs, err := s.claimPage(ctx, live[i:i+1], after[i:i+1], s.cfg.PageSize, res)
-		if p != nil && len(msgs) == 0 { // held elsewhere in part, under OrderingTopic
+func (s *Sweeper) trialClaim(ctx context.Context, live []string, after []int64, res *SweepResult) (int, *page, []producer.Message, error) {
+	// Each claim is counted in res (see account), which leaves out the rows
+	// of topics done.
+	claim := func(i int) (*page, []producer.Message, error) {
+		pg := &aheadPage{window: 1, share: s.cfg.PageSize}
+		p, msgs, found, err := s.store.claimPage(ctx, live[i:i+1], after[i:i+1], s.cfg.PageSize)
+		if err != nil {
+			return nil, nil, err
+		}
+		pg.msgs, pg.found = msgs, found
+		s.account(pg, res, nil)
+		if p != nil && len(pg.msgs) == 0 { // held elsewhere in part, under OrderingTopic
 			p.release(ctx)
 			p = nil
 		}
-		return p, msgs, err
+		return p, pg.msgs, nil
 	}
 	start := int(s.probes.Add(1)-1) % len(live)
 	first := -1
@@ -456,7 +452,7 @@ func (s *Sweeper) brokerState() breaker.DependencyState {
 
 // sendClaimed sends the rows of claimed page p and ends the page, adding to
 // res. It returns the topics that stopped for the rest of the sweep.
-func (s *Sweeper) sendClaimed(st *sweepState, p *pageClaim, msgs []producer.Message, res *SweepResult) ([]string, error) {
+func (s *Sweeper) sendClaimed(st *sweepState, p *page, msgs []producer.Message, res *SweepResult) ([]string, error) {
 	st.page = p
 	stopped, err := s.sendPage(st, msgs, res)
 	st.page = nil
