@@ -1,7 +1,6 @@
 package outbox
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -70,60 +69,20 @@ func ageError(age time.Duration) string {
 }
 
 // expireRows moves the rows of msgs, claimed in the page st.page, that can
-// never be sent to the dead-letter table, in the page's transaction: those
-// past their deadline (reason expired), and those the claim could not read
-// (reason unreadable_row, see readRow). It returns the others in their order,
-// and how many moved. It runs as a page is sent and again before each batch
-// is handed to the producer, so a row that expires while its batch waits its
-// turn is not sent either (a send the producer retries within --send-timeout
-// may still end up to that late). A row that moves holds up none behind it. A
-// database error is the page's.
+// never be sent to the dead-letter table (page.expire), and reports them. It
+// returns the others in their order, and how many moved. It runs as a page is
+// sent and again before each batch is handed to the producer, so a row that
+// expires while its batch waits its turn is not sent either (a send the
+// producer retries within --send-timeout may still end up to that late). A row
+// that moves holds up none behind it. A database error is the page's.
 func (s *Sweeper) expireRows(st *sweepState, msgs []producer.Message) ([]producer.Message, unsendable, error) {
-	p := st.page
 	now := time.Now()
-	type move struct{ reason, why string }
-	var (
-		byWhy map[move][]int64
-		gone  map[int64]string // both nil, allocation-free, on the usual path: nothing moves
-	)
-	p.mu.Lock()
-	unreadable := p.unreadable
-	for i := range msgs {
-		why, reason := unreadable[msgs[i].ID], ReasonUnreadableRow
-		if why == "" {
-			why, reason = s.expiredWhy(&msgs[i], now), ReasonExpired
-		}
-		if why != "" {
-			if byWhy == nil {
-				byWhy, gone = map[move][]int64{}, map[int64]string{}
-			}
-			byWhy[move{reason, why}] = append(byWhy[move{reason, why}], msgs[i].ID)
-			gone[msgs[i].ID] = reason
-		}
-	}
-	p.mu.Unlock()
-	if byWhy == nil {
-		return msgs, unsendable{}, nil
-	}
-	ctx, cancel := stmtCtx(st.work)
-	defer cancel()
-	release, err := p.record()
+	gone, unreadable, err := st.page.expire(st.work, msgs, func(m *producer.Message) string { return s.expiredWhy(m, now) })
 	if err != nil {
 		return nil, unsendable{}, err
 	}
-	defer release()
-	// One statement per distinct error text, whatever the topics: with one
-	// --max-age that is one statement (two with rows past their own
-	// expires_at) for the whole page; an unreadable row has one of its own.
-	var out applied
-	moves := slices.SortedFunc(maps.Keys(byWhy), func(a, b move) int {
-		return cmp.Or(strings.Compare(a.reason, b.reason), strings.Compare(a.why, b.why))
-	})
-	for _, mv := range moves {
-		if err := p.s.moveToDeadLetters(ctx, p.tx, "", byWhy[mv], 0, mv.reason, mv.why, &out); err != nil {
-			p.err = err
-			return nil, unsendable{}, err
-		}
+	if gone == nil {
+		return msgs, unsendable{}, nil
 	}
 	kept := make([]producer.Message, 0, len(msgs)-len(gone))
 	expired := expiredTally{}
@@ -138,11 +97,9 @@ func (s *Sweeper) expireRows(st *sweepState, msgs []producer.Message) ([]produce
 		default:
 			s.reportUnreadable(m, unreadable[m.ID])
 			moved.unreadable++
-			delete(unreadable, m.ID) // under p's record lock (mu): moved, never looked at again
 		}
 	}
 	s.reportExpired(expired)
-	// The rows are the page's, locked by its transaction: every one moved.
 	return kept, moved, nil
 }
 

@@ -10,11 +10,28 @@ import (
 	"github.com/outbox-sweeper/sweeper/producer"
 )
 
-// page is a page of claimed rows and the transaction that claimed them: it
-// holds the locks of every row of the page (and under OrderingTopic each topic's advisory lock) from the
-// claim, across the sends, to the page's end (settle), which moves the rows the
-// broker accepted from the outbox to its history table and commits. Rows not
-// sent are left as they are: outstanding.
+// page is a page of claimed rows and the transaction that claimed them. It
+// alone runs statements in that transaction, and this file and
+// page_outcome.go hold every one of them. A row's life in a page:
+//
+//	claimPage    BEGIN, claim_page.sql: the rows are read and locked (FOR
+//	             UPDATE SKIP LOCKED; under OrderingTopic each topic's
+//	             advisory lock is taken first). Nothing is written.
+//	claimAhead   the next page, in the same transaction, while this one
+//	             sends: its locks join the held ones.
+//	batch        a send's rows; dispatched notes the broker took them, in
+//	             memory only.
+//	apply, expire (page_outcome.go)
+//	             a failure's outcome, in the transaction: attempts and
+//	             last_error (record_failure.sql), or a move to the
+//	             dead-letter table (dead_letter.sql). The locks stay.
+//	end          move_dispatched.sql and COMMIT, in one round trip: the rows
+//	             sent leave the outbox for its history, and that is where
+//	             dispatched_at is set (clock_timestamp(), at the page's
+//	             end, not at the claim nor at the send). The commit
+//	             releases every lock; rows not sent stay outstanding.
+//	release      ROLLBACK: every row outstanding as it was, every lock
+//	             released. A crash does the same.
 //
 // Why a transaction that holds row locks across the network calls, rather than
 // a claim column with a lease: the lock is the claim. A second sweeper's claim
@@ -58,7 +75,7 @@ type page struct {
 	// back, whatever else happens.
 	err error
 	// held is the claimed rows, with their topics, written by hold while no
-	// send is in flight and read by claim. attempts holds each one's attempts, read under its
+	// send is in flight and read by batch. attempts holds each one's attempts, read under its
 	// lock and counted on as failures charge them; sent, the rows the broker
 	// accepted. Both under mu.
 	held     map[int64]string
@@ -75,7 +92,7 @@ type page struct {
 	wg      sync.WaitGroup
 
 	// unreadable holds why each claimed row that cannot be sent cannot
-	// (readRow), under mu; expireRows dead-letters them.
+	// (readRow), under mu; expire dead-letters them.
 	unreadable map[int64]string
 }
 
@@ -88,21 +105,37 @@ type pageTopic struct {
 	last, first int64
 }
 
+// pageStatements is the SQL a page runs in its transaction, one file each in
+// sql/.
+type pageStatements struct {
+	claim, moveSent, recordFailure, deadLetter, recentDeadLetters string
+}
+
+func newPageStatements(t Table) pageStatements {
+	return pageStatements{
+		claim:             statement(t, "claim_page"),
+		moveSent:          statement(t, "move_dispatched"),
+		recordFailure:     statement(t, "record_failure"),
+		deadLetter:        statement(t, "dead_letter"),
+		recentDeadLetters: statement(t, "recent_dead_letters"),
+	}
+}
+
 func stmtCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
 }
 
-// claimPage reads and claims up to share outstanding rows of each of topics,
-// each after the id its entry in after names (0: from its first), in a
-// transaction of its own. It returns the page (nil if no row was claimed:
-// nothing is left open), the claimed rows in id order, and what it found of
-// each topic that had outstanding rows.
-func (s *store) claimPage(ctx context.Context, topics []string, after []int64, share int) (*page, []producer.Message, map[string]pageTopic, error) {
+// claimPage reads and claims up to share outstanding rows of each of topics
+// of s's table, each after the id its entry in after names (0: from its
+// first), in a transaction of its own. It returns the page (nil if no row was
+// claimed: nothing is left open), the claimed rows in id order, and what it
+// found of each topic that had outstanding rows.
+func claimPage(ctx context.Context, s *store, topics []string, after []int64, share int) (*page, []producer.Message, map[string]pageTopic, error) {
 	claimCtx, cancel := stmtCtx(ctx)
 	defer cancel()
 	defer s.beat()
 	r := s.pageRead(topics, share)
-	tx, err := beginWith(claimCtx, s.pool, r.scan, s.claimPageSQL, r.args(after)...)
+	tx, err := beginWith(claimCtx, s.pool, r.scan, s.pageSQL.claim, r.args(after)...)
 	if err != nil {
 		return nil, nil, nil, r.failed(err)
 	}
@@ -110,7 +143,7 @@ func (s *store) claimPage(ctx context.Context, topics []string, after []int64, s
 		rollback(ctx, tx)
 		return nil, nil, r.found, nil
 	}
-	p := s.held(tx)
+	p := newPage(s, tx)
 	p.hold(r.sorted())
 	p.unreadable = r.unreadable
 	return p, r.msgs, r.found, nil
@@ -135,7 +168,7 @@ func (p *page) claimAhead(ctx context.Context, topics []string, after []int64, s
 	if err != nil {
 		return nil, nil, err
 	}
-	rows, err := p.tx.Query(claimCtx, p.s.claimPageSQL, r.args(after)...)
+	rows, err := p.tx.Query(claimCtx, p.s.pageSQL.claim, r.args(after)...)
 	if err == nil {
 		err = r.scan(rows)
 	}
@@ -155,9 +188,9 @@ func (p *page) claimAhead(ctx context.Context, topics []string, after []int64, s
 	return r.sorted(), r.found, nil
 }
 
-// held starts the claim of a transaction, and the keep-alive that stops it
+// newPage starts the page of transaction tx, and the keep-alive that stops it
 // from idling past its timeout while the page sends.
-func (s *store) held(tx *pageTx) *page {
+func newPage(s *store, tx *pageTx) *page {
 	p := &page{s: s, tx: tx, held: map[int64]string{}, attempts: map[int64]int{},
 		sent: map[int64]bool{}, last: time.Now(), sending: map[*pageBatch]time.Time{}, stop: make(chan struct{})}
 	p.wg.Go(p.keepAlive)
@@ -242,11 +275,12 @@ func (p *page) record() (release func(), err error) {
 	}, nil
 }
 
-// settle ends the page: it moves the rows sent to the history table and
-// commits, in one round trip, or rolls everything back after a database error,
-// which it returns. Rows not sent stay outstanding as they are (with what
-// their failures recorded). ctx's cancellation does not stop it.
-func (p *page) settle(ctx context.Context) error {
+// end ends the page: it moves the rows sent to the history table, which sets
+// their dispatched_at (move_dispatched.sql), and commits, in one round trip,
+// releasing every lock; or rolls everything back after a database error, which
+// it returns. Rows not sent stay outstanding as they are (with what their
+// failures recorded). ctx's cancellation does not stop it.
+func (p *page) end(ctx context.Context) error {
 	if p.err != nil {
 		p.release(ctx)
 		return p.err
@@ -266,7 +300,7 @@ func (p *page) settle(ctx context.Context) error {
 	move := ""
 	if len(sent) > 0 {
 		slices.Sort(sent) // the deletes lock in id order, as the claim did
-		move = p.s.moveDispatched
+		move = p.s.pageSQL.moveSent
 	}
 	if err := p.tx.commit(endCtx, move, sent); err != nil {
 		return fmt.Errorf("move a page's %d sent rows of %s to its history (they will be sent again): %w", len(sent), p.s.table, p.s.explain(err))
@@ -332,7 +366,7 @@ func (c *pageBatch) sending() (done func()) {
 }
 
 // dispatched records that the broker accepted every row: the page's end
-// moves them to the history table.
+// moves them to the history table. Nothing is written yet.
 func (c *pageBatch) dispatched() {
 	c.p.mu.Lock()
 	defer c.p.mu.Unlock()

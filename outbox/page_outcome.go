@@ -1,17 +1,19 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-sweeper/sweeper/producer"
 )
 
-// applied is what the store did about a failure.
+// applied is what the page recorded of a failure.
 type applied struct {
 	// attempted says the row counted an attempt.
 	attempted bool
@@ -56,7 +58,7 @@ func (c *pageBatch) apply(ctx context.Context, a action, sendErr error) (applied
 		}
 	}
 	if a.deadLetters() {
-		storm, err := p.s.stormy(recordCtx, p.tx, topic, max(len(named), 1))
+		storm, err := p.stormy(recordCtx, topic, max(len(named), 1))
 		if err != nil {
 			return fail(err)
 		}
@@ -73,7 +75,7 @@ func (c *pageBatch) apply(ctx context.Context, a action, sendErr error) (applied
 	if a.attempt {
 		charged = c.batch.IDs()
 	}
-	if _, err := p.tx.Exec(recordCtx, p.s.recordFailure, c.batch.IDs(), charged, errText, a.note); err != nil {
+	if _, err := p.tx.Exec(recordCtx, p.s.pageSQL.recordFailure, c.batch.IDs(), charged, errText, a.note); err != nil {
 		return fail(fmt.Errorf("record failed send of %d rows of topic %q: %w", len(c.batch.Messages), topic, err))
 	}
 	for _, id := range charged {
@@ -87,13 +89,13 @@ func (c *pageBatch) apply(ctx context.Context, a action, sendErr error) (applied
 			byReason[r] = append(byReason[r], id)
 		}
 		for _, r := range slices.Sorted(maps.Keys(byReason)) {
-			if err := p.s.moveToDeadLetters(recordCtx, p.tx, topic, byReason[r], 0, r, errText, &out); err != nil {
+			if err := p.deadLetter(recordCtx, topic, byReason[r], 0, r, errText, &out); err != nil {
 				return fail(err)
 			}
 		}
 	}
 	if a.exhausted {
-		if err := p.s.moveToDeadLetters(recordCtx, p.tx, topic, c.batch.IDs(), p.s.policy.maxAttempts, ReasonMaxRetriesExceeded, errText, &out); err != nil {
+		if err := p.deadLetter(recordCtx, topic, c.batch.IDs(), p.s.policy.maxAttempts, ReasonMaxRetriesExceeded, errText, &out); err != nil {
 			return fail(err)
 		}
 	}
@@ -106,26 +108,28 @@ const ReasonMaxRetriesExceeded = "max_retries_exceeded"
 
 // stormy reports whether dead-lettering n more rows of topic would pass the
 // storm guard's limit within its window.
-func (s *store) stormy(ctx context.Context, tx *pageTx, topic string, n int) (bool, error) {
+func (p *page) stormy(ctx context.Context, topic string, n int) (bool, error) {
+	s := p.s
 	if s.policy.stormLimit <= 0 {
 		return false, nil
 	}
 	var recent int
-	if err := tx.QueryRow(ctx, s.recentDeadLetters, topic, s.policy.stormWindow).Scan(&recent); err != nil {
+	if err := p.tx.QueryRow(ctx, s.pageSQL.recentDeadLetters, topic, s.policy.stormWindow).Scan(&recent); err != nil {
 		return false, fmt.Errorf("count recent dead letters of topic %q: %w", topic, err)
 	}
 	return recent+n > s.policy.stormLimit, nil
 }
 
-// moveToDeadLetters moves the rows of ids with at least minAttempts attempts to
-// the dead-letter table, noting in out what moved. topic names them in errors
-// ("" for rows of several topics).
-func (s *store) moveToDeadLetters(ctx context.Context, tx *pageTx, topic string, ids []int64, minAttempts int, reason, errText string, out *applied) error {
+// deadLetter moves the rows of ids with at least minAttempts attempts to the
+// dead-letter table (dead_letter.sql), in the page's transaction, noting in
+// out what moved. topic names them in errors ("" for rows of several topics).
+// Call it within record.
+func (p *page) deadLetter(ctx context.Context, topic string, ids []int64, minAttempts int, reason, errText string, out *applied) error {
 	what := fmt.Sprintf("%d rows of topic %q", len(ids), topic)
 	if topic == "" {
 		what = fmt.Sprintf("%d rows (%s)", len(ids), reason)
 	}
-	rows, err := tx.Query(ctx, s.deadLetter, ids, minAttempts, reason, errText)
+	rows, err := p.tx.Query(ctx, p.s.pageSQL.deadLetter, ids, minAttempts, reason, errText)
 	if err != nil {
 		return fmt.Errorf("dead-letter %s: %w", what, err)
 	}
@@ -150,3 +154,63 @@ func (s *store) moveToDeadLetters(ctx context.Context, tx *pageTx, topic string,
 }
 
 // maxErrorText bounds last_error, so a broker that returns a page of HTML cannot
+
+// expire moves the rows of msgs that can never be sent to the dead-letter
+// table, in the page's transaction: those the claim could not read (reason
+// unreadable_row, see readRow), and those expiredWhy says passed their
+// deadline (reason expired). It returns each moved row's reason, and why
+// each unreadable one could not be read; both nil, allocation-free, on the
+// usual path: nothing moves. The rows are the page's, locked by its
+// transaction: every one named moves. A database error is the page's.
+func (p *page) expire(ctx context.Context, msgs []producer.Message, expiredWhy func(*producer.Message) string) (gone, unreadable map[int64]string, err error) {
+	type move struct{ reason, why string }
+	var byWhy map[move][]int64
+	p.mu.Lock()
+	for i := range msgs {
+		why, reason := p.unreadable[msgs[i].ID], ReasonUnreadableRow
+		if why == "" {
+			why, reason = expiredWhy(&msgs[i]), ReasonExpired
+		}
+		if why != "" {
+			if byWhy == nil {
+				byWhy, gone = map[move][]int64{}, map[int64]string{}
+			}
+			byWhy[move{reason, why}] = append(byWhy[move{reason, why}], msgs[i].ID)
+			gone[msgs[i].ID] = reason
+		}
+	}
+	p.mu.Unlock()
+	if byWhy == nil {
+		return nil, nil, nil
+	}
+	ctx, cancel := stmtCtx(ctx)
+	defer cancel()
+	release, err := p.record()
+	if err != nil {
+		return nil, nil, err
+	}
+	defer release()
+	// One statement per distinct error text, whatever the topics: with one
+	// --max-age that is one statement (two with rows past their own
+	// expires_at) for the whole page; an unreadable row has one of its own.
+	var out applied
+	moves := slices.SortedFunc(maps.Keys(byWhy), func(a, b move) int {
+		return cmp.Or(strings.Compare(a.reason, b.reason), strings.Compare(a.why, b.why))
+	})
+	for _, mv := range moves {
+		if err := p.deadLetter(ctx, "", byWhy[mv], 0, mv.reason, mv.why, &out); err != nil {
+			p.err = err
+			return nil, nil, err
+		}
+	}
+	for id, reason := range gone {
+		if reason == ReasonUnreadableRow {
+			if unreadable == nil {
+				unreadable = map[int64]string{}
+			}
+			unreadable[id] = p.unreadable[id]
+			delete(p.unreadable, id) // under the record lock (mu): moved, never looked at again
+		}
+	}
+	return gone, unreadable, nil
+}

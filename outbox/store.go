@@ -19,7 +19,7 @@ import (
 	"github.com/outbox-sweeper/sweeper/producer"
 )
 
-// IdleInTransactionTimeout is how long a batch's transaction may sit idle,
+// IdleInTransactionTimeout is how long a page's transaction may sit idle,
 // waiting for the broker, before Postgres ends its session: sendTimeout plus
 // 5s, at most Postgres's limit (about 24 days). A live sweeper never waits
 // longer than a send; a frozen one loses its rows to the other sweepers after
@@ -29,16 +29,18 @@ func IdleInTransactionTimeout(sendTimeout time.Duration) time.Duration {
 	return min(sendTimeout+idleMargin, pgMax)
 }
 
-// idleMargin leaves a batch's transaction time to record the outcome after a
+// idleMargin leaves a page's transaction time to record the outcome after a
 // send that took all of its timeout.
 const idleMargin = 5 * time.Second
 
-// dbTimeout bounds each statement the sweeper runs for one batch. It is counted
-// on a context detached from shutdown, so that a batch the broker has accepted is
-// still moved to the history table while the sweeper stops.
+// dbTimeout bounds each statement the sweeper runs for a page. It is counted
+// on a context detached from shutdown, so that a page's rows the broker has
+// accepted are still moved to the history table while the sweeper stops.
 const dbTimeout = 30 * time.Second
 
-// store runs the sweeper's statements against one outbox table.
+// store runs the sweeper's statements against one outbox table that run
+// outside a page's transaction (topic lists, expire.sql), and holds what a
+// page needs of the table (page.go runs the page's own).
 type store struct {
 	pool   *pgxpool.Pool
 	table  Table
@@ -51,13 +53,11 @@ type store struct {
 	idleTimeout string
 	sendTimeout time.Duration
 
-	claimPageSQL      string
-	moveDispatched    string
-	deadLetter        string
+	// pageSQL is the statements a page runs in its transaction; only the
+	// page (page.go, page_outcome.go) reads them.
+	pageSQL           pageStatements
 	outstandingTopics string
 	liveTopicsSQL     string
-	recentDeadLetters string
-	recordFailure     string
 	expireSQL         string
 
 	// progress is when a statement or a send last returned (Unix
@@ -84,13 +84,9 @@ func newStore(pool *pgxpool.Pool, t Table, policy deadLetterPolicy, ordering Ord
 		topicLocks:        ordering == OrderingTopic,
 		idleTimeout:       fmt.Sprintf("%dms", IdleInTransactionTimeout(sendTimeout).Milliseconds()),
 		sendTimeout:       sendTimeout,
-		claimPageSQL:      statement(t, "claim_page"),
-		moveDispatched:    statement(t, "move_dispatched"),
-		deadLetter:        statement(t, "dead_letter"),
+		pageSQL:           newPageStatements(t),
 		outstandingTopics: statement(t, "outstanding_topics"),
 		liveTopicsSQL:     statement(t, "live_topics"),
-		recentDeadLetters: statement(t, "recent_dead_letters"),
-		recordFailure:     statement(t, "record_failure"),
 		expireSQL:         statement(t, "expire"),
 	}
 }

@@ -167,8 +167,8 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 	)
 	defer func() {
 		if p != nil { // an early return: err is already set, or the sweep ends
-			if settleErr := p.settle(work); err == nil {
-				err = settleErr
+			if endErr := p.end(work); err == nil {
+				err = endErr
 			}
 		}
 	}()
@@ -182,7 +182,7 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 			}
 			window, share := s.window(len(live))
 			cur = &aheadPage{window: window, share: share}
-			if p, cur.msgs, cur.found, err = s.store.claimPage(work, live[:window], after[:window], share); err != nil {
+			if p, cur.msgs, cur.found, err = claimPage(work, s.store, live[:window], after[:window], share); err != nil {
 				return res, err
 			}
 			if p != nil {
@@ -232,7 +232,7 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 			p.hold(next.msgs) // all of them, so that the page's end leaves those not sent to the cursor
 		}
 		if sendErr != nil {
-			return res, sendErr // the deferred settle rolls back
+			return res, sendErr // the deferred end rolls back
 		}
 		if s.brokerState() == breaker.DependencyOpen {
 			return res, nil // the broker went down during the page
@@ -243,7 +243,7 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 			halted[t] = true
 		}
 		if next == nil {
-			err = p.settle(work)
+			err = p.end(work)
 			p = nil
 			if err != nil {
 				return res, err
@@ -404,7 +404,7 @@ func (s *Sweeper) trialClaim(ctx context.Context, live []string, after []int64, 
 	// of topics done.
 	claim := func(i int) (*page, []producer.Message, error) {
 		pg := &aheadPage{window: 1, share: s.cfg.PageSize}
-		p, msgs, found, err := s.store.claimPage(ctx, live[i:i+1], after[i:i+1], s.cfg.PageSize)
+		p, msgs, found, err := claimPage(ctx, s.store, live[i:i+1], after[i:i+1], s.cfg.PageSize)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -456,8 +456,8 @@ func (s *Sweeper) sendClaimed(st *sweepState, p *page, msgs []producer.Message, 
 	st.page = p
 	stopped, err := s.sendPage(st, msgs, res)
 	st.page = nil
-	if settleErr := p.settle(st.work); err == nil {
-		err = settleErr
+	if endErr := p.end(st.work); err == nil {
+		err = endErr
 	}
 	return stopped, err
 }
