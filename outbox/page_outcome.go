@@ -30,76 +30,40 @@ type applied struct {
 	a action
 }
 
-// apply records a failed send as the policy's action says, in the page's
-// transaction. Rows it neither charges nor dead-letters stay outstanding as
-// they were when the page ends (unless sent again in this page). An error is
+// recording takes the page's transaction for recording an outcome (record),
+// and runs f in it, with a statement context detached from shutdown: f's
+// statements are recordFailure, deadLetter and stormy. An error f returns is
 // the page's: its transaction is rolled back at its end, and every row of the
-// page is outstanding again.
-func (c *pageBatch) apply(ctx context.Context, a action, sendErr error) (applied, error) {
-	out := applied{a: a}
-	p, topic := c.p, c.batch.Topic
-	recordCtx, cancel := stmtCtx(ctx)
+// page is outstanding again. So is an earlier one, and then f does not run.
+func (p *page) recording(ctx context.Context, f func(ctx context.Context) error) error {
+	ctx, cancel := stmtCtx(ctx)
 	defer cancel()
 	release, err := p.record()
 	if err != nil {
-		return out, err
+		return err
 	}
 	defer release()
-	fail := func(err error) (applied, error) {
+	if err := f(ctx); err != nil {
 		p.err = err
-		return out, err
+		return err
 	}
+	return nil
+}
 
-	var named []int64
-	if a.deadLetterNamed {
-		named = intersect(c.batch.IDs(), producer.MessageIDs(sendErr))
-		if len(named) == 0 { // a refusal of a row sent alone that names none
-			named = c.batch.IDs()
-		}
-	}
-	if a.deadLetters() {
-		storm, err := p.stormy(recordCtx, topic, max(len(named), 1))
-		if err != nil {
-			return fail(err)
-		}
-		if storm {
-			out.storm, a = true, a.stormed()
-			out.a = a
-		}
-	}
-	if !a.attempt && !a.deadLetters() && !a.note {
-		return out, nil // the page's end releases the rows
-	}
-	errText := truncate(sendErr.Error(), maxErrorText)
-	charged := []int64{}
-	if a.attempt {
-		charged = c.batch.IDs()
-	}
-	if _, err := p.tx.Exec(recordCtx, p.s.pageSQL.recordFailure, c.batch.IDs(), charged, errText, a.note); err != nil {
-		return fail(fmt.Errorf("record failed send of %d rows of topic %q: %w", len(c.batch.Messages), topic, err))
+// recordFailure records a failed send of ids, rows of topic
+// (record_failure.sql): the rows of charged count an attempt and keep
+// errText as their last_error; with note every row of ids keeps it, without
+// an attempt. The rows stay locked and outstanding: a row of ids may still be
+// sent in this page, and moves with what was recorded here. Call it within
+// recording.
+func (p *page) recordFailure(ctx context.Context, topic string, ids, charged []int64, errText string, note bool) error {
+	if _, err := p.tx.Exec(ctx, p.s.pageSQL.recordFailure, ids, charged, errText, note); err != nil {
+		return fmt.Errorf("record failed send of %d rows of topic %q: %w", len(ids), topic, err)
 	}
 	for _, id := range charged {
 		p.attempts[id]++
 	}
-	out.attempted = a.attempt
-	if a.deadLetterNamed {
-		byReason := map[string][]int64{}
-		for _, id := range named {
-			r := producer.RowReason(sendErr, id)
-			byReason[r] = append(byReason[r], id)
-		}
-		for _, r := range slices.Sorted(maps.Keys(byReason)) {
-			if err := p.deadLetter(recordCtx, topic, byReason[r], 0, r, errText, &out); err != nil {
-				return fail(err)
-			}
-		}
-	}
-	if a.exhausted {
-		if err := p.deadLetter(recordCtx, topic, c.batch.IDs(), p.s.policy.maxAttempts, ReasonMaxRetriesExceeded, errText, &out); err != nil {
-			return fail(err)
-		}
-	}
-	return out, nil
+	return nil
 }
 
 // ReasonMaxRetriesExceeded is the dead-letter reason of a row that failed
@@ -107,7 +71,7 @@ func (c *pageBatch) apply(ctx context.Context, a action, sendErr error) (applied
 const ReasonMaxRetriesExceeded = "max_retries_exceeded"
 
 // stormy reports whether dead-lettering n more rows of topic would pass the
-// storm guard's limit within its window.
+// storm guard's limit within its window. Call it within recording.
 func (p *page) stormy(ctx context.Context, topic string, n int) (bool, error) {
 	s := p.s
 	if s.policy.stormLimit <= 0 {
@@ -123,7 +87,7 @@ func (p *page) stormy(ctx context.Context, topic string, n int) (bool, error) {
 // deadLetter moves the rows of ids with at least minAttempts attempts to the
 // dead-letter table (dead_letter.sql), in the page's transaction, noting in
 // out what moved. topic names them in errors ("" for rows of several topics).
-// Call it within record.
+// Call it within recording, or record.
 func (p *page) deadLetter(ctx context.Context, topic string, ids []int64, minAttempts int, reason, errText string, out *applied) error {
 	what := fmt.Sprintf("%d rows of topic %q", len(ids), topic)
 	if topic == "" {

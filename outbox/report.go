@@ -4,13 +4,11 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"log/slog"
 	"maps"
 	"slices"
 	"time"
 
 	"github.com/outbox-sweeper/sweeper/alert"
-	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/producer"
 )
 
@@ -27,36 +25,6 @@ func (s *Sweeper) observeFailure(topic string, err error, out applied) {
 	if out.deadLettered > 0 {
 		s.cfg.Observer.DeadLettered(topic, out.deadLettered)
 	}
-}
-
-// logFailure logs a failed batch with what the policy made of it: topic, class,
-// reason, the rows' ids and correlation ids, the broker's part; never a
-// payload. b is never empty: every caller sent or rejected at least one row.
-func (s *Sweeper) logFailure(b producer.Batch, err error, a action, ev evidence) {
-	class := producer.ClassOf(err)
-	level, msg := slog.LevelWarn, "batch failed; topic stops until the next sweep"
-	switch {
-	case class == producer.ClassLocal:
-		level, msg = slog.LevelInfo, "batch cancelled; its rows stay outstanding" // shutting down: nothing is wrong
-	case a.deadLetterNamed && a.resendRest:
-		msg = "messages rejected; the rest of the topic goes on"
-	case a.deadLetterNamed:
-		msg = "message rejected"
-	case a.tripTopic:
-		msg = "the topic refused the batch; the topic trips"
-	case a.split:
-		level, msg = slog.LevelInfo, "batch failed while the broker is up; sending its halves to find the rows that fail"
-	case a.attempt && a.stopTopic:
-		msg = "row failed alone while the broker is up: it counts an attempt, and its topic waits (--ordering topic)"
-	case a.attempt:
-		msg = "row failed alone while the broker is up: it counts an attempt; the rest of the topic goes on"
-	case a.broker == breaker.BrokerDown:
-		msg = "batch failed and the broker is not known to be up: rows kept without an attempt; topic stops until the next sweep"
-	}
-	s.logger.Log(context.Background(), level, msg,
-		"topic", logText(b.Topic), "class", class.String(), "reason", producer.ReasonOf(err), "num_rows", len(b.Messages),
-		"first_id", b.Messages[0].ID, "last_id", b.Messages[len(b.Messages)-1].ID, "broker", ev.String(),
-		"correlation_ids", correlationIDs(b, maxLoggedIDs), "err", err)
 }
 
 // logDeadLettered logs rows moved to the dead-letter table: topic, reasons and

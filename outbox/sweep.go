@@ -487,7 +487,9 @@ func (s *Sweeper) sendPage(st *sweepState, msgs []producer.Message, res *SweepRe
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			tr, err := s.sendTopic(st, g)
+			t := s.topicSender(st, g.topic)
+			err := t.send(g)
+			tr := t.tr
 			mu.Lock()
 			defer mu.Unlock()
 			res.Dispatched += tr.dispatched
