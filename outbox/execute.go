@@ -46,35 +46,27 @@ const (
 )
 
 // execute carries out action a on fl: it gives the broker breaker its
-// verdict, records the outcome in the page (record), counts, reports and logs
-// it, stops a dead-letter storm, trips or backs off the topic, and returns
-// what the topic's sending does next. A database error is the page's, and
-// stops the topic.
+// verdict, records the outcome in the page (record), logs and reports it,
+// stops a dead-letter storm, trips or backs off the topic, and returns what
+// the topic's sending does next. A database error is the page's, and stops
+// the topic.
 func (t *topicSender) execute(fl failed, a action) (next, error) {
 	s, topic := t.s, t.topic
-	t.tr.failedBatches++
+	o := outcome{topic: topic, failedBatches: 1, failure: fl.err}
 	fl.verdict(a.broker, fl.err)
-	out := applied{a: a}
 	if fl.rows != nil {
 		var err error
-		if out, err = t.record(fl.rows, a, fl.err); err != nil {
-			t.tr.failed = true
+		if o, a, err = t.record(fl.rows, a, o); err != nil {
+			t.out.add(outcome{failedBatches: 1, failed: true})
 			return nextStop, err
 		}
-		a = out.a
 	}
-	t.tr.deadLettered += out.deadLettered
-	if out.attempted {
-		t.tr.attempted++
-	}
-	s.observeFailure(topic, fl.err, out)
 	s.logFailure(fl.batch, fl.err, a, fl.f.broker)
-	if out.deadLettered > 0 {
-		s.logDeadLettered(topic, out)
-	}
-	if out.storm {
+	s.report(o)
+	t.out.add(o)
+	if o.stormed {
 		s.stopStorm(topic, max(len(fl.named), 1), fl.err)
-		t.tr.failed = true
+		t.out.failed = true
 		return nextStop, nil
 	}
 	if a.tripTopic {
@@ -85,26 +77,26 @@ func (t *topicSender) execute(fl failed, a action) (next, error) {
 	}
 	switch {
 	case a.split:
-		t.tr.splits++
+		t.out.splits++
 		return nextSplit, nil
 	case a.resendRest:
 		return nextRest, nil
 	case a.stopTopic:
-		t.tr.failed = true
+		t.out.failed = true
 		return nextStop, nil
 	}
 	return nextBatch, nil
 }
 
-// record records in the page what action a does to the rows of c, whose send
-// failed with cause: their attempts and last_error, and their moves to the
-// dead-letter table, after the storm guard has had its say (which may turn a
-// into a.stormed()). Rows it neither charges nor dead-letters stay outstanding
-// as they were when the page ends (unless sent again in this page). An error
-// is the page's.
-func (t *topicSender) record(c *pageBatch, a action, cause error) (applied, error) {
-	out := applied{a: a}
-	p, topic := c.p, c.batch.Topic
+// record records in the page what action a does to the rows of c, whose
+// send failed with o.failure: their attempts and last_error, and their moves
+// to the dead-letter table, after the storm guard has had its say (which may
+// turn a into a.stormed(), and set o.stormed). It returns o with what it did,
+// and the action as carried out. Rows it neither charges nor dead-letters
+// stay outstanding as they were when the page ends (unless sent again in this
+// page). An error is the page's.
+func (t *topicSender) record(c *pageBatch, a action, o outcome) (outcome, action, error) {
+	p, topic, cause := c.p, c.batch.Topic, o.failure
 	err := p.recording(t.st.work, func(ctx context.Context) error {
 		var named []int64
 		if a.deadLetterNamed {
@@ -119,8 +111,7 @@ func (t *topicSender) record(c *pageBatch, a action, cause error) (applied, erro
 				return err
 			}
 			if storm {
-				out.storm, a = true, a.stormed()
-				out.a = a
+				o.stormed, a = true, a.stormed()
 			}
 		}
 		if !a.attempt && !a.deadLetters() && !a.note {
@@ -134,7 +125,9 @@ func (t *topicSender) record(c *pageBatch, a action, cause error) (applied, erro
 		if err := p.recordFailure(ctx, topic, c.batch.IDs(), charged, errText, a.note); err != nil {
 			return err
 		}
-		out.attempted = a.attempt
+		if a.attempt {
+			o.attempted = 1
+		}
 		if a.deadLetterNamed {
 			byReason := map[string][]int64{}
 			for _, id := range named {
@@ -142,17 +135,17 @@ func (t *topicSender) record(c *pageBatch, a action, cause error) (applied, erro
 				byReason[r] = append(byReason[r], id)
 			}
 			for _, r := range slices.Sorted(maps.Keys(byReason)) {
-				if err := p.deadLetter(ctx, topic, byReason[r], 0, r, errText, &out); err != nil {
+				if err := p.deadLetter(ctx, topic, byReason[r], 0, r, errText, &o); err != nil {
 					return err
 				}
 			}
 		}
 		if a.exhausted {
-			return p.deadLetter(ctx, topic, c.batch.IDs(), t.maxAttempts, ReasonMaxRetriesExceeded, errText, &out)
+			return p.deadLetter(ctx, topic, c.batch.IDs(), t.maxAttempts, ReasonMaxRetriesExceeded, errText, &o)
 		}
 		return nil
 	})
-	return out, err
+	return o, a, err
 }
 
 // logFailure logs a failed batch with what the policy made of it: topic, class,

@@ -3,8 +3,6 @@ package outbox
 import (
 	"context"
 	"fmt"
-	"maps"
-	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -70,56 +68,37 @@ func ageError(age time.Duration) string {
 
 // expireRows moves the rows of msgs, claimed in the page st.page, that can
 // never be sent to the dead-letter table (page.expire), and reports them. It
-// returns the others in their order, and how many moved. It runs as a page is
+// returns the others in their order, and what moved. It runs as a page is
 // sent and again before each batch is handed to the producer, so a row that
 // expires while its batch waits its turn is not sent either (a send the
-// producer retries within --send-timeout may still end up to that late). A row
-// that moves holds up none behind it. A database error is the page's.
-func (s *Sweeper) expireRows(st *sweepState, msgs []producer.Message) ([]producer.Message, unsendable, error) {
+// producer retries within --send-timeout may still end up to that late). A
+// row that moves holds up none behind it. A database error is the page's.
+func (s *Sweeper) expireRows(st *sweepState, msgs []producer.Message) ([]producer.Message, outcome, error) {
 	now := time.Now()
 	gone, unreadable, err := st.page.expire(st.work, msgs, func(m *producer.Message) string { return s.expiredWhy(m, now) })
 	if err != nil {
-		return nil, unsendable{}, err
+		return nil, outcome{}, err
 	}
 	if gone == nil {
-		return msgs, unsendable{}, nil
+		return msgs, outcome{}, nil
 	}
 	kept := make([]producer.Message, 0, len(msgs)-len(gone))
-	expired := expiredTally{}
-	var moved unsendable
+	moved := outcome{expiredRows: expiredTally{}}
 	for _, m := range msgs {
 		switch gone[m.ID] {
 		case "":
 			kept = append(kept, m)
 		case ReasonExpired:
-			expired.add(m.Topic, m.CorrelationID)
+			moved.expiredRows.add(m.Topic, m.CorrelationID)
 			moved.expired++
+			moved.deadLettered++
 		default:
-			s.reportUnreadable(m, unreadable[m.ID])
-			moved.unreadable++
+			moved.unreadable = append(moved.unreadable, unreadableRow{m, unreadable[m.ID]})
+			moved.deadLettered++
 		}
 	}
-	s.reportExpired(expired)
+	s.report(moved)
 	return kept, moved, nil
-}
-
-// unsendable counts the rows expireRows moved, by reason.
-type unsendable struct{ expired, unreadable int }
-
-// total is every row moved: all are dead letters.
-func (u unsendable) total() int { return u.expired + u.unreadable }
-
-// reportUnreadable logs, counts and observes an unreadable row moved to the
-// dead-letter table. The error names the column and its value cut short,
-// never the payload.
-func (s *Sweeper) reportUnreadable(m producer.Message, why string) {
-	s.activity.add(m.Topic, time.Now(), activityCounts{deadLettered: 1})
-	s.logger.Warn("row unreadable: a column holds a value the sweeper cannot send; it was dead-lettered, the rest of the page goes on",
-		"topic", logText(m.Topic), "id", m.ID, "correlation_id", logText(m.CorrelationID), "reason", ReasonUnreadableRow,
-		"err", why, "table", s.cfg.Table.DeadLetterName())
-	if s.cfg.Observer != nil {
-		s.cfg.Observer.DeadLettered(m.Topic, 1)
-	}
 }
 
 // expireLeftOut moves the rows that no page of this sweep will claim and that
@@ -165,10 +144,10 @@ func (s *Sweeper) expireLeftOut(ctx context.Context, leftOut []string, due time.
 				"table", s.cfg.Table.String(), "err", err)
 			return nil
 		}
-		s.reportExpired(moved)
 		n := moved.total()
-		res.DeadLettered += n
-		res.Expired += n
+		o := outcome{expiredRows: moved, deadLettered: n, expired: n}
+		s.report(o)
+		res.add(o)
 		if n == 0 || (!due.IsZero() && !time.Now().Before(due)) {
 			return nil
 		}
@@ -229,22 +208,4 @@ func (t expiredTally) total() int {
 		n += e.n
 	}
 	return n
-}
-
-// reportExpired logs, counts and observes the rows that expired, topic by
-// topic.
-func (s *Sweeper) reportExpired(moved expiredTally) {
-	for _, topic := range slices.Sorted(maps.Keys(moved)) {
-		e := moved[topic]
-		s.activity.add(topic, time.Now(), activityCounts{deadLettered: e.n})
-		s.logger.Warn("rows expired: past their deadline, they were dead-lettered instead of sent",
-			"topic", logText(topic), "num_rows", e.n, "reason", ReasonExpired,
-			"correlation_ids", e.correlationIDs, "table", s.cfg.Table.DeadLetterName())
-		if s.cfg.Observer != nil {
-			s.cfg.Observer.DeadLettered(topic, e.n)
-			if o, ok := s.cfg.Observer.(ExpiryObserver); ok {
-				o.Expired(topic, e.n)
-			}
-		}
-	}
 }

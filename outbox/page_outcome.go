@@ -13,23 +13,6 @@ import (
 	"github.com/outbox-sweeper/sweeper/producer"
 )
 
-// applied is what the page recorded of a failure.
-type applied struct {
-	// attempted says the row counted an attempt.
-	attempted bool
-	// deadLettered counts the rows moved to the dead-letter table, by reason,
-	// with their correlation ids (for the log).
-	deadLettered       int
-	deadReasons        map[string]int
-	deadCorrelationIDs []string
-	// storm is set when the action's dead letters would have passed the storm
-	// guard's limit for the topic: nothing was dead-lettered, and the topic
-	// must trip.
-	storm bool
-	// a is the action as applied: stormed() when storm is set.
-	a action
-}
-
 // recording takes the page's transaction for recording an outcome (record),
 // and runs f in it, with a statement context detached from shutdown: f's
 // statements are recordFailure, deadLetter and stormy. An error f returns is
@@ -88,7 +71,7 @@ func (p *page) stormy(ctx context.Context, topic string, n int) (bool, error) {
 // dead-letter table (dead_letter.sql), in the page's transaction, noting in
 // out what moved. topic names them in errors ("" for rows of several topics).
 // Call it within recording, or record.
-func (p *page) deadLetter(ctx context.Context, topic string, ids []int64, minAttempts int, reason, errText string, out *applied) error {
+func (p *page) deadLetter(ctx context.Context, topic string, ids []int64, minAttempts int, reason, errText string, out *outcome) error {
 	what := fmt.Sprintf("%d rows of topic %q", len(ids), topic)
 	if topic == "" {
 		what = fmt.Sprintf("%d rows (%s)", len(ids), reason)
@@ -157,7 +140,7 @@ func (p *page) expire(ctx context.Context, msgs []producer.Message, expiredWhy f
 	// One statement per distinct error text, whatever the topics: with one
 	// --max-age that is one statement (two with rows past their own
 	// expires_at) for the whole page; an unreadable row has one of its own.
-	var out applied
+	var out outcome
 	moves := slices.SortedFunc(maps.Keys(byWhy), func(a, b move) int {
 		return cmp.Or(strings.Compare(a.reason, b.reason), strings.Compare(a.why, b.why))
 	})

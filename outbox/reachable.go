@@ -52,7 +52,7 @@ func (s *Sweeper) leaveOutUnreachable(ctx context.Context, plan breaker.Plan, li
 		if len(noted) < maxNotedTopics {
 			noted, notes = append(noted, topic), append(notes, text)
 		}
-		s.observeFailure(topic, err, applied{})
+		s.report(outcome{topic: topic, failure: err})
 		if first == nil {
 			first = err
 		}

@@ -3,7 +3,6 @@ package outbox
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"slices"
 	"time"
 
@@ -14,18 +13,6 @@ import (
 
 // checkTimeoutMax bounds the producer's health check after a failed send.
 const checkTimeoutMax = 5 * time.Second
-
-type topicResult struct {
-	batches, deadLettered, failedBatches, dispatched, skipped int
-	// expired counts, among deadLettered, the rows that passed their
-	// deadline while their batch waited its turn.
-	expired int
-	// attempted counts rows that failed alone and counted an attempt; splits
-	// the failed batches split to find them.
-	attempted, splits int
-	// failed and contended say why the topic stopped, if it did.
-	failed, contended bool
-}
 
 // topicSender sends one topic's rows of a page, batch after batch, and acts
 // on each failure as the policy decides (decide, then execute). It records
@@ -38,11 +25,12 @@ type topicSender struct {
 	topic       string
 	gen         uint64 // the topic breaker's generation when the sweep planned
 	maxAttempts int    // --max-attempts; 0 keeps rows forever
-	tr          topicResult
+	// out is what the topic's sending did.
+	out outcome
 }
 
 func (s *Sweeper) topicSender(st *sweepState, topic string) *topicSender {
-	return &topicSender{s: s, st: st, page: st.page, topic: topic, gen: st.plan.Gen(topic), maxAttempts: max(s.cfg.MaxAttempts, 0)}
+	return &topicSender{s: s, st: st, page: st.page, topic: topic, out: outcome{topic: topic}, gen: st.plan.Gen(topic), maxAttempts: max(s.cfg.MaxAttempts, 0)}
 }
 
 // send sends one topic's messages of a page, batch after batch, and stops
@@ -61,7 +49,7 @@ func (t *topicSender) sendGroup(g topicGroup) (stop bool, err error) {
 	batches, err := t.s.producer.Batches(t.st.work, g.topic, g.msgs)
 	if err != nil {
 		if done, dbErr := t.rejectCut(g, err); done || dbErr != nil {
-			return t.tr.failed || t.tr.contended || dbErr != nil, dbErr
+			return t.out.failed || t.out.contended || dbErr != nil, dbErr
 		}
 	}
 	for _, b := range isolateSuspects(batches) {
@@ -75,7 +63,7 @@ func (t *topicSender) sendGroup(g topicGroup) (stop bool, err error) {
 		// A half-open topic sends one batch, its trial: the first whose outcome
 		// says something of the topic (a batch of poison rows only does not).
 		// A half-open broker breaker gets one batch, whatever it says.
-		if (t.st.plan.Trials[g.topic] && t.tr.dispatched > 0) || t.st.trial {
+		if (t.st.plan.Trials[g.topic] && t.out.dispatched > 0) || t.st.trial {
 			return true, nil
 		}
 	}
@@ -120,13 +108,13 @@ func (t *topicSender) sendBatch(b producer.Batch, retry bool) (stop bool, err er
 			if c != nil {
 				claimed = len(c.batch.Messages)
 			}
-			t.tr.skipped += len(b.Messages) - claimed
+			t.out.skipped += len(b.Messages) - claimed
 			if c == nil {
 				// Under OrderingNone another sweeper has the rows: go on with
 				// the next batch. Under OrderingTopic the topic stops here, so
 				// that no later batch overtakes this one.
-				t.tr.contended = s.cfg.Ordering == OrderingTopic
-				return t.tr.contended, nil
+				t.out.contended = s.cfg.Ordering == OrderingTopic
+				return t.out.contended, nil
 			}
 		}
 		// A row that passed its deadline while the batch waited its turn
@@ -134,11 +122,10 @@ func (t *topicSender) sendBatch(b producer.Batch, retry bool) (stop bool, err er
 		// is not sent either.
 		kept, moved, err := s.expireRows(st, c.batch.Messages)
 		if err != nil {
-			t.tr.failed = true
+			t.out.failed = true
 			return true, err
 		}
-		t.tr.expired += moved.expired
-		t.tr.deadLettered += moved.total()
+		t.out.add(moved)
 		if len(kept) == 0 {
 			return false, nil
 		}
@@ -151,14 +138,14 @@ func (t *topicSender) sendBatch(b producer.Batch, retry bool) (stop bool, err er
 				// Open, or half-open with its trial out: nothing is sent and
 				// nothing is learnt; the page's end puts the rows back as they
 				// were.
-				t.tr.failed = true
+				t.out.failed = true
 				return true, nil
 			}
 		}
 		sent := c.sending()
 		sendErr := s.send(st.work, b, retry)
 		sent()
-		t.tr.batches++
+		t.out.batches++
 		if sendErr == nil {
 			c.dispatched()
 			done(breaker.BrokerUp, nil)
@@ -205,7 +192,7 @@ func (t *topicSender) sendBatch(b producer.Batch, retry bool) (stop bool, err er
 // every row failed alone blames the topic.
 func (t *topicSender) split(b producer.Batch, cause error) (bool, error) {
 	half := len(b.Messages) / 2
-	dispatched, attempted := t.tr.dispatched, t.tr.attempted
+	dispatched, attempted := t.out.dispatched, t.out.attempted
 	for _, h := range []producer.Batch{{Topic: b.Topic, Messages: b.Messages[:half]}, {Topic: b.Topic, Messages: b.Messages[half:]}} {
 		if t.st.work.Err() != nil {
 			return true, nil
@@ -214,10 +201,10 @@ func (t *topicSender) split(b producer.Batch, cause error) (bool, error) {
 			return true, err
 		}
 	}
-	if blameTopicAfterSplit(len(b.Messages), t.tr.dispatched-dispatched, t.tr.attempted-attempted) {
+	if blameTopicAfterSplit(len(b.Messages), t.out.dispatched-dispatched, t.out.attempted-attempted) {
 		t.s.breaker.Failure(b.Topic, t.gen, false, truncate(fmt.Sprintf(
 			"every row of a batch of %d failed alone while the broker was up: %v", len(b.Messages), cause), maxErrorText))
-		t.tr.failed = true
+		t.out.failed = true
 		return true, nil
 	}
 	return false, nil
@@ -244,13 +231,13 @@ func (t *topicSender) rejectCut(g topicGroup, err error) (done bool, dbErr error
 		if c == nil {
 			// Another sweeper has them: under OrderingTopic the topic waits
 			// for it; under OrderingNone the rest goes on.
-			t.tr.failedBatches++
-			t.tr.skipped += len(named.Messages)
-			t.tr.contended = t.s.cfg.Ordering == OrderingTopic
-			return t.tr.contended, nil
+			t.out.failedBatches++
+			t.out.skipped += len(named.Messages)
+			t.out.contended = t.s.cfg.Ordering == OrderingTopic
+			return t.out.contended, nil
 		}
 		if contended {
-			t.tr.skipped += len(named.Messages) - len(c.batch.Messages)
+			t.out.skipped += len(named.Messages) - len(c.batch.Messages)
 		}
 		fl.rows, fl.batch = c, c.batch
 	case a.note:
@@ -293,24 +280,11 @@ func (t *topicSender) cutVerdict(v breaker.Verdict, err error) {
 
 // succeeded records a batch the broker accepted.
 func (t *topicSender) succeeded(b producer.Batch) {
-	s := t.s
-	s.breaker.Success(b.Topic, t.gen)
-	s.backoff.succeeded(b.Topic)
-	t.tr.dispatched += len(b.Messages)
-	now := time.Now()
-	s.activity.add(b.Topic, now, activityCounts{dispatched: len(b.Messages)})
-	if s.cfg.Observer != nil {
-		lat := make([]time.Duration, len(b.Messages))
-		for i := range b.Messages {
-			lat[i] = now.Sub(b.Messages[i].CreatedAt)
-		}
-		s.cfg.Observer.BatchDispatched(b.Topic, len(b.Messages), lat)
-	}
-	if s.logger.Enabled(context.Background(), slog.LevelDebug) {
-		s.logger.Debug("batch dispatched", "topic", b.Topic, "num_rows", len(b.Messages),
-			"first_id", b.Messages[0].ID, "last_id", b.Messages[len(b.Messages)-1].ID,
-			"correlation_ids", correlationIDs(b, maxLoggedIDs))
-	}
+	t.s.breaker.Success(b.Topic, t.gen)
+	t.s.backoff.succeeded(b.Topic)
+	o := outcome{topic: b.Topic, dispatched: len(b.Messages), sent: b}
+	t.s.report(o)
+	t.out.add(o)
 }
 
 // send sends b within --send-timeout, with the in-call retries if retry is set.

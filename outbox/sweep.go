@@ -470,8 +470,7 @@ func (s *Sweeper) sendPage(st *sweepState, msgs []producer.Message, res *SweepRe
 	if err != nil {
 		return nil, err
 	}
-	res.DeadLettered += moved.total()
-	res.Expired += moved.expired
+	res.add(moved)
 	groups := groupByTopic(msgs)
 	var (
 		mu      sync.Mutex
@@ -489,21 +488,10 @@ func (s *Sweeper) sendPage(st *sweepState, msgs []producer.Message, res *SweepRe
 			defer func() { <-sem }()
 			t := s.topicSender(st, g.topic)
 			err := t.send(g)
-			tr := t.tr
 			mu.Lock()
 			defer mu.Unlock()
-			res.Dispatched += tr.dispatched
-			res.Batches += tr.batches
-			res.FailedBatches += tr.failedBatches
-			res.Skipped += tr.skipped
-			res.DeadLettered += tr.deadLettered
-			res.Expired += tr.expired
-			res.AttemptedRows += tr.attempted
-			res.Splits += tr.splits
-			if tr.failed {
-				res.FailedTopics = append(res.FailedTopics, g.topic)
-			}
-			if tr.failed || tr.contended || st.plan.Trials[g.topic] {
+			res.add(t.out)
+			if t.out.failed || t.out.contended || st.plan.Trials[g.topic] {
 				stopped = append(stopped, g.topic)
 			}
 			if err != nil && dbErr == nil {
