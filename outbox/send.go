@@ -30,7 +30,7 @@ type topicSender struct {
 }
 
 func (s *Sweeper) topicSender(st *sweepState, topic string) *topicSender {
-	return &topicSender{s: s, st: st, page: st.page, topic: topic, out: outcome{topic: topic}, gen: st.plan.Gen(topic), maxAttempts: max(s.cfg.MaxAttempts, 0)}
+	return &topicSender{s: s, st: st, page: st.page, topic: topic, out: outcome{topic: topic}, gen: st.gate.gen(topic), maxAttempts: max(s.cfg.MaxAttempts, 0)}
 }
 
 // send sends one topic's messages of a page, batch after batch, and stops
@@ -63,7 +63,7 @@ func (t *topicSender) sendGroup(g topicGroup) (stop bool, err error) {
 		// A half-open topic sends one batch, its trial: the first whose outcome
 		// says something of the topic (a batch of poison rows only does not).
 		// A half-open broker breaker gets one batch, whatever it says.
-		if (t.st.plan.Trials[g.topic] && t.out.dispatched > 0) || t.st.trial {
+		if (t.st.gate.trial(g.topic) && t.out.dispatched > 0) || t.st.trial {
 			return true, nil
 		}
 	}

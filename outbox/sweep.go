@@ -18,7 +18,9 @@ type sweepState struct {
 	// stop ends the reading of pages; work, which outlives stop during a
 	// graceful shutdown, carries the sends.
 	stop, work context.Context
-	plan       breaker.Plan
+	// gate is the sweep's answer from the gate: which topics may send, which
+	// send a trial, which have stopped.
+	gate *gatePass
 	// trial is set while the sweep sends the half-open broker breaker's one
 	// batch: its topic sends that batch and nothing more.
 	trial bool
@@ -63,15 +65,17 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 	//
 	// An open broker breaker fails the tick fast: no page, no call to the
 	// broker, and the rows keep their attempts.
-	if s.brokerState() == breaker.DependencyOpen {
+	if s.gate.brokerState() == breaker.DependencyOpen {
 		res.Blocked = true
 		if tick {
 			return res, s.expireLeftOut(work, nil, due, &res)
 		}
 		return res, nil
 	}
-	st := &sweepState{stop: stop, work: work, plan: s.breaker.Plan()}
-	excluded := slices.Concat(st.plan.Excluded, s.backoff.waiting(time.Now()))
+	pass := s.gate.open(time.Now())
+	defer s.gate.close(pass)
+	st := &sweepState{stop: stop, work: work, gate: pass}
+	excluded := pass.excluded
 	if tick {
 		if err := s.expireLeftOut(work, excluded, due, &res); err != nil {
 			return res, err
@@ -79,10 +83,7 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 	}
 	// Each topic is read from its floor (cursor.go), not from its lowest id,
 	// so that the sweep never walks again what earlier sweeps sent.
-	leftOut := make(map[string]bool, len(excluded))
-	for _, t := range excluded {
-		leftOut[t] = true
-	}
+	leftOut := pass.leftOut
 	var marks *sweepMarks
 	members, floorsIn, discovery := s.cursor.begin(leftOut)
 	defer func() { s.cursor.finish(err == nil, marks) }()
@@ -97,7 +98,7 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 		}
 	}
 	live := slices.Sorted(maps.Keys(floors))
-	if live, err = s.leaveOutUnreachable(work, st.plan, live); err != nil {
+	if live, err = s.leaveOutUnreachable(work, pass, live); err != nil {
 		return res, err
 	}
 	after := make([]int64, len(live))
@@ -141,7 +142,7 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 	// have them refused, and sweep on only if it closed the breaker. The tried
 	// topic sits out the rest of the sweep: it had its batch, and its outcome
 	// is in.
-	if s.brokerState() == breaker.DependencyHalfOpen && len(live) > 0 {
+	if s.gate.brokerState() == breaker.DependencyHalfOpen && len(live) > 0 {
 		marks.off = true // the trial's claims do not follow the pages
 		i, p, msgs, err := s.trialClaim(work, live, after, &res)
 		if err != nil || p == nil {
@@ -150,17 +151,17 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 		st.trial = true
 		_, err = s.sendClaimed(st, p, msgs, &res)
 		st.trial = false
-		if err != nil || s.brokerState() != breaker.DependencyClosed {
+		if err != nil || s.gate.brokerState() != breaker.DependencyClosed {
 			return res, err
 		}
 		live = slices.Delete(live, i, i+1)
 		after = slices.Delete(after, i, i+1)
 	}
 	var (
-		p      *page      // the open page transaction, between its claim and its end
-		pages  int        // pages claimed in p
-		next   *aheadPage // the next page, claimed in p while the current one sends
-		halted = map[string]bool{}
+		p      *page         // the open page transaction, between its claim and its end
+		pages  int           // pages claimed in p
+		next   *aheadPage    // the next page, claimed in p while the current one sends
+		halted = pass.halted // topics done for this sweep; pass.halt adds to it
 		// read holds the topics p's pages have read: under OrderingTopic,
 		// those whose locks p may hold.
 		read map[string]bool
@@ -234,14 +235,12 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 		if sendErr != nil {
 			return res, sendErr // the deferred end rolls back
 		}
-		if s.brokerState() == breaker.DependencyOpen {
+		if s.gate.brokerState() == breaker.DependencyOpen {
 			return res, nil // the broker went down during the page
 		}
 		// Topics that stopped are done for this sweep, in the page claimed
 		// ahead too.
-		for _, t := range stopped {
-			halted[t] = true
-		}
+		pass.halt(stopped)
 		if next == nil {
 			err = p.end(work)
 			p = nil
@@ -442,14 +441,6 @@ func (s *Sweeper) trialClaim(ctx context.Context, live []string, after []int64, 
 	return first, p, msgs, err
 }
 
-// brokerState is the broker breaker's state; closed when there is none.
-func (s *Sweeper) brokerState() breaker.DependencyState {
-	if s.broker == nil {
-		return breaker.DependencyClosed
-	}
-	return s.broker.State()
-}
-
 // sendClaimed sends the rows of claimed page p and ends the page, adding to
 // res. It returns the topics that stopped for the rest of the sweep.
 func (s *Sweeper) sendClaimed(st *sweepState, p *page, msgs []producer.Message, res *SweepResult) ([]string, error) {
@@ -491,7 +482,7 @@ func (s *Sweeper) sendPage(st *sweepState, msgs []producer.Message, res *SweepRe
 			mu.Lock()
 			defer mu.Unlock()
 			res.add(t.out)
-			if t.out.failed || t.out.contended || st.plan.Trials[g.topic] {
+			if t.out.failed || t.out.contended || st.gate.trial(g.topic) {
 				stopped = append(stopped, g.topic)
 			}
 			if err != nil && dbErr == nil {

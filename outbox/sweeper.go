@@ -60,9 +60,11 @@ type SweepResult struct {
 // on. While pages come back full, the sweep reads the next page at once, so a
 // backlog drains at the database's pace, not the tick's.
 type Sweeper struct {
-	breaker  breaker.Breaker
-	broker   BrokerBreaker // nil: none
-	backoff  *topicBackoff
+	breaker breaker.Breaker
+	broker  BrokerBreaker // nil: none
+	backoff *topicBackoff
+	// gate says whether a topic may send now, and why not (gate.go).
+	gate     *gate
 	activity activity
 	cfg      Config
 	logger   *slog.Logger
@@ -104,10 +106,12 @@ func NewSweeper(pool *pgxpool.Pool, p producer.Producer, cfg Config) (*Sweeper, 
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	backoff := newTopicBackoff(cfg.Retry.Initial, cfg.TopicBackoffMax, cfg.Retry.Rand)
 	return &Sweeper{
 		breaker:  cfg.TopicBreaker,
 		broker:   cfg.BrokerBreaker,
-		backoff:  newTopicBackoff(cfg.Retry.Initial, cfg.TopicBackoffMax, cfg.Retry.Rand),
+		backoff:  backoff,
+		gate:     &gate{topics: cfg.TopicBreaker, broker: cfg.BrokerBreaker, backoff: backoff},
 		cfg:      cfg,
 		logger:   cfg.Logger,
 		producer: p,
