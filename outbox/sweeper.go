@@ -51,7 +51,7 @@ type SweepResult struct {
 // to Concurrency topics at once, the batches of one topic in order. A page is
 // claimed in one transaction that holds its rows' locks while its batches are
 // sent, and each batch's outcome is its own: only the rows the broker accepted
-// move to the history table at the page's end (claim.go), so a later failure
+// move to the history table at the page's end (page.go), so a later failure
 // never undoes an earlier success and a second sweeper on the
 // same table never sends a row this one has in flight. What a failed batch means
 // for its rows, its topic and the broker is the failure policy's to say
