@@ -46,14 +46,7 @@ type unreadableRow struct {
 
 // add counts o in out. o's events are not carried up: report told them.
 func (out *outcome) add(o outcome) {
-	out.batches += o.batches
-	out.failedBatches += o.failedBatches
-	out.dispatched += o.dispatched
-	out.skipped += o.skipped
-	out.deadLettered += o.deadLettered
-	out.expired += o.expired
-	out.attempted += o.attempted
-	out.splits += o.splits
+	addCounts(out.counts(), o.counts())
 	out.failed = out.failed || o.failed
 	out.contended = out.contended || o.contended
 }
@@ -61,15 +54,26 @@ func (out *outcome) add(o outcome) {
 // add counts o in the sweep's result: a topic that failed joins
 // FailedTopics.
 func (r *SweepResult) add(o outcome) {
-	r.Batches += o.batches
-	r.FailedBatches += o.failedBatches
-	r.Dispatched += o.dispatched
-	r.Skipped += o.skipped
-	r.DeadLettered += o.deadLettered
-	r.Expired += o.expired
-	r.AttemptedRows += o.attempted
-	r.Splits += o.splits
+	addCounts(r.counts(), o.counts())
 	if o.failed {
 		r.FailedTopics = append(r.FailedTopics, o.topic)
+	}
+}
+
+// counts and SweepResult.counts list the same counts in the same order, so
+// that one addCounts adds an outcome up at every scale.
+func (out *outcome) counts() []*int {
+	return []*int{&out.batches, &out.failedBatches, &out.dispatched, &out.skipped,
+		&out.deadLettered, &out.expired, &out.attempted, &out.splits}
+}
+
+func (r *SweepResult) counts() []*int {
+	return []*int{&r.Batches, &r.FailedBatches, &r.Dispatched, &r.Skipped,
+		&r.DeadLettered, &r.Expired, &r.AttemptedRows, &r.Splits}
+}
+
+func addCounts(to, from []*int) {
+	for i, n := range from {
+		*to[i] += *n
 	}
 }
