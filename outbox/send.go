@@ -296,7 +296,7 @@ func (s *Sweeper) send(ctx context.Context, b producer.Batch, retry bool) (err e
 	}
 	sendCtx, cancel := context.WithTimeout(ctx, s.cfg.SendTimeout)
 	defer cancel()
-	defer s.store.beat()
+	defer s.progress.beat()
 	obs, _ := s.cfg.Observer.(SendObserver)
 	try := func(ctx context.Context) error {
 		if obs == nil {

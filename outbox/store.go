@@ -60,14 +60,23 @@ type store struct {
 	liveTopicsSQL     string
 	expireSQL         string
 
-	// progress is when a statement or a send last returned (Unix
-	// nanoseconds), whatever its outcome: a live sweep moves it at least
-	// once per send timeout or statement timeout (Sweeper.Stalled).
-	progress atomic.Int64
+	// progress is the sweeper's heartbeat, shared with it: every statement
+	// beats it as it returns.
+	progress *heartbeat
 }
 
-// beat notes that a statement or a send has just returned.
-func (s *store) beat() { s.progress.Store(time.Now().UnixNano()) }
+// beat notes that a statement has just returned.
+func (s *store) beat() { s.progress.beat() }
+
+// heartbeat is when a statement or a send last returned (Unix nanoseconds),
+// whatever its outcome: a live sweep moves it at least once per send timeout
+// or statement timeout (Sweeper.Stalled). The store beats it for statements
+// and the topic sender for sends, each without the other.
+type heartbeat struct{ at atomic.Int64 }
+
+func (h *heartbeat) beat() { h.at.Store(time.Now().UnixNano()) }
+
+func (h *heartbeat) last() int64 { return h.at.Load() }
 
 // deadLetterPolicy says when rows leave the outbox for the dead-letter table.
 type deadLetterPolicy struct {
@@ -76,8 +85,9 @@ type deadLetterPolicy struct {
 	stormWindow time.Duration // … above which the storm guard stops it
 }
 
-func newStore(pool *pgxpool.Pool, t Table, policy deadLetterPolicy, ordering Ordering, sendTimeout time.Duration) *store {
+func newStore(pool *pgxpool.Pool, t Table, policy deadLetterPolicy, ordering Ordering, sendTimeout time.Duration, progress *heartbeat) *store {
 	return &store{
+		progress:          progress,
 		pool:              pool,
 		table:             t,
 		policy:            policy,

@@ -64,7 +64,9 @@ type Sweeper struct {
 	broker  BrokerBreaker // nil: none
 	backoff *topicBackoff
 	// gate says whether a topic may send now, and why not (gate.go).
-	gate     *gate
+	gate *gate
+	// progress is beaten by every statement and every send; Stalled reads it.
+	progress *heartbeat
 	activity activity
 	cfg      Config
 	logger   *slog.Logger
@@ -107,7 +109,9 @@ func NewSweeper(pool *pgxpool.Pool, p producer.Producer, cfg Config) (*Sweeper, 
 		return nil, err
 	}
 	backoff := newTopicBackoff(cfg.Retry.Initial, cfg.TopicBackoffMax, cfg.Retry.Rand)
+	progress := &heartbeat{}
 	return &Sweeper{
+		progress: progress,
 		breaker:  cfg.TopicBreaker,
 		broker:   cfg.BrokerBreaker,
 		backoff:  backoff,
@@ -119,7 +123,7 @@ func NewSweeper(pool *pgxpool.Pool, p producer.Producer, cfg Config) (*Sweeper, 
 			maxAttempts: max(cfg.MaxAttempts, 0),
 			stormLimit:  max(cfg.DeadLetterLimit, 0),
 			stormWindow: cfg.DeadLetterWindow,
-		}, cfg.Ordering, cfg.SendTimeout),
+		}, cfg.Ordering, cfg.SendTimeout, progress),
 		cursor: newCursor(cursorResetEvery),
 	}, nil
 }
@@ -313,7 +317,7 @@ func (s *Sweeper) Stalled(now time.Time, ticks int) (Stall, bool) {
 	if busy == 0 {
 		return Stall{}, false
 	}
-	st := Stall{Since: time.Unix(0, busy), Progress: time.Unix(0, max(busy, s.store.progress.Load())),
+	st := Stall{Since: time.Unix(0, busy), Progress: time.Unix(0, max(busy, s.progress.last())),
 		MaxTicks: ticks, Limit: StallFloor(s.cfg.SendTimeout)}
 	if last := s.lastSweep.Load(); last != 0 {
 		st.LastSweep = time.Unix(0, last)
