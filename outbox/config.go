@@ -41,7 +41,7 @@ type Ordering string
 const (
 	// OrderingTopic keeps each topic's rows in id order across sweepers: at
 	// most one sweeper sends a topic's batch at a time (a transaction-scoped
-	// advisory lock per topic, taken by the batch's claim), and a batch is sent
+	// advisory lock per topic, taken by the page's claim), and a batch is sent
 	// whole or not at all, so no batch overtakes an earlier one. Sweepers
 	// spread over the topics; one topic is sent by one sweeper at a time.
 	OrderingTopic Ordering = "topic"
@@ -154,7 +154,7 @@ type Config struct {
 
 	// SendTimeout bounds one batch's send, from the producer's call to its
 	// answer. A send that runs out fails as transient, and its rows count an
-	// attempt. The batch's transaction stays open meanwhile; it sets its own
+	// attempt. The page's transaction stays open meanwhile; it sets its own
 	// idle_in_transaction_session_timeout to IdleInTransactionTimeout of this,
 	// which overrides the server's for that transaction. Defaults to
 	// SendTimeoutDefault.

@@ -1,11 +1,8 @@
 package outbox
 
 import (
-	"cmp"
 	"context"
 	"fmt"
-	"maps"
-	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -70,99 +67,38 @@ func ageError(age time.Duration) string {
 }
 
 // expireRows moves the rows of msgs, claimed in the page st.page, that can
-// never be sent to the dead-letter table, in the page's transaction: those
-// past their deadline (reason expired), and those the claim could not read
-// (reason unreadable_row, see readRow). It returns the others in their order,
-// and how many moved. It runs as a page is sent and again before each batch
-// is handed to the producer, so a row that expires while its batch waits its
-// turn is not sent either (a send the producer retries within --send-timeout
-// may still end up to that late). A row that moves holds up none behind it. A
-// database error is the page's.
-func (s *Sweeper) expireRows(st *sweepState, msgs []producer.Message) ([]producer.Message, unsendable, error) {
-	p := st.page
+// never be sent to the dead-letter table (page.expire), and reports them. It
+// returns the others in their order, and what moved. It runs as a page is
+// sent and again before each batch is handed to the producer, so a row that
+// expires while its batch waits its turn is not sent either (a send the
+// producer retries within --send-timeout may still end up to that late). A
+// row that moves holds up none behind it. A database error is the page's.
+func (s *Sweeper) expireRows(st *sweepState, msgs []producer.Message) ([]producer.Message, outcome, error) {
 	now := time.Now()
-	type move struct{ reason, why string }
-	var (
-		byWhy map[move][]int64
-		gone  map[int64]string // both nil, allocation-free, on the usual path: nothing moves
-	)
-	p.mu.Lock()
-	unreadable := p.unreadable
-	for i := range msgs {
-		why, reason := unreadable[msgs[i].ID], ReasonUnreadableRow
-		if why == "" {
-			why, reason = s.expiredWhy(&msgs[i], now), ReasonExpired
-		}
-		if why != "" {
-			if byWhy == nil {
-				byWhy, gone = map[move][]int64{}, map[int64]string{}
-			}
-			byWhy[move{reason, why}] = append(byWhy[move{reason, why}], msgs[i].ID)
-			gone[msgs[i].ID] = reason
-		}
-	}
-	p.mu.Unlock()
-	if byWhy == nil {
-		return msgs, unsendable{}, nil
-	}
-	ctx, cancel := stmtCtx(st.work)
-	defer cancel()
-	release, err := p.record()
+	gone, unreadable, err := st.page.expire(st.work, msgs, func(m *producer.Message) string { return s.expiredWhy(m, now) })
 	if err != nil {
-		return nil, unsendable{}, err
+		return nil, outcome{}, err
 	}
-	defer release()
-	// One statement per distinct error text, whatever the topics: with one
-	// --max-age that is one statement (two with rows past their own
-	// expires_at) for the whole page; an unreadable row has one of its own.
-	var out applied
-	moves := slices.SortedFunc(maps.Keys(byWhy), func(a, b move) int {
-		return cmp.Or(strings.Compare(a.reason, b.reason), strings.Compare(a.why, b.why))
-	})
-	for _, mv := range moves {
-		if err := p.s.moveToDeadLetters(ctx, p.tx, "", byWhy[mv], 0, mv.reason, mv.why, &out); err != nil {
-			p.err = err
-			return nil, unsendable{}, err
-		}
+	if gone == nil {
+		return msgs, outcome{}, nil
 	}
 	kept := make([]producer.Message, 0, len(msgs)-len(gone))
-	expired := expiredTally{}
-	var moved unsendable
+	moved := outcome{expiredRows: expiredTally{}}
 	for _, m := range msgs {
 		switch gone[m.ID] {
 		case "":
 			kept = append(kept, m)
 		case ReasonExpired:
-			expired.add(m.Topic, m.CorrelationID)
+			moved.expiredRows.add(m.Topic, m.CorrelationID)
 			moved.expired++
+			moved.deadLettered++
 		default:
-			s.reportUnreadable(m, unreadable[m.ID])
-			moved.unreadable++
-			delete(unreadable, m.ID) // under p's record lock (mu): moved, never looked at again
+			moved.unreadable = append(moved.unreadable, unreadableRow{m, unreadable[m.ID]})
+			moved.deadLettered++
 		}
 	}
-	s.reportExpired(expired)
-	// The rows are the page's, locked by its transaction: every one moved.
+	s.report(moved)
 	return kept, moved, nil
-}
-
-// unsendable counts the rows expireRows moved, by reason.
-type unsendable struct{ expired, unreadable int }
-
-// total is every row moved: all are dead letters.
-func (u unsendable) total() int { return u.expired + u.unreadable }
-
-// reportUnreadable logs, counts and observes an unreadable row moved to the
-// dead-letter table. The error names the column and its value cut short,
-// never the payload.
-func (s *Sweeper) reportUnreadable(m producer.Message, why string) {
-	s.activity.add(m.Topic, time.Now(), activityCounts{deadLettered: 1})
-	s.logger.Warn("row unreadable: a column holds a value the sweeper cannot send; it was dead-lettered, the rest of the page goes on",
-		"topic", logText(m.Topic), "id", m.ID, "correlation_id", logText(m.CorrelationID), "reason", ReasonUnreadableRow,
-		"err", why, "table", s.cfg.Table.DeadLetterName())
-	if s.cfg.Observer != nil {
-		s.cfg.Observer.DeadLettered(m.Topic, 1)
-	}
 }
 
 // expireLeftOut moves the rows that no page of this sweep will claim and that
@@ -208,10 +144,10 @@ func (s *Sweeper) expireLeftOut(ctx context.Context, leftOut []string, due time.
 				"table", s.cfg.Table.String(), "err", err)
 			return nil
 		}
-		s.reportExpired(moved)
 		n := moved.total()
-		res.DeadLettered += n
-		res.Expired += n
+		o := outcome{expiredRows: moved, deadLettered: n, expired: n}
+		s.report(o)
+		res.add(o)
 		if n == 0 || (!due.IsZero() && !time.Now().Before(due)) {
 			return nil
 		}
@@ -274,22 +210,4 @@ func (t expiredTally) total() int {
 		n += e.n
 	}
 	return n
-}
-
-// reportExpired logs, counts and observes the rows that expired, topic by
-// topic.
-func (s *Sweeper) reportExpired(moved expiredTally) {
-	for _, topic := range slices.Sorted(maps.Keys(moved)) {
-		e := moved[topic]
-		s.activity.add(topic, time.Now(), activityCounts{deadLettered: e.n})
-		s.logger.Warn("rows expired: past their deadline, they were dead-lettered instead of sent",
-			"topic", logText(topic), "num_rows", e.n, "reason", ReasonExpired,
-			"correlation_ids", e.correlationIDs, "table", s.cfg.Table.DeadLetterName())
-		if s.cfg.Observer != nil {
-			s.cfg.Observer.DeadLettered(topic, e.n)
-			if o, ok := s.cfg.Observer.(ExpiryObserver); ok {
-				o.Expired(topic, e.n)
-			}
-		}
-	}
 }

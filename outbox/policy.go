@@ -6,9 +6,10 @@ import (
 )
 
 // This file holds the failure policy: the one place that says what a failed
-// send means for its rows, its topic and the broker. The sweeper gathers what it
-// knows into a [failure], asks [decide], and hands the [action] to the store,
-// which applies it in the batch's transaction. Nothing else judges a failure.
+// send means for its rows, its topic and the broker. The topic sender gathers
+// what it knows into a [failure], asks [decide], and hands the [action] to
+// execute (execute.go), which carries it out and records it in the page's
+// transaction. Nothing else judges a failure, and nothing else acts on one.
 //
 // The rules, as the README gives them ("Who is to blame"):
 //   - A row is blamed (an attempt, and at --max-attempts a dead letter) only when

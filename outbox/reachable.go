@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/producer"
 )
 
@@ -30,7 +29,7 @@ const maxNotedTopics = 1000
 // which gets one share of a page like any of them, waits for all of them: 45
 // to 50 s at 100,000 topics (issue 30). Asked first, each costs about a
 // microsecond and a breaker trip, and the pages carry the topics that work.
-func (s *Sweeper) leaveOutUnreachable(ctx context.Context, plan breaker.Plan, live []string) ([]string, error) {
+func (s *Sweeper) leaveOutUnreachable(ctx context.Context, pass *gatePass, live []string) ([]string, error) {
 	c, ok := s.producer.(producer.TopicChecker)
 	if !ok || len(live) == 0 {
 		return live, nil
@@ -48,11 +47,11 @@ func (s *Sweeper) leaveOutUnreachable(ctx context.Context, plan breaker.Plan, li
 			continue
 		}
 		text := truncate(err.Error(), maxErrorText)
-		s.breaker.Failure(topic, plan.Gen(topic), true, text)
+		s.breaker.Failure(topic, pass.gen(topic), true, text)
 		if len(noted) < maxNotedTopics {
 			noted, notes = append(noted, topic), append(notes, text)
 		}
-		s.observeFailure(topic, err, applied{})
+		s.report(outcome{topic: topic, failure: err})
 		if first == nil {
 			first = err
 		}

@@ -10,61 +10,97 @@ import (
 	"time"
 
 	"github.com/outbox-sweeper/sweeper/alert"
-	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/producer"
 )
 
 // maxLoggedIDs bounds the correlation ids on one log line.
 const maxLoggedIDs = 10
 
-// observeFailure tells the observer about a failed batch and its dead letters.
-func (s *Sweeper) observeFailure(topic string, err error, out applied) {
-	s.activity.add(topic, time.Now(), activityCounts{failed: 1, deadLettered: out.deadLettered})
-	if s.cfg.Observer == nil {
-		return
+// report tells the observer, the activity counters and the log of o's
+// event: a batch dispatched, a batch failed (with its dead letters), rows
+// expired or unreadable moved to the dead-letter table. It is the only caller
+// of the observer's and the activity's counts of them, so that each is
+// counted once, where it happened. The failure itself is logged by execute,
+// with what the policy made of it (logFailure).
+func (s *Sweeper) report(o outcome) {
+	if len(o.sent.Messages) > 0 {
+		s.reportDispatched(o.sent)
 	}
-	s.cfg.Observer.BatchFailed(topic, producer.ClassOf(err))
-	if out.deadLettered > 0 {
-		s.cfg.Observer.DeadLettered(topic, out.deadLettered)
+	if o.failure != nil {
+		s.reportFailure(o)
+	}
+	for _, u := range o.unreadable {
+		s.reportUnreadable(u.m, u.why)
+	}
+	if len(o.expiredRows) > 0 {
+		s.reportExpired(o.expiredRows)
 	}
 }
 
-// logFailure logs a failed batch with what the policy made of it: topic, class,
-// reason, the rows' ids and correlation ids, the broker's part; never a
-// payload. b is never empty: every caller sent or rejected at least one row.
-func (s *Sweeper) logFailure(b producer.Batch, err error, a action, ev evidence) {
-	class := producer.ClassOf(err)
-	level, msg := slog.LevelWarn, "batch failed; topic stops until the next sweep"
-	switch {
-	case class == producer.ClassLocal:
-		level, msg = slog.LevelInfo, "batch cancelled; its rows stay outstanding" // shutting down: nothing is wrong
-	case a.deadLetterNamed && a.resendRest:
-		msg = "messages rejected; the rest of the topic goes on"
-	case a.deadLetterNamed:
-		msg = "message rejected"
-	case a.tripTopic:
-		msg = "the topic refused the batch; the topic trips"
-	case a.split:
-		level, msg = slog.LevelInfo, "batch failed while the broker is up; sending its halves to find the rows that fail"
-	case a.attempt && a.stopTopic:
-		msg = "row failed alone while the broker is up: it counts an attempt, and its topic waits (--ordering topic)"
-	case a.attempt:
-		msg = "row failed alone while the broker is up: it counts an attempt; the rest of the topic goes on"
-	case a.broker == breaker.BrokerDown:
-		msg = "batch failed and the broker is not known to be up: rows kept without an attempt; topic stops until the next sweep"
+func (s *Sweeper) reportDispatched(b producer.Batch) {
+	now := time.Now()
+	s.activity.add(b.Topic, now, activityCounts{dispatched: len(b.Messages)})
+	if s.cfg.Observer != nil {
+		lat := make([]time.Duration, len(b.Messages))
+		for i := range b.Messages {
+			lat[i] = now.Sub(b.Messages[i].CreatedAt)
+		}
+		s.cfg.Observer.BatchDispatched(b.Topic, len(b.Messages), lat)
 	}
-	s.logger.Log(context.Background(), level, msg,
-		"topic", logText(b.Topic), "class", class.String(), "reason", producer.ReasonOf(err), "num_rows", len(b.Messages),
-		"first_id", b.Messages[0].ID, "last_id", b.Messages[len(b.Messages)-1].ID, "broker", ev.String(),
-		"correlation_ids", correlationIDs(b, maxLoggedIDs), "err", err)
+	if s.logger.Enabled(context.Background(), slog.LevelDebug) {
+		s.logger.Debug("batch dispatched", "topic", b.Topic, "num_rows", len(b.Messages),
+			"first_id", b.Messages[0].ID, "last_id", b.Messages[len(b.Messages)-1].ID,
+			"correlation_ids", correlationIDs(b, maxLoggedIDs))
+	}
 }
 
-// logDeadLettered logs rows moved to the dead-letter table: topic, reasons and
-// the rows' correlation ids as the move returned them, never a payload.
-func (s *Sweeper) logDeadLettered(topic string, out applied) {
-	reasons := slices.Sorted(maps.Keys(out.deadReasons))
-	s.logger.Warn("rows dead-lettered", "topic", logText(topic), "num_rows", out.deadLettered, "reasons", reasons,
-		"correlation_ids", out.deadCorrelationIDs, "table", s.cfg.Table.DeadLetterName())
+// reportFailure counts and observes a failed batch and its dead letters, and
+// logs the dead letters: topic, reasons and the rows' correlation ids as the
+// move returned them, never a payload.
+func (s *Sweeper) reportFailure(o outcome) {
+	s.activity.add(o.topic, time.Now(), activityCounts{failed: 1, deadLettered: o.deadLettered})
+	if s.cfg.Observer != nil {
+		s.cfg.Observer.BatchFailed(o.topic, producer.ClassOf(o.failure))
+		if o.deadLettered > 0 {
+			s.cfg.Observer.DeadLettered(o.topic, o.deadLettered)
+		}
+	}
+	if o.deadLettered > 0 {
+		reasons := slices.Sorted(maps.Keys(o.deadReasons))
+		s.logger.Warn("rows dead-lettered", "topic", logText(o.topic), "num_rows", o.deadLettered, "reasons", reasons,
+			"correlation_ids", o.deadCorrelationIDs, "table", s.cfg.Table.DeadLetterName())
+	}
+}
+
+// reportUnreadable logs, counts and observes an unreadable row moved to the
+// dead-letter table. The error names the column and its value cut short,
+// never the payload.
+func (s *Sweeper) reportUnreadable(m producer.Message, why string) {
+	s.activity.add(m.Topic, time.Now(), activityCounts{deadLettered: 1})
+	s.logger.Warn("row unreadable: a column holds a value the sweeper cannot send; it was dead-lettered, the rest of the page goes on",
+		"topic", logText(m.Topic), "id", m.ID, "correlation_id", logText(m.CorrelationID), "reason", ReasonUnreadableRow,
+		"err", why, "table", s.cfg.Table.DeadLetterName())
+	if s.cfg.Observer != nil {
+		s.cfg.Observer.DeadLettered(m.Topic, 1)
+	}
+}
+
+// reportExpired logs, counts and observes the rows that expired, topic by
+// topic.
+func (s *Sweeper) reportExpired(moved expiredTally) {
+	for _, topic := range slices.Sorted(maps.Keys(moved)) {
+		e := moved[topic]
+		s.activity.add(topic, time.Now(), activityCounts{deadLettered: e.n})
+		s.logger.Warn("rows expired: past their deadline, they were dead-lettered instead of sent",
+			"topic", logText(topic), "num_rows", e.n, "reason", ReasonExpired,
+			"correlation_ids", e.correlationIDs, "table", s.cfg.Table.DeadLetterName())
+		if s.cfg.Observer != nil {
+			s.cfg.Observer.DeadLettered(topic, e.n)
+			if o, ok := s.cfg.Observer.(ExpiryObserver); ok {
+				o.Expired(topic, e.n)
+			}
+		}
+	}
 }
 
 // stopStorm trips a topic whose messages are being rejected faster than the

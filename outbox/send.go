@@ -3,7 +3,6 @@ package outbox
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"slices"
 	"time"
 
@@ -15,51 +14,56 @@ import (
 // checkTimeoutMax bounds the producer's health check after a failed send.
 const checkTimeoutMax = 5 * time.Second
 
-type topicResult struct {
-	batches, deadLettered, failedBatches, dispatched, skipped int
-	// expired counts, among deadLettered, the rows that passed their
-	// deadline while their batch waited its turn.
-	expired int
-	// attempted counts rows that failed alone and counted an attempt; splits
-	// the failed batches split to find them.
-	attempted, splits int
-	// failed and contended say why the topic stopped, if it did.
-	failed, contended bool
+// topicSender sends one topic's rows of a page, batch after batch, and acts
+// on each failure as the policy decides (decide, then execute). It records
+// every outcome in the page it was given, and nowhere else: sending never
+// reaches the store.
+type topicSender struct {
+	s           *Sweeper
+	st          *sweepState
+	page        *page
+	topic       string
+	gen         uint64 // the topic breaker's generation when the sweep planned
+	maxAttempts int    // --max-attempts; 0 keeps rows forever
+	// out is what the topic's sending did.
+	out outcome
 }
 
-// sendTopic sends one topic's messages of a page, batch after batch, and stops
+func (s *Sweeper) topicSender(st *sweepState, topic string) *topicSender {
+	return &topicSender{s: s, st: st, page: st.page, topic: topic, out: outcome{topic: topic}, gen: st.gate.gen(topic), maxAttempts: max(s.cfg.MaxAttempts, 0)}
+}
+
+// send sends one topic's messages of a page, batch after batch, and stops
 // when a batch's outcome says so (policy.go), or at a contended batch, so that
 // a later batch never overtakes an earlier one. A half-open topic sends one
 // batch: its trial; so does any topic while the broker breaker is half-open.
 // Rows that already failed alone are sent alone and once: they are likely to
 // fail again, and their neighbours must not wait for their retries.
-func (s *Sweeper) sendTopic(st *sweepState, g topicGroup) (topicResult, error) {
-	var tr topicResult
-	_, err := s.sendGroup(st, g, &tr)
-	return tr, err
+func (t *topicSender) send(g topicGroup) error {
+	_, err := t.sendGroup(g)
+	return err
 }
 
-// sendGroup cuts and sends g, adding to tr; it reports whether the topic stops.
-func (s *Sweeper) sendGroup(st *sweepState, g topicGroup, tr *topicResult) (stop bool, err error) {
-	gen := st.plan.Gen(g.topic)
-	batches, err := s.producer.Batches(st.work, g.topic, g.msgs)
+// sendGroup cuts and sends g; it reports whether the topic stops.
+func (t *topicSender) sendGroup(g topicGroup) (stop bool, err error) {
+	batches, err := t.s.producer.Batches(t.st.work, g.topic, g.msgs)
 	if err != nil {
-		if done, dbErr := s.rejectCut(st, g, gen, err, tr); done || dbErr != nil {
-			return tr.failed || tr.contended || dbErr != nil, dbErr
+		if done, dbErr := t.rejectCut(g, err); done || dbErr != nil {
+			return t.out.failed || t.out.contended || dbErr != nil, dbErr
 		}
 	}
 	for _, b := range isolateSuspects(batches) {
-		if st.stop.Err() != nil {
+		if t.st.stop.Err() != nil {
 			return true, nil
 		}
 		suspect := len(b.Messages) == 1 && b.Messages[0].Attempts > 0
-		if stop, err := s.sendBatch(st, b, gen, !suspect, tr); err != nil || stop {
+		if stop, err := t.sendBatch(b, !suspect); err != nil || stop {
 			return stop || err != nil, err
 		}
 		// A half-open topic sends one batch, its trial: the first whose outcome
 		// says something of the topic (a batch of poison rows only does not).
 		// A half-open broker breaker gets one batch, whatever it says.
-		if (st.plan.Trials[g.topic] && tr.dispatched > 0) || st.trial {
+		if (t.st.gate.trial(g.topic) && t.out.dispatched > 0) || t.st.trial {
 			return true, nil
 		}
 	}
@@ -89,26 +93,28 @@ func isolateSuspects(batches []producer.Batch) []producer.Batch {
 	return out
 }
 
-// sendBatch claims, sends and records one batch, and acts on a failure as the
-// policy says: it sends the rest of the batch at once after rows the broker
-// refused, and the halves of a batch that failed while the broker was up. It
-// reports whether the topic stops for this sweep (setting tr.failed or
-// tr.contended). retry says whether the send gets in-call retries.
-func (s *Sweeper) sendBatch(st *sweepState, b producer.Batch, gen uint64, retry bool, tr *topicResult) (stop bool, err error) {
+// sendBatch sends the rows of b that the page holds, and acts on a failure as
+// the policy says (execute): it sends the rest of the batch at once after rows
+// the broker refused, and the halves of a batch that failed while the broker
+// was up. It reports whether the topic stops for this sweep (setting
+// tr.failed or tr.contended). retry says whether the send gets in-call
+// retries.
+func (t *topicSender) sendBatch(b producer.Batch, retry bool) (stop bool, err error) {
+	s, st := t.s, t.st
 	for len(b.Messages) > 0 {
-		c, contended := st.page.claim(b)
+		c, contended := t.page.batch(b)
 		if contended {
 			claimed := 0
 			if c != nil {
 				claimed = len(c.batch.Messages)
 			}
-			tr.skipped += len(b.Messages) - claimed
+			t.out.skipped += len(b.Messages) - claimed
 			if c == nil {
 				// Under OrderingNone another sweeper has the rows: go on with
 				// the next batch. Under OrderingTopic the topic stops here, so
 				// that no later batch overtakes this one.
-				tr.contended = s.cfg.Ordering == OrderingTopic
-				return tr.contended, nil
+				t.out.contended = s.cfg.Ordering == OrderingTopic
+				return t.out.contended, nil
 			}
 		}
 		// A row that passed its deadline while the batch waited its turn
@@ -116,11 +122,10 @@ func (s *Sweeper) sendBatch(st *sweepState, b producer.Batch, gen uint64, retry 
 		// is not sent either.
 		kept, moved, err := s.expireRows(st, c.batch.Messages)
 		if err != nil {
-			tr.failed = true
+			t.out.failed = true
 			return true, err
 		}
-		tr.expired += moved.expired
-		tr.deadLettered += moved.total()
+		t.out.add(moved)
 		if len(kept) == 0 {
 			return false, nil
 		}
@@ -133,19 +138,19 @@ func (s *Sweeper) sendBatch(st *sweepState, b producer.Batch, gen uint64, retry 
 				// Open, or half-open with its trial out: nothing is sent and
 				// nothing is learnt; the page's end puts the rows back as they
 				// were.
-				tr.failed = true
+				t.out.failed = true
 				return true, nil
 			}
 		}
 		sent := c.sending()
 		sendErr := s.send(st.work, b, retry)
 		sent()
-		tr.batches++
+		t.out.batches++
 		if sendErr == nil {
 			c.dispatched()
 			done(breaker.BrokerUp, nil)
 			st.up.Store(true)
-			s.succeeded(b, gen, tr)
+			t.succeeded(b)
 			return false, nil
 		}
 
@@ -155,7 +160,7 @@ func (s *Sweeper) sendBatch(st *sweepState, b producer.Batch, gen uint64, retry 
 			rows:        len(b.Messages),
 			named:       len(named),
 			attempts:    c.attemptsOf(b.Messages[0].ID),
-			maxAttempts: s.store.policy.maxAttempts,
+			maxAttempts: t.maxAttempts,
 			broker:      st.evidence(),
 			ordered:     s.cfg.Ordering == OrderingTopic,
 		}
@@ -164,44 +169,15 @@ func (s *Sweeper) sendBatch(st *sweepState, b producer.Batch, gen uint64, retry 
 			f.broker = s.checkBroker(st)
 			a = decide(f)
 		}
-		done(a.broker, sendErr)
-		out, err := c.apply(st.work, a, sendErr)
-		if err != nil {
-			tr.failed = true
-			return true, err
-		}
-		a = out.a
-		tr.failedBatches++
-		tr.deadLettered += out.deadLettered
-		if out.attempted {
-			tr.attempted++
-		}
-		s.observeFailure(b.Topic, sendErr, out)
-		s.logFailure(b, sendErr, a, f.broker)
-		if out.deadLettered > 0 {
-			s.logDeadLettered(b.Topic, out)
-		}
-		if out.storm {
-			s.stopStorm(b.Topic, max(len(named), 1), sendErr)
-			tr.failed = true
-			return true, nil
-		}
-		if a.tripTopic {
-			s.breaker.Failure(b.Topic, gen, true, truncate(sendErr.Error(), maxErrorText))
-		}
-		if a.backoff {
-			s.backoff.failed(b.Topic, time.Now())
-		}
-		switch {
-		case a.split:
-			tr.splits++
-			return s.split(st, b, gen, sendErr, tr)
-		case a.resendRest:
+		next, err := t.execute(failed{rows: c, batch: b, named: named, f: f, err: sendErr, verdict: done}, a)
+		switch next {
+		case nextSplit:
+			return t.split(b, sendErr)
+		case nextRest:
 			b = without(b, named)
 			continue
-		case a.stopTopic:
-			tr.failed = true
-			return true, nil
+		case nextStop:
+			return true, err
 		}
 		return false, nil
 	}
@@ -214,24 +190,101 @@ func (s *Sweeper) sendBatch(st *sweepState, b producer.Batch, gen uint64, retry 
 // BisectBatchOnFunctionError). The halves go in id order, once each; under
 // OrderingTopic the topic stops at the first half that fails. A batch whose
 // every row failed alone blames the topic.
-func (s *Sweeper) split(st *sweepState, b producer.Batch, gen uint64, cause error, tr *topicResult) (bool, error) {
+func (t *topicSender) split(b producer.Batch, cause error) (bool, error) {
 	half := len(b.Messages) / 2
-	dispatched, attempted := tr.dispatched, tr.attempted
+	dispatched, attempted := t.out.dispatched, t.out.attempted
 	for _, h := range []producer.Batch{{Topic: b.Topic, Messages: b.Messages[:half]}, {Topic: b.Topic, Messages: b.Messages[half:]}} {
-		if st.work.Err() != nil {
+		if t.st.work.Err() != nil {
 			return true, nil
 		}
-		if stop, err := s.sendBatch(st, h, gen, false, tr); err != nil || stop {
+		if stop, err := t.sendBatch(h, false); err != nil || stop {
 			return true, err
 		}
 	}
-	if blameTopicAfterSplit(len(b.Messages), tr.dispatched-dispatched, tr.attempted-attempted) {
-		s.breaker.Failure(b.Topic, gen, false, truncate(fmt.Sprintf(
+	if blameTopicAfterSplit(len(b.Messages), t.out.dispatched-dispatched, t.out.attempted-attempted) {
+		t.s.breaker.Failure(b.Topic, t.gen, false, truncate(fmt.Sprintf(
 			"every row of a batch of %d failed alone while the broker was up: %v", len(b.Messages), cause), maxErrorText))
-		tr.failed = true
+		t.out.failed = true
 		return true, nil
 	}
 	return false, nil
+}
+
+// rejectCut acts on the producer's failure to cut g into batches (err from
+// Batches), as the policy says (execute): rows it named leave for the
+// dead-letter table at once and the batches it did cut go on; a refusal that
+// names no row is cut again in halves; otherwise the topic stops for this
+// sweep (tr.failed). It reports whether g is done with, so that the batches
+// are not sent.
+func (t *topicSender) rejectCut(g topicGroup, err error) (done bool, dbErr error) {
+	all := producer.Batch{Topic: g.topic, Messages: g.msgs}
+	named := subset(all, slices.Sorted(slices.Values(intersect(all.IDs(), producer.MessageIDs(err)))))
+	f := failure{class: producer.ClassOf(err), rows: len(g.msgs), named: len(named.Messages), cut: true}
+	a := decide(f)
+	if a.deadLetterNamed && len(named.Messages) == 0 {
+		named = all // a refusal of one row that names none
+	}
+	fl := failed{batch: all, named: named.IDs(), f: f, err: err, verdict: t.cutVerdict}
+	switch {
+	case a.deadLetterNamed:
+		c, contended := t.page.batch(named)
+		if c == nil {
+			// Another sweeper has them: under OrderingTopic the topic waits
+			// for it; under OrderingNone the rest goes on.
+			t.out.failedBatches++
+			t.out.skipped += len(named.Messages)
+			t.out.contended = t.s.cfg.Ordering == OrderingTopic
+			return t.out.contended, nil
+		}
+		if contended {
+			t.out.skipped += len(named.Messages) - len(c.batch.Messages)
+		}
+		fl.rows, fl.batch = c, c.batch
+	case a.note:
+		// The rows keep the reason as their last_error, so that an operator
+		// looking at them sees why they wait. Rows another sweeper holds are
+		// left as they are.
+		fl.rows, _ = t.page.batch(all)
+	}
+	next, dbErr := t.execute(fl, a)
+	switch {
+	case dbErr != nil:
+		return true, dbErr
+	case next == nextSplit:
+		// Cut the halves on their own, in id order, until the rows the
+		// producer refuses stand alone.
+		half := len(g.msgs) / 2
+		for _, h := range []topicGroup{{g.topic, g.msgs[:half]}, {g.topic, g.msgs[half:]}} {
+			if stop, dbErr := t.sendGroup(h); stop || dbErr != nil {
+				return true, dbErr
+			}
+		}
+		return true, nil // the halves sent what could be sent
+	case next == nextStop:
+		return true, nil
+	}
+	return false, nil // the rest of the topic goes on
+}
+
+// cutVerdict gives the broker breaker what a failed cut says of the broker.
+// A cut makes no call of its own, so it takes one of the breaker's only to
+// report that.
+func (t *topicSender) cutVerdict(v breaker.Verdict, err error) {
+	if v == breaker.VerdictUnknown || t.s.broker == nil {
+		return
+	}
+	if done, refused := t.s.broker.Allow(); refused == nil {
+		done(v, err)
+	}
+}
+
+// succeeded records a batch the broker accepted.
+func (t *topicSender) succeeded(b producer.Batch) {
+	t.s.breaker.Success(b.Topic, t.gen)
+	t.s.backoff.succeeded(b.Topic)
+	o := outcome{topic: b.Topic, dispatched: len(b.Messages), sent: b}
+	t.s.report(o)
+	t.out.add(o)
 }
 
 // send sends b within --send-timeout, with the in-call retries if retry is set.
@@ -243,7 +296,7 @@ func (s *Sweeper) send(ctx context.Context, b producer.Batch, retry bool) (err e
 	}
 	sendCtx, cancel := context.WithTimeout(ctx, s.cfg.SendTimeout)
 	defer cancel()
-	defer s.store.beat()
+	defer s.progress.beat()
 	obs, _ := s.cfg.Observer.(SendObserver)
 	try := func(ctx context.Context) error {
 		if obs == nil {
@@ -269,27 +322,6 @@ func (s *Sweeper) send(ctx context.Context, b producer.Batch, retry bool) (err e
 	return err
 }
 
-// succeeded records a batch the broker accepted.
-func (s *Sweeper) succeeded(b producer.Batch, gen uint64, tr *topicResult) {
-	s.breaker.Success(b.Topic, gen)
-	s.backoff.succeeded(b.Topic)
-	tr.dispatched += len(b.Messages)
-	now := time.Now()
-	s.activity.add(b.Topic, now, activityCounts{dispatched: len(b.Messages)})
-	if s.cfg.Observer != nil {
-		lat := make([]time.Duration, len(b.Messages))
-		for i := range b.Messages {
-			lat[i] = now.Sub(b.Messages[i].CreatedAt)
-		}
-		s.cfg.Observer.BatchDispatched(b.Topic, len(b.Messages), lat)
-	}
-	if s.logger.Enabled(context.Background(), slog.LevelDebug) {
-		s.logger.Debug("batch dispatched", "topic", b.Topic, "num_rows", len(b.Messages),
-			"first_id", b.Messages[0].ID, "last_id", b.Messages[len(b.Messages)-1].ID,
-			"correlation_ids", correlationIDs(b, maxLoggedIDs))
-	}
-}
-
 // checkBroker asks the producer's health check whether the broker is up, once
 // per sweep: the answer is the policy's evidence for the sweep's other
 // failures too. A producer without a check gives no evidence, so its failures
@@ -312,85 +344,4 @@ func (s *Sweeper) checkBroker(st *sweepState) evidence {
 	}
 	st.up.Store(true)
 	return brokerUp
-}
-
-// rejectCut acts on the producer's failure to cut g into batches (err from
-// Batches), as the policy says: rows it named leave for the dead-letter table
-// at once and the batches it did cut go on; a refusal that names no row is cut
-// again in halves; otherwise the topic stops for this sweep (tr.failed). It
-// reports whether g is done with, so that the batches are not sent.
-func (s *Sweeper) rejectCut(st *sweepState, g topicGroup, gen uint64, err error, tr *topicResult) (done bool, dbErr error) {
-	page := producer.Batch{Topic: g.topic, Messages: g.msgs}
-	named := subset(page, slices.Sorted(slices.Values(intersect(page.IDs(), producer.MessageIDs(err)))))
-	a := decide(failure{class: producer.ClassOf(err), rows: len(g.msgs), named: len(named.Messages), cut: true})
-	if a.deadLetterNamed && len(named.Messages) == 0 {
-		named = page // a refusal of one row that names none
-	}
-	tr.failedBatches++
-	if a.broker != breaker.VerdictUnknown && s.broker != nil {
-		if done, refused := s.broker.Allow(); refused == nil {
-			done(a.broker, err)
-		}
-	}
-	if a.deadLetterNamed {
-		c, contended := st.page.claim(named)
-		if c == nil {
-			// Another sweeper has them: under OrderingTopic the topic waits
-			// for it; under OrderingNone the rest goes on.
-			tr.skipped += len(named.Messages)
-			tr.contended = s.cfg.Ordering == OrderingTopic
-			return tr.contended, nil
-		}
-		if contended {
-			tr.skipped += len(named.Messages) - len(c.batch.Messages)
-		}
-		out, dbErr := c.apply(st.work, a, err)
-		if dbErr != nil {
-			return true, dbErr
-		}
-		tr.deadLettered += out.deadLettered
-		s.observeFailure(g.topic, err, out)
-		s.logFailure(c.batch, err, out.a, brokerUnknown)
-		if out.deadLettered > 0 {
-			s.logDeadLettered(g.topic, out)
-		}
-		if out.storm {
-			s.stopStorm(g.topic, len(named.Messages), err)
-			tr.failed = true
-			return true, nil
-		}
-		return false, nil // the rest of the topic goes on
-	}
-	s.observeFailure(g.topic, err, applied{})
-	s.logFailure(page, err, a, brokerUnknown)
-	if a.note {
-		// The rows keep the reason as their last_error, so that an operator
-		// looking at them sees why they wait. Rows another sweeper holds are
-		// left as they are.
-		if c, _ := st.page.claim(page); c != nil {
-			if _, dbErr := c.apply(st.work, a, err); dbErr != nil {
-				return true, dbErr
-			}
-		}
-	}
-	if a.split {
-		// Cut the halves on their own, in id order, until the rows the
-		// producer refuses stand alone.
-		tr.splits++
-		half := len(g.msgs) / 2
-		for _, h := range []topicGroup{{g.topic, g.msgs[:half]}, {g.topic, g.msgs[half:]}} {
-			if stop, dbErr := s.sendGroup(st, h, tr); stop || dbErr != nil {
-				return true, dbErr
-			}
-		}
-		return true, nil // the halves sent what could be sent
-	}
-	if a.tripTopic {
-		s.breaker.Failure(g.topic, gen, true, truncate(err.Error(), maxErrorText))
-	}
-	if a.backoff {
-		s.backoff.failed(g.topic, time.Now())
-	}
-	tr.failed = true
-	return true, nil
 }

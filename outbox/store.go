@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -20,7 +19,7 @@ import (
 	"github.com/outbox-sweeper/sweeper/producer"
 )
 
-// IdleInTransactionTimeout is how long a batch's transaction may sit idle,
+// IdleInTransactionTimeout is how long a page's transaction may sit idle,
 // waiting for the broker, before Postgres ends its session: sendTimeout plus
 // 5s, at most Postgres's limit (about 24 days). A live sweeper never waits
 // longer than a send; a frozen one loses its rows to the other sweepers after
@@ -30,16 +29,18 @@ func IdleInTransactionTimeout(sendTimeout time.Duration) time.Duration {
 	return min(sendTimeout+idleMargin, pgMax)
 }
 
-// idleMargin leaves a batch's transaction time to record the outcome after a
+// idleMargin leaves a page's transaction time to record the outcome after a
 // send that took all of its timeout.
 const idleMargin = 5 * time.Second
 
-// dbTimeout bounds each statement the sweeper runs for one batch. It is counted
-// on a context detached from shutdown, so that a batch the broker has accepted is
-// still moved to the history table while the sweeper stops.
+// dbTimeout bounds each statement the sweeper runs for a page. It is counted
+// on a context detached from shutdown, so that a page's rows the broker has
+// accepted are still moved to the history table while the sweeper stops.
 const dbTimeout = 30 * time.Second
 
-// store runs the sweeper's statements against one outbox table.
+// store runs the sweeper's statements against one outbox table that run
+// outside a page's transaction (topic lists, expire.sql), and holds what a
+// page needs of the table (page.go runs the page's own).
 type store struct {
 	pool   *pgxpool.Pool
 	table  Table
@@ -52,23 +53,30 @@ type store struct {
 	idleTimeout string
 	sendTimeout time.Duration
 
-	claimPageSQL      string
-	moveDispatched    string
-	deadLetter        string
+	// pageSQL is the statements a page runs in its transaction; only the
+	// page (page.go, page_outcome.go) reads them.
+	pageSQL           pageStatements
 	outstandingTopics string
 	liveTopicsSQL     string
-	recentDeadLetters string
-	recordFailure     string
 	expireSQL         string
 
-	// progress is when a statement or a send last returned (Unix
-	// nanoseconds), whatever its outcome: a live sweep moves it at least
-	// once per send timeout or statement timeout (Sweeper.Stalled).
-	progress atomic.Int64
+	// progress is the sweeper's heartbeat, shared with it: every statement
+	// beats it as it returns.
+	progress *heartbeat
 }
 
-// beat notes that a statement or a send has just returned.
-func (s *store) beat() { s.progress.Store(time.Now().UnixNano()) }
+// beat notes that a statement has just returned.
+func (s *store) beat() { s.progress.beat() }
+
+// heartbeat is when a statement or a send last returned (Unix nanoseconds),
+// whatever its outcome: a live sweep moves it at least once per send timeout
+// or statement timeout (Sweeper.Stalled). The store beats it for statements
+// and the topic sender for sends, each without the other.
+type heartbeat struct{ at atomic.Int64 }
+
+func (h *heartbeat) beat() { h.at.Store(time.Now().UnixNano()) }
+
+func (h *heartbeat) last() int64 { return h.at.Load() }
 
 // deadLetterPolicy says when rows leave the outbox for the dead-letter table.
 type deadLetterPolicy struct {
@@ -77,21 +85,18 @@ type deadLetterPolicy struct {
 	stormWindow time.Duration // … above which the storm guard stops it
 }
 
-func newStore(pool *pgxpool.Pool, t Table, policy deadLetterPolicy, ordering Ordering, sendTimeout time.Duration) *store {
+func newStore(pool *pgxpool.Pool, t Table, policy deadLetterPolicy, ordering Ordering, sendTimeout time.Duration, progress *heartbeat) *store {
 	return &store{
+		progress:          progress,
 		pool:              pool,
 		table:             t,
 		policy:            policy,
 		topicLocks:        ordering == OrderingTopic,
 		idleTimeout:       fmt.Sprintf("%dms", IdleInTransactionTimeout(sendTimeout).Milliseconds()),
 		sendTimeout:       sendTimeout,
-		claimPageSQL:      statement(t, "claim_page"),
-		moveDispatched:    statement(t, "move_dispatched"),
-		deadLetter:        statement(t, "dead_letter"),
+		pageSQL:           newPageStatements(t),
 		outstandingTopics: statement(t, "outstanding_topics"),
 		liveTopicsSQL:     statement(t, "live_topics"),
-		recentDeadLetters: statement(t, "recent_dead_letters"),
-		recordFailure:     statement(t, "record_failure"),
 		expireSQL:         statement(t, "expire"),
 	}
 }
@@ -202,145 +207,6 @@ func (s *store) explain(err error) error {
 	return err
 }
 
-// applied is what the store did about a failure.
-type applied struct {
-	// attempted says the row counted an attempt.
-	attempted bool
-	// deadLettered counts the rows moved to the dead-letter table, by reason,
-	// with their correlation ids (for the log).
-	deadLettered       int
-	deadReasons        map[string]int
-	deadCorrelationIDs []string
-	// storm is set when the action's dead letters would have passed the storm
-	// guard's limit for the topic: nothing was dead-lettered, and the topic
-	// must trip.
-	storm bool
-	// a is the action as applied: stormed() when storm is set.
-	a action
-}
-
-// apply records a failed send as the policy's action says, in the page's
-// transaction. Rows it neither charges nor dead-letters stay outstanding as
-// they were when the page ends (unless sent again in this page). An error is
-// the page's: its transaction is rolled back at its end, and every row of the
-// page is outstanding again.
-func (c *claim) apply(ctx context.Context, a action, sendErr error) (applied, error) {
-	out := applied{a: a}
-	p, topic := c.p, c.batch.Topic
-	recordCtx, cancel := stmtCtx(ctx)
-	defer cancel()
-	release, err := p.record()
-	if err != nil {
-		return out, err
-	}
-	defer release()
-	fail := func(err error) (applied, error) {
-		p.err = err
-		return out, err
-	}
-
-	var named []int64
-	if a.deadLetterNamed {
-		named = intersect(c.batch.IDs(), producer.MessageIDs(sendErr))
-		if len(named) == 0 { // a refusal of a row sent alone that names none
-			named = c.batch.IDs()
-		}
-	}
-	if a.deadLetters() {
-		storm, err := p.s.stormy(recordCtx, p.tx, topic, max(len(named), 1))
-		if err != nil {
-			return fail(err)
-		}
-		if storm {
-			out.storm, a = true, a.stormed()
-			out.a = a
-		}
-	}
-	if !a.attempt && !a.deadLetters() && !a.note {
-		return out, nil // the page's end releases the rows
-	}
-	errText := truncate(sendErr.Error(), maxErrorText)
-	charged := []int64{}
-	if a.attempt {
-		charged = c.batch.IDs()
-	}
-	if _, err := p.tx.Exec(recordCtx, p.s.recordFailure, c.batch.IDs(), charged, errText, a.note); err != nil {
-		return fail(fmt.Errorf("record failed send of %d rows of topic %q: %w", len(c.batch.Messages), topic, err))
-	}
-	for _, id := range charged {
-		p.attempts[id]++
-	}
-	out.attempted = a.attempt
-	if a.deadLetterNamed {
-		byReason := map[string][]int64{}
-		for _, id := range named {
-			r := producer.RowReason(sendErr, id)
-			byReason[r] = append(byReason[r], id)
-		}
-		for _, r := range slices.Sorted(maps.Keys(byReason)) {
-			if err := p.s.moveToDeadLetters(recordCtx, p.tx, topic, byReason[r], 0, r, errText, &out); err != nil {
-				return fail(err)
-			}
-		}
-	}
-	if a.exhausted {
-		if err := p.s.moveToDeadLetters(recordCtx, p.tx, topic, c.batch.IDs(), p.s.policy.maxAttempts, ReasonMaxRetriesExceeded, errText, &out); err != nil {
-			return fail(err)
-		}
-	}
-	return out, nil
-}
-
-// ReasonMaxRetriesExceeded is the dead-letter reason of a row that failed
-// --max-attempts times.
-const ReasonMaxRetriesExceeded = "max_retries_exceeded"
-
-// stormy reports whether dead-lettering n more rows of topic would pass the
-// storm guard's limit within its window.
-func (s *store) stormy(ctx context.Context, tx *batchTx, topic string, n int) (bool, error) {
-	if s.policy.stormLimit <= 0 {
-		return false, nil
-	}
-	var recent int
-	if err := tx.QueryRow(ctx, s.recentDeadLetters, topic, s.policy.stormWindow).Scan(&recent); err != nil {
-		return false, fmt.Errorf("count recent dead letters of topic %q: %w", topic, err)
-	}
-	return recent+n > s.policy.stormLimit, nil
-}
-
-// moveToDeadLetters moves the rows of ids with at least minAttempts attempts to
-// the dead-letter table, noting in out what moved. topic names them in errors
-// ("" for rows of several topics).
-func (s *store) moveToDeadLetters(ctx context.Context, tx *batchTx, topic string, ids []int64, minAttempts int, reason, errText string, out *applied) error {
-	what := fmt.Sprintf("%d rows of topic %q", len(ids), topic)
-	if topic == "" {
-		what = fmt.Sprintf("%d rows (%s)", len(ids), reason)
-	}
-	rows, err := tx.Query(ctx, s.deadLetter, ids, minAttempts, reason, errText)
-	if err != nil {
-		return fmt.Errorf("dead-letter %s: %w", what, err)
-	}
-	correlationIDs, err := pgx.CollectRows(rows, pgx.RowTo[*string])
-	if err != nil {
-		return fmt.Errorf("dead-letter %s: %w", what, err)
-	}
-	if len(correlationIDs) == 0 {
-		return nil
-	}
-	if out.deadReasons == nil {
-		out.deadReasons = map[string]int{}
-	}
-	out.deadLettered += len(correlationIDs)
-	out.deadReasons[reason] += len(correlationIDs)
-	for _, c := range correlationIDs {
-		if c != nil && len(out.deadCorrelationIDs) < maxLoggedIDs {
-			out.deadCorrelationIDs = append(out.deadCorrelationIDs, logText(*c))
-		}
-	}
-	return nil
-}
-
-// maxErrorText bounds last_error, so a broker that returns a page of HTML cannot
 // bloat the table.
 const maxErrorText = 2000
 

@@ -18,12 +18,14 @@ type sweepState struct {
 	// stop ends the reading of pages; work, which outlives stop during a
 	// graceful shutdown, carries the sends.
 	stop, work context.Context
-	plan       breaker.Plan
+	// gate is the sweep's answer from the gate: which topics may send, which
+	// send a trial, which have stopped.
+	gate *gatePass
 	// trial is set while the sweep sends the half-open broker breaker's one
 	// batch: its topic sends that batch and nothing more.
 	trial bool
-	// page is the claim of the page being sent.
-	page *pageClaim
+	// page is the page being sent.
+	page *page
 	// up says the broker is known to be up in this sweep: a send succeeded, or
 	// the producer's check passed. down says a check failed and nothing has
 	// succeeded since. They are the policy's evidence.
@@ -63,15 +65,17 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 	//
 	// An open broker breaker fails the tick fast: no page, no call to the
 	// broker, and the rows keep their attempts.
-	if s.brokerState() == breaker.DependencyOpen {
+	if s.gate.brokerState() == breaker.DependencyOpen {
 		res.Blocked = true
 		if tick {
 			return res, s.expireLeftOut(work, nil, due, &res)
 		}
 		return res, nil
 	}
-	st := &sweepState{stop: stop, work: work, plan: s.breaker.Plan()}
-	excluded := slices.Concat(st.plan.Excluded, s.backoff.waiting(time.Now()))
+	pass := s.gate.open(time.Now())
+	defer s.gate.close(pass)
+	st := &sweepState{stop: stop, work: work, gate: pass}
+	excluded := pass.excluded
 	if tick {
 		if err := s.expireLeftOut(work, excluded, due, &res); err != nil {
 			return res, err
@@ -79,10 +83,7 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 	}
 	// Each topic is read from its floor (cursor.go), not from its lowest id,
 	// so that the sweep never walks again what earlier sweeps sent.
-	leftOut := make(map[string]bool, len(excluded))
-	for _, t := range excluded {
-		leftOut[t] = true
-	}
+	leftOut := pass.leftOut
 	var marks *sweepMarks
 	members, floorsIn, discovery := s.cursor.begin(leftOut)
 	defer func() { s.cursor.finish(err == nil, marks) }()
@@ -97,7 +98,7 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 		}
 	}
 	live := slices.Sorted(maps.Keys(floors))
-	if live, err = s.leaveOutUnreachable(work, st.plan, live); err != nil {
+	if live, err = s.leaveOutUnreachable(work, pass, live); err != nil {
 		return res, err
 	}
 	after := make([]int64, len(live))
@@ -141,7 +142,7 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 	// have them refused, and sweep on only if it closed the breaker. The tried
 	// topic sits out the rest of the sweep: it had its batch, and its outcome
 	// is in.
-	if s.brokerState() == breaker.DependencyHalfOpen && len(live) > 0 {
+	if s.gate.brokerState() == breaker.DependencyHalfOpen && len(live) > 0 {
 		marks.off = true // the trial's claims do not follow the pages
 		i, p, msgs, err := s.trialClaim(work, live, after, &res)
 		if err != nil || p == nil {
@@ -150,25 +151,25 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 		st.trial = true
 		_, err = s.sendClaimed(st, p, msgs, &res)
 		st.trial = false
-		if err != nil || s.brokerState() != breaker.DependencyClosed {
+		if err != nil || s.gate.brokerState() != breaker.DependencyClosed {
 			return res, err
 		}
 		live = slices.Delete(live, i, i+1)
 		after = slices.Delete(after, i, i+1)
 	}
 	var (
-		p      *pageClaim // the open page transaction, between its claim and its end
-		pages  int        // pages claimed in p
-		next   *aheadPage // the next page, claimed in p while the current one sends
-		halted = map[string]bool{}
+		p      *page         // the open page transaction, between its claim and its end
+		pages  int           // pages claimed in p
+		next   *aheadPage    // the next page, claimed in p while the current one sends
+		halted = pass.halted // topics done for this sweep; pass.halt adds to it
 		// read holds the topics p's pages have read: under OrderingTopic,
 		// those whose locks p may hold.
 		read map[string]bool
 	)
 	defer func() {
 		if p != nil { // an early return: err is already set, or the sweep ends
-			if settleErr := p.settle(work); err == nil {
-				err = settleErr
+			if endErr := p.end(work); err == nil {
+				err = endErr
 			}
 		}
 	}()
@@ -182,7 +183,7 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 			}
 			window, share := s.window(len(live))
 			cur = &aheadPage{window: window, share: share}
-			if p, cur.msgs, cur.found, err = s.store.claimPage(work, live[:window], after[:window], share); err != nil {
+			if p, cur.msgs, cur.found, err = claimPage(work, s.store, live[:window], after[:window], share); err != nil {
 				return res, err
 			}
 			if p != nil {
@@ -232,18 +233,16 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 			p.hold(next.msgs) // all of them, so that the page's end leaves those not sent to the cursor
 		}
 		if sendErr != nil {
-			return res, sendErr // the deferred settle rolls back
+			return res, sendErr // the deferred end rolls back
 		}
-		if s.brokerState() == breaker.DependencyOpen {
+		if s.gate.brokerState() == breaker.DependencyOpen {
 			return res, nil // the broker went down during the page
 		}
 		// Topics that stopped are done for this sweep, in the page claimed
 		// ahead too.
-		for _, t := range stopped {
-			halted[t] = true
-		}
+		pass.halt(stopped)
 		if next == nil {
-			err = p.settle(work)
+			err = p.end(work)
 			p = nil
 			if err != nil {
 				return res, err
@@ -364,18 +363,6 @@ const maxLockedTopics = 256
 // maxTrialCandidates bounds the topics claimed to find a trial batch.
 const maxTrialCandidates = 8
 
-// claimPage claims a page (store.claimPage) in a transaction of its own,
-// adding to res (see account); msgs leaves out the rows of topics done.
-func (s *Sweeper) claimPage(ctx context.Context, topics []string, after []int64, share int, res *SweepResult) (
-	p *pageClaim, msgs []producer.Message, err error) {
-	pg := &aheadPage{window: len(topics), share: share}
-	if p, pg.msgs, pg.found, err = s.store.claimPage(ctx, topics, after, share); err != nil {
-		return nil, nil, err
-	}
-	s.account(pg, res, nil)
-	return p, pg.msgs, nil
-}
-
 // account counts claimed page pg in res. Rows another transaction holds were
 // skipped; under OrderingTopic a topic that did not get all it read sends none
 // of it (nothing may overtake a row in flight elsewhere): account leaves their
@@ -409,16 +396,24 @@ func (s *Sweeper) account(pg *aheadPage, res *SweepResult, marks *sweepMarks) (d
 // cannot be the only trial there ever is; and among the next few, the first
 // whose oldest row has never failed, so the trial does not fall on a row
 // already known to fail alone (failing that, the first that had rows to
-// claim). It returns the topic's index in live, the claim (nil when no topic
+// claim). It returns the topic's index in live, the page (nil when no topic
 // had a row to claim) and its rows.
-func (s *Sweeper) trialClaim(ctx context.Context, live []string, after []int64, res *SweepResult) (int, *pageClaim, []producer.Message, error) {
-	claim := func(i int) (*pageClaim, []producer.Message, error) {
-		p, msgs, err := s.claimPage(ctx, live[i:i+1], after[i:i+1], s.cfg.PageSize, res)
-		if p != nil && len(msgs) == 0 { // held elsewhere in part, under OrderingTopic
+func (s *Sweeper) trialClaim(ctx context.Context, live []string, after []int64, res *SweepResult) (int, *page, []producer.Message, error) {
+	// Each claim is counted in res (see account), which leaves out the rows
+	// of topics done.
+	claim := func(i int) (*page, []producer.Message, error) {
+		pg := &aheadPage{window: 1, share: s.cfg.PageSize}
+		p, msgs, found, err := claimPage(ctx, s.store, live[i:i+1], after[i:i+1], s.cfg.PageSize)
+		if err != nil {
+			return nil, nil, err
+		}
+		pg.msgs, pg.found = msgs, found
+		s.account(pg, res, nil)
+		if p != nil && len(pg.msgs) == 0 { // held elsewhere in part, under OrderingTopic
 			p.release(ctx)
 			p = nil
 		}
-		return p, msgs, err
+		return p, pg.msgs, nil
 	}
 	start := int(s.probes.Add(1)-1) % len(live)
 	first := -1
@@ -446,22 +441,14 @@ func (s *Sweeper) trialClaim(ctx context.Context, live []string, after []int64, 
 	return first, p, msgs, err
 }
 
-// brokerState is the broker breaker's state; closed when there is none.
-func (s *Sweeper) brokerState() breaker.DependencyState {
-	if s.broker == nil {
-		return breaker.DependencyClosed
-	}
-	return s.broker.State()
-}
-
 // sendClaimed sends the rows of claimed page p and ends the page, adding to
 // res. It returns the topics that stopped for the rest of the sweep.
-func (s *Sweeper) sendClaimed(st *sweepState, p *pageClaim, msgs []producer.Message, res *SweepResult) ([]string, error) {
+func (s *Sweeper) sendClaimed(st *sweepState, p *page, msgs []producer.Message, res *SweepResult) ([]string, error) {
 	st.page = p
 	stopped, err := s.sendPage(st, msgs, res)
 	st.page = nil
-	if settleErr := p.settle(st.work); err == nil {
-		err = settleErr
+	if endErr := p.end(st.work); err == nil {
+		err = endErr
 	}
 	return stopped, err
 }
@@ -474,8 +461,7 @@ func (s *Sweeper) sendPage(st *sweepState, msgs []producer.Message, res *SweepRe
 	if err != nil {
 		return nil, err
 	}
-	res.DeadLettered += moved.total()
-	res.Expired += moved.expired
+	res.add(moved)
 	groups := groupByTopic(msgs)
 	var (
 		mu      sync.Mutex
@@ -491,21 +477,12 @@ func (s *Sweeper) sendPage(st *sweepState, msgs []producer.Message, res *SweepRe
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			tr, err := s.sendTopic(st, g)
+			t := s.topicSender(st, g.topic)
+			err := t.send(g)
 			mu.Lock()
 			defer mu.Unlock()
-			res.Dispatched += tr.dispatched
-			res.Batches += tr.batches
-			res.FailedBatches += tr.failedBatches
-			res.Skipped += tr.skipped
-			res.DeadLettered += tr.deadLettered
-			res.Expired += tr.expired
-			res.AttemptedRows += tr.attempted
-			res.Splits += tr.splits
-			if tr.failed {
-				res.FailedTopics = append(res.FailedTopics, g.topic)
-			}
-			if tr.failed || tr.contended || st.plan.Trials[g.topic] {
+			res.add(t.out)
+			if t.out.failed || t.out.contended || st.gate.trial(g.topic) {
 				stopped = append(stopped, g.topic)
 			}
 			if err != nil && dbErr == nil {

@@ -51,7 +51,7 @@ type SweepResult struct {
 // to Concurrency topics at once, the batches of one topic in order. A page is
 // claimed in one transaction that holds its rows' locks while its batches are
 // sent, and each batch's outcome is its own: only the rows the broker accepted
-// move to the history table at the page's end (claim.go), so a later failure
+// move to the history table at the page's end (page.go), so a later failure
 // never undoes an earlier success and a second sweeper on the
 // same table never sends a row this one has in flight. What a failed batch means
 // for its rows, its topic and the broker is the failure policy's to say
@@ -60,9 +60,13 @@ type SweepResult struct {
 // on. While pages come back full, the sweep reads the next page at once, so a
 // backlog drains at the database's pace, not the tick's.
 type Sweeper struct {
-	breaker  breaker.Breaker
-	broker   BrokerBreaker // nil: none
-	backoff  *topicBackoff
+	breaker breaker.Breaker
+	broker  BrokerBreaker // nil: none
+	backoff *topicBackoff
+	// gate says whether a topic may send now, and why not (gate.go).
+	gate *gate
+	// progress is beaten by every statement and every send; Stalled reads it.
+	progress *heartbeat
 	activity activity
 	cfg      Config
 	logger   *slog.Logger
@@ -104,10 +108,14 @@ func NewSweeper(pool *pgxpool.Pool, p producer.Producer, cfg Config) (*Sweeper, 
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	backoff := newTopicBackoff(cfg.Retry.Initial, cfg.TopicBackoffMax, cfg.Retry.Rand)
+	progress := &heartbeat{}
 	return &Sweeper{
+		progress: progress,
 		breaker:  cfg.TopicBreaker,
 		broker:   cfg.BrokerBreaker,
-		backoff:  newTopicBackoff(cfg.Retry.Initial, cfg.TopicBackoffMax, cfg.Retry.Rand),
+		backoff:  backoff,
+		gate:     &gate{topics: cfg.TopicBreaker, broker: cfg.BrokerBreaker, backoff: backoff},
 		cfg:      cfg,
 		logger:   cfg.Logger,
 		producer: p,
@@ -115,7 +123,7 @@ func NewSweeper(pool *pgxpool.Pool, p producer.Producer, cfg Config) (*Sweeper, 
 			maxAttempts: max(cfg.MaxAttempts, 0),
 			stormLimit:  max(cfg.DeadLetterLimit, 0),
 			stormWindow: cfg.DeadLetterWindow,
-		}, cfg.Ordering, cfg.SendTimeout),
+		}, cfg.Ordering, cfg.SendTimeout, progress),
 		cursor: newCursor(cursorResetEvery),
 	}, nil
 }
@@ -309,7 +317,7 @@ func (s *Sweeper) Stalled(now time.Time, ticks int) (Stall, bool) {
 	if busy == 0 {
 		return Stall{}, false
 	}
-	st := Stall{Since: time.Unix(0, busy), Progress: time.Unix(0, max(busy, s.store.progress.Load())),
+	st := Stall{Since: time.Unix(0, busy), Progress: time.Unix(0, max(busy, s.progress.last())),
 		MaxTicks: ticks, Limit: StallFloor(s.cfg.SendTimeout)}
 	if last := s.lastSweep.Load(); last != 0 {
 		st.LastSweep = time.Unix(0, last)

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// batchTx is a page's transaction, begun in the same round trip as its claim
+// pageTx is a page's transaction, begun in the same round trip as its claim
 // (beginWith) rather than in one of its own, as pgx's Begin does, and ended in
 // the same round trip as its last statement (commit): a page that succeeds
 // costs two round trips. At a few rows a page, a round trip was a third of the
@@ -19,7 +19,7 @@ import (
 // It holds its pooled connection from beginWith to commit or rollback, which
 // give it back. A connection given back mid-transaction (a failed rollback) is
 // closed by the pool, never reused.
-type batchTx struct {
+type pageTx struct {
 	conn *pgxpool.Conn
 	done bool
 }
@@ -27,12 +27,12 @@ type batchTx struct {
 // beginWith acquires a connection and sends BEGIN, the transaction's
 // planner settings (txSettings) and the statement sql in one round trip; scan
 // reads the statement's rows. On error nothing is left open.
-func beginWith(ctx context.Context, pool *pgxpool.Pool, scan func(pgx.Rows) error, sql string, args ...any) (*batchTx, error) {
+func beginWith(ctx context.Context, pool *pgxpool.Pool, scan func(pgx.Rows) error, sql string, args ...any) (*pageTx, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, err
 	}
-	tx := &batchTx{conn: conn}
+	tx := &pageTx{conn: conn}
 	var b pgx.Batch
 	b.Queue("begin")
 	b.Queue(txSettings)
@@ -79,15 +79,15 @@ func queryPlanned(ctx context.Context, pool *pgxpool.Pool, scan func(pgx.Rows) e
 	return tx.commit(ctx, "")
 }
 
-func (tx *batchTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+func (tx *pageTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	return tx.conn.Exec(ctx, sql, args...)
 }
 
-func (tx *batchTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+func (tx *pageTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	return tx.conn.Query(ctx, sql, args...)
 }
 
-func (tx *batchTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+func (tx *pageTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	return tx.conn.QueryRow(ctx, sql, args...)
 }
 
@@ -98,7 +98,7 @@ var errCommitRolledBack = errors.New("commit unexpectedly resulted in rollback")
 // commit commits and gives the connection back. A non-empty sql runs first,
 // with args, in the same round trip: the page's last statement travels with
 // its COMMIT, as its first travels with its BEGIN (beginWith).
-func (tx *batchTx) commit(ctx context.Context, sql string, args ...any) error {
+func (tx *pageTx) commit(ctx context.Context, sql string, args ...any) error {
 	var b pgx.Batch
 	if sql != "" {
 		b.Queue(sql, args...)
@@ -122,7 +122,7 @@ func (tx *batchTx) commit(ctx context.Context, sql string, args ...any) error {
 
 // rollback rolls back and gives the connection back. After the first call, or
 // after commit, it does nothing.
-func (tx *batchTx) rollback(ctx context.Context) {
+func (tx *pageTx) rollback(ctx context.Context) {
 	if tx.done {
 		return
 	}
@@ -132,7 +132,7 @@ func (tx *batchTx) rollback(ctx context.Context) {
 
 // finish gives the connection back, closing it first if the transaction's
 // end failed: its state is then unknown.
-func (tx *batchTx) finish(err error) {
+func (tx *pageTx) finish(err error) {
 	tx.done = true
 	if err != nil {
 		closeCtx, cancel := context.WithTimeout(context.Background(), dbTimeout)

@@ -3,8 +3,9 @@
 // one batch at a time, and the failure classes every producer reports.
 //
 // The interface follows the outbox ADR: cutting and sending are separate calls so
-// that the sweeper can claim, send and mark each batch on its own. A failed batch
-// then never undoes an earlier one, and each batch can be retried by itself.
+// that the sweeper, which claims a page of rows in one transaction, can send each
+// batch and record its outcome on its own. A failed batch then never undoes an
+// earlier one, and each batch can be retried by itself.
 //
 // This package does not import the outbox package; the sweeper maps its rows onto
 // [Message]. One sub-package per broker implements [Producer].

@@ -1,0 +1,209 @@
+package outbox
+
+import (
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/outbox-sweeper/sweeper/breaker"
+)
+
+// gate is the one place that answers "may this topic send now, and if not,
+// why, and until when". Every reason a topic does not send is one of its
+// answers:
+//
+//	broker breaker open        nothing sends; no page is read     GateBrokerOpen
+//	broker breaker half-open   one batch of one topic, alone      GateBrokerTrial
+//	topic tripped              cooling down, for ticks            GateTripped
+//	topic half-open            one trial batch, then it waits     GateTrial
+//	topic backing off          transient failures in a row, until GateBackoff
+//	topic halted               stopped for the rest of the sweep  GateHalted
+//	                           (a failed or contended batch, its
+//	                           trial sent)
+//
+// A sweep asks it once, at its start (open), after the broker breaker let it
+// read: the answer (a gatePass) holds the topic breaker's plan and the topics
+// backing off, and gathers the topics halted as the sweep goes. Operators ask
+// it through Sweeper.Gate and Sweeper.Gates, which change nothing.
+type gate struct {
+	topics  breaker.Breaker
+	broker  BrokerBreaker // nil: none
+	backoff *topicBackoff
+
+	mu sync.Mutex
+	// pass is the sweep in progress's, nil between sweeps; Gates reads its
+	// halted topics under mu.
+	pass *gatePass
+}
+
+// brokerState is the broker breaker's state; closed when there is none.
+func (g *gate) brokerState() breaker.DependencyState {
+	if g.broker == nil {
+		return breaker.DependencyClosed
+	}
+	return g.broker.State()
+}
+
+// open takes a sweep's pass at now: the topic breaker's plan (which hands out
+// the half-open topics' trials, so it is taken once a sweep, after OnTick),
+// and the topics whose backoff has not ended.
+func (g *gate) open(now time.Time) *gatePass {
+	p := &gatePass{g: g, plan: g.topics.Plan(), halted: map[string]bool{}}
+	p.excluded = slices.Concat(p.plan.Excluded, g.backoff.waiting(now))
+	p.leftOut = make(map[string]bool, len(p.excluded))
+	for _, t := range p.excluded {
+		p.leftOut[t] = true
+	}
+	g.mu.Lock()
+	g.pass = p
+	g.mu.Unlock()
+	return p
+}
+
+// close ends p's sweep: its halted topics may send at the next.
+func (g *gate) close(p *gatePass) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.pass == p {
+		g.pass = nil
+	}
+}
+
+// gatePass is the gate's answer for one sweep.
+type gatePass struct {
+	g    *gate
+	plan breaker.Plan
+	// excluded lists the topics left out of the sweep's paging (tripped,
+	// their trial out, backing off), a topic twice if it is both; leftOut
+	// holds them as a set.
+	excluded []string
+	leftOut  map[string]bool
+	// halted holds the topics stopped for the rest of the sweep. Only the
+	// sweep's goroutine writes it, under g.mu, so that Gates may read it.
+	halted map[string]bool
+}
+
+// trial says topic is half-open: it sends one batch, its trial.
+func (p *gatePass) trial(topic string) bool { return p.plan.Trials[topic] }
+
+// gen is topic's breaker generation in the plan: outcomes are reported with it.
+func (p *gatePass) gen(topic string) uint64 { return p.plan.Gen(topic) }
+
+// halt stops topics for the rest of the sweep.
+func (p *gatePass) halt(topics []string) {
+	if len(topics) == 0 {
+		return
+	}
+	p.g.mu.Lock()
+	defer p.g.mu.Unlock()
+	for _, t := range topics {
+		p.halted[t] = true
+	}
+}
+
+// GateReason says why a topic may not send now, or sends only a trial.
+type GateReason string
+
+const (
+	// GateBrokerOpen: the broker breaker is open; no topic sends.
+	GateBrokerOpen GateReason = "broker_open"
+	// GateBrokerTrial: the broker breaker is half-open; one batch of one
+	// topic is sent alone, and the rest wait for its outcome.
+	GateBrokerTrial GateReason = "broker_trial"
+	// GateTripped: the topic breaker tripped the topic; it waits out its
+	// cooldown, counted in ticks.
+	GateTripped GateReason = "tripped"
+	// GateTrial: the topic is half-open; it sends one trial batch.
+	GateTrial GateReason = "trial"
+	// GateBackoff: the topic's sends failed transiently, in a row; it waits
+	// until Until.
+	GateBackoff GateReason = "backoff"
+	// GateHalted: the topic stopped for the rest of the sweep in progress (a
+	// batch failed or was held by another instance, or it sent its trial).
+	GateHalted GateReason = "halted"
+)
+
+// TopicGate is the gate's answer for one topic: whether it may send now, and
+// if not, why and until when. The admin API's /status can show it as it is.
+type TopicGate struct {
+	Topic string `json:"topic"`
+	// Send says the topic may send now (a trial: one batch).
+	Send bool `json:"send"`
+	// Reason is why it may not send, or sends one batch only; "" when
+	// nothing holds it.
+	Reason GateReason `json:"reason,omitempty"`
+	// Until is when it may send again, for a backoff; zero when that is not a
+	// time (a cooldown ends after ticks, a halt at the next sweep).
+	Until time.Time `json:"until,omitzero"`
+	// CooldownTicks is how many ticks a tripped topic still waits.
+	CooldownTicks int `json:"cooldown_ticks,omitempty"`
+	// Detail is the error or reason behind it (the trip's last error).
+	Detail string `json:"detail,omitempty"`
+}
+
+// Gate answers for topic, at now: may it send, and if not, why and until
+// when. It changes nothing (the sweep's plan is not taken), and is safe to
+// call from any goroutine; a topic breaker shared through Redis is asked
+// there.
+func (s *Sweeper) Gate(topic string, now time.Time) TopicGate {
+	if r := s.BrokerGate(); r == GateBrokerOpen {
+		return TopicGate{Topic: topic, Reason: r}
+	}
+	for _, g := range s.Gates(now) {
+		if g.Topic == topic {
+			return g
+		}
+	}
+	return TopicGate{Topic: topic, Send: true, Reason: s.BrokerGate()}
+}
+
+// Gates lists, by topic, every topic the gate holds at now: tripped,
+// half-open, backing off, or halted in the sweep in progress; one answer a
+// topic, the strongest reason (tripped, then backoff, then halted). What the
+// broker breaker holds, it holds for every topic: BrokerGate says it once,
+// and Gate puts it first.
+func (s *Sweeper) Gates(now time.Time) []TopicGate {
+	g := s.gate
+	out := map[string]TopicGate{}
+	for _, ts := range g.topics.Tripped() {
+		tg := TopicGate{Topic: ts.Topic, Reason: GateTripped, CooldownTicks: ts.CooldownTicksLeft, Detail: ts.LastError}
+		if ts.State == breaker.StateHalfOpen.String() {
+			tg = TopicGate{Topic: ts.Topic, Send: true, Reason: GateTrial, Detail: ts.LastError}
+		}
+		out[ts.Topic] = tg
+	}
+	for _, b := range g.backoff.list() {
+		if _, ok := out[b.Topic]; !ok && now.Before(b.Until) {
+			out[b.Topic] = TopicGate{Topic: b.Topic, Reason: GateBackoff, Until: b.Until}
+		}
+	}
+	g.mu.Lock()
+	if g.pass != nil {
+		for t := range g.pass.halted {
+			if _, ok := out[t]; !ok {
+				out[t] = TopicGate{Topic: t, Reason: GateHalted}
+			}
+		}
+	}
+	g.mu.Unlock()
+	list := make([]TopicGate, 0, len(out))
+	for _, tg := range out {
+		list = append(list, tg)
+	}
+	slices.SortFunc(list, func(a, b TopicGate) int { return strings.Compare(a.Topic, b.Topic) })
+	return list
+}
+
+// BrokerGate is the gate's answer for every topic at once: GateBrokerOpen
+// while the broker breaker is open (no topic sends), GateBrokerTrial while it
+// is half-open, "" otherwise.
+func (s *Sweeper) BrokerGate() GateReason {
+	switch s.gate.brokerState() {
+	case breaker.DependencyOpen:
+		return GateBrokerOpen
+	case breaker.DependencyHalfOpen:
+		return GateBrokerTrial
+	}
+	return ""
+}
