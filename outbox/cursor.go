@@ -1,6 +1,8 @@
 package outbox
 
 import (
+	"context"
+	"log/slog"
 	"sync"
 	"time"
 )
@@ -46,9 +48,13 @@ import (
 // rows, so the cursor holds only topics with outstanding rows.
 //
 // Anything that puts a row back below a floor other than a sweep (an
-// operator's copy of a sent row back from history with its own id, say) is found by the full
-// reread every resetEvery: the cursor forgets everything and the next sweep
-// starts over from the lowest ids. A transaction that wrote to the database
+// operator's copy of a sent row back from history with its own id, say) is
+// found by a check every resetEvery, beside the sweeps (below_floors.sql): when
+// it finds such a row the cursor forgets everything and the next sweep starts
+// over from the lowest ids. The check, not the sweep, walks whatever dead
+// entries lie below the floors; the cursor once forgot its floors blindly
+// every minute, and the sweep after paid that walk per topic and per page.
+// A transaction that wrote to the database
 // and stays open holds floors where they are until it ends (the sweep then
 // rereads what came after them, as it did before the cursor), never longer.
 type cursor struct {
@@ -62,11 +68,14 @@ type cursor struct {
 	seen int64
 	// xmin and xmax are those of the current sweep's snapshot (listing).
 	xmin, xmax uint64
-	// reset is when the cursor last forgot everything.
-	reset      time.Time
+	// stale says a check found an outstanding row below the floors: the next
+	// sweep forgets everything. resetEvery is how often the floors are checked.
+	stale      bool
 	resetEvery time.Duration
 	// settleAfter is settleAfter, a field so that tests can stretch it.
 	settleAfter time.Duration
+	// checks counts the checks done, for tests.
+	checks int
 }
 
 // floor is one topic's (or the discovery scan's) floor: every outstanding row
@@ -112,25 +121,26 @@ const maxPending = 8
 // it, so a floor trails the sweeps by at most 1.25 × settleAfter of rows.
 const settleAfter = time.Second
 
-// cursorResetEvery is how often the cursor forgets every floor, so that a row
-// put back below one by anything other than a sweep waits at most this long.
+// cursorResetEvery is how often the floors are checked for a row put back
+// below one by anything other than a sweep: such a row waits at most this
+// long, and the check's walk.
 const cursorResetEvery = time.Minute
 
 func newCursor(resetEvery time.Duration) *cursor {
-	return &cursor{members: map[string]*floor{}, reset: time.Now(), resetEvery: resetEvery, settleAfter: settleAfter}
+	return &cursor{members: map[string]*floor{}, resetEvery: resetEvery, settleAfter: settleAfter}
 }
 
-// begin starts a sweep: it forgets everything when the reset is due, and
-// returns the members to probe (less excluded) with their floors, and the
-// discovery floor.
+// begin starts a sweep: it forgets everything if a check found a row below
+// the floors, and returns the members to probe (less excluded) with their
+// floors, and the discovery floor.
 func (c *cursor) begin(excluded map[string]bool) (topics []string, after []int64, discovery int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if time.Since(c.reset) >= c.resetEvery {
+	if c.stale {
 		c.members = map[string]*floor{}
 		c.discovery = floor{}
 		c.seen = 0
-		c.reset = time.Now()
+		c.stale = false
 	}
 	topics = make([]string, 0, len(c.members))
 	after = make([]int64, 0, len(c.members))
@@ -180,6 +190,58 @@ func (c *cursor) listed(xmin, xmax uint64, live, empty []string, fresh []string,
 		floors[t] = c.members[t].after
 	}
 	return floors
+}
+
+// floors returns every member with its floor, and the discovery floor: what
+// the check compares the outbox with.
+func (c *cursor) floors() (topics []string, after []int64, discovery int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for t, f := range c.members {
+		topics, after = append(topics, t), append(after, f.after)
+	}
+	return topics, after, c.discovery.after
+}
+
+// markStale makes the next sweep forget everything.
+func (c *cursor) markStale() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.stale = true
+}
+
+// checkFloors checks the floors every c.resetEvery, until ctx ends, and marks
+// the cursor stale when an outstanding row lies below them or the check
+// fails (forgetting is always safe; it only costs a walk).
+func (c *cursor) checkFloors(ctx context.Context, s *store, logger *slog.Logger) {
+	t := time.NewTicker(c.resetEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		topics, after, discovery := c.floors()
+		checkCtx, cancel := context.WithTimeout(ctx, dbTimeout)
+		below, err := s.belowFloors(checkCtx, topics, after, discovery)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			logger.Warn("checking the cursor's floors failed; the next sweep reads every topic from its first row",
+				"table", s.table.String(), "err", err)
+			c.markStale()
+		case below:
+			logger.Info("an outstanding row lies below where the sweeps read (put back by hand, or its writer stalled); "+
+				"the next sweep reads every topic from its first row", "table", s.table.String())
+			c.markStale()
+		}
+		c.mu.Lock()
+		c.checks++
+		c.mu.Unlock()
+	}
 }
 
 // start stamps the last sweep's finding and takes the settled one.

@@ -214,3 +214,51 @@ func TestCursorFindsARowWhoseIdWasDrawnBeforeItsTransactionStarted(t *testing.T)
 	require.NoError(t, stalled.Commit(ctx))
 	dbtest.Eventually(t, 30*time.Second, "the row whose id was drawn first sent", func() bool { return delivered(prod, "stalled") })
 }
+
+// The floors are checked beside the sweeps, and forgotten only when a row lies
+// below them: a row copied back by hand with its own id is sent, and until one
+// is, the sweeps keep reading from their floors however many checks pass (a
+// cursor that forgot its floors on a clock made the next sweep walk every dead
+// entry below them, per topic and per page: issue 32's soak caught a 3 s stall
+// that way as a held snapshot ended).
+func TestCursorForgetsItsFloorsOnlyForARowPutBackBelowThem(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tbl := dbtest.Table(t)
+	pool := dbtest.Pool(t)
+	prod := memory.New(memory.Config{})
+	s := newSweeper(t, pool, prod, outbox.Config{Table: tbl, Tick: 5 * time.Millisecond})
+	outbox.SetCursorReset(s, 20*time.Millisecond) // a check every 20 ms
+	outbox.SetCursorSettle(s, 0)
+	dbtest.RunSweeper(t, s)
+	name := pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()
+
+	lowest := func() int64 {
+		members, discovery := outbox.Floors(s)
+		low := discovery
+		for _, f := range members {
+			low = min(low, f)
+		}
+		return low
+	}
+	var last int64
+	for i := range 30 {
+		body := fmt.Sprintf("first-%d", i)
+		require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+name+" (topic, payload) VALUES ('a', $1) RETURNING id",
+			[]byte(body)).Scan(&last))
+		dbtest.Eventually(t, 30*time.Second, body+" sent", func() bool { return delivered(prod, body) })
+	}
+	dbtest.Eventually(t, time.Minute, "the floors to pass the rows sent", func() bool {
+		_, err := pool.Exec(ctx, "INSERT INTO "+name+" (topic, payload) VALUES ('tick', '\\x00')")
+		require.NoError(t, err)
+		return lowest() >= last
+	})
+	before := outbox.FloorChecks(s)
+	dbtest.Eventually(t, time.Minute, "five checks of the floors", func() bool { return outbox.FloorChecks(s) >= before+5 })
+	require.GreaterOrEqual(t, lowest(), last, "the floors were forgotten with no row below them")
+
+	// A sent row copied back with its own id, far below every floor.
+	_, err := pool.Exec(ctx, "INSERT INTO "+name+" (id, topic, payload) OVERRIDING SYSTEM VALUE VALUES (1, 'a', 'back')")
+	require.NoError(t, err)
+	dbtest.Eventually(t, time.Minute, "the row put back sent", func() bool { return delivered(prod, "back") })
+}

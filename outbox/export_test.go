@@ -63,3 +63,10 @@ func HistoryWidth(retention time.Duration) time.Duration { return historyWidth(r
 
 // PartitionName names the partition of t's history that starts at start.
 func PartitionName(t Table, start time.Time) string { return partitionName(t.WithDefaults(), start) }
+
+// FloorChecks returns how many checks of its floors s's cursor has done.
+func FloorChecks(s *Sweeper) int {
+	s.cursor.mu.Lock()
+	defer s.cursor.mu.Unlock()
+	return s.cursor.checks
+}

@@ -58,6 +58,7 @@ type store struct {
 	pageSQL           pageStatements
 	outstandingTopics string
 	liveTopicsSQL     string
+	belowFloorsSQL    string
 	expireSQL         string
 
 	// progress is the sweeper's heartbeat, shared with it: every statement
@@ -97,6 +98,7 @@ func newStore(pool *pgxpool.Pool, t Table, policy deadLetterPolicy, ordering Ord
 		pageSQL:           newPageStatements(t),
 		outstandingTopics: statement(t, "outstanding_topics"),
 		liveTopicsSQL:     statement(t, "live_topics"),
+		belowFloorsSQL:    statement(t, "below_floors"),
 		expireSQL:         statement(t, "expire"),
 	}
 }
@@ -183,6 +185,21 @@ func (s *store) liveTopics(ctx context.Context, topics []string, after []int64, 
 		return listing{}, s.explain(err)
 	}
 	return l, nil
+}
+
+// belowFloors reports whether an outstanding row lies at or below the
+// cursor's floors (below_floors.sql): topics and floors are the members', and
+// discovery the discovery floor.
+func (s *store) belowFloors(ctx context.Context, topics []string, floors []int64, discovery int64) (bool, error) {
+	var below bool
+	scan := func(rows pgx.Rows) error {
+		_, err := pgx.ForEachRow(rows, []any{&below}, func() error { return nil })
+		return err
+	}
+	if err := queryPlanned(ctx, s.pool, scan, s.belowFloorsSQL, topics, floors, discovery); err != nil {
+		return false, s.explain(err)
+	}
+	return below, nil
 }
 
 func deref(s *string) string {

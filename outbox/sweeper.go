@@ -165,6 +165,13 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		defer awake.close()
 	}
 
+	// The cursor's floors are checked beside the sweeps (cursor.go).
+	checkCtx, stopChecking := context.WithCancel(ctx)
+	var checking sync.WaitGroup
+	checking.Go(func() { s.cursor.checkFloors(checkCtx, s.store, s.logger) })
+	defer checking.Wait()
+	defer stopChecking()
+
 	retry := backoff.NewExponentialBackOff()
 	retry.InitialInterval = 500 * time.Millisecond
 	retry.MaxInterval = 30 * time.Second
