@@ -121,3 +121,22 @@ func TestStatusNamesTheBrokerGate(t *testing.T) {
 	require.Equal(t, 200, code, "%v", body)
 	require.Equal(t, "broker_open", body["broker_breaker"].(map[string]any)["gate"])
 }
+
+// A topic whose row failed alone (the broker up) waits before its next try;
+// GET /topics/backoff shows it with its failures in a row and the wait left.
+func TestBackoffListsWaitingTopics(t *testing.T) {
+	t.Parallel()
+	prod := memory.New(memory.Config{})
+	prod.FailTopic("orders", errors.New("unclassified"))
+	b, _ := gateBundle(t, prod, nil, "orders")
+	code, body := b.call(t, "GET", "/topics/backoff", "tok", "")
+	require.Equal(t, 200, code, "%v", body)
+	list := body["backoff"].([]any)
+	require.Len(t, list, 1)
+	entry := list[0].(map[string]any)
+	require.Equal(t, "orders", entry["topic"])
+	require.EqualValues(t, 1, entry["failures"])
+	require.Greater(t, entry["wait_seconds"].(float64), 20.0, "about half a minute to a minute left")
+	code, _ = b.call(t, "GET", "/topics/backoff", "", "")
+	require.Equal(t, 401, code, "behind the token")
+}
