@@ -40,10 +40,17 @@ type Config struct {
 	// Pool and Table serve /readyz (database reachable, migrations current).
 	Pool  *pgxpool.Pool
 	Table outbox.Table
-	// Topics is the topic breaker.
+	// Topics is the topic breaker, which the operator trips and resets.
 	Topics breaker.Breaker
-	// Dependency is the dependency breaker; nil if there is none.
+	// Dependency is the dependency breaker, which the operator trips and
+	// resets; nil if there is none.
 	Dependency *breaker.Dependency
+	// Gate answers "may this topic send now, and if not, why and until
+	// when" (an *outbox.Sweeper, whose gate weighs Topics, Dependency, the
+	// backoffs and the sweep in progress): GET /status shows its answer as
+	// each held topic's gate and as broker_breaker.gate, the answer the
+	// sweep's log lines give too. Nil leaves both out.
+	Gate Gate
 	// DeadLetters serves the /dlq endpoints.
 	DeadLetters *outbox.DeadLetters
 	// Backoffs lists the topics waiting after transient failures
@@ -76,6 +83,15 @@ type Config struct {
 	// error, while DegradedSweepFailures or more sweeps in a row have failed
 	// (outbox.Sweeper.Failing).
 	SweepsFailing func() (outbox.SweepFailure, bool)
+}
+
+// Gate is the sweeper's gate, as GET /status asks it (see outbox.Sweeper's
+// Gates and BrokerGate). Its methods are called from the API's goroutines.
+type Gate interface {
+	// Gates lists every topic the gate holds at now, by topic.
+	Gates(now time.Time) []outbox.TopicGate
+	// BrokerGate says what the broker breaker holds of every topic, or "".
+	BrokerGate() outbox.GateReason
 }
 
 // Handler returns the API's handler.

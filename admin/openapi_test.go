@@ -2,7 +2,9 @@ package admin_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"slices"
@@ -13,6 +15,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-sweeper/sweeper/admin"
+	"github.com/outbox-sweeper/sweeper/breaker"
+	"github.com/outbox-sweeper/sweeper/producer"
+	"github.com/outbox-sweeper/sweeper/producer/memory"
 )
 
 // openAPI fetches /openapi.json (no token needed) and returns it parsed.
@@ -56,17 +61,7 @@ func TestOpenAPIDescribesEveryRouteAndNoOther(t *testing.T) {
 func TestOpenAPISchemasMatchWhatTheHandlersAnswer(t *testing.T) {
 	t.Parallel()
 	b := setup(t, "tok")
-	spec := openAPI(t, b)
-	// The served description lets clients meet fields it does not name (so
-	// that adding one is not a breaking change); here every field a handler
-	// answers must be documented.
-	closeObjects(spec)
-	raw, err := json.Marshal(spec)
-	require.NoError(t, err)
-	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
-	require.NoError(t, err)
-	c := jsonschema.NewCompiler()
-	require.NoError(t, c.AddResource("openapi.json", doc))
+	c, raw := closedSpec(t, b)
 	escape := func(s string) string { return strings.ReplaceAll(strings.ReplaceAll(s, "~", "~0"), "/", "~1") }
 
 	b.topics.Trip("shipping", "by hand")
@@ -114,6 +109,54 @@ func TestOpenAPISchemasMatchWhatTheHandlersAnswer(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, sch.Validate(v), "%s %s answered %d %s", tc.method, tc.path, code, got)
 	}
+}
+
+// closedSpec compiles the served description with every object closed: it
+// lets clients meet fields it does not name (so that adding one is not a
+// breaking change), but here every field a handler answers must be
+// documented. It returns the compiler and the description it holds.
+func closedSpec(t *testing.T, b *bundle) (*jsonschema.Compiler, []byte) {
+	t.Helper()
+	spec := openAPI(t, b)
+	closeObjects(spec)
+	raw, err := json.Marshal(spec)
+	require.NoError(t, err)
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
+	require.NoError(t, err)
+	c := jsonschema.NewCompiler()
+	require.NoError(t, c.AddResource("openapi.json", doc))
+	return c, raw
+}
+
+// What GET /status answers of the gate, for a topic tripped, one backing off
+// and an open broker breaker, validates against the description.
+func TestOpenAPIDescribesTheGate(t *testing.T) {
+	t.Parallel()
+	dep := breaker.NewDependency(breaker.DependencyConfig{})
+	t.Cleanup(func() { _ = dep.Close(context.Background()) })
+	prod := memory.New(memory.Config{})
+	prod.FailTopic("refused", producer.NewTopicError("topic_not_found", errors.New("no such queue")))
+	prod.FailTopic("failing", errors.New("unclassified"))
+	b, _ := gateBundle(t, prod, dep, "refused", "failing")
+	dep.Trip("failover")
+	c, _ := closedSpec(t, b)
+	sch, err := c.Compile("openapi.json#/components/schemas/Status")
+	require.NoError(t, err)
+	code, body := b.call(t, "GET", "/status", "tok", "")
+	require.Equal(t, 200, code, "%v", body)
+	reasons := map[any]bool{}
+	for _, e := range body["topics"].([]any) {
+		if g, ok := e.(map[string]any)["gate"].(map[string]any); ok {
+			reasons[g["reason"]] = true
+		}
+	}
+	require.Equal(t, map[any]bool{"tripped": true, "backoff": true}, reasons, "both answers are validated")
+	require.Equal(t, "broker_open", body["broker_breaker"].(map[string]any)["gate"])
+	got, err := json.Marshal(body)
+	require.NoError(t, err)
+	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(got))
+	require.NoError(t, err)
+	require.NoError(t, sch.Validate(v), "GET /status answered %s", got)
 }
 
 // closeObjects sets additionalProperties to false on every schema that lists

@@ -50,8 +50,9 @@ func (a *api) readBacklog(ctx context.Context) ([]outbox.TopicBacklog, []outbox.
 	return tops, dead, at, nil
 }
 
-// topicStatus is one topic as GET /status shows it: what waits of it, and
-// what the topic breaker and the topic backoff say of it.
+// topicStatus is one topic as GET /status shows it: what waits of it, what
+// the topic breaker and the topic backoff say of it, and the gate's answer,
+// which weighs them (and the sweep in progress) into one.
 type topicStatus struct {
 	Topic            string  `json:"topic"`
 	Outstanding      int64   `json:"outstanding"`
@@ -71,12 +72,16 @@ type topicStatus struct {
 	DispatchedLastMinute    int `json:"dispatched_last_minute"`
 	FailedBatchesLastMinute int `json:"failed_batches_last_minute"`
 	DeadLetteredLastMinute  int `json:"dead_lettered_last_minute"`
+	// Gate is why the topic does not send now, and until when (Config.Gate);
+	// nil when nothing of the topic's own holds it.
+	Gate *outbox.TopicGate `json:"gate,omitempty"`
 }
 
 // status is everything an operator looks at first, in one answer: each topic
 // with outstanding rows, a breaker that is not closed, a backoff or activity
 // in the last minute, the broker breaker,
-// and the dead letters by topic and reason. The topics' figures come from one
+// and the dead letters by topic and reason; and what holds a topic, as the
+// gate answers it. The topics' figures come from one
 // query of the index of outstanding rows (its cost is in BENCHMARKS.md), at
 // most StatusCacheFor old (backlog_read_at says when); the breakers' from
 // memory, current.
@@ -111,11 +116,18 @@ func (a *api) status(w http.ResponseWriter, r *http.Request) {
 		at := tr.TrippedAt
 		t.TrippedAt = &at
 	}
+	// One now for the backoffs and the gate, so that the two agree on
+	// whether a backoff has ended.
+	now := time.Now()
 	if a.cfg.Backoffs != nil {
-		now := time.Now()
 		for _, b := range a.cfg.Backoffs() {
 			t := get(b.Topic)
 			t.BackoffSeconds, t.BackoffFailures = max(b.Until.Sub(now), 0).Seconds(), b.Failures
+		}
+	}
+	if a.cfg.Gate != nil {
+		for _, g := range a.cfg.Gate.Gates(now) {
+			get(g.Topic).Gate = &g
 		}
 	}
 	if a.cfg.Activity != nil {
@@ -135,6 +147,11 @@ func (a *api) status(w http.ResponseWriter, r *http.Request) {
 	broker := map[string]any{"state": "none"}
 	if a.cfg.Dependency != nil {
 		broker = a.brokerBreaker()
+	}
+	if a.cfg.Gate != nil {
+		if r := a.cfg.Gate.BrokerGate(); r != "" {
+			broker["gate"] = r
+		}
 	}
 	// The table's health is read with the backlog's answer but not cached
 	// with it: it is one cheap query of the catalog and the statistics.

@@ -99,6 +99,16 @@ func (b *topicBackoff) waiting(now time.Time) []string {
 	return out
 }
 
+// until returns when topic's wait ends, if it failed in a row.
+func (b *topicBackoff) until(topic string) (time.Time, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if w := b.topics[topic]; w != nil {
+		return w.until, true
+	}
+	return time.Time{}, false
+}
+
 // list returns every topic with failures in a row, by topic.
 func (b *topicBackoff) list() []TopicBackoff {
 	b.mu.Lock()

@@ -61,19 +61,29 @@ func (t *topicSender) execute(fl failed, a action) (next, error) {
 			return nextStop, err
 		}
 	}
-	s.logFailure(fl.batch, fl.err, a, fl.f.broker)
+	// The topic is tripped or backs off before the failure is logged, so that
+	// the log line says what the gate answers for it from now on: the one
+	// answer /status and the console show too.
+	switch {
+	case o.stormed:
+		s.stopStorm(topic, max(len(fl.named), 1), fl.err)
+	case a.tripTopic:
+		s.breaker.Failure(topic, t.gen, true, truncate(fl.err.Error(), maxErrorText))
+	}
+	if a.backoff && !o.stormed {
+		s.backoff.failed(topic, time.Now())
+	}
+	var held *TopicGate
+	if a.stopTopic {
+		g := s.gate.stopped(topic, time.Now())
+		held = &g
+	}
+	s.logFailure(fl.batch, fl.err, a, fl.f.broker, held)
 	s.report(o)
 	t.out.add(o)
 	if o.stormed {
-		s.stopStorm(topic, max(len(fl.named), 1), fl.err)
 		t.out.failed = true
 		return nextStop, nil
-	}
-	if a.tripTopic {
-		s.breaker.Failure(topic, t.gen, true, truncate(fl.err.Error(), maxErrorText))
-	}
-	if a.backoff {
-		s.backoff.failed(topic, time.Now())
 	}
 	switch {
 	case a.split:
@@ -150,10 +160,12 @@ func (t *topicSender) record(c *pageBatch, a action, o outcome) (outcome, action
 
 // logFailure logs a failed batch with what the policy made of it: topic, class,
 // reason, the rows' ids and correlation ids, the broker's part; never a
-// payload. b is never empty: every caller sent or rejected at least one row.
-func (s *Sweeper) logFailure(b producer.Batch, err error, a action, ev evidence) {
+// payload; and, when the failure stops its topic, the gate's answer for it
+// (why, until when), which is what /status shows of it. b is never
+// empty: every caller sent or rejected at least one row.
+func (s *Sweeper) logFailure(b producer.Batch, err error, a action, ev evidence, held *TopicGate) {
 	class := producer.ClassOf(err)
-	level, msg := slog.LevelWarn, "batch failed; topic stops until the next sweep"
+	level, msg := slog.LevelWarn, "batch failed; its topic is held"
 	switch {
 	case class == producer.ClassLocal:
 		level, msg = slog.LevelInfo, "batch cancelled; its rows stay outstanding" // shutting down: nothing is wrong
@@ -170,10 +182,27 @@ func (s *Sweeper) logFailure(b producer.Batch, err error, a action, ev evidence)
 	case a.attempt:
 		msg = "row failed alone while the broker is up: it counts an attempt; the rest of the topic goes on"
 	case a.broker == breaker.BrokerDown:
-		msg = "batch failed and the broker is not known to be up: rows kept without an attempt; topic stops until the next sweep"
+		msg = "batch failed and the broker is not known to be up: rows kept without an attempt; its topic is held"
 	}
-	s.logger.Log(context.Background(), level, msg,
-		"topic", logText(b.Topic), "class", class.String(), "reason", producer.ReasonOf(err), "num_rows", len(b.Messages),
+	attrs := []any{"topic", logText(b.Topic), "class", class.String(), "reason", producer.ReasonOf(err), "num_rows", len(b.Messages),
 		"first_id", b.Messages[0].ID, "last_id", b.Messages[len(b.Messages)-1].ID, "broker", ev.String(),
-		"correlation_ids", correlationIDs(b, maxLoggedIDs), "err", err)
+		"correlation_ids", correlationIDs(b, maxLoggedIDs), "err", err}
+	if held != nil {
+		attrs = append(attrs, gateAttr(*held))
+	}
+	s.logger.Log(context.Background(), level, msg, attrs...)
+}
+
+// gateAttr is the gate's answer as a log attribute, shaped as /status shows
+// it: gate={reason, until, cooldown_ticks}, the fields that apply. The topic
+// and the error are the line's own.
+func gateAttr(g TopicGate) slog.Attr {
+	attrs := []any{"reason", string(g.Reason)}
+	if !g.Until.IsZero() {
+		attrs = append(attrs, "until", g.Until.UTC())
+	}
+	if g.CooldownTicks > 0 {
+		attrs = append(attrs, "cooldown_ticks", g.CooldownTicks)
+	}
+	return slog.Group("gate", attrs...)
 }

@@ -147,15 +147,15 @@ type TopicGate struct {
 // call from any goroutine; a topic breaker shared through Redis is asked
 // there.
 func (s *Sweeper) Gate(topic string, now time.Time) TopicGate {
-	if r := s.BrokerGate(); r == GateBrokerOpen {
-		return TopicGate{Topic: topic, Reason: r}
+	b := s.BrokerGate()
+	if b == GateBrokerOpen {
+		return TopicGate{Topic: topic, Reason: b}
 	}
-	for _, g := range s.Gates(now) {
-		if g.Topic == topic {
-			return g
-		}
+	tg := s.gate.answer(topic, now)
+	if tg.Reason == "" {
+		tg.Reason = b
 	}
-	return TopicGate{Topic: topic, Send: true, Reason: s.BrokerGate()}
+	return tg
 }
 
 // Gates lists, by topic, every topic the gate holds at now: tripped,
@@ -167,11 +167,7 @@ func (s *Sweeper) Gates(now time.Time) []TopicGate {
 	g := s.gate
 	out := map[string]TopicGate{}
 	for _, ts := range g.topics.Tripped() {
-		tg := TopicGate{Topic: ts.Topic, Reason: GateTripped, CooldownTicks: ts.CooldownTicksLeft, Detail: ts.LastError}
-		if ts.State == breaker.StateHalfOpen.String() {
-			tg = TopicGate{Topic: ts.Topic, Send: true, Reason: GateTrial, Detail: ts.LastError}
-		}
-		out[ts.Topic] = tg
+		out[ts.Topic] = trippedGate(ts)
 	}
 	for _, b := range g.backoff.list() {
 		if _, ok := out[b.Topic]; !ok && now.Before(b.Until) {
@@ -193,6 +189,51 @@ func (s *Sweeper) Gates(now time.Time) []TopicGate {
 	}
 	slices.SortFunc(list, func(a, b TopicGate) int { return strings.Compare(a.Topic, b.Topic) })
 	return list
+}
+
+// answer is what Gates says of topic at now, without the broker breaker's
+// part, or Send with no reason when nothing holds it. It asks the topic
+// breaker for its list only when topic is not closed: a failure's log line
+// asks it, and with Redis each question is a round trip.
+func (g *gate) answer(topic string, now time.Time) TopicGate {
+	if g.topics.State(topic) != breaker.StateClosed {
+		for _, ts := range g.topics.Tripped() {
+			if ts.Topic == topic {
+				return trippedGate(ts)
+			}
+		}
+	}
+	if until, ok := g.backoff.until(topic); ok && now.Before(until) {
+		return TopicGate{Topic: topic, Reason: GateBackoff, Until: until}
+	}
+	g.mu.Lock()
+	halted := g.pass != nil && g.pass.halted[topic]
+	g.mu.Unlock()
+	if halted {
+		return TopicGate{Topic: topic, Reason: GateHalted}
+	}
+	return TopicGate{Topic: topic, Send: true}
+}
+
+// stopped is the gate's answer for topic at now, whose sending has just
+// stopped for the rest of the sweep: what holds it past the sweep (a trip, a
+// backoff), or else halted. The sweep adds the topic to its halted ones only
+// once its page is sent, so answer alone would still say it may send.
+func (g *gate) stopped(topic string, now time.Time) TopicGate {
+	tg := g.answer(topic, now)
+	if tg.Send && tg.Reason == "" {
+		tg = TopicGate{Topic: topic, Reason: GateHalted}
+	}
+	return tg
+}
+
+// trippedGate is the answer for a topic the topic breaker does not hold
+// closed: tripped for its cooldown, or half-open for one trial batch.
+func trippedGate(ts breaker.TopicStatus) TopicGate {
+	if ts.State == breaker.StateHalfOpen.String() {
+		return TopicGate{Topic: ts.Topic, Send: true, Reason: GateTrial, Detail: ts.LastError}
+	}
+	return TopicGate{Topic: ts.Topic, Reason: GateTripped, CooldownTicks: ts.CooldownTicksLeft, Detail: ts.LastError}
 }
 
 // BrokerGate is the gate's answer for every topic at once: GateBrokerOpen

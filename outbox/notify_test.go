@@ -258,7 +258,8 @@ func TestTopicOrderingSendsATopicFromOneSweeperAtATime(t *testing.T) {
 	_, err = other.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", tbl.TopicLockKey("held"))
 	require.NoError(t, err)
 
-	// The README's query finds who holds a topic.
+	// The query of docs/concepts.md ("Several instances") finds who holds a
+	// topic.
 	var holder, otherPID int32
 	require.NoError(t, other.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&otherPID))
 	require.NoError(t, dbtest.Pool(t).QueryRow(ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory'

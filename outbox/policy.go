@@ -11,7 +11,8 @@ import (
 // execute (execute.go), which carries it out and records it in the page's
 // transaction. Nothing else judges a failure, and nothing else acts on one.
 //
-// The rules, as the README gives them ("Who is to blame"):
+// The rules, as docs/concepts.md gives them ("Who is to blame: the broker,
+// the topic or the row"):
 //   - A row is blamed (an attempt, and at --max-attempts a dead letter) only when
 //     it failed alone while the broker is known to be up: another send of the
 //     sweep succeeded, or the producer's health check passed right after. A

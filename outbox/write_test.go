@@ -226,7 +226,8 @@ func TestWriteOrderedRejectsAnEmptyTopicBeforeLocking(t *testing.T) {
 	require.ErrorContains(t, err, "outbox message 2 of 2: topic is empty")
 }
 
-// The README's SQL for other languages takes the lock WriteOrdered takes: a
+// The SQL for other languages (docs/writing.md, "From any language") takes
+// the lock WriteOrdered takes: a
 // transaction holding it makes WriteOrdered wait.
 func TestWriteOrderedTakesTheLockOfTheSQLExample(t *testing.T) {
 	t.Parallel()

@@ -52,7 +52,7 @@ const closeTimeout = 10 * time.Second
 type Options struct {
 	// Admin configures the admin HTTP API. An empty Admin.Addr serves none.
 	// The relay fills in the parts it owns (Pool, Table, Topics, Dependency,
-	// DeadLetters, Backoffs, Activity, Stalled, SweepsFailing); Admin.Logger
+	// Gate, DeadLetters, Backoffs, Activity, Stalled, SweepsFailing); Admin.Logger
 	// defaults to Logger. Metrics is the caller's: the handler of the
 	// registry Metrics was made on, or nil for no /metrics.
 	Admin admin.Config
@@ -260,6 +260,10 @@ func (r *Relay) adminConfig() admin.Config {
 	s := r.sweeper
 	cfg.Pool, cfg.Table = r.pool, r.opts.Sweeper.Table
 	cfg.Topics, cfg.Dependency, cfg.DeadLetters = s.TopicBreaker(), r.opts.Dependency, r.dead
+	// The sweeper's gate is what /status says holds a topic: the answer its
+	// sweeps act on and its log lines give, not one the API pieces together
+	// from the breakers and the backoffs.
+	cfg.Gate = s
 	cfg.Backoffs, cfg.Activity = s.TopicBackoffs, s.TopicActivity
 	cfg.Stalled = func(now time.Time) (outbox.Stall, bool) { return s.Stalled(now, r.opts.StallTicks) }
 	cfg.SweepsFailing = s.Failing

@@ -327,7 +327,8 @@ func TestDLQCommands(t *testing.T) {
 	require.Len(t, strings.Split(strings.TrimSpace(out), "\n"), 2)
 	require.Contains(t, out, `"payload":"U0VDUkVULVBBWUxPQUQt`) // base64 of SECRET-PAYLOAD-
 
-	// The README's example: one dead letter by id, with its payload.
+	// The example of docs/concepts.md ("Dead letters"): one dead letter by id,
+	// with its payload.
 	code, out, stderr = runOnce(t, append([]string{"dlq", "list", "--id", "2", "--show-payload", "--json"}, db...)...)
 	require.Equal(t, 0, code, stderr)
 	require.Len(t, strings.Split(strings.TrimSpace(out), "\n"), 1)

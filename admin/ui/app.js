@@ -108,6 +108,29 @@ function button(label, onClick, cls) {
   return b;
 }
 
+// held writes why a topic does not send now, and until when, as the
+// sweeper's gate answers it (the answer its log lines give too): the
+// topic's own, else what the broker breaker holds of every topic. An API
+// without the gate leaves only the backoff's figure to show.
+function held(t, brokerGate) {
+  const g = t.gate;
+  if (!g) {
+    if (brokerGate === "broker_open") return "broker breaker open: nothing sends";
+    if (brokerGate === "broker_trial") return "broker breaker half-open: one trial batch";
+    return t.backoff_seconds ? "backing off, " + ago(t.backoff_seconds) + " left" : "";
+  }
+  switch (g.reason) {
+    case "tripped": return "tripped" + (g.cooldown_ticks ? ", " + g.cooldown_ticks + " ticks left" : "");
+    case "trial": return "trial: one batch";
+    case "backoff": {
+      const until = new Date(g.until);
+      return "backoff until " + at(until) + " (in " + ago((until.getTime() - Date.now()) / 1000) + ")";
+    }
+    case "halted": return "halted until the next sweep";
+  }
+  return g.reason;
+}
+
 function renderStatus(st) {
   const h = st.health;
   $("health-state").textContent = h.status;
@@ -123,6 +146,7 @@ function renderStatus(st) {
   $("broker-state").className = "state " + bb.state;
   const c = bb.counts || {};
   $("broker-detail").textContent = bb.state === "none" ? "this sweeper has no broker breaker" :
+    (bb.gate === "broker_open" ? "no topic sends; " : bb.gate === "broker_trial" ? "one trial batch is sent alone; " : "") +
     (bb.tripped_by_hand ? "tripped by hand: " + bb.tripped_by_hand + "; " : "") +
     (c.consecutive_failures || 0) + " failures in a row; " + (c.total_failures || 0) + " failed and " +
     (c.total_successes || 0) + " succeeded of " + (c.requests || 0) + " sends this period";
@@ -138,7 +162,8 @@ function renderStatus(st) {
   for (const t of topics) {
     const tr = document.createElement("tr");
     cell(tr, "Topic", t.topic, "topic");
-    cell(tr, "State", t.state + (t.backoff_seconds ? " (backing off " + ago(t.backoff_seconds) + ")" : ""), "state " + t.state);
+    cell(tr, "State", t.state, "state " + t.state);
+    cell(tr, "Held", held(t, bb.gate), t.gate || bb.gate ? "warn" : "");
     cell(tr, "Outstanding", String(t.outstanding));
     if (t.outstanding) timeCell(tr, "Oldest", new Date(now - t.oldest_age_seconds * 1000));
     else cell(tr, "Oldest", "");

@@ -46,7 +46,8 @@ const DatabaseURLDefault = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=
 
 // poolSize is the run command's pool: pages and the topic list (one at a
 // time), retention, the probe, the admin API (two), the metrics refresh and a
-// spare. The README counts it against max_connections.
+// spare. docs/concepts.md counts it against max_connections (under "Tripped
+// topics", beside the claim).
 const poolSize = 8
 
 // Version is set at build time with -ldflags "-X …/internal/cli.Version=v1.2.3".

@@ -16,7 +16,8 @@ type command struct {
 	summary string
 	// parse reads the command's flags, variables and operands, and returns
 	// what runs it. It returns the flag set even when it fails, so that
-	// --help can print it; the README's check calls parse alone.
+	// --help can print it; the docs' check of command lines (readme_test.go)
+	// calls parse alone.
 	parse func(args []string, env Env) (*flags, runFunc, error)
 }
 

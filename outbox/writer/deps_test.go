@@ -10,8 +10,8 @@ import (
 )
 
 // An application that writes messages links pgx and nothing else of ours: the
-// modules this package builds from are pgx's and this one. The README shows
-// the same list.
+// modules this package builds from are pgx's and this one. docs/writing.md
+// ("From Go") shows the same list.
 func TestTheWriterLinksPgxAlone(t *testing.T) {
 	t.Parallel()
 	out, err := exec.Command("go", "list", "-deps", "-f", "{{with .Module}}{{.Path}}{{end}}", ".").CombinedOutput()

@@ -38,7 +38,7 @@ type Message struct {
 	// or so that an application's retry of a request writes the message once: the
 	// outbox holds each id at most once, and a write of an id it holds fails with
 	// a [*DuplicateMessageIDError] (until the earlier row has been sent and moved
-	// to the history table, which has no unique index: README, "The outbox table").
+	// to the history table, which has no unique index: docs/outbox-table.md).
 	MessageID string
 	// Headers become the broker's application properties. Nil means none.
 	Headers map[string]any

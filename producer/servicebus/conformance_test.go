@@ -74,7 +74,8 @@ func (s *nsSender) Close(context.Context) error {
 
 // The conformance suite through the fake namespace: what it proves is the
 // producer's side (mapping, cutting, classes, Close); the service's own
-// answers are the README's "Needs a real namespace".
+// answers are docs/producers.md's "Needs a real namespace" (under "Azure
+// Service Bus").
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	ns := &namespace{maxBytes: 65536, entities: map[string][]*azservicebus.Message{}}

@@ -5,7 +5,7 @@ package servicebus
 // (Azure/amqpnetlite#120, Azure/azure-service-bus-dotnet#565,
 // Xabaril/AspNetCore.Diagnostics.HealthChecks#255, Particular/NServiceBus#5364).
 // What the service really checks, and in which order, only a real namespace
-// shows (README, "Azure Service Bus").
+// shows (docs/producers.md, "Azure Service Bus").
 
 import (
 	"context"

@@ -7,7 +7,8 @@ package servicebus
 // size limit and at MaxBatch, rejecting a message too large for an empty batch,
 // the field mapping, the sender cache, and the error classification of every
 // code and condition. What they cannot: the SDK's exact AMQP size accounting,
-// authentication, and a real entity's answers (see the README).
+// authentication, and a real entity's answers (see docs/producers.md, "Azure
+// Service Bus").
 
 import (
 	"context"
