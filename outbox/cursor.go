@@ -121,9 +121,10 @@ func newCursor(resetEvery time.Duration) *cursor {
 }
 
 // begin starts a sweep: it forgets everything when the reset is due, and
-// returns the members to probe (less excluded) with their floors, and the
-// discovery floor.
-func (c *cursor) begin(excluded map[string]bool) (topics []string, after []int64, discovery int64) {
+// returns the members to probe (less excluded) with their floors, the
+// discovery floor, and the highest id discovery has read (rows above it are
+// new).
+func (c *cursor) begin(excluded map[string]bool) (topics []string, after []int64, discovery, seen int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if time.Since(c.reset) >= c.resetEvery {
@@ -139,15 +140,16 @@ func (c *cursor) begin(excluded map[string]bool) (topics []string, after []int64
 			topics, after = append(topics, t), append(after, f.after)
 		}
 	}
-	return topics, after, c.discovery.after
+	return topics, after, c.discovery.after, c.seen
 }
 
 // listed records what the sweep's listing found: its snapshot's xmin and
 // xmax, the members it found outstanding rows for (live), those it found none
 // for (empty), and the topics the discovery scan found above the discovery
-// floor, with the highest id it read (0: none). It returns each live or new
-// topic's floor.
-func (c *cursor) listed(xmin, xmax uint64, live, empty []string, fresh []string, last int64) map[string]int64 {
+// floor, with the highest id it read (0: none); cut says its reread of the
+// rows read before stopped at reread. It returns each live or new topic's
+// floor.
+func (c *cursor) listed(xmin, xmax uint64, live, empty []string, fresh []string, last int64, cut bool, reread int64) map[string]int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.xmin, c.xmax = xmin, xmax
@@ -158,10 +160,15 @@ func (c *cursor) listed(xmin, xmax uint64, live, empty []string, fresh []string,
 	// Every outstanding row the snapshot shows up to the highest id discovery
 	// has ever read belongs to a member now: those up to the floor already
 	// did, and the scan read the rest (a scan that read nothing shows there
-	// are none).
+	// are none). Unless the reread stopped short: then only those up to
+	// where it stopped.
 	c.discovery.start(xmin, xmax, now, c.settleAfter)
 	c.seen = max(c.seen, last, c.discovery.after)
-	c.discovery.scan(c.seen)
+	if cut {
+		c.discovery.scan(max(reread, c.discovery.after))
+	} else {
+		c.discovery.scan(c.seen)
+	}
 	for _, t := range fresh {
 		if _, ok := c.members[t]; !ok {
 			f := &floor{after: c.discovery.after}
