@@ -404,7 +404,7 @@ func (r *Redis) Plan() Plan {
 		r.fail(fmt.Errorf("topic breaker plan: %w", err))
 		return r.localPlan()
 	}
-	p := Plan{Excluded: []string{}, Trials: map[string]bool{}, gens: gens}
+	p := Plan{Excluded: make([]string, 0, len(topics)), Trials: map[string]bool{}, gens: gens}
 	var waiting []string
 	for t, st := range topics {
 		if st.State != StateHalfOpen.String() {
@@ -429,7 +429,6 @@ func (r *Redis) Plan() Plan {
 			p.Excluded = append(p.Excluded, t)
 		}
 	}
-	slices.Sort(p.Excluded)
 	r.mu.Lock()
 	r.trials = maps.Clone(p.Trials)
 	r.planLocal = false
