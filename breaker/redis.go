@@ -85,6 +85,9 @@ type Redis struct {
 	// generations are the shadow's.
 	planLocal bool
 	trials    map[string]bool // the trials of this instance's last plan
+	// turn is the last topic this instance claimed a trial of when more
+	// were half-open than MaxTrials: the next plan starts after it.
+	turn string
 	// pending holds what happened on local state while Redis did not answer,
 	// to copy when it does: topics tripped (true) and reset (false).
 	pending map[string]bool
@@ -386,7 +389,10 @@ func (r *Redis) load(ctx context.Context) (map[string]remote, map[string]uint64,
 
 // Plan reads the shared state: tripped topics are left out, and each half-open
 // topic is tried by the one instance that claims its trial; the others leave it
-// out too.
+// out too. At most MaxTrials half-open topics are claimed a plan, taken in
+// turn as the in-memory breaker takes them (the turn is this instance's), in
+// one round trip: a flood's topics come out of their cooldown together, and a
+// claim each would cost a round trip each.
 func (r *Redis) Plan() Plan {
 	if r.isDegraded() {
 		return r.localPlan()
@@ -398,33 +404,60 @@ func (r *Redis) Plan() Plan {
 		r.fail(fmt.Errorf("topic breaker plan: %w", err))
 		return r.localPlan()
 	}
-	p := Plan{Excluded: []string{}, Trials: map[string]bool{}, gens: gens}
+	p := Plan{Excluded: make([]string, 0, len(topics)), Trials: map[string]bool{}, gens: gens}
+	var waiting []string
 	for t, st := range topics {
 		if st.State != StateHalfOpen.String() {
 			p.Excluded = append(p.Excluded, t)
 			continue
 		}
-		ok, err := r.cfg.Client.SetNX(ctx, r.key("trial", t), r.cfg.Instance, r.cfg.TrialTTL).Result()
-		if err != nil {
-			r.fail(fmt.Errorf("topic breaker trial of %q: %w", t, err))
-			return r.localPlan()
-		}
-		if !ok {
-			holder, _ := r.cfg.Client.Get(ctx, r.key("trial", t)).Result()
-			ok = holder == r.cfg.Instance
-		}
-		if ok {
+		waiting = append(waiting, t)
+	}
+	r.mu.Lock()
+	tried, later := takeTurns(waiting, &r.turn, r.cfg.Settings.MaxTrials)
+	r.mu.Unlock()
+	p.Excluded = append(p.Excluded, later...)
+	won, err := r.claimTrials(ctx, tried)
+	if err != nil {
+		r.fail(fmt.Errorf("topic breaker trials of %d topics: %w", len(tried), err))
+		return r.localPlan()
+	}
+	for _, t := range tried {
+		if won[t] {
 			p.Trials[t] = true
 		} else {
 			p.Excluded = append(p.Excluded, t)
 		}
 	}
-	slices.Sort(p.Excluded)
 	r.mu.Lock()
 	r.trials = maps.Clone(p.Trials)
 	r.planLocal = false
 	r.mu.Unlock()
 	return p
+}
+
+// claimTrials claims the trials of topics for this instance, in one pipeline:
+// a topic's trial is this instance's if it set the trial key, or if the key
+// already names it (a trial it took earlier and has not reported).
+func (r *Redis) claimTrials(ctx context.Context, topics []string) (map[string]bool, error) {
+	won := make(map[string]bool, len(topics))
+	if len(topics) == 0 {
+		return won, nil
+	}
+	pipe := r.cfg.Client.Pipeline()
+	set := make([]*redis.BoolCmd, len(topics))
+	holder := make([]*redis.StringCmd, len(topics))
+	for i, t := range topics {
+		set[i] = pipe.SetNX(ctx, r.key("trial", t), r.cfg.Instance, r.cfg.TrialTTL)
+		holder[i] = pipe.Get(ctx, r.key("trial", t))
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	for i, t := range topics {
+		won[t] = set[i].Val() || holder[i].Val() == r.cfg.Instance
+	}
+	return won, nil
 }
 
 // localPlan is the plan of the local shadow, used while Redis does not answer.

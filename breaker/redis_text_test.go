@@ -96,7 +96,7 @@ func TestRedisKeepsTheBytesOfATopicThatIsNotUTF8(t *testing.T) {
 	for _, topic := range []string{"\xff", "a\xc3", "\xed\xa0\x80", "ok", "é"} {
 		one.Failure(topic, one.Plan().Gen(topic), true, "unroutable \xff")
 	}
-	require.Equal(t, []string{"a\xc3", "ok", "\xc3\xa9", "\xed\xa0\x80", "\xff"}, two.Plan().Excluded)
+	require.ElementsMatch(t, []string{"a\xc3", "ok", "\xc3\xa9", "\xed\xa0\x80", "\xff"}, two.Plan().Excluded)
 	for _, st := range two.Tripped() {
 		require.Equal(t, breaker.StateTripped, two.State(st.Topic), "%q", st.Topic)
 	}

@@ -40,6 +40,7 @@ const (
 	FailureWindowDefault    = time.Minute
 	CooldownTicksDefault    = 10
 	MaxCooldownTicksDefault = 300
+	MaxTrialsDefault        = 1000
 	ForgetAfterDefault      = 10 * time.Minute
 )
 
@@ -61,6 +62,17 @@ type Settings struct {
 	// MaxCooldownTicks caps the cooldown, which doubles each time a half-open
 	// trial fails. Defaults to MaxCooldownTicksDefault.
 	MaxCooldownTicks int
+	// MaxTrials bounds the half-open topics one plan hands a trial. The
+	// others are left out of that plan and take their turn at the next ones,
+	// in name order from where the last plan stopped, so each waits at most
+	// (half-open topics / MaxTrials) plans. Why: every trial costs the sweep
+	// that carries it a probe of the listing and a send or a check, and
+	// topics tripped together come out of their cooldown together: 100,000
+	// topics tripped by a flood all came back on one tick, and that one sweep
+	// took 1.7 s while a healthy topic's rows waited behind it. The cap also
+	// spreads the next cooldowns of the topics whose trial fails, since they
+	// trip again plan by plan. Defaults to MaxTrialsDefault.
+	MaxTrials int
 	// ForgetAfter is how long a closed topic's state (its generation, its
 	// failures) is kept after its last failure or change: then OnTick forgets
 	// it, as if the topic had never failed. Why: rows that each carry a topic
@@ -92,7 +104,10 @@ type TopicStatus struct {
 // sweep, after OnTick.
 type Plan struct {
 	// Excluded lists the topics to leave out of paging: tripped ones, and
-	// half-open ones whose trial batch is already out.
+	// half-open ones whose trial batch is already out or whose turn has not
+	// come (Settings.MaxTrials). In no particular order: sorting it cost a
+	// plan half its time with 100,000 topics tripped, and every sweep takes
+	// a plan.
 	Excluded []string
 	// Trials lists the half-open topics this sweep may send one batch of.
 	Trials map[string]bool
@@ -127,6 +142,9 @@ type Topics struct {
 
 	mu     sync.Mutex
 	topics map[string]*topic
+	// turn is the last topic a plan handed a trial when there were more
+	// half-open topics than MaxTrials: the next plan starts after it.
+	turn string
 }
 
 type topic struct {
@@ -155,6 +173,9 @@ func New(s Settings) *Topics {
 	}
 	if s.MaxCooldownTicks <= 0 {
 		s.MaxCooldownTicks = MaxCooldownTicksDefault
+	}
+	if s.MaxTrials <= 0 {
+		s.MaxTrials = MaxTrialsDefault
 	}
 	if s.ForgetAfter <= 0 {
 		s.ForgetAfter = ForgetAfterDefault
@@ -212,12 +233,14 @@ func (b *Topics) OnTick() {
 	b.notify(changes)
 }
 
-// Plan returns what the next sweep may do, and hands out the half-open topics'
-// trials: until OnTick, a later plan excludes them.
+// Plan returns what the next sweep may do, and hands out up to MaxTrials of
+// the half-open topics' trials (the others wait for a later plan): until
+// OnTick, a later plan excludes the topics handed one.
 func (b *Topics) Plan() Plan {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	p := Plan{Excluded: []string{}, Trials: map[string]bool{}, gens: map[string]uint64{}}
+	p := Plan{Excluded: make([]string, 0, len(b.topics)), Trials: map[string]bool{}, gens: make(map[string]uint64, len(b.topics))}
+	var waiting []string // half-open, trial not out
 	for name, t := range b.topics {
 		if t.gen != 0 { // Gen says 0 for the others
 			p.gens[name] = t.gen
@@ -226,12 +249,36 @@ func (b *Topics) Plan() Plan {
 		case t.state == StateTripped, t.state == StateHalfOpen && t.trialOut:
 			p.Excluded = append(p.Excluded, name)
 		case t.state == StateHalfOpen:
-			p.Trials[name] = true
-			t.trialOut = true
+			waiting = append(waiting, name)
 		}
 	}
-	slices.Sort(p.Excluded)
+	trials, later := takeTurns(waiting, &b.turn, b.s.MaxTrials)
+	for _, name := range trials {
+		p.Trials[name] = true
+		b.topics[name].trialOut = true
+	}
+	p.Excluded = append(p.Excluded, later...)
 	return p
+}
+
+// takeTurns splits the half-open topics waiting for a trial into those a plan
+// tries (at most max) and those it leaves for later. When all fit, all are
+// tried; otherwise the turns go in name order, starting after *turn and
+// wrapping around, and *turn becomes the last one taken, so that every topic
+// gets its trial within len(waiting)/max plans, however the set changes
+// between them.
+func takeTurns(waiting []string, turn *string, max int) (trials, later []string) {
+	if len(waiting) <= max {
+		return waiting, nil
+	}
+	slices.Sort(waiting)
+	start, found := slices.BinarySearch(waiting, *turn)
+	if found {
+		start++
+	}
+	rotated := append(waiting[start:len(waiting):len(waiting)], waiting[:start]...)
+	*turn = rotated[max-1]
+	return rotated[:max], rotated[max:]
 }
 
 // Success reports a batch of topic accepted. A half-open topic closes and its

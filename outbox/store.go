@@ -134,19 +134,24 @@ func (s *store) topics(ctx context.Context, excluded []string) ([]string, error)
 // listing is what live_topics.sql found: the known topics with outstanding
 // rows above their floors (live) and those with none (empty), the topics with
 // outstanding rows above the discovery floor (fresh) and the highest id the
-// discovery scan read (0: none), and the snapshot's xmin and xmax.
+// discovery scan read (0: none), and the snapshot's xmin and xmax. When the
+// scan's reread of the rows it had read before stopped at its limit, cut is
+// set and reread is the highest id it read again.
 type listing struct {
 	live, empty, fresh []string
-	last               int64
+	last, reread       int64
+	cut                bool
 	xmin, xmax         uint64
 }
 
-// discoveryLimit bounds the rows one listing's discovery scan reads.
+// discoveryLimit bounds the rows each half of one listing's discovery scan
+// reads (live_topics.sql).
 const discoveryLimit = 100_000
 
 // liveTopics runs live_topics.sql: it probes each of topics above its floor in
-// after, and discovers the topics with outstanding rows above discovery.
-func (s *store) liveTopics(ctx context.Context, topics []string, after []int64, discovery int64) (listing, error) {
+// after, and discovers the topics with outstanding rows above discovery, those
+// above seen (the highest id discovery has read) apart.
+func (s *store) liveTopics(ctx context.Context, topics []string, after []int64, discovery, seen int64) (listing, error) {
 	defer s.beat()
 	var l listing
 	var (
@@ -176,12 +181,20 @@ func (s *store) liveTopics(ctx context.Context, topics []string, after []int64, 
 					return fmt.Errorf("read the snapshot's xmin %q: %w", topic, err)
 				}
 				l.xmin, l.xmax = xmin, uint64(*last)
+			case 3:
+				n, err := strconv.ParseInt(topic, 10, 64)
+				if err != nil {
+					return fmt.Errorf("read the count of rows discovery read again %q: %w", topic, err)
+				}
+				if l.cut = n >= discoveryLimit; l.cut {
+					l.reread = *last
+				}
 			}
 			return nil
 		})
 		return err
 	}
-	if err := queryPlanned(ctx, s.pool, scan, s.liveTopicsSQL, topics, after, discovery, discoveryLimit); err != nil {
+	if err := queryPlanned(ctx, s.pool, scan, s.liveTopicsSQL, topics, after, discovery, discoveryLimit, seen); err != nil {
 		return listing{}, s.explain(err)
 	}
 	return l, nil

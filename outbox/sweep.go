@@ -85,13 +85,13 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 	// so that the sweep never walks again what earlier sweeps sent.
 	leftOut := pass.leftOut
 	var marks *sweepMarks
-	members, floorsIn, discovery := s.cursor.begin(leftOut)
+	members, floorsIn, discovery, seen := s.cursor.begin(leftOut)
 	defer func() { s.cursor.finish(err == nil, marks) }()
-	l, err := s.store.liveTopics(work, members, floorsIn, discovery)
+	l, err := s.store.liveTopics(work, members, floorsIn, discovery, seen)
 	if err != nil {
 		return res, fmt.Errorf("list topics with outstanding rows in %s: %w", s.cfg.Table, err)
 	}
-	floors := s.cursor.listed(l.xmin, l.xmax, l.live, l.empty, l.fresh, l.last)
+	floors := s.cursor.listed(l.xmin, l.xmax, l.live, l.empty, l.fresh, l.last, l.cut, l.reread)
 	for t := range floors {
 		if leftOut[t] {
 			delete(floors, t)

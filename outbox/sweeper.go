@@ -237,7 +237,8 @@ func (s *Sweeper) Run(ctx context.Context) error {
 			s.sweepFailed(0, start, nil)
 			retry.Reset()
 		}
-		if res.Dispatched > 0 || res.FailedBatches > 0 {
+		// The cursor's stats walk every floor: only for a line that is logged.
+		if (res.Dispatched > 0 || res.FailedBatches > 0) && s.logger.Enabled(ctx, slog.LevelDebug) {
 			cs := s.cursor.stats()
 			s.logger.Debug("swept", "dispatched", res.Dispatched, "batches", res.Batches,
 				"failed_batches", res.FailedBatches, "pages", res.Pages, "duration", time.Since(start), "tick", tick,

@@ -12,15 +12,20 @@
 --   $2  per topic, its floor: every outstanding row has a higher id
 --   $3  the discovery floor: every outstanding row at or below it belongs to
 --       a known topic
---   $4  the most rows the discovery scan reads
+--   $4  the most rows each half of the discovery scan reads
+--   $5  the highest id the discovery scan has read (since the cursor's
+--       reset): rows above it are new
 --
 -- It returns one row per known topic (kind 0), saying whether it has an
 -- outstanding row above its floor (one probe of the (topic, id) index each);
 -- one row per topic with outstanding rows above the discovery floor (kind 1),
 -- with the highest id read, read in id order through the outstanding (id)
--- index, up to $4 rows; and one row (kind 2) with the statement's snapshot's
--- xmin and xmax, which the cursor needs to know when rows it could not see
--- have all committed.
+-- index; one row (kind 2) with the statement's snapshot's xmin and xmax,
+-- which the cursor needs to know when rows it could not see have all
+-- committed; and one row (kind 3) with how many rows the first half of the
+-- discovery scan (below) read again and the highest id among them: when it
+-- read $4, it stopped short of $5, and the discovery floor may move only as
+-- far as it read.
 --
 -- Each probe is ordered by (topic, id) and limited to one row, rather than an
 -- EXISTS: an EXISTS lets the planner bet that a sequential scan finds a row at
@@ -30,10 +35,17 @@
 -- the soak of issue 32). Ordered, a sequential scan must read everything before
 -- its first row, so the index wins whatever the statistics say.
 --
--- The discovery scan is ordered by id and limited so that the planner keeps to
--- the outstanding index even with a generic plan (pgx prepares the statement);
--- a burst larger than $4 is discovered over several sweeps, and the known
--- topics' rows in it are read by their own probes meanwhile.
+-- The discovery scan has two halves of up to $4 rows each: the rows read
+-- before ($3, $5], read again until the floor may move past them (to find
+-- the rows that commit out of id order among them), and the new rows above
+-- $5. Why two: a single scan from the floor spent its limit on the rows read
+-- before, so that after a burst of $4 rows (a flood of topics that each trip
+-- at once) a new topic's rows were not even seen until the floor moved, a
+-- second or two later (issue 30). Each half is ordered by id and limited so
+-- that the planner keeps to the outstanding index even with a generic plan
+-- (pgx prepares the statement); a larger burst is discovered over several
+-- sweeps, and the known topics' rows in it are read by their own probes
+-- meanwhile.
 WITH snapshot AS MATERIALIZED (
     SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin,
            pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xmax
@@ -46,13 +58,21 @@ WITH snapshot AS MATERIALIZED (
             ORDER BY o.topic, o.id
             LIMIT 1) IS NOT NULL AS outstanding
     FROM unnest($1::text[], $2::bigint[]) AS k(topic, after)
+), reread AS MATERIALIZED (
+    SELECT o.topic, o.id
+    FROM {{outbox}} o
+    WHERE o.id > $3 AND o.id <= $5 AND o.dispatched_at IS NULL
+    ORDER BY o.id
+    LIMIT $4
 ), fresh AS (
     SELECT f.topic, max(f.id) AS last
-    FROM (SELECT o.topic, o.id
-          FROM {{outbox}} o
-          WHERE o.id > $3 AND o.dispatched_at IS NULL
-          ORDER BY o.id
-          LIMIT $4) f
+    FROM (SELECT topic, id FROM reread
+          UNION ALL
+          (SELECT o.topic, o.id
+           FROM {{outbox}} o
+           WHERE o.id > greatest($3::bigint, $5::bigint) AND o.dispatched_at IS NULL
+           ORDER BY o.id
+           LIMIT $4)) f
     GROUP BY f.topic
 )
 SELECT 0 AS kind, topic, outstanding, NULL::bigint AS last FROM known
@@ -60,3 +80,5 @@ UNION ALL
 SELECT 1, topic, NULL, last FROM fresh
 UNION ALL
 SELECT 2, xmin::text, NULL, xmax FROM snapshot
+UNION ALL
+SELECT 3, count(*)::text, NULL, max(id) FROM reread

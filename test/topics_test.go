@@ -221,7 +221,8 @@ func TestATopicPerRowIsDrainedWithinBoundedMemoryMetricsAndStatus(t *testing.T) 
 // in microseconds, not in the half second a publish waits for JetStream's
 // answer. A healthy row written while the flood is being tripped arrives
 // (seen by a subscription on its subject) within a second of its commit at
-// the 99th percentile; it waited 45-50 s before. Not parallel: the latency it
+// the 99th percentile (three seconds under the race detector); it waited
+// 45-50 s before. Not parallel: the latency it
 // measures is the sweeper's, not that of the package's other tests, which
 // run in parallel after it.
 func TestAFloodOfTopicsWithoutAStreamDoesNotStarveAHealthyTopic(t *testing.T) {
@@ -312,5 +313,14 @@ func TestAFloodOfTopicsWithoutAStreamDoesNotStarveAHealthyTopic(t *testing.T) {
 	p99 := lat[(len(lat)*99+99)/100-1]
 	t.Logf("healthy topic commit→arrival over %d rows: p50 %s, p99 %s, max %s", len(lat),
 		lat[len(lat)/2].Round(time.Millisecond), p99.Round(time.Millisecond), lat[len(lat)-1].Round(time.Millisecond))
-	require.Less(t, p99, goal, "a healthy topic's p99 commit→arrival during the flood")
+	// The goal is the binary's. Under the race detector the flood's first
+	// pass (every topic refused and tripped in one sweep, the listing read
+	// again until the discovery floor moves) costs several times as much CPU:
+	// p99 about 0.35 s at 20,000 topics on an idle 2-core machine, 1.7 s with
+	// four CPU hogs beside it. Three times the goal holds there with room.
+	bound := goal
+	if raceDetector {
+		bound = 3 * goal
+	}
+	require.Less(t, p99, bound, "a healthy topic's p99 commit→arrival during the flood (goal %s)", goal)
 }

@@ -83,6 +83,7 @@ func TestEveryFlagRejectsABadValue(t *testing.T) {
 		{"run", "topic-failure-threshold", "0", "--topic-failure-threshold is 0: it must be at least 1"},
 		{"run", "topic-failure-window", "0s", "--topic-failure-window is 0s: it must be at least 1ms"},
 		{"run", "topic-failure-window", "soon", `invalid value "soon"`},
+		{"run", "topic-max-trials", "0", "--topic-max-trials is 0: it must be at least 1"},
 		{"run", "topic-backoff-max", "0s", "topic backoff max (--topic-backoff-max) is 0s: it must be at least 1ms"},
 		{"run", "topic-backoff-max", "later", `invalid value "later"`},
 		{"run", "tick", "1", `invalid value "1"`},

@@ -24,6 +24,7 @@ type topicBreakerOptions struct {
 	cooldownTicks    int
 	failureThreshold int
 	failureWindow    time.Duration
+	maxTrials        int
 }
 
 func (o *topicBreakerOptions) register(f *flags) {
@@ -33,6 +34,7 @@ func (o *topicBreakerOptions) register(f *flags) {
 	f.Int(&o.cooldownTicks, "topic-cooldown-ticks", breaker.CooldownTicksDefault, "ticks a tripped topic is left out of paging before one trial batch")
 	f.Int(&o.failureThreshold, "topic-failure-threshold", breaker.FailureThresholdDefault, "failed batches within --topic-failure-window that trip a topic (a topic-class failure trips at once)")
 	f.Duration(&o.failureWindow, "topic-failure-window", breaker.FailureWindowDefault, "how far back failed batches count toward --topic-failure-threshold")
+	f.Int(&o.maxTrials, "topic-max-trials", breaker.MaxTrialsDefault, "half-open topics one sweep tries at most; the rest take their turn in the next sweeps")
 }
 
 // build validates the flags and returns the breaker, logging its state changes:
@@ -48,7 +50,7 @@ func (o *topicBreakerOptions) build(f *flags, logger *slog.Logger, alerter alert
 	for _, c := range []struct {
 		v    int
 		name string
-	}{{o.cooldownMaxTicks, "topic-cooldown-max-ticks"}, {o.cooldownTicks, "topic-cooldown-ticks"}, {o.failureThreshold, "topic-failure-threshold"}} {
+	}{{o.cooldownMaxTicks, "topic-cooldown-max-ticks"}, {o.cooldownTicks, "topic-cooldown-ticks"}, {o.failureThreshold, "topic-failure-threshold"}, {o.maxTrials, "topic-max-trials"}} {
 		if err := positive(c.v, c.name); err != nil {
 			return nil, err
 		}
@@ -80,6 +82,7 @@ func (o *topicBreakerOptions) build(f *flags, logger *slog.Logger, alerter alert
 		FailureThreshold: o.failureThreshold,
 		FailureWindow:    o.failureWindow,
 		MaxCooldownTicks: o.cooldownMaxTicks,
+		MaxTrials:        o.maxTrials,
 		OnStateChange:    alertTopicChanges(outbox.LogTopicStateChange(logger), alerter, m.OnTopicChange),
 	}
 	if o.redisURL == "" {
