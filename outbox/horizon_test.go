@@ -84,7 +84,7 @@ func TestAHeldHorizonsStatisticsDoNotMisleadTheSweep(t *testing.T) {
 		c.noneOf(t, "Seq Scan", "Sort", "Bitmap Heap Scan")
 		require.Less(t, c.buffers, 1_500, "the claim read more than its rows and their index entries:\n%s", c.text)
 
-		l := explain(t, pool, mode, listing, topics, floors, floor, 1000)
+		l := explain(t, pool, mode, listing, topics, floors, floor, 1000, floor)
 		l.noneOf(t, "Seq Scan", "Sort", "Bitmap Heap Scan")
 		require.Less(t, l.buffers, 1_500, "the listing read more than its probes:\n%s", l.text)
 	}
