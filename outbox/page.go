@@ -3,12 +3,9 @@ package outbox
 import (
 	"context"
 	"fmt"
-	"maps"
 	"slices"
 	"sync"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outbox-sweeper/sweeper/producer"
 )
@@ -29,8 +26,7 @@ import (
 //	             last_error (record_failure.sql), or a move to the
 //	             dead-letter table (dead_letter.sql). The locks stay.
 //	end          move_dispatched.sql and COMMIT, in one round trip: the rows
-//	             sent (found by the ctids the claim read) leave the outbox
-//	             for its history, and that is where
+//	             sent leave the outbox for its history, and that is where
 //	             dispatched_at is set (clock_timestamp(), at the page's
 //	             end, not at the claim nor at the send). The commit
 //	             releases every lock; rows not sent stay outstanding.
@@ -85,9 +81,6 @@ type page struct {
 	held     map[int64]string
 	attempts map[int64]int
 	sent     map[int64]bool
-	// tids holds where the claim found each row (its ctid), which the page's
-	// end moves it by (move_dispatched.sql); under mu.
-	tids map[int64]pgtype.TID
 	// left, when set, is told of each row the page's end leaves outstanding
 	// (the sweep's cursor keeps the topic's floor below it).
 	left func(topic string, id int64)
@@ -153,7 +146,6 @@ func claimPage(ctx context.Context, s *store, topics []string, after []int64, sh
 	p := newPage(s, tx)
 	p.hold(r.sorted())
 	p.unreadable = r.unreadable
-	p.tids = r.tids
 	return p, r.msgs, r.found, nil
 }
 
@@ -193,7 +185,6 @@ func (p *page) claimAhead(ctx context.Context, topics []string, after []int64, s
 		}
 		p.unreadable[id] = why
 	}
-	maps.Copy(p.tids, r.tids)
 	return r.sorted(), r.found, nil
 }
 
@@ -306,17 +297,12 @@ func (p *page) end(ctx context.Context) error {
 			p.left(topic, id)
 		}
 	}
-	var args []any
 	move := ""
 	if len(sent) > 0 {
 		slices.Sort(sent) // the deletes lock in id order, as the claim did
-		tids := make([]pgtype.TID, len(sent))
-		for i, id := range sent {
-			tids[i] = p.tids[id]
-		}
-		move, args = p.s.pageSQL.moveSent, []any{sent, tids}
+		move = p.s.pageSQL.moveSent
 	}
-	if err := p.tx.commit(endCtx, move, args...); err != nil {
+	if err := p.tx.commit(endCtx, move, sent); err != nil {
 		return fmt.Errorf("move a page's %d sent rows of %s to its history (they will be sent again): %w", len(sent), p.s.table, p.s.explain(err))
 	}
 	return nil

@@ -1,4 +1,4 @@
--- Moves the rows of a page the broker accepted ($1, their ctids $2) from the outbox to its
+-- Moves the rows of a page the broker accepted ($1) from the outbox to its
 -- history, in the page's transaction, just before it commits (in the same round
 -- trip as the COMMIT). One statement deletes them from the outbox and inserts
 -- them, every column kept, with dispatched_at the move's time: a row is in
@@ -16,31 +16,14 @@
 -- partition a row lands in is the one current when it moved, so retention's
 -- whole-partition drops keep each row at least its full retention.
 --
--- The rows are found by the ctids the claim read ($2), each checked against
--- its id ($1), not by id alone: while something holds the vacuum horizon the
--- outbox is a few live rows among many dead ones, and the planner, misled by
--- its statistics, may look ids up by a full scan of an index (claim_page.sql
--- has the soak's figures). A TID scan fetches exactly the rows. A row whose
--- ctid changed since the claim (a failure recorded on it in this transaction
--- makes a new version) is found by id instead; normally there is none.
---
 -- The insert is routed to the partition of dispatched_at. If none covers it
 -- (the sweeper creates them ahead; see outbox/partitions.go) the row lands in
 -- the DEFAULT partition, which retention empties by row DELETE: the page never
 -- fails for want of a partition.
-WITH by_tid AS (
+WITH moved AS (
     DELETE FROM {{outbox}}
-    WHERE ctid = ANY($2::tid[])
-      AND id = ANY($1::bigint[])
+    WHERE id = ANY($1::bigint[])
     RETURNING *
-), by_id AS (
-    DELETE FROM {{outbox}}
-    WHERE id = ANY (ARRAY(SELECT unnest($1::bigint[]) EXCEPT SELECT id FROM by_tid))
-    RETURNING *
-), moved AS (
-    SELECT * FROM by_tid
-    UNION ALL
-    SELECT * FROM by_id
 )
 INSERT INTO {{history}} (id, message_id, topic, payload, headers, content_type, correlation_id,
                          partition_key, created_at, dispatched_at, attempts, last_error, expires_at)
