@@ -70,13 +70,26 @@ const txSettings = "SELECT set_config('enable_seqscan', 'off', true), set_config
 // trip (BEGIN, the settings, the statement, COMMIT); scan reads its rows. It
 // is for the statements that read the outbox outside a page (the listing, the
 // expiry pass): they need the same plans, and a setting the statement made
-// itself would come too late for its plan.
+// itself would come too late for its plan. The listing runs every sweep, so
+// the COMMIT travels with the statement rather than in a round trip of its
+// own.
 func queryPlanned(ctx context.Context, pool *pgxpool.Pool, scan func(pgx.Rows) error, sql string, args ...any) error {
-	tx, err := beginWith(ctx, pool, scan, sql, args...)
+	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return err
 	}
-	return tx.commit(ctx, "")
+	tx := &pageTx{conn: conn}
+	var b pgx.Batch
+	b.Queue("begin")
+	b.Queue(txSettings)
+	b.Queue(sql, args...).Query(scan)
+	b.Queue("commit")
+	if err := conn.SendBatch(ctx, &b).Close(); err != nil {
+		tx.rollback(ctx) // a failed statement leaves the transaction open, aborted
+		return err
+	}
+	tx.finish(nil)
+	return nil
 }
 
 func (tx *pageTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
