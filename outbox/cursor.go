@@ -76,6 +76,10 @@ type cursor struct {
 	settleAfter time.Duration
 	// checks counts the checks done, for tests.
 	checks int
+	// lastReread is when a listing last read again the rows discovery read
+	// before; rereadSkipped says the last listing did not (rereadEvery).
+	lastReread    time.Time
+	rereadSkipped bool
 	// left holds the topics the current sweep leaves out (begin's
 	// excluded). Their floors stand still until a sweep reads them: nothing
 	// is stamped or settled for them, which only moves them later. Why: a
@@ -127,6 +131,24 @@ const maxPending = 8
 // it, so a floor trails the sweeps by at most 1.25 × settleAfter of rows.
 const settleAfter = time.Second
 
+// rereadEvery is how often a listing reads again the rows discovery has read
+// above its floor, to find among them those that committed out of id order:
+// rows of a topic the cursor does not know (a new one, or one let go), which
+// no member's probe reads. The rows of known topics are read by their probes
+// at every listing.
+//
+// Why not at every listing: the reread is the one part of a listing whose
+// cost grows with the rows written rather than with the topics. At every
+// listing, a drain's first second read the whole backlog again each sweep,
+// until the discovery floor could move past it; at --tick 50ms, where the
+// sweep ends at each tick under OrderingTopic, the listings took 0.8 s of a
+// 2.3 s drain of 100,000 rows (1.4 s at the default tick; issue 32). A floor
+// moves only settleAfter after a finding, and findings are kept one per
+// quarter of it, so a reread every quarter loses the floors nothing. The
+// price: such a row waits for the next reread, up to rereadEvery (the
+// sweeper polls for it: rereadAt).
+const rereadEvery = settleAfter / 4
+
 // cursorResetEvery is how often the floors are checked for a row put back
 // below one by anything other than a sweep: such a row waits at most this
 // long, and the check's walk.
@@ -138,9 +160,10 @@ func newCursor(resetEvery time.Duration) *cursor {
 
 // begin starts a sweep: it forgets everything if a check found a row below
 // the floors, and returns the members to probe (less excluded) with their
-// floors, the discovery floor, and the highest id discovery has read (rows
-// above it are new).
-func (c *cursor) begin(excluded map[string]bool) (topics []string, after []int64, discovery, seen int64) {
+// floors, the discovery floor, the highest id discovery has read (rows above
+// it are new), and whether the listing reads again the rows discovery has read
+// above its floor (see rereadDue).
+func (c *cursor) begin(excluded map[string]bool) (topics []string, after []int64, discovery, seen int64, reread bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.stale {
@@ -157,16 +180,32 @@ func (c *cursor) begin(excluded map[string]bool) (topics []string, after []int64
 			topics, after = append(topics, t), append(after, f.after)
 		}
 	}
-	return topics, after, c.discovery.after, c.seen
+	now := time.Now()
+	// Nothing to read again costs nothing: the listing reads it, and finds.
+	if reread = c.seen <= c.discovery.after || now.Sub(c.lastReread) >= rereadEvery; reread {
+		c.lastReread = now
+	}
+	c.rereadSkipped = !reread
+	return topics, after, c.discovery.after, c.seen, reread
+}
+
+// rereadAt returns when a sweep should come to read again the rows discovery
+// has read above its floor, if the last listing left them unread: so that a
+// row that committed out of id order among them is found within rereadEvery,
+// however long the tick.
+func (c *cursor) rereadAt() (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lastReread.Add(rereadEvery), c.rereadSkipped
 }
 
 // listed records what the sweep's listing found: its snapshot's xmin and
 // xmax, the members it found outstanding rows for (live), those it found none
 // for (empty), and the topics the discovery scan found above the discovery
-// floor, with the highest id it read (0: none); cut says its reread of the
-// rows read before stopped at reread. It returns each live or new topic's
-// floor.
-func (c *cursor) listed(xmin, xmax uint64, live, empty []string, fresh []string, last int64, cut bool, reread int64) map[string]int64 {
+// floor, with the highest id it read (0: none); reread says it read again the
+// rows read before (begin asked it to), and cut that it stopped at rereadTo.
+// It returns each live or new topic's floor.
+func (c *cursor) listed(xmin, xmax uint64, live, empty []string, fresh []string, last int64, reread, cut bool, rereadTo int64) map[string]int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.xmin, c.xmax = xmin, xmax
@@ -180,12 +219,14 @@ func (c *cursor) listed(xmin, xmax uint64, live, empty []string, fresh []string,
 	// has ever read belongs to a member now: those up to the floor already
 	// did, and the scan read the rest (a scan that read nothing shows there
 	// are none). Unless the reread stopped short: then only those up to
-	// where it stopped.
+	// where it stopped. A listing that did not read them again finds nothing.
 	c.discovery.start(xmin, xmax, now, c.settleAfter)
 	c.seen = max(c.seen, last, c.discovery.after)
-	if cut {
-		c.discovery.scan(max(reread, c.discovery.after))
-	} else {
+	switch {
+	case !reread:
+	case cut:
+		c.discovery.scan(max(rereadTo, c.discovery.after))
+	default:
 		c.discovery.scan(c.seen)
 	}
 	for _, t := range fresh {

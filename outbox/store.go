@@ -134,12 +134,14 @@ func (s *store) topics(ctx context.Context, excluded []string) ([]string, error)
 // listing is what live_topics.sql found: the known topics with outstanding
 // rows above their floors (live) and those with none (empty), the topics with
 // outstanding rows above the discovery floor (fresh) and the highest id the
-// discovery scan read (0: none), and the snapshot's xmin and xmax. When the
+// discovery scan read (0: none), and the snapshot's xmin and xmax; first
+// holds each live known topic's first outstanding id. When the
 // scan's reread of the rows it had read before stopped at its limit, cut is
 // set and reread is the highest id it read again.
 type listing struct {
 	live, empty, fresh []string
 	last, reread       int64
+	first              map[string]int64
 	cut                bool
 	xmin, xmax         uint64
 }
@@ -150,8 +152,12 @@ const discoveryLimit = 100_000
 
 // liveTopics runs live_topics.sql: it probes each of topics above its floor in
 // after, and discovers the topics with outstanding rows above discovery, those
-// above seen (the highest id discovery has read) apart.
-func (s *store) liveTopics(ctx context.Context, topics []string, after []int64, discovery, seen int64) (listing, error) {
+// above seen (the highest id discovery has read) apart. Without reread the
+// rows between discovery and seen are not read again (cursor.rereadDue).
+func (s *store) liveTopics(ctx context.Context, topics []string, after []int64, discovery, seen int64, reread bool) (listing, error) {
+	if !reread {
+		discovery = max(discovery, seen) // the first half of the discovery scan reads nothing
+	}
 	defer s.beat()
 	var l listing
 	var (
@@ -169,6 +175,10 @@ func (s *store) liveTopics(ctx context.Context, topics []string, after []int64, 
 			case 0:
 				if *outstanding {
 					l.live = append(l.live, topic)
+					if l.first == nil {
+						l.first = map[string]int64{}
+					}
+					l.first[topic] = *last
 				} else {
 					l.empty = append(l.empty, topic)
 				}

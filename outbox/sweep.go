@@ -85,16 +85,21 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 	// so that the sweep never walks again what earlier sweeps sent.
 	leftOut := pass.leftOut
 	var marks *sweepMarks
-	members, floorsIn, discovery, seen := s.cursor.begin(leftOut)
+	members, floorsIn, discovery, seen, reread := s.cursor.begin(leftOut)
 	defer func() { s.cursor.finish(err == nil, marks) }()
-	l, err := s.store.liveTopics(work, members, floorsIn, discovery, seen)
+	l, err := s.store.liveTopics(work, members, floorsIn, discovery, seen, reread)
 	if err != nil {
 		return res, fmt.Errorf("list topics with outstanding rows in %s: %w", s.cfg.Table, err)
 	}
-	floors := s.cursor.listed(l.xmin, l.xmax, l.live, l.empty, l.fresh, l.last, l.cut, l.reread)
+	floors := s.cursor.listed(l.xmin, l.xmax, l.live, l.empty, l.fresh, l.last, reread, l.cut, l.reread)
 	for t := range floors {
 		if leftOut[t] {
 			delete(floors, t)
+		} else if first, ok := l.first[t]; ok && first-1 > floors[t] {
+			// Nothing is outstanding between the floor and the first row the
+			// listing found: the topic's first page starts there rather than
+			// walk again what the probe walked.
+			floors[t] = first - 1
 		}
 	}
 	live := slices.Sorted(maps.Keys(floors))

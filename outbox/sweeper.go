@@ -191,6 +191,9 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		if poll, ok := st.pollAt(); ok && failing == 0 && poll.Before(next) {
 			at = poll
 		}
+		if poll, ok := s.cursor.rereadAt(); ok && failing == 0 && poll.Before(at) {
+			at = poll
+		}
 		reached, ok := waitFor(ctx, at, woken)
 		if !ok {
 			s.logger.Info("sweeper stopped")

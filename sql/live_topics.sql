@@ -17,7 +17,9 @@
 --       reset): rows above it are new
 --
 -- It returns one row per known topic (kind 0), saying whether it has an
--- outstanding row above its floor (one probe of the (topic, id) index each);
+-- outstanding row above its floor and the first one's id (one probe of the
+-- (topic, id) index each: the sweep's first page of the topic starts there, and
+-- does not walk again what the probe walked);
 -- one row per topic with outstanding rows above the discovery floor (kind 1),
 -- with the highest id read, read in id order through the outstanding (id)
 -- index; one row (kind 2) with the statement's snapshot's xmin and xmax,
@@ -38,7 +40,8 @@
 -- The discovery scan has two halves of up to $4 rows each: the rows read
 -- before ($3, $5], read again until the floor may move past them (to find
 -- the rows that commit out of id order among them), and the new rows above
--- $5. Why two: a single scan from the floor spent its limit on the rows read
+-- $5. The sweeper reads them again only when the cursor can use it, about
+-- once a second (cursor.go, rereadDue), and otherwise passes $3 = $5. Why two: a single scan from the floor spent its limit on the rows read
 -- before, so that after a burst of $4 rows (a flood of topics that each trip
 -- at once) a new topic's rows were not even seen until the floor moved, a
 -- second or two later (issue 30). Each half is ordered by id and limited so
@@ -56,7 +59,7 @@ WITH snapshot AS MATERIALIZED (
               AND (o.topic, o.id) <= (k.topic, 9223372036854775807)
               AND o.dispatched_at IS NULL
             ORDER BY o.topic, o.id
-            LIMIT 1) IS NOT NULL AS outstanding
+            LIMIT 1) AS first
     FROM unnest($1::text[], $2::bigint[]) AS k(topic, after)
 ), reread AS MATERIALIZED (
     SELECT o.topic, o.id
@@ -75,7 +78,7 @@ WITH snapshot AS MATERIALIZED (
            LIMIT $4)) f
     GROUP BY f.topic
 )
-SELECT 0 AS kind, topic, outstanding, NULL::bigint AS last FROM known
+SELECT 0 AS kind, topic, first IS NOT NULL, first FROM known
 UNION ALL
 SELECT 1, topic, NULL, last FROM fresh
 UNION ALL
