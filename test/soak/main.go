@@ -21,7 +21,8 @@
 //     cannot offer the rate; reports the highest rate held.
 //   - ceiling: only the ceilings: the minimal table's claim-and-mark rate on one
 //     connection, and the binary's drain of a --drain-rows backlog at its
-//     default tick and at --tick 50ms, as ratios to it, in the same cluster.
+//     default tick and at --tick 50ms (--drain-runs of each, alternating,
+//     medians), as ratios to it, in the same cluster.
 //
 // Lag is measured end to end, so that it holds for any storage layout: the
 // writer puts "soak <txn> <row>" at the head of each payload and notes when
@@ -70,6 +71,7 @@ type config struct {
 	out         string
 	ceiling     bool
 	drainRows   int
+	drainRuns   int
 	drainLimit  time.Duration
 	stepStart   int
 	stepBy      int
@@ -125,6 +127,7 @@ func main() {
 	fs.StringVar(&cfg.out, "out", "soak-samples.out", "the samples and summaries, as JSON lines (.out: ignored by git)")
 	fs.BoolVar(&cfg.ceiling, "ceiling", true, "phases: measure the ceilings first")
 	fs.IntVar(&cfg.drainRows, "drain-rows", 100_000, "the ceilings' backlog")
+	fs.IntVar(&cfg.drainRuns, "drain-runs", 3, "the binary's drains at each tick, alternating; their medians are reported")
 	fs.DurationVar(&cfg.drainLimit, "drain-limit", 5*time.Minute, "fail a drain that takes longer")
 	fs.IntVar(&cfg.stepStart, "step-start", 3000, "step: the first rate, rows/s")
 	fs.IntVar(&cfg.stepBy, "step-by", 1500, "step: added each step, rows/s")
