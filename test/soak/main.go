@@ -125,7 +125,7 @@ func main() {
 		"the database's view of the backlog: one row of (rows bigint, oldest age in seconds float8); empty: not sampled")
 	fs.StringVar(&cfg.schema, "schema", "public", "the schema whose tables' sizes and dead tuples are sampled")
 	fs.StringVar(&cfg.out, "out", "soak-samples.out", "the samples and summaries, as JSON lines (.out: ignored by git)")
-	fs.BoolVar(&cfg.ceiling, "ceiling", true, "phases: measure the ceilings first")
+	fs.BoolVar(&cfg.ceiling, "ceiling", true, "phases and step: measure the ceilings first")
 	fs.IntVar(&cfg.drainRows, "drain-rows", 100_000, "the ceilings' backlog")
 	fs.IntVar(&cfg.drainRuns, "drain-runs", 3, "the binary's drains at each tick, alternating; their medians are reported")
 	fs.DurationVar(&cfg.drainLimit, "drain-limit", 5*time.Minute, "fail a drain that takes longer")
@@ -198,7 +198,7 @@ func run(ctx context.Context, cfg *config) error {
 	fmt.Fprintf(os.Stderr, "soak %s: %s (%s), Postgres %s at 127.0.0.1:%d in %s, autovacuum %s\n", cfg.mode, cfg.bin,
 		head["version"], settings["server_version"], cl.port, cl.dir, settings["autovacuum"])
 
-	if cfg.mode == "ceiling" || (cfg.mode == "phases" && cfg.ceiling) {
+	if cfg.mode == "ceiling" || (cfg.mode != "clean" && cfg.ceiling) {
 		c, err := ceilings(ctx, cfg, cl)
 		if err != nil {
 			return fmt.Errorf("ceilings: %w (server log:\n%s)", err, cl.tailLog(20))
