@@ -12,8 +12,8 @@ import (
 type ceilingResult struct {
 	Type          string  `json:"type"` // "ceiling"
 	Rows          int     `json:"rows"`
-	DB            float64 `json:"db_rows_per_s"`        // the issue's statement, from the table's head each time
-	DBKeyset      float64 `json:"db_keyset_rows_per_s"` // the same, from where the last statement ended
+	DB            float64 `json:"db_rows_per_s"`           // the issue's statement, from the table's head each time
+	DBKeyset      float64 `json:"db_keyset_rows_per_s"`    // the same, from where the last statement ended
 	DrainDefault  float64 `json:"drain_default_msg_per_s"` // the median of the runs
 	DrainTick50ms float64 `json:"drain_tick50ms_msg_per_s"`
 	// Each run's rate, in the order run (the two alternate).
