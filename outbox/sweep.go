@@ -183,8 +183,12 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 // table's claim-and-mark, so on one connection the drain could not pass
 // 0.7 of that table's rate (issue 32 asks for 0.8). Two lanes let the
 // database work on two rows at once; the sends of one lane never wait for
-// the other's page. More lanes than cores buy nothing, and each holds a
-// connection (the binary's pool counts them).
+// the other's page. Measured (BENCHMARKS.md, "Two page lanes"; five runs a
+// binary, alternating): the drain went from 0.66 to 0.82 of the ceiling at
+// the default tick (1.28 times the rate), and from 0.67 to 0.71 at --tick
+// 50ms (1.17 times), where each short sweep ends only when both lanes have.
+// More lanes than cores buy nothing, and each holds a connection (the
+// binary's pool counts them).
 const pageLanes = 2
 
 // laneCount returns how many lanes the sweep's pages run in: s.lanes (at
