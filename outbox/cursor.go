@@ -397,7 +397,10 @@ func (f *floor) end(ok bool) {
 // with: reach is the last id its pages read (its floor if none), left the id
 // before the first row it left outstanding (read but held elsewhere, or
 // claimed and not sent). Topics not in reach were not read.
+//
+// A sweep's lanes note their pages at once: mu guards reach and left.
 type sweepMarks struct {
+	mu          sync.Mutex
 	reach, left map[string]int64
 	// off says the sweep's findings are not kept (a broker trial's sweep,
 	// whose claims do not follow the pages).
@@ -415,17 +418,25 @@ func (m *sweepMarks) paged(t string, f pageTopic, held bool) {
 	if m == nil {
 		return
 	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	if _, ok := m.reach[t]; !ok {
 		return
 	}
 	m.reach[t] = max(m.reach[t], f.last)
 	if held {
-		m.leave(t, f.first)
+		m.noteLeft(t, f.first)
 	}
 }
 
 // leave notes that row id of topic stays outstanding after the sweep.
 func (m *sweepMarks) leave(topic string, id int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.noteLeft(topic, id)
+}
+
+func (m *sweepMarks) noteLeft(topic string, id int64) {
 	if l, ok := m.left[topic]; !ok || id-1 < l {
 		m.left[topic] = id - 1
 	}

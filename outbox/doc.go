@@ -22,7 +22,9 @@
 //	page (page.go): BEGIN and claim_page.sql in one round trip: a share of
 //	  │   each topic's rows, in id order, locked FOR UPDATE SKIP LOCKED.
 //	  │   Nothing is written. During a drain the next page is claimed in
-//	  ▼   the same transaction while this one sends.
+//	  │   the same transaction while this one sends, and the topics are
+//	  │   split into two lanes, each paging its own in a transaction of its
+//	  ▼   own, at once (sweep.go, pageLanes).
 //	topic sender (send.go): one per topic, up to Concurrency at once; the
 //	  │   producer cuts batches, sent in order:
 //	  │     accepted ──▶ noted in the page

@@ -70,3 +70,11 @@ func FloorChecks(s *Sweeper) int {
 	defer s.cursor.mu.Unlock()
 	return s.cursor.checks
 }
+
+// OneLane makes s page every sweep in one transaction, as before lanes
+// (pageLanes): for the tests of what one page transaction holding several
+// topics does.
+func OneLane(s *Sweeper) *Sweeper {
+	s.lanes = 1
+	return s
+}

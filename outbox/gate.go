@@ -79,8 +79,10 @@ type gatePass struct {
 	// holds them as a set.
 	excluded []string
 	leftOut  map[string]bool
-	// halted holds the topics stopped for the rest of the sweep. Only the
-	// sweep's goroutine writes it, under g.mu, so that Gates may read it.
+	// halted holds the topics stopped for the rest of the sweep, for Gates
+	// to read. The sweep's lanes write it, under g.mu; each pages on
+	// without its own halted topics (it keeps them too), and a topic is
+	// in one lane only, so no lane needs another's.
 	halted map[string]bool
 }
 

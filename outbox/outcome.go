@@ -60,6 +60,19 @@ func (r *SweepResult) add(o outcome) {
 	}
 }
 
+// merge adds o, another lane's result of the same sweep, to r. The failed
+// topics of the lanes follow one another, each lane's in the order they
+// failed; the later next tick holds.
+func (r *SweepResult) merge(o SweepResult) {
+	r.Pages += o.Pages
+	addCounts(r.counts(), o.counts())
+	r.FailedTopics = append(r.FailedTopics, o.FailedTopics...)
+	r.Blocked = r.Blocked || o.Blocked
+	if o.due.After(r.due) {
+		r.due = o.due
+	}
+}
+
 // counts and SweepResult.counts list the same counts in the same order, so
 // that one addCounts adds an outcome up at every scale.
 func (out *outcome) counts() []*int {

@@ -48,8 +48,17 @@ import (
 // the next is claimed in it while the current one sends (claimAhead), so the
 // database and the broker work at once, and it commits after the last. Topic
 // locks are the transaction's, so a second transaction could not claim ahead
-// under OrderingTopic. A page claimed ahead never reads a row the transaction
-// already holds: each topic is read after the last id its previous page read.
+// of the same topics under OrderingTopic. A page claimed ahead never reads a
+// row the transaction already holds: each topic is read after the last id its
+// previous page read.
+//
+// A drain's sweep runs two such transactions at once, its lanes (sweep.go,
+// pageLanes), each over topics of its own: one connection doing every
+// claim, move and commit one after another was the drain's bound (busy 87 %
+// of a 1.4 s drain of 100,000 rows, while the machine sat 40 % idle), and
+// a topic that is one lane's only keeps its lock in that lane's
+// transaction, as before; two lanes drained 1.28 times faster. Each lane's
+// pages live as described here.
 //
 // Why one transaction for the page rather than one per batch: with many topics
 // a page holds a few rows of each, and a transaction per batch cost the

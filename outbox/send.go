@@ -149,7 +149,7 @@ func (t *topicSender) sendBatch(b producer.Batch, retry bool) (stop bool, err er
 		if sendErr == nil {
 			c.dispatched()
 			done(breaker.BrokerUp, nil)
-			st.up.Store(true)
+			st.broker.up.Store(true)
 			t.succeeded(b)
 			return false, nil
 		}
@@ -332,16 +332,16 @@ func (s *Sweeper) checkBroker(st *sweepState) evidence {
 	}
 	c, ok := s.producer.(producer.Checker)
 	if !ok {
-		st.down.Store(true)
+		st.broker.down.Store(true)
 		return brokerDown
 	}
 	ctx, cancel := context.WithTimeout(st.work, min(s.cfg.SendTimeout, checkTimeoutMax))
 	defer cancel()
 	if err := c.Check(ctx); err != nil {
 		s.logger.Debug("broker health check failed: the failure is the broker's", "err", err)
-		st.down.Store(true)
+		st.broker.down.Store(true)
 		return brokerDown
 	}
-	st.up.Store(true)
+	st.broker.up.Store(true)
 	return brokerUp
 }

@@ -13,10 +13,13 @@ import (
 	"github.com/outbox-sweeper/sweeper/producer"
 )
 
-// sweepState is what one sweep knows across its topics and pages.
+// sweepState is what one lane of a sweep (see sweep) knows across its topics
+// and pages; what the lanes share is behind its pointers.
 type sweepState struct {
-	// stop ends the reading of pages; work, which outlives stop during a
-	// graceful shutdown, carries the sends.
+	// stop ends the reading of pages: the sweep's stop, or, in a lane, the end
+	// of the sweep that another lane's database error or the broker going
+	// down brings. work, which outlives stop during a graceful shutdown,
+	// carries the sends.
 	stop, work context.Context
 	// gate is the sweep's answer from the gate: which topics may send, which
 	// send a trial, which have stopped.
@@ -24,19 +27,26 @@ type sweepState struct {
 	// trial is set while the sweep sends the half-open broker breaker's one
 	// batch: its topic sends that batch and nothing more.
 	trial bool
-	// page is the page being sent.
+	// page is the lane's page being sent.
 	page *page
-	// up says the broker is known to be up in this sweep: a send succeeded, or
-	// the producer's check passed. down says a check failed and nothing has
-	// succeeded since. They are the policy's evidence.
-	up, down atomic.Bool
+	// broker is what the sweep knows of the broker, shared by its lanes.
+	broker *brokerSeen
+	// sends holds a slot for each topic being sent, Concurrency in all,
+	// shared by the sweep's lanes: --concurrency bounds the sends of the
+	// process, however many lanes.
+	sends chan struct{}
 }
+
+// brokerSeen is a sweep's evidence of the broker, the policy's: up says the
+// broker is known to be up in this sweep (a send succeeded, or the producer's
+// check passed); down says a check failed and nothing has succeeded since.
+type brokerSeen struct{ up, down atomic.Bool }
 
 func (st *sweepState) evidence() evidence {
 	switch {
-	case st.up.Load():
+	case st.broker.up.Load():
 		return brokerUp
-	case st.down.Load():
+	case st.broker.down.Load():
 		return brokerDown
 	default:
 		return brokerUnknown
@@ -55,6 +65,10 @@ func (st *sweepState) evidence() evidence {
 // sweeper) wait for the next sweep, which starts each topic from its floor: the
 // cursor (cursor.go) keeps the floor below every row left outstanding.
 // Topics that appear during a tick are read from the next one.
+//
+// During a drain the live topics are split into lanes (pageLanes), each
+// paging its own topics in a page transaction of its own, on a connection of
+// its own, at once: see pageLanes for why.
 func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (res SweepResult, err error) {
 	if tick {
 		s.breaker.OnTick()
@@ -74,7 +88,7 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 	}
 	pass := s.gate.open(time.Now())
 	defer s.gate.close(pass)
-	st := &sweepState{stop: stop, work: work, gate: pass}
+	st := &sweepState{stop: stop, work: work, gate: pass, broker: &brokerSeen{}, sends: make(chan struct{}, s.cfg.Concurrency)}
 	excluded := pass.excluded
 	if tick {
 		if err := s.expireLeftOut(work, excluded, due, &res); err != nil {
@@ -117,34 +131,15 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 	// cold, and a short --tick slowed a drain by a third (issue 32). The
 	// cooldowns still count every tick; a topic whose cooldown ends waits
 	// for the next sweep, at most maxSweepSpan.
-	began := time.Now()
+	//
 	// Under OrderingTopic the sweep ends sooner, at the first tick
 	// minTopicSweepSpan after it began: its page transactions hold their
 	// topics' locks, and a sweep that read on took every topic again the
 	// moment it let them go, so other instances never got one
 	// (TestThreeInstancesKeepTopicOrderAndSendNothingTwice).
-	span := maxSweepSpan
+	ticks := &sweepTicks{s: s, stop: stop, work: work, excluded: excluded, due: due, began: time.Now(), span: maxSweepSpan}
 	if s.store.topicLocks {
-		span = minTopicSweepSpan
-	}
-	over := func() bool {
-		return !due.IsZero() && !time.Now().Before(due) && (time.Since(began) >= span || stop.Err() != nil)
-	}
-	tickDue := func() (end bool) {
-		if due.IsZero() || time.Now().Before(due) {
-			return false
-		}
-		if over() {
-			return true
-		}
-		s.breaker.OnTick()
-		if err := s.expireLeftOut(work, excluded, due, &res); err != nil {
-			s.logger.Error("expiring the rows of left-out topics failed; they will be tried at the next tick",
-				"table", s.cfg.Table.String(), "err", err)
-		}
-		due = s.cfg.Schedule.Next(time.Now())
-		res.due = due
-		return false
+		ticks.span = minTopicSweepSpan
 	}
 	// A half-open broker breaker lets a single trial through and refuses the
 	// others: send one batch alone first, rather than claim batches only to
@@ -166,11 +161,108 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 		live = slices.Delete(live, i, i+1)
 		after = slices.Delete(after, i, i+1)
 	}
+	// The listing knows of no outstanding row above the highest id discovery
+	// has read (seen, or what it read now), nor below the lowest floor.
+	lanes := s.laneCount(after, max(seen, l.last))
+	err = s.runLanes(st, ticks, marks, live, after, lanes, &res)
+	return res, err
+}
+
+// pageLanes is how many page transactions a drain's sweep runs at once, each
+// with its own share of the live topics (a topic in one lane only, so under
+// OrderingTopic its lock is that lane's transaction's and the lanes never
+// contend), on a connection of its own.
+//
+// Why: a drain was bound by one connection. Of a 1.4 s drain of 100,000 rows
+// (10 topics, 512-byte payloads, the stdout producer), the page
+// transaction's connection was busy 87 % of the time: the claims 0.6-0.8 s,
+// the pages' ends (the move of the sent rows to history and the COMMIT)
+// 0.4-0.55 s, while the sends (0.5 s) mostly overlapped them and the
+// machine sat 40 % idle. A row costs the database a claim, a lock, a
+// DELETE and an INSERT, about 1.3 times the single UPDATE of a minimal
+// table's claim-and-mark, so on one connection the drain could not pass
+// 0.7 of that table's rate (issue 32 asks for 0.8). Two lanes let the
+// database work on two rows at once; the sends of one lane never wait for
+// the other's page. Measured (BENCHMARKS.md, "Two page lanes"; five runs a
+// binary, alternating): the drain went from 0.66 to 0.82 of the ceiling at
+// the default tick (1.28 times the rate), and from 0.67 to 0.71 at --tick
+// 50ms (1.17 times), where each short sweep ends only when both lanes have.
+// More lanes than cores buy nothing, and each holds a connection (the
+// binary's pool counts them).
+const pageLanes = 2
+
+// laneCount returns how many lanes the sweep's pages run in: s.lanes (at
+// most one a topic) when at least two topics are live and their outstanding
+// rows may fill more than a page (the ids between the lowest floor and
+// highest, the highest id the listing knows of, bound their number); one
+// otherwise, so that a sweep that finds a page or less pays for one
+// transaction, not one a lane.
+func (s *Sweeper) laneCount(after []int64, highest int64) int {
+	if s.lanes < 2 || len(after) < 2 || highest-slices.Min(after) <= int64(s.cfg.PageSize) {
+		return 1
+	}
+	return min(s.lanes, len(after))
+}
+
+// runLanes splits the live topics into n lanes, round robin in name order,
+// and runs each lane's page loop (pageLane) at once, each with a sweepState
+// of its own (its page) over the sweep's shared evidence and send slots, and
+// a result of its own, added to res at the end. A lane that fails (a
+// database error) or finds the broker down ends the sweep for the others: they
+// stop as a graceful stop does (no batch begins; those in flight finish, and
+// each page ends with what it sent). It returns the first lane's error.
+func (s *Sweeper) runLanes(st *sweepState, ticks *sweepTicks, marks *sweepMarks, live []string, after []int64, n int, res *SweepResult) error {
+	defer ticks.finish(res)
+	if n <= 1 {
+		return s.pageLane(st, ticks, marks, live, after, res)
+	}
+	stop, end := context.WithCancel(st.stop)
+	defer end()
 	var (
-		p      *page         // the open page transaction, between its claim and its end
-		pages  int           // pages claimed in p
-		next   *aheadPage    // the next page, claimed in p while the current one sends
-		halted = pass.halted // topics done for this sweep; pass.halt adds to it
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		first   error
+		results = make([]SweepResult, n)
+	)
+	for i := range n {
+		var laneLive []string
+		var laneAfter []int64
+		for j := i; j < len(live); j += n {
+			laneLive, laneAfter = append(laneLive, live[j]), append(laneAfter, after[j])
+		}
+		lane := &sweepState{stop: stop, work: st.work, gate: st.gate, broker: st.broker, sends: st.sends}
+		wg.Go(func() {
+			err := s.pageLane(lane, ticks, marks, laneLive, laneAfter, &results[i])
+			if err != nil || s.gate.brokerState() == breaker.DependencyOpen {
+				end()
+			}
+			if err != nil {
+				mu.Lock()
+				if first == nil {
+					first = err
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	for _, r := range results {
+		res.merge(r)
+	}
+	return first
+}
+
+// pageLane reads and sends pages of topics live, each read after its entry in
+// after, while st.stop is live, topics may hold more, and the sweep is not
+// over (ticks), adding to res. It is the sweep's only page loop, or one of
+// its lanes'.
+func (s *Sweeper) pageLane(st *sweepState, ticks *sweepTicks, marks *sweepMarks, live []string, after []int64, res *SweepResult) (err error) {
+	stop, work := st.stop, st.work
+	var (
+		p      *page               // the open page transaction, between its claim and its end
+		pages  int                 // pages claimed in p
+		next   *aheadPage          // the next page, claimed in p while the current one sends
+		halted = map[string]bool{} // the lane's topics done for this sweep
 		// read holds the topics p's pages have read: under OrderingTopic,
 		// those whose locks p may hold.
 		read map[string]bool
@@ -193,7 +285,7 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 			window, share := s.window(len(live))
 			cur = &aheadPage{window: window, share: share}
 			if p, cur.msgs, cur.found, err = claimPage(work, s.store, live[:window], after[:window], share); err != nil {
-				return res, err
+				return err
 			}
 			if p != nil {
 				p.left = marks.leave
@@ -204,13 +296,13 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 			}
 		}
 		pages++
-		done := s.account(cur, &res, marks)
+		done := s.account(cur, res, marks)
 		if len(halted) > 0 { // a page claimed ahead holds rows of topics that stopped since
 			cur.msgs = slices.DeleteFunc(cur.msgs, func(m producer.Message) bool { return halted[m.Topic] })
 		}
 		live, after = advance(live, after, cur, done, halted)
 		if p == nil { // nothing claimed: every row read is held elsewhere
-			if tickDue() {
+			if ticks.tick(res) {
 				break
 			}
 			continue
@@ -220,7 +312,7 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 		// transaction carries at most pagesPerTransaction pages, so that the
 		// moves of a drain are committed as it goes.
 		var ahead chan error
-		if window, share := s.aheadWindow(live, read); window > 0 && pages < pagesPerTransaction && !over() {
+		if window, share := s.aheadWindow(live, read); window > 0 && pages < pagesPerTransaction && !ticks.over() {
 			for _, t := range live[:window] {
 				read[t] = true
 			}
@@ -233,7 +325,7 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 			}(live[:window], after[:window])
 		}
 		st.page = p
-		stopped, sendErr := s.sendPage(st, cur.msgs, &res)
+		stopped, sendErr := s.sendPage(st, cur.msgs, res)
 		st.page = nil
 		if ahead != nil {
 			if aheadErr := <-ahead; sendErr == nil {
@@ -242,26 +334,96 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 			p.hold(next.msgs) // all of them, so that the page's end leaves those not sent to the cursor
 		}
 		if sendErr != nil {
-			return res, sendErr // the deferred end rolls back
+			return sendErr // the deferred end rolls back
 		}
 		if s.gate.brokerState() == breaker.DependencyOpen {
-			return res, nil // the broker went down during the page
+			return nil // the broker went down during the page
 		}
 		// Topics that stopped are done for this sweep, in the page claimed
-		// ahead too.
-		pass.halt(stopped)
+		// ahead too. The gate hears of them, for Gates.
+		for _, t := range stopped {
+			halted[t] = true
+		}
+		st.gate.halt(stopped)
 		if next == nil {
 			err = p.end(work)
 			p = nil
 			if err != nil {
-				return res, err
+				return err
 			}
 		}
-		if tickDue() {
+		if ticks.tick(res) {
 			break
 		}
 	}
-	return res, nil
+	return nil
+}
+
+// sweepTicks is a sweep's schedule as it reads on past the tick it was due to
+// end at: the next tick, and each tick's work, done once whichever lane
+// comes to it first.
+type sweepTicks struct {
+	s          *Sweeper
+	stop, work context.Context
+	excluded   []string // the topics left out of paging, whose rows expire each tick
+	began      time.Time
+	span       time.Duration // maxSweepSpan, or minTopicSweepSpan
+	// working serializes the ticks' work; mu guards due (the next tick, zero
+	// for none) and advanced (due is a tick the sweep read on to).
+	working  sync.Mutex
+	mu       sync.Mutex
+	due      time.Time
+	advanced bool
+}
+
+// over says the sweep ends now: the next tick has come, and the sweep has
+// read on for its span, or is stopping.
+func (t *sweepTicks) over() bool {
+	t.mu.Lock()
+	due := t.due
+	t.mu.Unlock()
+	return t.overAt(due)
+}
+
+func (t *sweepTicks) overAt(due time.Time) bool {
+	return !due.IsZero() && !time.Now().Before(due) && (time.Since(t.began) >= t.span || t.stop.Err() != nil)
+}
+
+// tick does a tick's work if the next tick has come and the sweep reads on
+// past it: the topic breaker's OnTick and the expiry of the left-out topics'
+// rows (added to res), once per tick, by the first lane to come to it. It
+// reports whether the sweep is over instead.
+func (t *sweepTicks) tick(res *SweepResult) (end bool) {
+	t.mu.Lock()
+	due := t.due
+	if due.IsZero() || time.Now().Before(due) {
+		t.mu.Unlock()
+		return false
+	}
+	if t.overAt(due) {
+		t.mu.Unlock()
+		return true
+	}
+	t.due, t.advanced = t.s.cfg.Schedule.Next(time.Now()), true
+	t.mu.Unlock()
+	t.working.Lock()
+	defer t.working.Unlock()
+	s := t.s
+	s.breaker.OnTick()
+	if err := s.expireLeftOut(t.work, t.excluded, due, res); err != nil {
+		s.logger.Error("expiring the rows of left-out topics failed; they will be tried at the next tick",
+			"table", s.cfg.Table.String(), "err", err)
+	}
+	return false
+}
+
+// finish gives res the next tick, if the sweep read on past its own.
+func (t *sweepTicks) finish(res *SweepResult) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.advanced {
+		res.due = t.due
+	}
 }
 
 // maxSweepSpan is how long a sweep that still has rows to read goes on past
@@ -484,8 +646,11 @@ func (s *Sweeper) sendPage(st *sweepState, msgs []producer.Message, res *SweepRe
 		dbErr   error
 		stopped []string
 		wg      sync.WaitGroup
-		sem     = make(chan struct{}, s.cfg.Concurrency)
+		sem     = st.sends
 	)
+	if sem == nil {
+		sem = make(chan struct{}, s.cfg.Concurrency)
+	}
 	for _, g := range groups {
 		if st.stop.Err() != nil {
 			break

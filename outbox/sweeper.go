@@ -85,6 +85,10 @@ type Sweeper struct {
 	// failing is Run's sweeps that failed one after another, nil while the
 	// last one succeeded. Failing reads it.
 	failing atomic.Pointer[SweepFailure]
+	// lanes is how many page transactions a drain's sweep runs at once:
+	// pageLanes, fewer if the pool is too small to hold them and one more
+	// connection (the tick's expiry pass).
+	lanes int
 }
 
 // BrokerBreaker is the broker (dependency) circuit breaker as the sweeper
@@ -101,8 +105,11 @@ type BrokerBreaker interface {
 
 // NewSweeper returns a sweeper over pool's outbox table cfg.Table, sending to p.
 // It reports an invalid configuration. Sweeping takes one of the pool's
-// connections at a time (a page's transaction, or the topic list), whatever
-// Concurrency: sends use none.
+// connections for the topic list, then one for each page transaction in
+// flight: one, or during a drain two at once (the sweep's lanes, sweep.go),
+// and one more for a tick's expiry pass while they are open; whatever
+// Concurrency: sends use none. A pool of fewer than three connections gets
+// one lane, as many as it holds less one.
 func NewSweeper(pool *pgxpool.Pool, p producer.Producer, cfg Config) (*Sweeper, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -125,7 +132,18 @@ func NewSweeper(pool *pgxpool.Pool, p producer.Producer, cfg Config) (*Sweeper, 
 			stormWindow: cfg.DeadLetterWindow,
 		}, cfg.Ordering, cfg.SendTimeout, progress),
 		cursor: newCursor(cursorResetEvery),
+		lanes:  poolLanes(pool),
 	}, nil
+}
+
+// poolLanes is how many lanes pool's connections allow: pageLanes, and one
+// connection to spare for the tick's expiry pass, which runs while the lanes'
+// transactions are open.
+func poolLanes(pool *pgxpool.Pool) int {
+	if pool == nil {
+		return 1
+	}
+	return max(1, min(pageLanes, int(pool.Config().MaxConns)-1))
 }
 
 // Run sweeps on the schedule, and on every commit to the outbox unless

@@ -865,7 +865,8 @@ func TestDroppedConnectionMidPageLosesNothing(t *testing.T) {
 				}
 				return tc.sendErr
 			})
-			s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, Concurrency: 1, PageSize: tc.pageSize})
+			// One lane: the page holding both topics is the point.
+			s := outbox.OneLane(newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, Concurrency: 1, PageSize: tc.pageSize}))
 			_, err := s.Sweep(ctx)
 			require.Error(t, err, "the page's end could not be recorded")
 			require.Equal(t, 4, dbtest.Outstanding(t, tbl), "every row of the page is outstanding again")
@@ -917,8 +918,9 @@ func TestPagesClaimedAheadSendNothingOfATopicThatStopped(t *testing.T) {
 		return nil
 	})
 	// A share of 5 rows a topic: b fails in its third page, while its fourth
-	// (b-15 to b-19) has been claimed ahead.
-	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, PageSize: 10, Concurrency: 2})
+	// (b-15 to b-19) has been claimed ahead. One lane, so that both topics
+	// share the pages.
+	s := outbox.OneLane(newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, PageSize: 10, Concurrency: 2}))
 	res, err := s.Sweep(ctx)
 	require.NoError(t, err)
 	require.Equal(t, []string{"b"}, res.FailedTopics)

@@ -178,8 +178,10 @@ type Relay struct {
 // range. New starts nothing and takes nothing over: if Run is never called,
 // the caller closes p, opts.Dependency and opts.Notifier. The relay takes
 // connections from pool as the sweeper, retention, the probe, the metrics
-// refresh and the admin API need them (one each at a time, two for the API);
-// the pool stays the caller's to close after Run.
+// refresh and the admin API need them (one each at a time, two for the API,
+// and up to three for the sweeper during a drain: its two page lanes and a
+// tick's expiry pass; see outbox.NewSweeper); the pool stays the caller's to
+// close after Run.
 func New(pool *pgxpool.Pool, p producer.Producer, opts Options) (*Relay, error) {
 	if pool == nil || p == nil {
 		return nil, errors.New("relay: a pool and a producer are required")

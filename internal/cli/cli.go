@@ -44,11 +44,12 @@ const (
 // local Postgres of a development machine.
 const DatabaseURLDefault = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
 
-// poolSize is the run command's pool: pages and the topic list (one at a
-// time), retention, the probe, the admin API (two), the metrics refresh and a
-// spare. docs/concepts.md counts it against max_connections (under "Tripped
-// topics", beside the claim).
-const poolSize = 8
+// poolSize is the run command's pool: the sweeper's three (a drain's two page
+// transactions at once, its lanes, and a tick's expiry pass beside them; the
+// topic list comes before them), retention, the probe, the admin API (two),
+// the metrics refresh and a spare. docs/concepts.md counts it against
+// max_connections (under "Tripped topics", beside the claim).
+const poolSize = 9
 
 // Version is set at build time with -ldflags "-X …/internal/cli.Version=v1.2.3".
 var Version = ""
@@ -324,9 +325,10 @@ func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Wri
 	if err != nil {
 		return err
 	}
-	// One for pages (a page's transaction holds one across its sends, whatever
-	// --concurrency), one each for retention and the probe, two for the admin
-	// API, one for the metrics refresh, and a spare.
+	// Three for the sweeper (each of a drain's two page transactions holds
+	// one across its sends, whatever --concurrency, and a tick's expiry pass
+	// takes one beside them), one each for retention and the probe, two for
+	// the admin API, one for the metrics refresh, and a spare.
 	poolCfg.MaxConns = poolSize
 	logger := o.logger(errOut)
 	reg := prometheus.NewRegistry()
