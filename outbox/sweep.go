@@ -132,15 +132,16 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 	// cooldowns still count every tick; a topic whose cooldown ends waits
 	// for the next sweep, at most maxSweepSpan.
 	//
-	// Under OrderingTopic the sweep ends sooner, at the first tick
-	// minTopicSweepSpan after it began: its page transactions hold their
-	// topics' locks, and a sweep that read on took every topic again the
-	// moment it let them go, so other instances never got one
-	// (TestThreeInstancesKeepTopicOrderAndSendNothingTwice).
+	// Under OrderingTopic too: its page transactions hold their topics'
+	// locks, so other instances find a topic free only between its sweeps,
+	// as they do at the default tick. It once ended at every tick for that
+	// reason, then at the first tick 200 ms in; --tick 50ms drained at 0.84
+	// to 0.88 of the default tick even so (listing, expiry pass and cold
+	// claims in both lanes every 200 ms), and at 0.97 to 1.21 with the same
+	// span as OrderingNone (soak ceilings, issue 32), while
+	// TestThreeInstancesKeepTopicOrderAndSendNothingTwice still finds every
+	// instance sending, beside two CPU hogs too.
 	ticks := &sweepTicks{s: s, stop: stop, work: work, excluded: excluded, due: due, began: time.Now(), span: maxSweepSpan}
-	if s.store.topicLocks {
-		ticks.span = minTopicSweepSpan
-	}
 	// A half-open broker breaker lets a single trial through and refuses the
 	// others: send one batch alone first, rather than claim batches only to
 	// have them refused, and sweep on only if it closed the breaker. The tried
@@ -186,8 +187,9 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 // the other's page. Measured (BENCHMARKS.md, "Two page lanes"; five runs a
 // binary, alternating): the drain went from 0.66 to 0.82 of the ceiling at
 // the default tick (1.28 times the rate), and from 0.67 to 0.71 at --tick
-// 50ms (1.17 times), where each short sweep ends only when both lanes have.
-// More lanes than cores buy nothing, and each holds a connection (the
+// 50ms (1.17 times) while sweeps under OrderingTopic still ended 200 ms in:
+// each sweep ends only when both lanes have, so short sweeps cost lanes
+// more (they now read on for maxSweepSpan). More lanes than cores buy nothing, and each holds a connection (the
 // binary's pool counts them).
 const pageLanes = 2
 
@@ -367,7 +369,7 @@ type sweepTicks struct {
 	stop, work context.Context
 	excluded   []string // the topics left out of paging, whose rows expire each tick
 	began      time.Time
-	span       time.Duration // maxSweepSpan, or minTopicSweepSpan
+	span       time.Duration // maxSweepSpan
 	// working serializes the ticks' work; mu guards due (the next tick, zero
 	// for none) and advanced (due is a tick the sweep read on to).
 	working  sync.Mutex
@@ -431,13 +433,6 @@ func (t *sweepTicks) finish(res *SweepResult) {
 // the sweep ends, and the next lists the topics again: topics whose cooldown
 // or backoff ended join, new ones are discovered.
 const maxSweepSpan = time.Second
-
-// minTopicSweepSpan is how long a sweep under OrderingTopic that still has
-// rows to read goes on past its tick: other instances find the topics free
-// only between its sweeps (maxSweepSpan), so it ends sooner; but not at every
-// tick, whose listing, expiry pass and cold claim took a sixth of a drain at
-// --tick 50ms (issue 32).
-const minTopicSweepSpan = 200 * time.Millisecond
 
 // pagesPerTransaction bounds the pages one transaction claims, one ahead of
 // another while the previous sends. More pages a transaction keep the database
