@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -163,8 +164,9 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 		after = slices.Delete(after, i, i+1)
 	}
 	// The listing knows of no outstanding row above the highest id discovery
-	// has read (seen, or what it read now), nor below the lowest floor.
-	lanes := s.laneCount(after, max(seen, l.last))
+	// has read (seen, or what it read now), nor below the first rows its
+	// probes found.
+	lanes := s.laneCount(live, after, l.first, max(seen, l.last))
 	err = s.runLanes(st, ticks, marks, live, after, lanes, &res)
 	return res, err
 }
@@ -195,15 +197,36 @@ const pageLanes = 2
 
 // laneCount returns how many lanes the sweep's pages run in: s.lanes (at
 // most one a topic) when at least two topics are live and their outstanding
-// rows may fill more than a page (the ids between the lowest floor and
+// rows may fill more than a page (the ids between the lowest start and
 // highest, the highest id the listing knows of, bound their number); one
 // otherwise, so that a sweep that finds a page or less pays for one
 // transaction, not one a lane.
-func (s *Sweeper) laneCount(after []int64, highest int64) int {
-	if s.lanes < 2 || len(after) < 2 || highest-slices.Min(after) <= int64(s.cfg.PageSize) {
+//
+// The lowest start is that of the topics whose first outstanding row the
+// listing's probe found (first), where their pages start. A topic new to the
+// cursor starts at the discovery floor, which trails the sweeps by up to a
+// second of rows: at 3,000 rows/s a topic let go and found again made every
+// small sweep look like a drain, and two lanes for a few dozen rows doubled
+// the claims and commits (the soak's hold: delivery p99 8 ms became 0.25 s).
+// Only when no topic was probed (the first sweep, a reset) do the floors
+// count.
+func (s *Sweeper) laneCount(live []string, after []int64, first map[string]int64, highest int64) int {
+	if s.lanes < 2 || len(live) < 2 {
 		return 1
 	}
-	return min(s.lanes, len(after))
+	lowest, probed := int64(math.MaxInt64), false
+	for i, t := range live {
+		if _, ok := first[t]; ok {
+			lowest, probed = min(lowest, after[i]), true
+		}
+	}
+	if !probed {
+		lowest = slices.Min(after)
+	}
+	if highest-lowest <= int64(s.cfg.PageSize) {
+		return 1
+	}
+	return min(s.lanes, len(live))
 }
 
 // runLanes splits the live topics into n lanes, round robin in name order,
