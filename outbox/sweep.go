@@ -664,11 +664,8 @@ func (s *Sweeper) sendPage(st *sweepState, msgs []producer.Message, res *SweepRe
 		dbErr   error
 		stopped []string
 		wg      sync.WaitGroup
-		sem     = st.sends
+		sem     = st.sends // shared by the sweep's lanes
 	)
-	if sem == nil {
-		sem = make(chan struct{}, s.cfg.Concurrency)
-	}
 	for _, g := range groups {
 		if st.stop.Err() != nil {
 			break
