@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -117,6 +118,24 @@ func (p *proc) Stderr() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.stderr.String()
+}
+
+// terminate sends SIGTERM once the binary can take it, and returns its exit
+// code. A process killed and restarted a moment ago may not yet have reached
+// main's signal.NotifyContext, and a SIGTERM then kills it outright (exit -1,
+// as CI once saw); its first log line comes after the handler is installed.
+func (p *proc) terminate(t *testing.T, timeout time.Duration) int {
+	t.Helper()
+	dbtest.Eventually(t, timeout, "the sweeper's first log line", func() bool {
+		select {
+		case <-p.done:
+			return true
+		default:
+			return p.Stderr() != ""
+		}
+	})
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	return p.wait(t, timeout)
 }
 
 // wait waits for the process to exit and returns its exit code.

@@ -160,8 +160,7 @@ func TestChaosKilledInstancesLoseNothing(t *testing.T) {
 		return dbtest.Outstanding(t, tbl) == 0 && rc.distinct() >= n
 	})
 	for _, p := range procs {
-		require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
-		require.Equal(t, 0, p.wait(t, time.Minute))
+		require.Equal(t, 0, p.terminate(t, time.Minute))
 	}
 	rc.drain(t) // redeliveries still on their way count among the duplicates
 
