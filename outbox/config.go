@@ -172,6 +172,13 @@ type Config struct {
 	// TickDefault.
 	Tick time.Duration
 
+	// Host, when set, is a process that runs the sweepers of many outboxes
+	// (package fleet) and shares its connections among them: Run then opens
+	// no listener and no awake lock of its own, sweeps when Host wakes it,
+	// takes turns with the other outboxes' sweeps, and parks while its outbox
+	// holds nothing (see Host). Nil: the sweeper has its pool to itself.
+	Host Host
+
 	// TopicBreaker is the per-topic circuit breaker: topics it has tripped are
 	// left out of paging. Defaults to an in-memory breaker with
 	// breaker.Settings' defaults that logs its state changes to Logger.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -270,7 +271,10 @@ func (c *cursor) markStale() {
 // checkFloors checks the floors every c.resetEvery, until ctx ends, and marks
 // the cursor stale when an outstanding row lies below them or the check
 // fails (forgetting is always safe; it only costs a walk).
-func (c *cursor) checkFloors(ctx context.Context, s *store, logger *slog.Logger) {
+//
+// While parked is set, the outbox held nothing at the last sweep and there is
+// nothing to check: the host that woke it calls Recheck instead.
+func (c *cursor) checkFloors(ctx context.Context, s *store, logger *slog.Logger, parked *atomic.Bool) {
 	t := time.NewTicker(c.resetEvery)
 	defer t.Stop()
 	for {
@@ -278,6 +282,9 @@ func (c *cursor) checkFloors(ctx context.Context, s *store, logger *slog.Logger)
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if parked.Load() {
+			continue
 		}
 		topics, after, discovery := c.floors()
 		checkCtx, cancel := context.WithTimeout(ctx, dbTimeout)

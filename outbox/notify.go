@@ -32,6 +32,11 @@ type listener struct {
 	wake       chan struct{}
 	// listening, if set, is told when the connection comes up and goes down.
 	listening func(up bool)
+	// notified is called with each notification's payload; connected, at
+	// each (re)connection. They default to signalling wake for the table's
+	// notifications, and at each connection.
+	notified  func(payload string)
+	connected func()
 	// backoff paces reconnections; tests shorten it.
 	initialBackoff, maxBackoff time.Duration
 }
@@ -40,7 +45,7 @@ func newListener(connConfig *pgx.ConnConfig, t Table, logger *slog.Logger, liste
 	if listening == nil {
 		listening = func(bool) {}
 	}
-	return &listener{
+	l := &listener{
 		connConfig:     connConfig,
 		payload:        t.String(),
 		logger:         logger,
@@ -49,6 +54,27 @@ func newListener(connConfig *pgx.ConnConfig, t Table, logger *slog.Logger, liste
 		initialBackoff: 250 * time.Millisecond,
 		maxBackoff:     10 * time.Second,
 	}
+	l.notified = func(payload string) {
+		if payload == l.payload {
+			l.signal()
+		}
+	}
+	l.connected = l.signal
+	return l
+}
+
+// Listen LISTENs on NotifyChannel with a connection of its own, opened with
+// connConfig, until ctx is done, reconnecting with backoff whenever the
+// connection is lost (and logging that to logger). It calls notified with
+// each notification's payload, the schema-qualified name of the outbox a
+// commit wrote to, and connected at each (re)connection: what was committed
+// while no one listened notified no one. One session serves every outbox of
+// the database, which is how a host of many outboxes (package fleet) wakes
+// them. Both are called from Listen's goroutine, one at a time.
+func Listen(ctx context.Context, connConfig *pgx.ConnConfig, logger *slog.Logger, notified func(payload string), connected func()) {
+	l := newListener(connConfig, Table{}, logger, nil)
+	l.notified, l.connected = notified, connected
+	l.run(ctx)
 }
 
 func (l *listener) signal() {
@@ -74,7 +100,7 @@ func (l *listener) run(ctx context.Context) {
 			connected = true
 			l.listening(true)
 			retry.Reset()
-			l.signal()
+			l.connected()
 		})
 		l.listening(false)
 		if ctx.Err() != nil {
@@ -121,9 +147,7 @@ func (l *listener) listen(ctx context.Context, connected func()) error {
 		cancel()
 		switch {
 		case err == nil:
-			if n.Payload == l.payload {
-				l.signal()
-			}
+			l.notified(n.Payload)
 		case ctx.Err() != nil:
 			return ctx.Err()
 		case errors.Is(err, context.DeadlineExceeded) && !conn.IsClosed():

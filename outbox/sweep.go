@@ -118,6 +118,9 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 		}
 	}
 	live := slices.Sorted(maps.Keys(floors))
+	// Idle: no topic holds a row, and none is held back (a held topic has
+	// cooldown ticks to count, or rows to expire).
+	res.Idle = len(live) == 0 && len(leftOut) == 0 && len(excluded) == 0 && !l.cut
 	if live, err = s.leaveOutUnreachable(work, pass, live); err != nil {
 		return res, err
 	}
@@ -337,7 +340,7 @@ func (s *Sweeper) pageLane(st *sweepState, ticks *sweepTicks, marks *sweepMarks,
 		// transaction carries at most pagesPerTransaction pages, so that the
 		// moves of a drain are committed as it goes.
 		var ahead chan error
-		if window, share := s.aheadWindow(live, read); window > 0 && pages < pagesPerTransaction && !ticks.over() {
+		if window, share := s.aheadWindow(live, read); window > 0 && pages < pagesPerTransaction && !ticks.over() && !s.yielding() {
 			for _, t := range live[:window] {
 				read[t] = true
 			}
@@ -376,12 +379,23 @@ func (s *Sweeper) pageLane(st *sweepState, ticks *sweepTicks, marks *sweepMarks,
 			if err != nil {
 				return err
 			}
+			if s.yielding() {
+				// Other outboxes wait: this one's next page comes at its
+				// next turn, behind theirs.
+				res.yielded = true
+				break
+			}
 		}
 		if ticks.tick(res) {
 			break
 		}
 	}
 	return nil
+}
+
+// yielding says other outboxes' sweepers wait for a turn (Config.Host).
+func (s *Sweeper) yielding() bool {
+	return s.cfg.Host != nil && s.cfg.Host.Waiting()
 }
 
 // sweepTicks is a sweep's schedule as it reads on past the tick it was due to

@@ -31,6 +31,10 @@ type SweepResult struct {
 	FailedTopics []string
 	// Blocked says the dependency breaker was open: the sweep read nothing.
 	Blocked bool
+	// Idle says the outbox held no outstanding row and no topic was held
+	// back: until a row is written, a tick has nothing to do (a sweeper
+	// with a Host parks).
+	Idle bool
 	// AttemptedRows counts the rows that failed alone while the broker was up
 	// and counted an attempt.
 	AttemptedRows int
@@ -42,6 +46,32 @@ type SweepResult struct {
 	// due is when the next tick comes, when the sweep did ticks' work as it
 	// read on past them (zero: the tick it was given).
 	due time.Time
+	// yielded says a lane ended its sweep early, with rows left, because
+	// other outboxes' sweeps waited for a turn (Host.Waiting).
+	yielded bool
+}
+
+// Host is what a sweeper gets from a process that runs the sweepers of many
+// outboxes on one database (package fleet implements it). Such a process
+// cannot give each outbox a LISTEN session, a tick and a share of the pool
+// of its own: a thousand tenants' schemas would cost a thousand sessions and
+// a thousand idle sweeps a second. So the host listens once for all of them
+// and wakes the outbox a commit names, and the sweeper parks (no tick, no
+// query) while its outbox holds nothing; the host's reconciliation, at a slow
+// pace, wakes the outboxes a lost notification would leave behind.
+type Host interface {
+	// Wake signals when the outbox may hold rows the sweeper has not seen:
+	// a commit to it, or the host's reconciliation finding rows in it.
+	Wake() <-chan struct{}
+	// Take waits for the sweeper's turn to sweep, and returns the function
+	// that ends it. The host bounds the sweeps at once, so that the
+	// connections they hold (each up to three) never exceed its pool.
+	Take(ctx context.Context) (release func(), err error)
+	// Waiting reports whether other sweepers wait for a turn. A sweep then
+	// claims no page ahead and ends after its page transaction, rows left
+	// or not, and the sweeper takes its next turn behind them: pages are
+	// shared among busy outboxes as a page is shared among topics.
+	Waiting() bool
 }
 
 // Sweeper relays outstanding outbox rows to a producer.
@@ -89,6 +119,9 @@ type Sweeper struct {
 	// pageLanes, fewer if the pool is too small to hold them and one more
 	// connection (the tick's expiry pass).
 	lanes int
+	// parked says Run waits for a wake-up alone, with no tick: its last
+	// sweep found the outbox idle (only with a Host).
+	parked atomic.Bool
 }
 
 // BrokerBreaker is the broker (dependency) circuit breaker as the sweeper
@@ -116,6 +149,12 @@ func NewSweeper(pool *pgxpool.Pool, p producer.Producer, cfg Config) (*Sweeper, 
 		return nil, err
 	}
 	backoff := newTopicBackoff(cfg.Retry.Initial, cfg.TopicBackoffMax, cfg.Retry.Rand)
+	lanes := poolLanes(pool)
+	if cfg.Host != nil {
+		// The host's outboxes sweep side by side instead, each in one page
+		// transaction, so that a sweep holds at most two connections.
+		lanes = 1
+	}
 	progress := &heartbeat{}
 	return &Sweeper{
 		progress: progress,
@@ -132,7 +171,7 @@ func NewSweeper(pool *pgxpool.Pool, p producer.Producer, cfg Config) (*Sweeper, 
 			stormWindow: cfg.DeadLetterWindow,
 		}, cfg.Ordering, cfg.SendTimeout, progress),
 		cursor: newCursor(cursorResetEvery),
-		lanes:  poolLanes(pool),
+		lanes:  lanes,
 	}, nil
 }
 
@@ -167,7 +206,10 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		wake  <-chan struct{}
 		awake *awakeLock
 	)
-	if !s.cfg.DisableNotify {
+	host := s.cfg.Host
+	if host != nil {
+		wake = host.Wake()
+	} else if !s.cfg.DisableNotify {
 		var listening func(bool)
 		if o, ok := s.cfg.Observer.(ListenObserver); ok {
 			listening = o.Listening
@@ -186,7 +228,7 @@ func (s *Sweeper) Run(ctx context.Context) error {
 	// The cursor's floors are checked beside the sweeps (cursor.go).
 	checkCtx, stopChecking := context.WithCancel(ctx)
 	var checking sync.WaitGroup
-	checking.Go(func() { s.cursor.checkFloors(checkCtx, s.store, s.logger) })
+	checking.Go(func() { s.cursor.checkFloors(checkCtx, s.store, s.logger, &s.parked) })
 	defer checking.Wait()
 	defer stopChecking()
 
@@ -195,8 +237,12 @@ func (s *Sweeper) Run(ctx context.Context) error {
 	retry.MaxInterval = 30 * time.Second
 	failing := 0
 
-	s.logger.Info("sweeper started", "table", s.cfg.Table.String(), "page_size", s.cfg.PageSize,
-		"concurrency", s.cfg.Concurrency, "ordering", string(s.cfg.Ordering), "notify", !s.cfg.DisableNotify)
+	level := slog.LevelInfo
+	if host != nil {
+		level = slog.LevelDebug // a host of a thousand outboxes logs its own line
+	}
+	s.logger.Log(ctx, level, "sweeper started", "table", s.cfg.Table.String(), "page_size", s.cfg.PageSize,
+		"concurrency", s.cfg.Concurrency, "ordering", string(s.cfg.Ordering), "notify", host != nil || !s.cfg.DisableNotify)
 	next := time.Now()
 	var st stayAwake
 	for {
@@ -205,11 +251,15 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		if failing > 0 {
 			woken = nil
 		}
+		parked := s.parked.Load() && failing == 0
 		at := next
+		if parked {
+			at = time.Time{} // no tick: only a wake-up or a reread's poll
+		}
 		if poll, ok := st.pollAt(); ok && failing == 0 && poll.Before(next) {
 			at = poll
 		}
-		if poll, ok := s.cursor.rereadAt(); ok && failing == 0 && poll.Before(at) {
+		if poll, ok := s.cursor.rereadAt(); ok && failing == 0 && (at.IsZero() || poll.Before(at)) {
 			at = poll
 		}
 		reached, ok := waitFor(ctx, at, woken)
@@ -217,19 +267,31 @@ func (s *Sweeper) Run(ctx context.Context) error {
 			s.logger.Info("sweeper stopped")
 			return nil
 		}
-		tick := reached && at.Equal(next)
+		tick := reached && at.Equal(next) && !parked
+		release := func() {}
+		if host != nil {
+			var err error
+			if release, err = host.Take(ctx); err != nil {
+				s.logger.Debug("sweeper stopped")
+				return nil // ctx is done
+			}
+		}
 		start := time.Now()
 		s.busySince.Store(start.UnixNano())
 		// A wake-up or a poll sweeps in between ticks: it leaves the cooldowns
-		// alone and pages until the next tick is due, as a tick does.
+		// alone and pages until the next tick is due, as a tick does. One
+		// that ends a park sweeps until a tick from now: the tick it parked
+		// on is long gone.
 		due := next
-		if tick {
+		if tick || parked {
 			due = s.cfg.Schedule.Next(start)
 		}
 		// Whether the transactions to wait out have ended is asked before the
 		// sweep, so that the sweep sees whatever they wrote.
 		settled := awake == nil || st.settled(work, awake)
 		res, err := s.sweep(ctx, work, due, tick)
+		release()
+		s.parked.Store(host != nil && err == nil && res.Idle)
 		if awake != nil {
 			// A notification that came during the sweep says commits come
 			// faster than sweeps: the rate at which notifying costs them.
@@ -269,8 +331,23 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		if !res.due.IsZero() {
 			next = res.due
 		}
+		if res.yielded {
+			next = time.Now() // the next turn, behind the outboxes that waited
+		}
 	}
 }
+
+// Parked reports whether Run waits for a wake-up alone: its last sweep found
+// the outbox holding nothing, and it has a Host. The host's reconciliation
+// looks at parked outboxes only; the others sweep on their ticks.
+func (s *Sweeper) Parked() bool { return s.parked.Load() }
+
+// Recheck makes the next sweep read every topic from its first outstanding
+// row, rather than from the floors the sweeps have kept: a host calls it
+// before it wakes a parked sweeper whose outbox it found holding rows, which
+// may lie below the floors (put back by hand, or committed while no
+// notification could come).
+func (s *Sweeper) Recheck() { s.cursor.markStale() }
 
 // SweepFailure describes Run's sweeps failing one after another.
 type SweepFailure struct {
@@ -372,8 +449,17 @@ func StallFloor(sendTimeout time.Duration) time.Duration {
 }
 
 // waitFor waits until t (tick) or a wake-up, whichever comes first, and reports
-// which, and whether ctx is still live. A nil wake waits for t alone.
+// which, and whether ctx is still live. A nil wake waits for t alone; a zero t,
+// for a wake-up alone.
 func waitFor(ctx context.Context, t time.Time, wake <-chan struct{}) (tick, ok bool) {
+	if t.IsZero() {
+		select {
+		case <-ctx.Done():
+			return false, false
+		case <-wake:
+			return false, true
+		}
+	}
 	d := time.Until(t)
 	if d <= 0 {
 		return true, ctx.Err() == nil

@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path"
 	"reflect"
 	"runtime/debug"
 	"strconv"
@@ -187,6 +188,7 @@ type runOptions struct {
 	producerOptions
 	topicBreakerOptions
 	maintenanceOptions
+	fleetOptions
 	concurrency      int
 	deadLetterLimit  int
 	deadLetterWindow time.Duration
@@ -213,6 +215,7 @@ func (o *runOptions) flags() *flags {
 	o.producerOptions.register(f)
 	o.topicBreakerOptions.register(f)
 	o.maintenanceOptions.register(f)
+	o.fleetOptions.register(f)
 	f.String(&o.adminAddr, "admin-addr", admin.AddrDefault, "host:port", "where the admin HTTP API listens (health, readiness, metrics, tripped topics, breaker, dead letters); empty turns it off")
 	adminTokenFlags(f, &o.adminToken, &o.adminTokenFile, "bearer token the admin API requires (but for /healthz, /readyz, /metrics); required to listen beyond loopback; printable ASCII, no spaces")
 	f.String(&o.adminHosts, "admin-allowed-hosts", "", "host,…", "names, besides --admin-addr's, by which clients call the admin API (a proxy's, a Service's); requests naming another Host are refused (DNS rebinding); IP literals are served unless --admin-addr is loopback")
@@ -369,6 +372,15 @@ func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Wri
 		now := time.Now()
 		tick = cfg.Schedule.Next(now).Sub(now)
 	}
+	if o.schemas == "" {
+		for _, name := range []string{"max-connections", "destination", "reconcile"} {
+			if f.set(name) {
+				return usagef("%s works with --schemas only (a relay of many outboxes); a relay of one uses %d connections", f.origin(name), poolSize+2)
+			}
+		}
+	} else {
+		return o.runFleet(ctx, f, cfg, poolCfg, logger, m, alerter, syncAlerter, tick, out)
+	}
 	if cfg.TopicBreaker, err = o.topicBreakerOptions.build(f, logger, alerter, m, tbl, tick, o.sendTimeout); err != nil {
 		return err
 	}
@@ -418,9 +430,17 @@ func redact(c *pgx.ConnConfig) string {
 	return fmt.Sprintf("%s@%s:%d/%s", c.User, c.Host, c.Port, c.Database)
 }
 
-func migrateFlags(c *common) *flags {
+// migrateOptions are migrate's flags.
+type migrateOptions struct {
+	common
+	schemas string
+}
+
+func migrateFlags(o *migrateOptions) *flags {
 	f := newFlags("migrate")
-	c.register(f)
+	o.common.register(f)
+	f.String(&o.schemas, "schemas", "", "pattern",
+		"migrate the outbox of every existing schema matching this pattern (tenant_*; * ? [a-z] as in shell globs) instead of --schema's, each on its own, reporting each")
 	return f
 }
 
@@ -444,13 +464,62 @@ func (c *common) connect(ctx context.Context, f *flags) (*pgx.Conn, outbox.Table
 	return conn, tbl, nil
 }
 
-func migrateCommand(ctx context.Context, c *common, f *flags, out, _ io.Writer) error {
-	conn, tbl, err := c.connect(ctx, f)
+func migrateCommand(ctx context.Context, o *migrateOptions, f *flags, out, _ io.Writer) error {
+	if o.schemas != "" && f.set("schema") {
+		return usagef("%s and %s both name the outboxes: give one", f.origin("schema"), f.origin("schemas"))
+	}
+	if _, err := path.Match(o.schemas, ""); err != nil {
+		return usagef("invalid pattern %q for %s: use * for any run of characters, ? for one, [a-z] for a range (e.g. tenant_*)", o.schemas, f.origin("schemas"))
+	}
+	conn, tbl, err := o.connect(ctx, f)
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	if o.schemas == "" {
+		return migrateOne(ctx, conn, tbl, out)
+	}
+	rows, err := conn.Query(ctx, `SELECT nspname FROM pg_catalog.pg_namespace
+		WHERE nspname NOT IN ('pg_catalog', 'information_schema') AND nspname NOT LIKE 'pg\_%' ORDER BY 1`)
+	if err != nil {
+		return fmt.Errorf("list the schemas: %w", err)
+	}
+	schemas, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("list the schemas: %w", err)
+	}
+	var migrated, failed int
+	for _, s := range schemas {
+		if ok, _ := path.Match(o.schemas, s); !ok {
+			continue
+		}
+		t := outbox.Table{Schema: s, Name: tbl.Name}
+		if err := t.Validate(); err != nil {
+			fmt.Fprintf(out, "%s: left out: %v\n", s, err)
+			failed++
+			continue
+		}
+		if err := migrateOne(ctx, conn, t, out); err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			fmt.Fprintf(out, "%s: failed: %v\n", t, err)
+			failed++
+			continue
+		}
+		migrated++
+	}
+	switch {
+	case failed > 0:
+		return fmt.Errorf("%d of %d schemas matching %q failed to migrate (listed above); the others are migrated, and migrate can run again", failed, failed+migrated, o.schemas)
+	case migrated == 0:
+		return usagef("no schema matches %s %q: create the tenants' schemas first (migrate makes the outbox tables in them, not the schemas)", f.origin("schemas"), o.schemas)
+	}
+	fmt.Fprintf(out, "%d schemas matching %q migrated or up to date\n", migrated, o.schemas)
+	return nil
+}
 
+func migrateOne(ctx context.Context, conn *pgx.Conn, tbl outbox.Table, out io.Writer) error {
 	res, err := outbox.Migrate(ctx, conn, tbl)
 	if err != nil {
 		return err

@@ -1,0 +1,605 @@
+// Package fleet relays many outboxes of one database from one process: the
+// schema-per-tenant application, whose every tenant schema holds an ordinary
+// outbox of this project (migrated by `sweeper migrate --schemas`).
+//
+// What one sweeper per outbox would cost is what the fleet shares (ADR 0002):
+//
+//   - one LISTEN session for the database, whatever its number of outboxes:
+//     the trigger's notification names the outbox a commit wrote to, and the
+//     fleet wakes that outbox's sweeper alone;
+//   - one pool, whose size is the relay's connection budget: sweeps take
+//     turns (outbox.Host), at most as many at once as the pool holds without
+//     a sweep ever waiting for a connection another sweep holds;
+//   - no tick for an outbox that holds nothing: its sweeper parks after a
+//     sweep that found no row, and costs no query until a commit wakes it;
+//     a reconciliation pass, one statement per hundred parked outboxes every
+//     Reconcile, wakes those whose notification was lost;
+//   - retention and the dead-letter probe of an outbox run when it has swept
+//     since their last run, and every IdleMaintenance otherwise.
+//
+// Each outbox keeps what is its own: its topic breaker, backoffs, dead
+// letters, storm guard, cursor and expiry. Tenant A's tripped topic "orders"
+// never holds tenant B's "orders". The broker, its producer and its breaker
+// are shared: a broker that is down is down for every tenant.
+package fleet
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"math/rand/v2"
+	"path"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-sweeper/sweeper/breaker"
+	"github.com/outbox-sweeper/sweeper/outbox"
+	"github.com/outbox-sweeper/sweeper/producer"
+)
+
+// Defaults for [Options].
+const (
+	DiscoverDefault        = 10 * time.Second
+	ReconcileDefault       = 30 * time.Second
+	IdleMaintenanceDefault = time.Hour
+	MaintenanceDefault     = time.Minute
+)
+
+// reconcileChunk is how many outboxes one reconciliation statement asks
+// about: a statement of a thousand subqueries spends longer planning than
+// running.
+const reconcileChunk = 100
+
+// Options configure a [Fleet]. The zero value of each field means its default.
+type Options struct {
+	// Schemas is the pattern, in path.Match's syntax (tenant_*, t_??,
+	// [a-m]*), of the schemas whose outbox the fleet relays: those that hold
+	// a table named Sweeper.Table.Name. Empty: every schema that does.
+	Schemas string
+
+	// Sweeper is the configuration every outbox's sweeper starts from. Its
+	// Table.Name names the outbox table in each schema (Table.Schema is the
+	// schema's); Logger, Host and TopicBreaker are the fleet's to set, and
+	// TopicBreaker must be nil (see TopicBreaker). BrokerBreaker and Observer,
+	// when set, are shared by every outbox.
+	Sweeper outbox.Config
+
+	// TopicBreaker returns the topic breaker of outbox t, which logs to
+	// logger. Nil: each outbox gets an in-memory breaker with
+	// breaker.Settings' defaults, as a sweeper of its own would.
+	TopicBreaker func(t outbox.Table, logger *slog.Logger) (breaker.Breaker, error)
+
+	// Retention and Probe configure each outbox's retention and dead-letter
+	// probe (their Table is the outbox's). Retention.Ahead defaults to twice
+	// IdleMaintenance, so that an idle outbox's history partitions are made
+	// before they are needed. Probe.Alerter is required.
+	Retention outbox.RetentionConfig
+	Probe     outbox.ProbeConfig
+
+	// Maintenance is how often the maintenance round runs: retention and the
+	// probe of each outbox that swept since their last run. Defaults to
+	// MaintenanceDefault.
+	Maintenance time.Duration
+
+	// IdleMaintenance is how often retention and the probe run for an
+	// outbox that has not swept: their runs are spread over it. Defaults to
+	// IdleMaintenanceDefault.
+	IdleMaintenance time.Duration
+
+	// Destination names the destination of each outbox's topics at the
+	// broker. Defaults to producer.DestinationDefault, the topic alone.
+	Destination producer.Destination
+
+	// Discover is how often the schemas are listed again, to relay new
+	// tenants and let dropped ones go. A notification from an outbox the
+	// fleet does not know lists them at once. Defaults to DiscoverDefault.
+	Discover time.Duration
+
+	// Reconcile is how often the parked outboxes are checked for rows whose
+	// notification was lost. Defaults to ReconcileDefault.
+	Reconcile time.Duration
+
+	// Logger receives the fleet's logs, and each outbox's with an outbox
+	// attribute. Defaults to discarding them.
+	Logger *slog.Logger
+}
+
+func (o Options) withDefaults() Options {
+	o.Sweeper.Table = o.Sweeper.Table.WithDefaults()
+	o.Maintenance = cmp.Or(o.Maintenance, MaintenanceDefault)
+	o.IdleMaintenance = cmp.Or(o.IdleMaintenance, IdleMaintenanceDefault)
+	o.Discover = cmp.Or(o.Discover, DiscoverDefault)
+	o.Reconcile = cmp.Or(o.Reconcile, ReconcileDefault)
+	o.Destination = cmp.Or(o.Destination, producer.DestinationDefault)
+	if o.Retention.Ahead == 0 {
+		o.Retention.Ahead = 2 * o.IdleMaintenance
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return o
+}
+
+// Fleet relays every outbox of a database whose schema matches a pattern.
+type Fleet struct {
+	opts     Options
+	pool     *pgxpool.Pool
+	producer producer.Producer
+	turns    *turns
+
+	mu      sync.Mutex
+	members map[string]*member // by the outbox's schema-qualified name
+	refused map[string]bool    // schemas left out, logged once
+	waiting map[string]bool    // schemas whose migration has not finished, logged once
+
+	running     sync.WaitGroup // the sweepers' Runs, stopped ones too
+	discoverNow chan struct{}
+	reconcileAt atomic.Int64 // Unix nanoseconds of a reconciliation asked for sooner; 0: none
+}
+
+// New returns a fleet relaying pool's outboxes to p. The pool's size is the
+// connection budget: the fleet opens one more connection, its LISTEN session,
+// and no other. New starts nothing; Run does, and closes p when it returns.
+func New(pool *pgxpool.Pool, p producer.Producer, opts Options) (*Fleet, error) {
+	if pool == nil || p == nil {
+		return nil, errors.New("fleet: a pool and a producer are required")
+	}
+	opts = opts.withDefaults()
+	if opts.Sweeper.TopicBreaker != nil {
+		return nil, errors.New("fleet: Sweeper.TopicBreaker is shared by every outbox; give Options.TopicBreaker instead, which makes one per outbox")
+	}
+	if _, err := path.Match(opts.Schemas, ""); err != nil {
+		return nil, &outbox.ConfigError{What: "schema pattern", Flag: "schemas", Value: fmt.Sprintf("%q", opts.Schemas),
+			Want: "it is not a valid pattern: use * for any run of characters, ? for one, [a-z] for a range (e.g. tenant_*)"}
+	}
+	if err := opts.Destination.Validate(); err != nil {
+		return nil, &outbox.ConfigError{What: "destination", Flag: "destination", Value: fmt.Sprintf("%q", opts.Destination), Want: err.Error()}
+	}
+	// A sweeper's config is checked once here, rather than once per tenant
+	// at discovery.
+	check := opts.Sweeper
+	check.Table.Schema = outbox.SchemaDefault
+	if err := check.WithDefaults().Validate(); err != nil {
+		return nil, err
+	}
+	if opts.Probe.Alerter == nil {
+		return nil, errors.New("fleet: Probe.Alerter is required")
+	}
+	return &Fleet{
+		opts:        opts,
+		pool:        pool,
+		producer:    p,
+		turns:       newTurns(sweepsAtOnce(int(pool.Config().MaxConns))),
+		members:     map[string]*member{},
+		refused:     map[string]bool{},
+		waiting:     map[string]bool{},
+		discoverNow: make(chan struct{}, 1),
+	}, nil
+}
+
+// sweepsAtOnce is how many sweeps may run at once in a pool of size
+// connections: a sweep holds at most two (its page transaction, and a tick's
+// expiry pass beside it), and one is kept for everything else (the listing
+// of schemas, reconciliation, maintenance, the cursors' checks), which holds
+// one at a time and waits for none while it does. So no sweep ever waits for
+// a connection that another sweep holds while it waits in turn.
+func sweepsAtOnce(size int) int { return max(1, (size-1)/2) }
+
+// Outboxes returns the outboxes the fleet relays now, sorted.
+func (f *Fleet) Outboxes() []outbox.Table {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make([]outbox.Table, 0, len(f.members))
+	for _, k := range slices.Sorted(maps.Keys(f.members)) {
+		out = append(out, f.members[k].table)
+	}
+	return out
+}
+
+// Sweeper returns the sweeper of outbox t, and whether the fleet relays it.
+func (f *Fleet) Sweeper(t outbox.Table) (*outbox.Sweeper, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m, ok := f.members[t.WithDefaults().String()]
+	if !ok {
+		return nil, false
+	}
+	return m.sweeper, true
+}
+
+// Run relays until ctx is done: it lists the schemas, starts a sweeper for
+// each outbox, listens for commits, reconciles and maintains, and follows
+// the schemas as tenants come and go. Then each sweeper lets its batches in
+// flight finish (Sweeper.ShutdownTimeout), and Run closes the producer and
+// returns nil.
+func (f *Fleet) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		outbox.Listen(ctx, f.pool.Config().ConnConfig.Copy(), f.opts.Logger, f.notified, func() {
+			// What was committed while no one listened notified no one.
+			f.reconcileAt.Store(time.Now().UnixNano())
+		})
+	})
+	wg.Go(func() { f.maintain(ctx) })
+	f.follow(ctx)
+	wg.Wait()
+	f.running.Wait()
+	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := f.producer.Close(closeCtx); err != nil {
+		f.opts.Logger.Warn("closing the producer failed", "err", err)
+	}
+	f.opts.Logger.Info("fleet stopped")
+	return nil
+}
+
+// notified wakes the outbox a commit names; a name the fleet does not know
+// that its pattern matches is a new tenant: the schemas are listed at once.
+func (f *Fleet) notified(payload string) {
+	f.mu.Lock()
+	m := f.members[payload]
+	f.mu.Unlock()
+	if m != nil {
+		m.signal()
+		return
+	}
+	if schema, table, ok := strings.Cut(payload, "."); ok && table == f.opts.Sweeper.Table.Name && f.matches(schema) {
+		select {
+		case f.discoverNow <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (f *Fleet) matches(schema string) bool {
+	if f.opts.Schemas == "" {
+		return true
+	}
+	ok, _ := path.Match(f.opts.Schemas, schema)
+	return ok
+}
+
+// follow lists the schemas every Discover (or at once when a notification
+// names a new one) and reconciles every Reconcile, until ctx is done.
+func (f *Fleet) follow(ctx context.Context) {
+	discover := time.Now()
+	reconcile := time.Now().Add(f.opts.Reconcile)
+	failing := false
+	for {
+		if !time.Now().Before(discover) {
+			err := f.discover(ctx)
+			switch {
+			case ctx.Err() != nil:
+				return
+			case err != nil && !failing:
+				f.opts.Logger.Error("listing the tenant schemas failed; the outboxes known go on, and the listing is tried again", "err", err, "retry_in", f.opts.Discover)
+			case err == nil && failing:
+				f.opts.Logger.Info("listing the tenant schemas works again")
+			}
+			failing = err != nil
+			discover = time.Now().Add(f.opts.Discover)
+		}
+		if at := f.reconcileAt.Swap(0); at != 0 || !time.Now().Before(reconcile) {
+			if err := f.reconcile(ctx); err != nil && ctx.Err() == nil {
+				f.opts.Logger.Warn("reconciliation failed; it is tried again at its next time", "err", err)
+			}
+			reconcile = time.Now().Add(f.opts.Reconcile)
+		}
+		wait := time.NewTimer(min(time.Until(discover), time.Until(reconcile), time.Second))
+		select {
+		case <-ctx.Done():
+			wait.Stop()
+			return
+		case <-f.discoverNow:
+			discover = time.Now()
+		case <-wait.C:
+		}
+		wait.Stop()
+	}
+}
+
+// discover lists the schemas holding the outbox table, starts a sweeper for
+// each new one that matches, and stops those whose schema is gone.
+func (f *Fleet) discover(ctx context.Context) error {
+	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	rows, err := f.pool.Query(qctx, `SELECT n.nspname FROM pg_catalog.pg_class c
+		JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.relname = $1 AND c.relkind IN ('r', 'p')
+		  AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\_%'
+		ORDER BY 1`, f.opts.Sweeper.Table.Name)
+	if err != nil {
+		return fmt.Errorf("list the schemas holding a table %q: %w", f.opts.Sweeper.Table.Name, err)
+	}
+	schemas, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("list the schemas holding a table %q: %w", f.opts.Sweeper.Table.Name, err)
+	}
+	found := map[string]bool{}
+	for _, s := range schemas {
+		if !f.matches(s) {
+			continue
+		}
+		t := outbox.Table{Schema: s, Name: f.opts.Sweeper.Table.Name}
+		found[t.String()] = true
+		f.mu.Lock()
+		known, refused := f.members[t.String()] != nil, f.refused[s]
+		f.mu.Unlock()
+		if known || refused {
+			continue
+		}
+		err := f.add(ctx, t)
+		var unfinished *unfinishedError
+		switch {
+		case err == nil:
+			f.mu.Lock()
+			delete(f.waiting, s)
+			f.mu.Unlock()
+		case ctx.Err() != nil:
+			return nil
+		case errors.As(err, &unfinished):
+			// Its migration is under way (each step commits on its own), or
+			// was never finished: looked at again at each listing.
+			f.mu.Lock()
+			if !f.waiting[s] {
+				f.opts.Logger.Info("an outbox is not relayed until its migration finishes", "outbox", t.String(), "err", err)
+				f.waiting[s] = true
+			}
+			f.mu.Unlock()
+		default:
+			f.opts.Logger.Error("an outbox is left out", "outbox", t.String(), "err", err)
+			f.mu.Lock()
+			f.refused[s] = true
+			f.mu.Unlock()
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for k, m := range f.members {
+		if !found[k] {
+			f.opts.Logger.Info("outbox gone (its schema or table was dropped); its sweeper stops", "outbox", k)
+			m.stop()
+			delete(f.members, k)
+		}
+	}
+	for s := range f.refused {
+		if !found[(outbox.Table{Schema: s, Name: f.opts.Sweeper.Table.Name}).String()] {
+			delete(f.refused, s) // dropped: if it comes back, it is looked at again
+		}
+	}
+	for s := range f.waiting {
+		if !found[(outbox.Table{Schema: s, Name: f.opts.Sweeper.Table.Name}).String()] {
+			delete(f.waiting, s)
+		}
+	}
+	return nil
+}
+
+// add starts relaying outbox t. An error leaves it out until its schema is
+// dropped and made again, or the process restarts: a schema name the sweeper
+// does not accept, or an outbox migrated by an older version (no history
+// table), whose sent rows could never be recorded as sent.
+func (f *Fleet) add(ctx context.Context, t outbox.Table) error {
+	if err := t.Validate(); err != nil {
+		return err
+	}
+	vctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	version, err := outbox.CurrentSchemaVersion(vctx, f.pool, t)
+	cancel()
+	if err != nil {
+		return &unfinishedError{fmt.Errorf("read its schema version: %w", err)}
+	}
+	if want := outbox.SchemaVersion(); version < want {
+		return &unfinishedError{fmt.Errorf("its schema version is %d of %d: run `sweeper migrate --schemas %s` (the relay picks it up within %s)",
+			version, want, t.Schema, f.opts.Discover)}
+	}
+	logger := f.opts.Logger.With("outbox", t.String())
+	m := &member{fleet: f, table: t, wake: make(chan struct{}, 1)}
+	cfg := f.opts.Sweeper
+	cfg.Table, cfg.Logger, cfg.Host = t, logger, m
+	if f.opts.TopicBreaker != nil {
+		b, err := f.opts.TopicBreaker(t, logger)
+		if err != nil {
+			return fmt.Errorf("topic breaker: %w", err)
+		}
+		cfg.TopicBreaker = b
+	}
+	p := f.producer
+	if f.opts.Destination != producer.DestinationDefault {
+		p = producer.Renamed(p, f.opts.Destination.For(t.Schema))
+	}
+	if m.sweeper, err = outbox.NewSweeper(f.pool, p, cfg); err != nil {
+		return err
+	}
+	rc := f.opts.Retention
+	rc.Table, rc.Logger = t, cmp.Or(rc.Logger, logger)
+	if m.retention, err = outbox.NewRetention(f.pool, rc); err != nil {
+		return err
+	}
+	pc := f.opts.Probe
+	pc.Table, pc.Logger = t, cmp.Or(pc.Logger, logger)
+	if m.probe, err = outbox.NewProbe(f.pool, pc); err != nil {
+		return err
+	}
+	prepCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	err = m.retention.Prepare(prepCtx)
+	cancel()
+	if errors.Is(err, outbox.ErrNoHistory) {
+		return fmt.Errorf("%w: its schema predates this version; run `sweeper migrate --schemas %s` (the fleet picks it up within %s)",
+			err, t.Schema, f.opts.Discover)
+	} else if err != nil && ctx.Err() == nil {
+		logger.Warn("history partitions not prepared; maintenance tries again, and meanwhile sent rows go to the DEFAULT partition", "err", err)
+	}
+	// Spread the idle outboxes' maintenance over IdleMaintenance, rather
+	// than run a thousand tenants' at one time every hour.
+	m.maintained = time.Now().Add(-rand.N(f.opts.IdleMaintenance))
+	runCtx, stop := context.WithCancel(ctx)
+	m.stop = stop
+	f.mu.Lock()
+	f.members[t.String()] = m
+	f.mu.Unlock()
+	f.running.Go(func() { _ = m.sweeper.Run(runCtx) })
+	logger.Debug("outbox relayed")
+	return nil
+}
+
+// reconcile asks, for every parked outbox, whether it holds an outstanding
+// row, and wakes those that do: a notification lost (the LISTEN session was
+// down) or never sent (a row put back by hand) would otherwise wait for good.
+func (f *Fleet) reconcile(ctx context.Context) error {
+	f.mu.Lock()
+	var parked []*member
+	for _, m := range f.members {
+		if m.sweeper.Parked() {
+			parked = append(parked, m)
+		}
+	}
+	f.mu.Unlock()
+	var errs []error
+	for chunk := range slices.Chunk(parked, reconcileChunk) {
+		var q strings.Builder
+		for i, m := range chunk {
+			if i > 0 {
+				q.WriteString(" UNION ALL ")
+			}
+			fmt.Fprintf(&q, "SELECT %d WHERE EXISTS (SELECT 1 FROM %s WHERE dispatched_at IS NULL)", i, m.table.Ident())
+		}
+		qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		rows, err := f.pool.Query(qctx, q.String())
+		var found []int
+		if err == nil {
+			found, err = pgx.CollectRows(rows, pgx.RowTo[int])
+		}
+		cancel()
+		if err != nil {
+			// A schema dropped since the last listing fails its chunk: list
+			// them again, and the next pass goes through.
+			select {
+			case f.discoverNow <- struct{}{}:
+			default:
+			}
+			errs = append(errs, err)
+			continue
+		}
+		for _, i := range found {
+			m := chunk[i]
+			f.opts.Logger.Info("reconciliation found rows in a parked outbox (a notification was lost); it sweeps now", "outbox", m.table.String())
+			m.sweeper.Recheck()
+			m.signal()
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// maintain runs, every Maintenance, retention and the probe of the outboxes
+// that swept since their last run, and of a share of the idle ones, so that
+// each idle outbox has them once per IdleMaintenance.
+func (f *Fleet) maintain(ctx context.Context) {
+	outbox.RunOnSchedule(ctx, outbox.Every(f.opts.Maintenance), f.opts.Logger, "maintenance", func(ctx context.Context) error {
+		f.mu.Lock()
+		members := slices.Collect(maps.Values(f.members))
+		f.mu.Unlock()
+		now := time.Now()
+		var busy, idle []*member
+		for _, m := range members {
+			switch {
+			case m.touched.Swap(false):
+				busy = append(busy, m)
+			case now.Sub(m.maintained) >= f.opts.IdleMaintenance:
+				idle = append(idle, m)
+			}
+		}
+		slices.SortFunc(idle, func(a, b *member) int { return a.maintained.Compare(b.maintained) })
+		quota := max(1, (len(members)*int(f.opts.Maintenance)+int(f.opts.IdleMaintenance)-1)/int(f.opts.IdleMaintenance))
+		idle = idle[:min(len(idle), quota)]
+		var errs []error
+		for _, m := range append(busy, idle...) {
+			if ctx.Err() != nil {
+				return nil
+			}
+			m.maintained = now
+			if _, err := m.retention.RunOnce(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("retention of %s: %w", m.table, err))
+			}
+			if _, err := m.probe.RunOnce(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("dead-letter probe of %s: %w", m.table, err))
+			}
+		}
+		return errors.Join(errs...)
+	})
+}
+
+// unfinishedError says an outbox is not ready to relay yet: its migration
+// has not finished.
+type unfinishedError struct{ err error }
+
+func (e *unfinishedError) Error() string { return e.err.Error() }
+func (e *unfinishedError) Unwrap() error { return e.err }
+
+// member is one outbox of the fleet, and the outbox.Host its sweeper runs in.
+type member struct {
+	fleet     *Fleet
+	table     outbox.Table
+	sweeper   *outbox.Sweeper
+	retention *outbox.Retention
+	probe     *outbox.Probe
+	wake      chan struct{}
+	stop      context.CancelFunc
+	// touched says the sweeper swept since the last maintenance of the
+	// outbox; maintained is when that was (maintain's goroutine alone).
+	touched    atomic.Bool
+	maintained time.Time
+}
+
+func (m *member) signal() {
+	select {
+	case m.wake <- struct{}{}:
+	default: // a sweep is already due
+	}
+}
+
+func (m *member) Wake() <-chan struct{} { return m.wake }
+
+func (m *member) Take(ctx context.Context) (func(), error) {
+	m.touched.Store(true)
+	return m.fleet.turns.take(ctx)
+}
+
+func (m *member) Waiting() bool { return m.fleet.turns.waiting.Load() > 0 }
+
+// turns bounds the sweeps at once. Its slots are a buffered channel, whose
+// waiting senders Go queues in order: the first to wait is the first served,
+// so a busy outbox that yields goes behind the quiet ones that waited.
+type turns struct {
+	slots   chan struct{}
+	waiting atomic.Int64
+}
+
+func newTurns(n int) *turns { return &turns{slots: make(chan struct{}, n)} }
+
+func (t *turns) take(ctx context.Context) (func(), error) {
+	select {
+	case t.slots <- struct{}{}:
+		return t.release, nil
+	default:
+	}
+	t.waiting.Add(1)
+	defer t.waiting.Add(-1)
+	select {
+	case t.slots <- struct{}{}:
+		return t.release, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (t *turns) release() { <-t.slots }

@@ -1,0 +1,380 @@
+package fleet_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-sweeper/sweeper/alert"
+	"github.com/outbox-sweeper/sweeper/breaker"
+	"github.com/outbox-sweeper/sweeper/fleet"
+	"github.com/outbox-sweeper/sweeper/internal/dbtest"
+	"github.com/outbox-sweeper/sweeper/outbox"
+	"github.com/outbox-sweeper/sweeper/producer"
+	"github.com/outbox-sweeper/sweeper/producer/memory"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+// tenants migrates n tenant outboxes, in schemas base_t000 to base_t<n-1>,
+// and drops them at cleanup.
+func tenants(t *testing.T, base string, n int) []outbox.Table {
+	t.Helper()
+	out := make([]outbox.Table, n)
+	for i := range out {
+		out[i] = outbox.Table{Schema: fmt.Sprintf("%s_t%03d", base, i), Name: "outbox"}
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	url := dbtest.URL(t)
+	for w := range 4 {
+		wg.Go(func() {
+			for i := w; i < n; i += 4 {
+				errs <- migrate(url, out[i])
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	t.Cleanup(func() {
+		for _, tbl := range out {
+			_, _ = dbtest.Pool(t).Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{tbl.Schema}.Sanitize()+" CASCADE")
+		}
+	})
+	return out
+}
+
+func migrate(url string, tbl outbox.Table) error {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	_, err = outbox.Migrate(ctx, conn, tbl)
+	return err
+}
+
+// logs is a log sink a test can read while the fleet writes to it.
+type logs struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *logs) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(b)
+}
+
+func (l *logs) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// start runs f until the test ends.
+func start(t *testing.T, f *fleet.Fleet) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+}
+
+func newFleet(t *testing.T, pattern string, p producer.Producer, poolName string, opts fleet.Options) (*fleet.Fleet, *logs) {
+	t.Helper()
+	l := &logs{}
+	pool := dbtest.NamedPool(t, poolName)
+	opts.Schemas = pattern
+	opts.Logger = slog.New(slog.NewTextHandler(l, nil))
+	opts.Probe.Alerter = alert.Log{Logger: opts.Logger}
+	opts.Discover = cmpOr(opts.Discover, 200*time.Millisecond)
+	f, err := fleet.New(pool, p, opts)
+	require.NoError(t, err)
+	start(t, f)
+	return f, l
+}
+
+func cmpOr(a, b time.Duration) time.Duration {
+	if a != 0 {
+		return a
+	}
+	return b
+}
+
+func write(t *testing.T, tbl outbox.Table, msgs ...outbox.Message) {
+	t.Helper()
+	w, err := outbox.NewWriter(tbl)
+	require.NoError(t, err)
+	require.NoError(t, w.Write(context.Background(), dbtest.Pool(t), msgs...))
+}
+
+// sessions counts the sessions whose application_name is name.
+func sessions(t *testing.T, name string) int {
+	var n int
+	require.NoError(t, dbtest.Pool(t).QueryRow(context.Background(),
+		"SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", name).Scan(&n))
+	return n
+}
+
+// Rows written into 20 of 200 tenants at random arrive once each, in
+// per-topic order, under each tenant's name; a tenant made while the fleet
+// runs is relayed, a dropped one let go; and the fleet never holds more
+// sessions than its pool and its one LISTEN session.
+func TestFleetRelaysManyTenantsOnceEachUnderTheirNames(t *testing.T) {
+	base := dbtest.Schema(t)
+	tbls := tenants(t, base, 200)
+	p := memory.New(memory.Config{MaxBatch: 20})
+	name := "fleet-" + base
+	f, l := newFleet(t, base+"_t*", p, name, fleet.Options{Destination: "{schema}.{topic}"})
+	dbtest.Eventually(t, time.Minute, "every tenant relayed", func() bool { return len(f.Outboxes()) == len(tbls) })
+
+	// The budget: the pool's 6 and the LISTEN session, sampled throughout.
+	var most atomic.Int64
+	stopSampling := make(chan struct{})
+	var sampling sync.WaitGroup
+	sampling.Go(func() {
+		for {
+			if n := int64(sessions(t, name)); n > most.Load() {
+				most.Store(n)
+			}
+			select {
+			case <-stopSampling:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	})
+
+	rng := rand.New(rand.NewPCG(1, 2))
+	busy := map[string]outbox.Table{}
+	for len(busy) < 20 {
+		tbl := tbls[rng.IntN(len(tbls))]
+		busy[tbl.Schema] = tbl
+	}
+	topics := []string{"orders", "payments", "users"}
+	want := 0
+	var writers sync.WaitGroup
+	for _, tbl := range busy {
+		writers.Go(func() {
+			for tx := range 10 {
+				var msgs []outbox.Message
+				for i := range 15 {
+					msgs = append(msgs, outbox.Message{Topic: topics[(tx+i)%3], Payload: fmt.Appendf(nil, "%s/%d/%d", tbl.Schema, tx, i)})
+				}
+				write(t, tbl, msgs...)
+			}
+		})
+		want += 150
+	}
+	writers.Wait()
+	dbtest.Eventually(t, 2*time.Minute, "every row delivered", func() bool { return len(p.Messages()) >= want })
+	close(stopSampling)
+	sampling.Wait()
+
+	seen := map[string]map[int64]int{}
+	last := map[string]int64{}
+	for _, m := range p.Messages() {
+		schema, topic, ok := strings.Cut(m.Topic, ".")
+		require.True(t, ok, "destination %q is not {schema}.{topic}", m.Topic)
+		require.Contains(t, busy, schema, "a row arrived under a tenant nobody wrote to")
+		require.Contains(t, topics, topic)
+		require.True(t, strings.HasPrefix(string(m.Payload), schema+"/"), "row %d of %s arrived under %s", m.ID, string(m.Payload), m.Topic)
+		if seen[m.Topic] == nil {
+			seen[m.Topic] = map[int64]int{}
+		}
+		seen[m.Topic][m.ID]++
+		require.Equal(t, 1, seen[m.Topic][m.ID], "row %d of %s sent twice", m.ID, m.Topic)
+		require.Greater(t, m.ID, last[m.Topic], "%s out of order", m.Topic)
+		last[m.Topic] = m.ID
+	}
+	require.Len(t, p.Messages(), want)
+	for _, tbl := range busy {
+		require.Zero(t, dbtest.Outstanding(t, tbl), tbl.String())
+	}
+	require.LessOrEqual(t, most.Load(), int64(6+1), "the fleet held more sessions than its budget")
+	require.Positive(t, most.Load())
+
+	// A tenant made while the fleet runs is relayed within the listing's
+	// interval, or at once on its first notification.
+	fresh := outbox.Table{Schema: base + "_tnew", Name: "outbox"}
+	require.NoError(t, migrate(dbtest.URL(t), fresh))
+	t.Cleanup(func() {
+		_, _ = dbtest.Pool(t).Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{fresh.Schema}.Sanitize()+" CASCADE")
+	})
+	write(t, fresh, outbox.Message{Topic: "orders", Payload: []byte(fresh.Schema + "/0")})
+	dbtest.Eventually(t, time.Minute, "the new tenant's row delivered", func() bool {
+		return slices.ContainsFunc(p.Messages(), func(m producer.Message) bool { return m.Topic == fresh.Schema+".orders" })
+	})
+
+	// A dropped tenant is let go, without errors piling up.
+	gone := tbls[0]
+	_, err := dbtest.Pool(t).Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{gone.Schema}.Sanitize()+" CASCADE")
+	require.NoError(t, err)
+	dbtest.Eventually(t, time.Minute, "the dropped tenant let go", func() bool {
+		_, ok := f.Sweeper(gone)
+		return !ok
+	})
+	require.NotContains(t, l.String(), "level=ERROR", "the fleet logged errors")
+}
+
+// A tenant's bad topic trips there only, its poison row goes to its own
+// dead-letter table, and another tenant's topic of the same name flows.
+func TestFleetKeepsEachTenantsTroubleItsOwn(t *testing.T) {
+	base := dbtest.Schema(t)
+	tbls := tenants(t, base, 2)
+	a, b := tbls[0], tbls[1]
+	p := memory.New(memory.Config{})
+	p.FailTopic(a.Schema+".orders", producer.NewTopicError("topic_not_found", errors.New("no such entity")))
+	f, _ := newFleet(t, base+"_t*", p, "fleet-"+base, fleet.Options{Destination: "{schema}.{topic}"})
+	dbtest.Eventually(t, time.Minute, "both tenants relayed", func() bool { return len(f.Outboxes()) == 2 })
+
+	write(t, a, outbox.Message{Topic: "orders", Payload: []byte("a-orders")}, outbox.Message{Topic: "mail", Payload: []byte("a-mail-0")})
+	write(t, b, outbox.Message{Topic: "orders", Payload: []byte("b-orders")})
+	dbtest.Eventually(t, time.Minute, "b's orders and a's mail delivered", func() bool {
+		var got []string
+		for _, m := range p.Messages() {
+			got = append(got, m.Topic)
+		}
+		return slices.Contains(got, b.Schema+".orders") && slices.Contains(got, a.Schema+".mail")
+	})
+	sa, _ := f.Sweeper(a)
+	sb, _ := f.Sweeper(b)
+	dbtest.Eventually(t, time.Minute, "a's orders tripped", func() bool { return sa.TopicBreaker().State("orders") == breaker.StateTripped })
+	require.Equal(t, breaker.StateClosed, sb.TopicBreaker().State("orders"), "b's orders tripped with a's")
+	require.Equal(t, 1, dbtest.Outstanding(t, a), "a's tripped row is kept")
+
+	// A poison row of a's: dead-lettered in a's table, none in b's.
+	var poison int64
+	w, err := outbox.NewWriter(a)
+	require.NoError(t, err)
+	require.NoError(t, pgx.BeginFunc(context.Background(), dbtest.Pool(t), func(tx pgx.Tx) error {
+		if err := w.Write(context.Background(), tx, outbox.Message{Topic: "mail", Payload: []byte("poison")}); err != nil {
+			return err
+		}
+		return tx.QueryRow(context.Background(), "SELECT max(id) FROM "+a.Ident()).Scan(&poison)
+	}))
+	p.FailMessage(poison, producer.NewMessageError(producer.ReasonInvalidMessage, []int64{poison}, errors.New("unparseable")))
+	dbtest.Eventually(t, time.Minute, "a's poison row dead-lettered", func() bool { return deadLetters(t, a) == 1 })
+	write(t, b, outbox.Message{Topic: "mail", Payload: []byte("b-mail")})
+	dbtest.Eventually(t, time.Minute, "b's mail delivered", func() bool {
+		return slices.ContainsFunc(p.Messages(), func(m producer.Message) bool { return m.Topic == b.Schema+".mail" })
+	})
+	require.Zero(t, deadLetters(t, b))
+	require.Zero(t, dbtest.Outstanding(t, b))
+}
+
+func deadLetters(t *testing.T, tbl outbox.Table) int {
+	var n int
+	require.NoError(t, dbtest.Pool(t).QueryRow(context.Background(), "SELECT count(*) FROM "+tbl.DeadLetterIdent()).Scan(&n))
+	return n
+}
+
+// An idle tenant's sweeper parks, a commit wakes it at once, and a row that
+// notified nobody is found by the reconciliation.
+func TestFleetParksIdleTenantsAndReconciles(t *testing.T) {
+	base := dbtest.Schema(t)
+	tbls := tenants(t, base, 3)
+	p := memory.New(memory.Config{})
+	f, _ := newFleet(t, base+"_t*", p, "fleet-"+base, fleet.Options{Reconcile: time.Hour})
+	dbtest.Eventually(t, time.Minute, "every sweeper parked", func() bool {
+		if len(f.Outboxes()) != len(tbls) {
+			return false
+		}
+		for _, tbl := range tbls {
+			if s, _ := f.Sweeper(tbl); !s.Parked() {
+				return false
+			}
+		}
+		return true
+	})
+	// With reconciliation an hour away, only the notification can wake it.
+	write(t, tbls[1], outbox.Message{Topic: "orders", Payload: []byte("woken")})
+	dbtest.Eventually(t, 30*time.Second, "the row delivered on its notification", func() bool { return len(p.Messages()) == 1 })
+	dbtest.Eventually(t, time.Minute, "the sweeper parked again", func() bool {
+		s, _ := f.Sweeper(tbls[1])
+		return s.Parked()
+	})
+
+	// A row whose commit notified nobody (triggers off, as a restore or a
+	// replica's apply does) waits for the reconciliation.
+	f2, _ := newFleet(t, base+"_t*", p, "fleet2-"+base, fleet.Options{Reconcile: 300 * time.Millisecond})
+	dbtest.Eventually(t, time.Minute, "the second fleet relaying", func() bool { return len(f2.Outboxes()) == len(tbls) })
+	require.NoError(t, pgx.BeginFunc(context.Background(), dbtest.Pool(t), func(tx pgx.Tx) error {
+		if _, err := tx.Exec(context.Background(), "SET LOCAL session_replication_role = replica"); err != nil {
+			return err
+		}
+		_, err := tx.Exec(context.Background(), "INSERT INTO "+tbls[2].Ident()+" (topic, payload) VALUES ('orders', 'silent')")
+		return err
+	}))
+	dbtest.Eventually(t, time.Minute, "the silent row delivered by reconciliation", func() bool {
+		return slices.ContainsFunc(p.Messages(), func(m producer.Message) bool { return string(m.Payload) == "silent" })
+	})
+}
+
+// Sweeps take turns, and a busy tenant yields its turn after a page while
+// others wait: five tenants' backlogs do not keep a quiet tenant's row
+// waiting for their drains.
+func TestFleetSharesTurnsAmongBusyTenants(t *testing.T) {
+	base := dbtest.Schema(t)
+	tbls := tenants(t, base, 6)
+	quiet := make(chan time.Time, 1)
+	p := memory.New(memory.Config{MaxBatch: 50})
+	p.SetSendFunc(func(ctx context.Context, b producer.Batch) error {
+		if b.Topic == "quiet" {
+			select {
+			case quiet <- time.Now():
+			default:
+			}
+		}
+		return nil
+	})
+	// Five tenants with a backlog each, written before the fleet starts.
+	for _, tbl := range tbls[:5] {
+		var msgs []outbox.Message
+		for i := range 4000 {
+			msgs = append(msgs, outbox.Message{Topic: fmt.Sprintf("t%d", i%4), Payload: []byte("x")})
+		}
+		write(t, tbl, msgs...)
+	}
+	f, _ := newFleet(t, base+"_t*", p, "fleet-"+base, fleet.Options{Sweeper: outbox.Config{PageSize: 200}})
+	dbtest.Eventually(t, time.Minute, "the drains under way", func() bool { return len(p.Messages()) > 1000 })
+	written := time.Now()
+	write(t, tbls[5], outbox.Message{Topic: "quiet", Payload: []byte("q")})
+	var arrived time.Time
+	dbtest.Eventually(t, time.Minute, "the quiet tenant's row delivered", func() bool {
+		select {
+		case arrived = <-quiet:
+			return true
+		default:
+			return false
+		}
+	})
+	left := 0
+	for _, tbl := range tbls[:5] {
+		left += dbtest.Outstanding(t, tbl)
+	}
+	t.Logf("quiet row after %s, with %d backlog rows still to send", arrived.Sub(written), left)
+	require.Positive(t, left, "the quiet row waited for the busy tenants' whole drains")
+	dbtest.Eventually(t, 2*time.Minute, "every backlog drained", func() bool { return len(p.Messages()) == 5*4000+1 })
+	require.Len(t, f.Outboxes(), 6)
+}

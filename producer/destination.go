@@ -1,0 +1,124 @@
+package producer
+
+import (
+	"context"
+	"fmt"
+	"strings"
+)
+
+// Destination is a template of the name a row's topic is sent under when
+// many outboxes share one broker: "{topic}" (the topic as the row spells it),
+// "{schema}.{topic}" (the tenant's schema before it), or any text around
+// those two placeholders. "{topic}" must appear, so that two topics of one
+// outbox never go to one destination.
+type Destination string
+
+// DestinationDefault sends each topic under its own name.
+const DestinationDefault Destination = "{topic}"
+
+// Validate reports a template that does not name the topic, or names a
+// placeholder other than {schema} and {topic}.
+func (d Destination) Validate() error {
+	rest := string(d)
+	if !strings.Contains(rest, "{topic}") {
+		return fmt.Errorf("destination template %q does not contain {topic}: write it as {topic}, or {schema}.{topic} to put the tenant's schema before it", string(d))
+	}
+	for {
+		i := strings.IndexByte(rest, '{')
+		if i < 0 {
+			return nil
+		}
+		j := strings.IndexByte(rest[i:], '}')
+		if j < 0 {
+			return fmt.Errorf("destination template %q has an unclosed {: the placeholders are {schema} and {topic}", string(d))
+		}
+		if p := rest[i : i+j+1]; p != "{schema}" && p != "{topic}" {
+			return fmt.Errorf("destination template %q names %s: the placeholders are {schema} and {topic}", string(d), p)
+		}
+		rest = rest[i+j+1:]
+	}
+}
+
+// For returns the function that names topic's destination for the outbox in
+// schema.
+func (d Destination) For(schema string) func(topic string) string {
+	if d == "" || d == DestinationDefault {
+		return func(topic string) string { return topic }
+	}
+	withSchema := strings.ReplaceAll(string(d), "{schema}", schema)
+	return func(topic string) string { return strings.ReplaceAll(withSchema, "{topic}", topic) }
+}
+
+// Renamed returns p sending each topic under name(topic). The sweeper above
+// it still sees the rows' own topics: batches come back from Batches under
+// the topic they were asked for, so the topic's breaker, backoff and dead
+// letters stay keyed by the row's topic while the broker sees the
+// destination. Renamed keeps p's Checker and TopicChecker (asked about the
+// destination). Close closes p.
+func Renamed(p Producer, name func(topic string) string) Producer {
+	r := renamed{p: p, name: name}
+	c, isChecker := p.(Checker)
+	tc, isTopicChecker := p.(TopicChecker)
+	switch {
+	case isChecker && isTopicChecker:
+		return struct {
+			renamed
+			Checker
+			renamedTopicChecker
+		}{r, c, renamedTopicChecker{tc, name}}
+	case isChecker:
+		return struct {
+			renamed
+			Checker
+		}{r, c}
+	case isTopicChecker:
+		return struct {
+			renamed
+			renamedTopicChecker
+		}{r, renamedTopicChecker{tc, name}}
+	}
+	return r
+}
+
+type renamed struct {
+	p    Producer
+	name func(string) string
+}
+
+func (r renamed) Batches(ctx context.Context, topic string, msgs []Message) ([]Batch, error) {
+	dest := r.name(topic)
+	out := make([]Message, len(msgs))
+	for i, m := range msgs {
+		m.Topic = dest
+		out[i] = m
+	}
+	batches, err := r.p.Batches(ctx, dest, out)
+	for i := range batches {
+		batches[i].Topic = topic
+		for j := range batches[i].Messages {
+			batches[i].Messages[j].Topic = topic
+		}
+	}
+	return batches, err
+}
+
+func (r renamed) Send(ctx context.Context, b Batch) error {
+	dest := r.name(b.Topic)
+	msgs := make([]Message, len(b.Messages))
+	for i, m := range b.Messages {
+		m.Topic = dest
+		msgs[i] = m
+	}
+	return r.p.Send(ctx, Batch{Topic: dest, Messages: msgs})
+}
+
+func (r renamed) Close(ctx context.Context) error { return r.p.Close(ctx) }
+
+type renamedTopicChecker struct {
+	tc   TopicChecker
+	name func(string) string
+}
+
+func (r renamedTopicChecker) CheckTopic(ctx context.Context, topic string) error {
+	return r.tc.CheckTopic(ctx, r.name(topic))
+}
