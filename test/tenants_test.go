@@ -1,0 +1,172 @@
+package test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-sweeper/sweeper/internal/brokertest"
+	"github.com/outbox-sweeper/sweeper/internal/dbtest"
+	"github.com/outbox-sweeper/sweeper/outbox"
+)
+
+// Two processes of the binary relay 40 tenant schemas (migrated by `migrate
+// --schemas`) into RabbitMQ under {schema}.{topic}, while the application
+// writes into 8 of them and one process is killed with SIGKILL three times:
+// every row arrives under its own tenant's name, none is lost, and the two
+// processes together never hold more than their budgets of connections.
+func TestSchemasRelayTenantsThroughRabbitMQAcrossKills(t *testing.T) {
+	t.Parallel()
+	const (
+		n        = 4000
+		tenants  = 40
+		budget   = 5
+		kills    = 3
+		perTopic = 3
+	)
+	ctx := context.Background()
+	base := dbtest.Schema(t)
+	var tbls []outbox.Table
+	for i := range tenants {
+		s := fmt.Sprintf("%s_t%02d", base, i)
+		_, err := dbtest.Pool(t).Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{s}.Sanitize())
+		require.NoError(t, err)
+		t.Cleanup(func() {
+			_, _ = dbtest.Pool(t).Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{s}.Sanitize()+" CASCADE")
+		})
+		tbls = append(tbls, outbox.Table{Schema: s, Name: "outbox"})
+	}
+	code, out, errOut := runOnce(t, "migrate", "--database-url", dbtest.URL(t), "--schemas", base+"_t*")
+	require.Equal(t, 0, code, "migrate --schemas: %s%s", out, errOut)
+	require.Contains(t, out, fmt.Sprintf("%d schemas matching %q migrated", tenants, base+"_t*"))
+
+	rng := rand.New(rand.NewPCG(5, 6))
+	busy := map[string]outbox.Table{}
+	for len(busy) < 8 {
+		tbl := tbls[rng.IntN(len(tbls))]
+		busy[tbl.Schema] = tbl
+	}
+	var busyList []outbox.Table
+	var destinations []string
+	for _, tbl := range busy {
+		busyList = append(busyList, tbl)
+		for k := range perTopic {
+			destinations = append(destinations, fmt.Sprintf("%s.topic-%d", tbl.Schema, k))
+		}
+	}
+	url := brokertest.RabbitMQURL(t)
+	exchange := brokertest.Name("outbox_tenants")
+	rc := consumeRabbitMQ(t, url, exchange, destinations)
+
+	appName := "sweeper-" + base
+	dbURL := dbtest.URL(t)
+	if strings.Contains(dbURL, "?") {
+		dbURL += "&application_name=" + appName
+	} else {
+		dbURL += "?application_name=" + appName
+	}
+	args := []string{"run", "--database-url", dbURL, "--schemas", base + "_t*", "--producer", "rabbitmq",
+		"--rabbitmq-url", url, "--rabbitmq-exchange", exchange, "--destination", "{schema}.{topic}",
+		"--max-connections", fmt.Sprint(budget), "--tick", "100ms", "--page-size", "200"}
+	procs := []*proc{start(t, nil, args...), start(t, nil, args...)}
+
+	// The budget, sampled until the end: each process's pool and LISTEN
+	// session, so two budgets (a killed process's sessions end with it).
+	var most atomic.Int64
+	stopSampling := make(chan struct{})
+	var sampling sync.WaitGroup
+	sampling.Go(func() {
+		for {
+			var c int64
+			if err := dbtest.Pool(t).QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", appName).Scan(&c); err == nil && c > most.Load() {
+				most.Store(c)
+			}
+			select {
+			case <-stopSampling:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	})
+
+	var written atomic.Int64
+	writerDone := make(chan struct{})
+	go func() {
+		defer close(writerDone)
+		for i := 0; i < n; {
+			tbl := busyList[i%len(busyList)]
+			size := min(1+rng.IntN(20), n-i)
+			msgs := make([]outbox.Message, size)
+			for j := range msgs {
+				msgs[j] = outbox.Message{Topic: fmt.Sprintf("topic-%d", (i+j)%perTopic), Payload: fmt.Appendf(nil, "%s/%d", tbl.Schema, i+j),
+					Headers: map[string]any{"seq": i + j, "source": "round-trip"}}
+			}
+			w, err := outbox.NewWriter(tbl)
+			if err == nil {
+				err = w.Write(ctx, dbtest.Pool(t), msgs...)
+			}
+			if err != nil {
+				t.Errorf("application write: %v", err)
+				return
+			}
+			i += size
+			written.Store(int64(i))
+		}
+	}()
+
+	for k := range kills {
+		target := (k + 1) * n / (kills + 2)
+		dbtest.Eventually(t, 2*time.Minute, fmt.Sprintf("%d rows relayed before kill %d", target, k+1), func() bool { return rc.count() >= target })
+		require.NoError(t, procs[0].cmd.Process.Kill())
+		procs[0].wait(t, time.Minute)
+		procs[0] = start(t, nil, args...)
+	}
+	<-writerDone
+	require.False(t, t.Failed(), "the application's writes failed")
+	dbtest.Eventually(t, 3*time.Minute, "every row consumed", func() bool {
+		for _, tbl := range busyList {
+			if dbtest.Outstanding(t, tbl) > 0 {
+				return false
+			}
+		}
+		return rc.distinct() >= n
+	})
+	for _, p := range procs {
+		require.Equal(t, 0, p.terminate(t, time.Minute))
+	}
+	close(stopSampling)
+	sampling.Wait()
+	rc.drain(t)
+
+	seen := map[float64]int{}
+	dups := 0
+	for dest, msgs := range rc.snapshot() {
+		schema, _, _ := strings.Cut(dest, ".")
+		for _, m := range msgs {
+			require.True(t, strings.HasPrefix(m.payload, schema+"/"), "row %q arrived under %s", m.payload, dest)
+			require.NotEqual(t, -1.0, m.seq, "a header was lost")
+			seen[m.seq]++
+		}
+	}
+	for seq := range n {
+		c := seen[float64(seq)]
+		require.Positive(t, c, "row with seq %d never arrived", seq)
+		dups += c - 1
+	}
+	t.Logf("%d SIGKILLs over %d rows in %d of %d tenants: every row arrived under its tenant; %d more than once; at most %d sessions at once",
+		kills, n, len(busy), tenants, dups, most.Load())
+	require.LessOrEqual(t, most.Load(), int64(2*budget), "two processes held more than two budgets of connections")
+	require.Positive(t, most.Load())
+	for _, p := range procs {
+		require.NotContains(t, p.Stderr(), "panic")
+		require.NotContains(t, p.Stderr(), " ERR ", "a process logged an error")
+	}
+}
