@@ -7,7 +7,7 @@
 # scripts/services.sh brings the services up (installing them from Debian's
 # packages when run as root; otherwise it says what to run). When Postgres wants
 # a password over TCP it writes the URLs to use to .services.env, read here.
-#   make bench   the benchmarks: drains, instances, page query, latency, RSS, soak (see BENCHMARKS.md)
+#   make bench   the benchmarks: drains, instances, page query, latency, RSS, tenants, soak (see BENCHMARKS.md)
 #   make soak    the soak of issue 32: bin/sweeper at 3,000 rows/s on a Postgres of its own
 #                (autovacuum on), clean / a held snapshot / recovery, 2 min each, beside the
 #                claim-and-mark ceiling; SOAK_MODE=clean|step|ceiling, SOAK_BIN=old binary,
@@ -24,7 +24,7 @@ BENCHSTAT    := golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4
 SHELL       := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: build run test test-under-load services bench bench-binary soak vet check-deploy clean
+.PHONY: build run test test-under-load services bench bench-binary bench-tenants soak vet check-deploy clean
 
 # Loads .services.env (if scripts/services.sh wrote one) into a recipe line.
 LOADENV := set -a; [ ! -f .services.env ] || . ./.services.env; set +a;
@@ -82,6 +82,14 @@ test-under-load:
 # binary at 1,000 commits a second into NATS and RabbitMQ. Set
 # OUTBOX_BENCH_BASE=<rev> to alternate the binary with an older build (see
 # BENCHMARKS.md). make bench-binary runs only those two.
+# The tenant benchmarks (issue 33): 1,000 tenant schemas relayed by one binary
+# (--schemas): idle cost, a quiet tenant's latency beside a busy one, and 100
+# tenants draining at once, each against the single-table binary in the same
+# run. About 7 minutes; make bench runs them too.
+bench-tenants:
+	scripts/services.sh test
+	$(LOADENV) go test -run '^$$' -bench '^BenchmarkTenants' -benchtime 1x -count 1 -timeout 30m ./test/bench/ | tee bench.out
+
 bench-binary:
 	scripts/services.sh test
 	$(LOADENV) go test -run '^$$' -bench 'DrainBinary|Latency' -benchtime 1x -count 3 -timeout 30m ./test/bench/ | tee bench.out
@@ -96,7 +104,8 @@ bench:
 	$(LOADENV) go test -run '^$$' -bench 'WriteMessageIDIndex$$' -benchtime 100x -count 3 -timeout 30m ./outbox/ | tee -a bench.out
 	$(LOADENV) go test -run '^$$' -bench 'SweepMessageIDIndex' -benchtime 5x -count 3 -timeout 30m ./outbox/ | tee -a bench.out
 	$(LOADENV) go test -run '^$$' -bench 'Split' -benchtime 20x -count 3 -timeout 30m ./outbox/ | tee -a bench.out
-	$(LOADENV) go test -run '^$$' -bench . -benchtime 1x -count 3 -timeout 30m ./test/bench/ | tee -a bench.out
+	$(LOADENV) go test -run '^$$' -bench '^Benchmark(Drain|Latency|PeakRSS)' -benchtime 1x -count 3 -timeout 30m ./test/bench/ | tee -a bench.out
+	$(LOADENV) go test -run '^$$' -bench '^BenchmarkTenants' -benchtime 1x -count 1 -timeout 30m ./test/bench/ | tee -a bench.out
 	go test -run '^$$' -bench 'Send' -benchtime 20x -count 3 -timeout 30m ./producer/kafka/ | tee -a bench.out
 	$(MAKE) --no-print-directory soak SOAK_MODE=phases SOAK_TEE='tee -a bench.out'
 	go run $(BENCHSTAT) bench.out

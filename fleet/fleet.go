@@ -150,6 +150,7 @@ type Fleet struct {
 	members map[string]*member // by the outbox's schema-qualified name
 	refused map[string]bool    // schemas left out, logged once
 	waiting map[string]bool    // schemas whose migration has not finished, logged once
+	listed  bool               // the first listing is done (and logged)
 
 	running     sync.WaitGroup // the sweepers' Runs, stopped ones too
 	discoverNow chan struct{}
@@ -336,6 +337,9 @@ func (f *Fleet) discover(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("list the schemas holding a table %q: %w", f.opts.Sweeper.Table.Name, err)
 	}
+	f.mu.Lock()
+	before := len(f.members)
+	f.mu.Unlock()
 	found := map[string]bool{}
 	for _, s := range schemas {
 		if !f.matches(s) {
@@ -376,6 +380,12 @@ func (f *Fleet) discover(ctx context.Context) error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	defer func() {
+		if len(f.members) != before || !f.listed {
+			f.opts.Logger.Info("relaying outboxes", "outboxes", len(f.members), "schemas", cmp.Or(f.opts.Schemas, "*"))
+			f.listed = true
+		}
+	}()
 	for k, m := range f.members {
 		if !found[k] {
 			f.opts.Logger.Info("outbox gone (its schema or table was dropped); its sweeper stops", "outbox", k)

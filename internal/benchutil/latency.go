@@ -152,6 +152,14 @@ const warmUp = "warm-up"
 // write.
 func Latency(tb testing.TB, tbl outbox.Table, sub Subscriber, topics []string, rate int, d time.Duration) LatencyResult {
 	tb.Helper()
+	return LatencyTables(tb, dbtest.NewPool(tb, 16), []outbox.Table{tbl}, sub, topics, rate, d)
+}
+
+// LatencyTables is Latency over several outboxes (tenants) on pool's
+// database, which must allow 16 connections: the rows go to tbls in turn,
+// each table's spread over topics.
+func LatencyTables(tb testing.TB, pool *pgxpool.Pool, tbls []outbox.Table, sub Subscriber, topics []string, rate int, d time.Duration) LatencyResult {
+	tb.Helper()
 	n := int(d.Seconds() * float64(rate))
 	committing := make([]atomic.Int64, n) // unix nanos just before each row's commit
 	committed := make([]atomic.Int64, n)  // unix nanos when its commit returned
@@ -162,7 +170,7 @@ func Latency(tb testing.TB, tbl outbox.Table, sub Subscriber, topics []string, r
 	stop := sub(tb, func(body []byte) {
 		now := time.Now().UnixNano()
 		if string(body) == warmUp {
-			if warm.Add(1) == int64(len(topics)) {
+			if warm.Add(1) == int64(len(topics)*len(tbls)) {
 				close(warmed)
 			}
 			return
@@ -180,11 +188,15 @@ func Latency(tb testing.TB, tbl outbox.Table, sub Subscriber, topics []string, r
 	})
 	defer stop()
 
-	w, err := outbox.NewWriter(tbl)
-	if err != nil {
-		tb.Fatal(err)
+	writers := make([]*outbox.Writer, len(tbls))
+	for i, tbl := range tbls {
+		w, err := outbox.NewWriter(tbl)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		writers[i] = w
 	}
-	pool := dbtest.NewPool(tb, 16)
+	var err error
 	// Warm up before the clock starts: the writers' connections open (16
 	// handshakes at once would slow the first second), and one row per topic
 	// goes through the sweeper, so that it has started, reached the broker,
@@ -198,15 +210,17 @@ func Latency(tb testing.TB, tbl outbox.Table, sub Subscriber, topics []string, r
 	for _, c := range conns {
 		c.Release()
 	}
-	for _, topic := range topics {
-		if err := w.Write(context.Background(), pool, outbox.Message{Topic: topic, Payload: []byte(warmUp)}); err != nil {
-			tb.Fatal(err)
+	for _, w := range writers {
+		for _, topic := range topics {
+			if err := w.Write(context.Background(), pool, outbox.Message{Topic: topic, Payload: []byte(warmUp)}); err != nil {
+				tb.Fatal(err)
+			}
 		}
 	}
 	select {
 	case <-warmed:
 	case <-time.After(30 * time.Second):
-		tb.Fatalf("%d of %d warm-up rows arrived within 30s", warm.Load(), len(topics))
+		tb.Fatalf("%d of %d warm-up rows arrived within 30s", warm.Load(), len(topics)*len(tbls))
 	}
 	seqs := make(chan int, rate)
 	var wg sync.WaitGroup
@@ -220,7 +234,8 @@ func Latency(tb testing.TB, tbl outbox.Table, sub Subscriber, topics []string, r
 				if failed.Load() {
 					continue
 				}
-				if err := writeOne(ctx, pool, w, topics[seq%len(topics)], seq, &committing[seq]); err != nil {
+				w, topic := writers[seq%len(writers)], topics[(seq/len(writers))%len(topics)]
+				if err := writeOne(ctx, pool, w, topic, seq, &committing[seq]); err != nil {
 					tb.Errorf("write row %d: %v", seq, err)
 					failed.Store(true)
 					continue

@@ -27,7 +27,11 @@ import (
 	"github.com/outbox-sweeper/sweeper/producer/rabbitmq"
 )
 
-func TestMain(m *testing.M) { dbtest.Main(m) }
+func TestMain(m *testing.M) {
+	code := dbtest.Run(m)
+	dropTenantTemplate()
+	os.Exit(code)
+}
 
 const backlog = 100_000
 

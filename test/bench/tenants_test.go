@@ -1,0 +1,457 @@
+package bench_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-sweeper/sweeper/internal/benchutil"
+	"github.com/outbox-sweeper/sweeper/internal/dbtest"
+	"github.com/outbox-sweeper/sweeper/outbox"
+)
+
+// The tenant benchmarks (issue 33) run the binary with --schemas on a
+// database of 1,000 tenant schemas, tenant_0000 to tenant_0999, each an
+// outbox migrated by `sweeper migrate --schemas` (about 40 s on the 2-core
+// machine, once per go test: each benchmark run clones it, CREATE DATABASE
+// … TEMPLATE, in a few seconds). The databases live on the shared server,
+// beside the test database, and are dropped at the end.
+const tenantCount = 1000
+
+var (
+	tenantTemplateOnce sync.Once
+	tenantTemplate     string // the template database's name; "" until made
+	tenantTemplateErr  error
+	tenantSeq          atomic.Int64
+	adminURL           string // the test database's URL, to drop the databases from
+)
+
+// dbURL returns the test database's URL with its database replaced by name.
+func dbURL(tb testing.TB, name string) string {
+	u, err := url.Parse(dbtest.URL(tb))
+	if err != nil || u.Scheme == "" {
+		tb.Fatalf("the tenant benchmarks need a URL for the test database, not %q: %v", dbtest.URL(tb), err)
+	}
+	u.Path = "/" + name
+	return u.String()
+}
+
+// tenantDatabase returns the URL of a fresh copy of the 1,000-tenant
+// database, dropped at cleanup.
+func tenantDatabase(b *testing.B, bin string) string {
+	b.Helper()
+	tenantTemplateOnce.Do(func() {
+		adminURL = dbtest.URL(b)
+		name := fmt.Sprintf("outbox_bench_tenants_%d", os.Getpid())
+		ctx := context.Background()
+		if _, err := dbtest.Pool(b).Exec(ctx, "CREATE DATABASE "+name); err != nil {
+			tenantTemplateErr = err
+			return
+		}
+		tenantTemplate = name
+		var sql strings.Builder
+		for i := range tenantCount {
+			fmt.Fprintf(&sql, "CREATE SCHEMA tenant_%04d;", i)
+		}
+		conn, err := pgx.Connect(ctx, dbURL(b, name))
+		if err == nil {
+			_, err = conn.Exec(ctx, sql.String())
+			conn.Close(ctx)
+		}
+		if err != nil {
+			tenantTemplateErr = err
+			return
+		}
+		out, err := exec.Command(bin, "migrate", "--database-url", dbURL(b, name), "--schemas", "tenant_*").CombinedOutput()
+		if err != nil {
+			tenantTemplateErr = fmt.Errorf("migrate --schemas: %v\n%s", err, lastLines(out, 5))
+		}
+	})
+	if tenantTemplateErr != nil {
+		b.Fatalf("the 1,000-tenant database: %v", tenantTemplateErr)
+	}
+	name := fmt.Sprintf("%s_%d", tenantTemplate, tenantSeq.Add(1))
+	ctx := context.Background()
+	if _, err := dbtest.Pool(b).Exec(ctx, "CREATE DATABASE "+name+" TEMPLATE "+tenantTemplate); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { dropDatabase(name) })
+	return dbURL(b, name)
+}
+
+// dropTenantTemplate drops the template database, if one was made; TestMain
+// calls it after the benchmarks.
+func dropTenantTemplate() {
+	if tenantTemplate != "" {
+		dropDatabase(tenantTemplate)
+	}
+}
+
+func dropDatabase(name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, adminURL)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "drop database %s: %v\n", name, err)
+		return
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+		fmt.Fprintf(os.Stderr, "drop database %s: %v\n", name, err)
+	}
+}
+
+func lastLines(out []byte, n int) string {
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// relay is a run of the sweeper binary as users run it (no admin API, its
+// defaults, info logs on stderr), its stdout (the stdout producer's lines)
+// read by the benchmark.
+type relay struct {
+	cmd     *exec.Cmd
+	app     string // its sessions' application_name
+	mu      sync.Mutex
+	stderr  bytes.Buffer
+	lines   atomic.Int64      // messages printed
+	onLine  func(line []byte) // set before the rows it looks for are written
+	started time.Time
+}
+
+func startRelay(b *testing.B, bin, dbURL string, onLine func([]byte), args ...string) *relay {
+	b.Helper()
+	r := &relay{app: fmt.Sprintf("bench-relay-%d-%d", os.Getpid(), tenantSeq.Add(1)), onLine: onLine}
+	u, _ := url.Parse(dbURL)
+	q := u.Query()
+	q.Set("application_name", r.app)
+	u.RawQuery = q.Encode()
+	r.cmd = exec.Command(bin, append([]string{"run", "--database-url", u.String(), "--admin-addr", "", "--producer", "stdout"}, args...)...)
+	r.cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	r.cmd.Stderr = writerFunc(func(p []byte) (int, error) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.stderr.Write(p)
+	})
+	stdout, err := r.cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := r.cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	r.started = time.Now()
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			if r.onLine != nil {
+				r.onLine(sc.Bytes())
+			}
+			r.lines.Add(1)
+		}
+		_, _ = io.Copy(io.Discard, stdout)
+	}()
+	b.Cleanup(func() { _ = r.cmd.Process.Kill(); _ = r.cmd.Wait() })
+	return r
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+func (r *relay) logs() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.stderr.String()
+}
+
+// waitLog waits for a log line holding s, and fails b after limit.
+func (r *relay) waitLog(b *testing.B, s string, limit time.Duration) {
+	b.Helper()
+	for deadline := time.Now().Add(limit); !strings.Contains(r.logs(), s); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			b.Fatalf("the relay did not log %q within %s:\n%s", s, limit, lastLines([]byte(r.logs()), 20))
+		}
+	}
+}
+
+// waitLines waits until the relay has printed n messages, and returns when.
+func (r *relay) waitLines(b *testing.B, n int64, limit time.Duration) time.Time {
+	b.Helper()
+	for deadline := time.Now().Add(limit); r.lines.Load() < n; time.Sleep(2 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			b.Fatalf("%d of %d messages printed within %s", r.lines.Load(), n, limit)
+		}
+	}
+	return time.Now()
+}
+
+func (r *relay) stop(b *testing.B) {
+	b.Helper()
+	_ = r.cmd.Process.Signal(syscall.SIGTERM)
+	if err := r.cmd.Wait(); err != nil {
+		b.Fatalf("relay exit: %v\n%s", err, lastLines([]byte(r.logs()), 20))
+	}
+}
+
+// cost is what a relay spent over a window: CPU seconds of its process and
+// of its database sessions, and its database's transactions (each statement
+// outside a transaction is one).
+type cost struct {
+	procCPU, dbCPU, xacts float64
+	window                time.Duration
+}
+
+func (c cost) cpuPerSecond() float64   { return (c.procCPU + c.dbCPU) / c.window.Seconds() }
+func (c cost) xactsPerSecond() float64 { return c.xacts / c.window.Seconds() }
+
+// clockTicks is Linux's USER_HZ, the unit of /proc/<pid>/stat's times.
+const clockTicks = 100
+
+func cpuSeconds(pid int) float64 {
+	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0 // gone: a session closed during the window
+	}
+	// The command name may hold spaces; the fields after it are fixed.
+	fields := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
+	utime, _ := strconv.ParseFloat(fields[11], 64)
+	stime, _ := strconv.ParseFloat(fields[12], 64)
+	return (utime + stime) / clockTicks
+}
+
+// measure returns what r spends over window on database db.
+func (r *relay) measure(b *testing.B, db string, window time.Duration) cost {
+	b.Helper()
+	ctx := context.Background()
+	pool := dbtest.Pool(b)
+	sessions := func() []int {
+		rows, err := pool.Query(ctx, "SELECT pid FROM pg_stat_activity WHERE application_name = $1", r.app)
+		if err != nil {
+			b.Fatal(err)
+		}
+		pids, err := pgx.CollectRows(rows, pgx.RowTo[int])
+		if err != nil {
+			b.Fatal(err)
+		}
+		return pids
+	}
+	xacts := func() float64 {
+		var n float64
+		if err := pool.QueryRow(ctx, "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = $1", db).Scan(&n); err != nil {
+			b.Fatal(err)
+		}
+		return n
+	}
+	before := map[int]float64{}
+	for _, pid := range sessions() {
+		before[pid] = cpuSeconds(pid)
+	}
+	proc0, x0, t0 := cpuSeconds(r.cmd.Process.Pid), xacts(), time.Now()
+	time.Sleep(window)
+	c := cost{procCPU: cpuSeconds(r.cmd.Process.Pid) - proc0, xacts: xacts() - x0, window: time.Since(t0)}
+	for _, pid := range sessions() {
+		c.dbCPU += cpuSeconds(pid) - before[pid] // a session opened in the window counts from 0
+	}
+	return c
+}
+
+// idleWindow is how long an idle relay is watched. The settling before it
+// begins once the relay says it is relaying (the first sweeps of every
+// outbox, and for the fleet each outbox's partitions prepared, are start-up).
+const (
+	idleWindow = 60 * time.Second
+	idleSettle = 10 * time.Second
+)
+
+// BenchmarkTenantsIdle compares what the binary costs idle relaying 1,000
+// tenant schemas (--schemas 'tenant_*') with what it costs relaying one
+// table (--schema tenant_0000), on the same database in the same run: CPU of
+// the process and of its database sessions, and the database's transactions
+// a second. Issue 33's goal: the fleet at most twice the single table.
+func BenchmarkTenantsIdle(b *testing.B) {
+	bin := build(b, "", "cmd/sweeper")
+	for range b.N {
+		dbURL := tenantDatabase(b, bin)
+		u, _ := url.Parse(dbURL)
+		db := strings.TrimPrefix(u.Path, "/")
+		fleet := startRelay(b, bin, dbURL, nil, "--schemas", "tenant_*")
+		fleet.waitLog(b, fmt.Sprintf("outboxes=%d", tenantCount), 5*time.Minute)
+		time.Sleep(idleSettle)
+		fc := fleet.measure(b, db, idleWindow)
+		fleet.stop(b)
+		single := startRelay(b, bin, dbURL, nil, "--schema", "tenant_0000")
+		single.waitLog(b, "sweeper started", time.Minute)
+		time.Sleep(idleSettle)
+		sc := single.measure(b, db, idleWindow)
+		single.stop(b)
+		b.ReportMetric(1000*fc.cpuPerSecond(), "fleet-cpu-ms/s")
+		b.ReportMetric(1000*sc.cpuPerSecond(), "single-cpu-ms/s")
+		b.ReportMetric(fc.cpuPerSecond()/sc.cpuPerSecond(), "cpu-fleet/single")
+		b.ReportMetric(fc.xactsPerSecond(), "fleet-xacts/s")
+		b.ReportMetric(sc.xactsPerSecond(), "single-xacts/s")
+		b.ReportMetric(fc.xactsPerSecond()/sc.xactsPerSecond(), "xacts-fleet/single")
+		b.ReportMetric(1000*fc.dbCPU/fc.window.Seconds(), "fleet-db-cpu-ms/s")
+		b.ReportMetric(1000*sc.dbCPU/sc.window.Seconds(), "single-db-cpu-ms/s")
+	}
+	b.ReportMetric(0, "ns/op")
+}
+
+// loadTenant writes n rows of 512 bytes over 10 topics named prefix.topic-i
+// into schema's outbox, in statements of 100,000, one transaction.
+func loadTenant(b *testing.B, pool *pgxpool.Pool, schema, prefix string, n int) {
+	b.Helper()
+	tbl := outbox.Table{Schema: schema, Name: "outbox"}
+	for i := 0; i < n; i += 100_000 {
+		if _, err := pool.Exec(context.Background(), "INSERT INTO "+tbl.Ident()+
+			" (topic, payload) SELECT $1 || '.topic-' || (g % 10), convert_to(repeat('x', 512), 'UTF8') FROM generate_series($2::int, $3::int) g",
+			prefix, i, min(i+100_000, n)-1); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkTenantsQuietLatency measures, among 1,000 tenants relayed by one
+// binary, the commit-to-arrival latency of 10 quiet tenants writing 50
+// single-row transactions a second each: first with no other tenant busy,
+// then while tenant_0000 drains a backlog of 1,000,000 rows. Issue 33's goal:
+// the quiet tenants' p99 beside the busy one within 1.5 times their p99
+// alone.
+func BenchmarkTenantsQuietLatency(b *testing.B) {
+	bin := build(b, "", "cmd/sweeper")
+	const backlog = 1_000_000
+	for range b.N {
+		dbURL := tenantDatabase(b, bin)
+		var quiet []outbox.Table
+		for i := 1; i <= 10; i++ {
+			quiet = append(quiet, outbox.Table{Schema: fmt.Sprintf("tenant_%04d", i), Name: "outbox"})
+		}
+		var arrived atomic.Pointer[func(body []byte)]
+		r := startRelay(b, bin, dbURL, func(line []byte) {
+			if !bytes.Contains(line, []byte(`"topic":"quiet.`)) {
+				return
+			}
+			if f := arrived.Load(); f != nil {
+				var m struct{ Payload []byte }
+				if err := json.Unmarshal(line, &m); err == nil {
+					(*f)(m.Payload)
+				}
+			}
+		}, "--schemas", "tenant_*")
+		r.waitLog(b, fmt.Sprintf("outboxes=%d", tenantCount), 5*time.Minute)
+		sub := func(tb testing.TB, f func(body []byte)) func() {
+			arrived.Store(&f)
+			return func() { arrived.Store(nil) }
+		}
+		pool := tenantPool(b, dbURL)
+		topics := benchutil.Topics("quiet", 3)
+		alone := benchutil.LatencyTables(b, pool, quiet, sub, topics, 500, 10*time.Second)
+
+		loadTenant(b, pool, "tenant_0000", "busy", backlog)
+		busy := outbox.Table{Schema: "tenant_0000", Name: "outbox"}
+		beside := benchutil.LatencyTables(b, pool, quiet, sub, topics, 500, 10*time.Second)
+		var left int
+		if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM "+busy.Ident()).Scan(&left); err != nil {
+			b.Fatal(err)
+		}
+		if left == 0 {
+			b.Fatalf("the busy tenant's backlog of %d rows drained before the window ended: the figure would not be beside a busy neighbour", backlog)
+		}
+		r.stop(b)
+		ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+		b.ReportMetric(ms(alone.Quantile(0.5)), "alone-p50-ms")
+		b.ReportMetric(ms(alone.Quantile(0.99)), "alone-p99-ms")
+		b.ReportMetric(ms(beside.Quantile(0.5)), "beside-busy-p50-ms")
+		b.ReportMetric(ms(beside.Quantile(0.99)), "beside-busy-p99-ms")
+		b.ReportMetric(float64(beside.Quantile(0.99))/float64(alone.Quantile(0.99)), "p99-beside/alone")
+		b.ReportMetric(float64(left), "busy-rows-left")
+		b.ReportMetric(beside.WriteRate, "quiet-commits/s")
+	}
+	b.ReportMetric(0, "ns/op")
+}
+
+func tenantPool(b *testing.B, dbURL string) *pgxpool.Pool {
+	b.Helper()
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.MaxConns = 16
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(pool.Close)
+	return pool
+}
+
+// BenchmarkTenantsDrain drains 100 busy tenants at once, 1,000 rows each
+// (100,000 rows of 512 bytes, 10 topics a tenant), among the 1,000 the
+// binary relays, against the binary relaying one table of the same 100,000
+// rows, in the same run: each timed from the commit of its rows (written in
+// one transaction once the relay runs) to the last message printed. Issue
+// 33's goal: the fleet at least 0.8 of the single table's rate.
+func BenchmarkTenantsDrain(b *testing.B) {
+	bin := build(b, "", "cmd/sweeper")
+	const perTenant, tenants = 1000, 100
+	for range b.N {
+		dbURL := tenantDatabase(b, bin)
+		pool := tenantPool(b, dbURL)
+		load := func(schemas []string) time.Time {
+			tx, err := pool.Begin(context.Background())
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, s := range schemas {
+				if _, err := tx.Exec(context.Background(), "INSERT INTO "+pgx.Identifier{s, "outbox"}.Sanitize()+
+					" (topic, payload) SELECT 'drain.topic-' || (g % 10), convert_to(repeat('x', 512), 'UTF8') FROM generate_series(1, $1::int) g",
+					tenants*perTenant/len(schemas)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := tx.Commit(context.Background()); err != nil {
+				b.Fatal(err)
+			}
+			return time.Now()
+		}
+		var busy []string
+		for i := range tenants {
+			busy = append(busy, fmt.Sprintf("tenant_%04d", 900+i))
+		}
+		fleet := startRelay(b, bin, dbURL, nil, "--schemas", "tenant_*")
+		fleet.waitLog(b, fmt.Sprintf("outboxes=%d", tenantCount), 5*time.Minute)
+		time.Sleep(idleSettle) // every outbox's first sweep done: they park
+		committed := load(busy)
+		fleetTime := fleet.waitLines(b, tenants*perTenant, 5*time.Minute).Sub(committed)
+		fleet.stop(b)
+
+		single := startRelay(b, bin, dbURL, nil, "--schema", "tenant_0000")
+		single.waitLog(b, "sweeper started", time.Minute)
+		committed = load([]string{"tenant_0000"})
+		singleTime := single.waitLines(b, tenants*perTenant, 5*time.Minute).Sub(committed)
+		single.stop(b)
+		rows := float64(tenants * perTenant)
+		b.ReportMetric(rows/fleetTime.Seconds(), "fleet-msg/s")
+		b.ReportMetric(rows/singleTime.Seconds(), "single-msg/s")
+		b.ReportMetric(singleTime.Seconds()/fleetTime.Seconds(), "fleet/single")
+	}
+	b.ReportMetric(0, "ns/op")
+}
