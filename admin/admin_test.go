@@ -511,7 +511,7 @@ func TestConsoleIsServedUnderAStrictPolicy(t *testing.T) {
 	require.NotContains(t, csp, "unsafe-inline")
 	require.Equal(t, "DENY", resp.Header.Get("X-Frame-Options"))
 	require.Equal(t, "nosniff", resp.Header.Get("X-Content-Type-Options"))
-	require.Contains(t, html, `<script src="/ui/app.js" defer></script>`)
+	require.Contains(t, html, `<script src="ui/app.js" defer></script>`)
 	require.Equal(t, 1, strings.Count(html, "<script"), "no inline script")
 	require.NotContains(t, html, "style=", "no inline style")
 

@@ -22,6 +22,11 @@ const AddrDefault = "127.0.0.1:7488"
 // non-loopback address without a token, with an error saying what to do. wait
 // blocks until the server has stopped.
 func Start(ctx context.Context, cfg Config) (wait func(), err error) {
+	return serve(ctx, cfg, Handler(cfg))
+}
+
+// serve serves h on cfg.Addr until ctx is done.
+func serve(ctx context.Context, cfg Config, h http.Handler) (wait func(), err error) {
 	if err := CheckAddr(cfg.Addr, cfg.Token); err != nil {
 		return nil, err
 	}
@@ -30,7 +35,7 @@ func Start(ctx context.Context, cfg Config) (wait func(), err error) {
 		return nil, fmt.Errorf("admin API: listen on %s (--admin-addr): %w", cfg.Addr, err)
 	}
 	srv := &http.Server{
-		Handler:           Handler(cfg),
+		Handler:           h,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      30 * time.Second,

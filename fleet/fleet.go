@@ -41,6 +41,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-sweeper/sweeper/admin"
 	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/outbox"
 	"github.com/outbox-sweeper/sweeper/producer"
@@ -117,6 +118,17 @@ type Options struct {
 	// Logger receives the fleet's logs, and each outbox's with an outbox
 	// attribute. Defaults to discarding them.
 	Logger *slog.Logger
+
+	// Admin configures the admin API (admin.FleetHandler): each outbox's
+	// API under /outboxes/{schema}/, and GET /outboxes. The fleet fills in
+	// each outbox's parts; Admin.Logger defaults to Logger. An empty
+	// Admin.Addr serves none.
+	Admin admin.Config
+
+	// StallTicks is how many ticks an outbox's sweep may go without
+	// progress before /healthz fails (outbox.Sweeper.Stalled). Defaults to
+	// 60.
+	StallTicks int
 }
 
 func (o Options) withDefaults() Options {
@@ -126,6 +138,10 @@ func (o Options) withDefaults() Options {
 	o.Discover = cmp.Or(o.Discover, DiscoverDefault)
 	o.Reconcile = cmp.Or(o.Reconcile, ReconcileDefault)
 	o.Destination = cmp.Or(o.Destination, producer.DestinationDefault)
+	o.StallTicks = cmp.Or(o.StallTicks, 60)
+	if o.Admin.Logger == nil {
+		o.Admin.Logger = o.Logger
+	}
 	if o.Retention.Ahead == 0 {
 		// As a relay of one outbox: ready for two rounds. An idle outbox's
 		// partitions may run out between its rare runs; the rows it sends
@@ -233,6 +249,17 @@ func (f *Fleet) Sweeper(t outbox.Table) (*outbox.Sweeper, bool) {
 // flight finish (Sweeper.ShutdownTimeout), and Run closes the producer and
 // returns nil.
 func (f *Fleet) Run(ctx context.Context) error {
+	if f.opts.Admin.Addr != "" {
+		base := f.opts.Admin
+		base.Pool = f.pool
+		waitAdmin, err := admin.StartFleet(ctx, admin.FleetConfig{Base: base, TableName: f.opts.Sweeper.Table.Name, Outboxes: f.adminOutboxes})
+		if err != nil {
+			_ = f.producer.Close(ctx)
+			return err
+		}
+		defer waitAdmin()
+		f.opts.Logger.Info("admin API listening", "addr", base.Addr, "token", base.Token != "", "outboxes_at", "/outboxes/{schema}/")
+	}
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		outbox.Listen(ctx, f.pool.Config().ConnConfig.Copy(), f.opts.Logger, f.notified, func() {
@@ -447,6 +474,9 @@ func (f *Fleet) add(ctx context.Context, t outbox.Table) error {
 	if m.retention, err = outbox.NewRetention(f.pool, rc); err != nil {
 		return err
 	}
+	if m.dead, err = outbox.NewDeadLetters(f.pool, t); err != nil {
+		return err
+	}
 	pc := f.opts.Probe
 	pc.Table, pc.Logger = t, cmp.Or(pc.Logger, logger)
 	if m.probe, err = outbox.NewProbe(f.pool, pc); err != nil {
@@ -599,6 +629,25 @@ func (f *Fleet) maintain(ctx context.Context) {
 	})
 }
 
+// adminOutboxes lists the outboxes for the admin API, each with its parts.
+func (f *Fleet) adminOutboxes() []admin.FleetOutbox {
+	f.mu.Lock()
+	members := slices.Collect(maps.Values(f.members))
+	f.mu.Unlock()
+	out := make([]admin.FleetOutbox, 0, len(members))
+	for _, m := range members {
+		s := m.sweeper
+		cfg := f.opts.Admin
+		cfg.Logger = cfg.Logger.With("outbox", m.table.String())
+		cfg.Pool, cfg.Table = f.pool, m.table
+		cfg.Topics, cfg.Gate, cfg.DeadLetters = s.TopicBreaker(), s, m.dead
+		cfg.Backoffs, cfg.Activity, cfg.SweepsFailing = s.TopicBackoffs, s.TopicActivity, s.Failing
+		cfg.Stalled = func(now time.Time) (outbox.Stall, bool) { return s.Stalled(now, f.opts.StallTicks) }
+		out = append(out, admin.FleetOutbox{Config: cfg, Parked: s.Parked()})
+	}
+	return out
+}
+
 // unfinishedError says an outbox is not ready to relay yet: its migration
 // has not finished.
 type unfinishedError struct{ err error }
@@ -613,6 +662,7 @@ type member struct {
 	sweeper   *outbox.Sweeper
 	retention *outbox.Retention
 	probe     *outbox.Probe
+	dead      *outbox.DeadLetters
 	wake      chan struct{}
 	stop      context.CancelFunc
 	// touched says the sweeper swept since the last maintenance of the

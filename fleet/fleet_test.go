@@ -3,10 +3,13 @@ package fleet_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -17,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outbox-sweeper/sweeper/admin"
 	"github.com/outbox-sweeper/sweeper/alert"
 	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/fleet"
@@ -377,4 +381,89 @@ func TestFleetSharesTurnsAmongBusyTenants(t *testing.T) {
 	require.Positive(t, left, "the quiet row waited for the busy tenants' whole drains")
 	dbtest.Eventually(t, 2*time.Minute, "every backlog drained", func() bool { return len(p.Messages()) == 5*4000+1 })
 	require.Len(t, f.Outboxes(), 6)
+}
+
+// The admin API of a fleet: GET /outboxes lists the tenants, those in
+// trouble first; each tenant's API, the one a relay of one outbox serves,
+// answers under /outboxes/{schema}/, and an operator resets a tenant's
+// tripped topic there without touching another's.
+func TestFleetAdminAPIServesEachTenant(t *testing.T) {
+	base := dbtest.Schema(t)
+	tbls := tenants(t, base, 3)
+	a := tbls[1]
+	p := memory.New(memory.Config{})
+	p.FailTopic("orders", producer.NewTopicError("topic_not_found", errors.New("no such entity")))
+	addr := fmt.Sprintf("127.0.0.1:%d", dbtest.FreePort(t))
+	const token = "fleet-admin-token"
+	f, _ := newFleet(t, base+"_t*", p, "fleet-"+base, fleet.Options{Admin: admin.Config{Addr: addr, Token: token, UI: true}})
+	dbtest.Eventually(t, time.Minute, "every tenant relayed", func() bool { return len(f.Outboxes()) == len(tbls) })
+	write(t, a, outbox.Message{Topic: "orders", Payload: []byte("a-orders")})
+	sa, _ := f.Sweeper(a)
+	dbtest.Eventually(t, time.Minute, "a's orders tripped", func() bool { return sa.TopicBreaker().State("orders") == breaker.StateTripped })
+
+	call := func(method, path string, withToken bool) (int, map[string]any) {
+		req, err := http.NewRequest(method, "http://"+addr+path, nil)
+		require.NoError(t, err)
+		if withToken {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		if method == http.MethodPost {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var body map[string]any
+		_ = json.NewDecoder(resp.Body).Decode(&body)
+		return resp.StatusCode, body
+	}
+	code, _ := call("GET", "/healthz", false)
+	require.Equal(t, http.StatusOK, code)
+	code, _ = call("GET", "/readyz", false)
+	require.Equal(t, http.StatusOK, code)
+	code, _ = call("GET", "/outboxes", false)
+	require.Equal(t, http.StatusUnauthorized, code, "the list needs the token")
+
+	code, body := call("GET", "/outboxes", true)
+	require.Equal(t, http.StatusOK, code, "%v", body)
+	require.EqualValues(t, 3, body["total"])
+	list := body["outboxes"].([]any)
+	require.Len(t, list, 3)
+	first := list[0].(map[string]any)
+	require.Equal(t, a.Schema, first["schema"], "the tenant in trouble comes first")
+	require.Equal(t, []any{"orders"}, first["tripped_topics"])
+	require.Equal(t, "/outboxes/"+a.Schema+"/", first["path"])
+	for _, o := range list[1:] {
+		require.Empty(t, o.(map[string]any)["tripped_topics"])
+	}
+
+	code, body = call("GET", "/outboxes/"+a.Schema+"/status", true)
+	require.Equal(t, http.StatusOK, code, "%v", body)
+	require.Contains(t, fmt.Sprint(body), "orders", "the tenant's status names its tripped topic")
+	code, body = call("GET", "/outboxes/"+tbls[0].Schema+"/topics/tripped", true)
+	require.Equal(t, http.StatusOK, code, "%v", body)
+	require.NotContains(t, fmt.Sprint(body), "orders", "another tenant's page shows none of a's")
+	code, _ = call("GET", "/outboxes/"+a.Schema+"/status", false)
+	require.Equal(t, http.StatusUnauthorized, code, "a tenant's API needs the token too")
+	code, body = call("GET", "/outboxes/nobody/status", true)
+	require.Equal(t, http.StatusNotFound, code)
+	require.Contains(t, body["error"], "GET /outboxes lists")
+
+	p.HealTopic("orders")
+	code, body = call("POST", "/outboxes/"+a.Schema+"/topics/orders/reset", true)
+	require.Equal(t, http.StatusOK, code, "%v", body)
+	require.Equal(t, breaker.StateClosed, sa.TopicBreaker().State("orders"))
+	dbtest.Eventually(t, time.Minute, "a's row sent once its topic is reset", func() bool { return dbtest.Outstanding(t, a) == 0 })
+
+	// The console of a tenant loads its files relative to its page.
+	resp, err := http.Get("http://" + addr + "/outboxes/" + a.Schema + "/")
+	require.NoError(t, err)
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Contains(t, string(page), `src="ui/app.js"`)
+	resp, err = http.Get("http://" + addr + "/outboxes/" + a.Schema + "/ui/app.js")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
 }

@@ -259,14 +259,20 @@ func TestKilledSweeperLosesNothing(t *testing.T) {
 	args := []string{"run", "--database-url", dbtest.URL(t), "--schema", tbl.Schema, "--tick", "20ms", "--page-size", "50"}
 	kills := 0
 	for dbtest.Outstanding(t, tbl) > 0 {
+		before := dbtest.Outstanding(t, tbl)
 		p := start(t, nil, args...)
-		// Let it relay a share of the rows (however slow the machine, each
-		// process makes progress), then kill it without warning, at a point
-		// that varies from kill to kill: 0 to 39 lines past the share, so
-		// within a batch of 50 as often as between two.
+		// Let it relay a share of the rows and commit some of them (however
+		// slow the machine, each process makes progress), then kill it
+		// without warning, at a point that varies from kill to kill: 0 to
+		// 39 lines past the share, so within a batch of 50 as often as
+		// between two. A kill before any commit would undo all it sent: a
+		// drain's page transactions (two lanes of up to 8 pages) hold up to
+		// 800 rows here, more than a share, and a process killed each time
+		// before its first commit never moves the outbox on.
 		share := rows/20 + kills*7%40
-		dbtest.Eventually(t, 2*time.Minute, "a share relayed, or an empty outbox", func() bool {
-			return len(p.Lines()) >= share || dbtest.Outstanding(t, tbl) == 0
+		dbtest.Eventually(t, 2*time.Minute, "a share relayed and some committed, or an empty outbox", func() bool {
+			out := dbtest.Outstanding(t, tbl)
+			return out == 0 || (out < before && len(p.Lines()) >= share)
 		})
 		require.NoError(t, p.cmd.Process.Kill())
 		p.wait(t, time.Minute)

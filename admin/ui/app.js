@@ -15,11 +15,15 @@ const $ = (id) => document.getElementById(id);
 
 function token() { return sessionStorage.getItem("outbox-admin-token") || ""; }
 
+// The API's root: "" when the console is served at /, "/outboxes/tenant_1"
+// for one outbox of a relay of many (sweeper run --schemas).
+const base = location.pathname.replace(/\/+$/, "");
+
 async function api(method, path, body) {
   const headers = {};
   if (token()) headers["Authorization"] = "Bearer " + token();
   if (method === "POST") headers["Content-Type"] = "application/json";
-  const resp = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  const resp = await fetch(base + path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
   let data = {};
   try { data = await resp.json(); } catch (e) { /* not JSON: keep {} */ }
   if (resp.status === 401) { showSignin(data.error || "the token is missing or wrong"); throw new Error("unauthorized"); }

@@ -379,7 +379,8 @@ func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Wri
 			}
 		}
 	} else {
-		return o.runFleet(ctx, f, cfg, poolCfg, logger, m, alerter, syncAlerter, tick, out)
+		adminCfg.Metrics = promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+		return o.runFleet(ctx, f, cfg, adminCfg, poolCfg, logger, m, alerter, syncAlerter, tick, out)
 	}
 	if cfg.TopicBreaker, err = o.topicBreakerOptions.build(f, logger, alerter, m, tbl, tick, o.sendTimeout); err != nil {
 		return err

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-sweeper/sweeper/admin"
 	"github.com/outbox-sweeper/sweeper/alert"
 	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/fleet"
@@ -44,8 +45,8 @@ func (o *fleetOptions) register(f *flags) {
 
 // runFleet is the run command with --schemas: a fleet over every matching
 // schema's outbox, in place of a relay of one.
-func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, poolCfg *pgxpool.Config, logger *slog.Logger,
-	m *metrics.Metrics, alerter, syncAlerter alert.Alerter, tick time.Duration, out io.Writer) error {
+func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, adminCfg admin.Config, poolCfg *pgxpool.Config,
+	logger *slog.Logger, m *metrics.Metrics, alerter, syncAlerter alert.Alerter, tick time.Duration, out io.Writer) error {
 	switch {
 	case f.set("schema"):
 		return usagef("%s and %s both name the outboxes: give one (--schemas relays every schema matching its pattern)", f.origin("schema"), f.origin("schemas"))
@@ -53,8 +54,6 @@ func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, 
 		return usagef("%s does not work with %s yet: each tenant's topic breaker is kept in memory; leave it out", f.origin("redis-url"), f.origin("schemas"))
 	case !o.notify:
 		return usagef("%s does not work with %s: an idle tenant sweeps only when its commit notifies the relay (or at --reconcile); leave it on", f.origin("notify"), f.origin("schemas"))
-	case f.set("admin-addr") && o.adminAddr != "":
-		return usagef("%s does not work with %s yet: the admin API serves one outbox; set it empty (the relay logs what it does)", f.origin("admin-addr"), f.origin("schemas"))
 	case o.maxConnections < 3:
 		return usagef("%s is %d: it must be at least 3 (the LISTEN session, a sweep's page transaction and expiry pass)", f.origin("max-connections"), o.maxConnections)
 	case o.reconcile < time.Second:
@@ -81,6 +80,7 @@ func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, 
 	}
 	defer func() { _ = dep.Close(context.WithoutCancel(ctx)) }()
 	cfg.BrokerBreaker, cfg.Retry, cfg.Observer = dep, retry, m
+	adminCfg.Dependency = dep
 	connectEarly(ctx, p, o.name, logger)
 
 	// The LISTEN session is the budget's last connection.
@@ -103,6 +103,8 @@ func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, 
 		Destination: producer.Destination(o.destination),
 		Reconcile:   o.reconcile,
 		Logger:      logger,
+		Admin:       adminCfg,
+		StallTicks:  o.stallTicks,
 	})
 	if err != nil {
 		_ = p.Close(ctx)
@@ -110,9 +112,6 @@ func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, 
 			return f.configError(err)
 		}
 		return err
-	}
-	if o.adminAddr != "" {
-		logger.Warn("the admin API is not served with --schemas yet; set --admin-addr empty to silence this", "admin_addr", o.adminAddr)
 	}
 	logger.Info("starting", "version", version(), "producer", o.name, "database", redact(poolCfg.ConnConfig),
 		"schemas", o.schemas, "table", cfg.Table.Name, "max_connections", o.maxConnections, "destination", o.destination)

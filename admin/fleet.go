@@ -1,0 +1,276 @@
+package admin
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// FleetConfig configures the admin API of a relay of many outboxes
+// (`sweeper run --schemas`, package fleet): each outbox's API, the one a
+// relay of one outbox serves, under /outboxes/{schema}/, and GET /outboxes,
+// which lists them, those in trouble first.
+type FleetConfig struct {
+	// Base is what every outbox's API shares: Addr, Token and AllowedHosts
+	// (which the fleet's own routes obey too), Logger, UI, Metrics (served
+	// at /metrics), Dependency, DegradedDeadLetters, StatusTopics and
+	// StatusCacheFor. Its Pool serves /readyz.
+	Base Config
+	// TableName is the outbox table's name in every schema.
+	TableName string
+	// Outboxes lists the outboxes relayed now. Called on every request.
+	Outboxes func() []FleetOutbox
+}
+
+// FleetOutbox is one outbox of a fleet, as its admin API sees it.
+type FleetOutbox struct {
+	// Config is the outbox's API: Base with the outbox's parts (Table,
+	// Topics, Gate, DeadLetters, Backoffs, Activity, Stalled, SweepsFailing).
+	Config Config
+	// Parked says its sweeper waits for a commit: its last sweep found
+	// nothing outstanding.
+	Parked bool
+}
+
+// FleetHandler returns the admin API of a fleet.
+func FleetHandler(cfg FleetConfig) http.Handler {
+	base := cfg.Base
+	if base.Logger == nil {
+		base.Logger = slog.New(slog.DiscardHandler)
+	}
+	cfg.Base = base
+	f := &fleetAPI{cfg: cfg, api: &api{cfg: base, hosts: newHostRule(base.Addr, base.AllowedHosts)}, outboxes: map[string]*fleetMember{}}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", f.healthz)
+	mux.HandleFunc("GET /readyz", f.readyz)
+	mux.Handle("GET /outboxes", f.api.auth(f.list))
+	mux.HandleFunc("GET /outboxes/{schema}", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, r.URL.Path+"/", http.StatusMovedPermanently) // the console's files are relative to it
+	})
+	mux.Handle("/outboxes/{schema}/", http.HandlerFunc(f.outbox))
+	if base.Metrics != nil {
+		mux.Handle("GET /metrics", base.Metrics)
+	}
+	return f.api.jsonErrors(mux)
+}
+
+type fleetAPI struct {
+	cfg FleetConfig
+	api *api // the fleet's own routes' guard, token and errors
+
+	mu       sync.Mutex
+	outboxes map[string]*fleetMember // each outbox's API, made at its first request
+}
+
+// fleetMember is an outbox's API, kept for as long as the same sweeper
+// (its Gate) serves the outbox: a schema dropped and made again gets a new one.
+type fleetMember struct {
+	gate Gate
+	h    http.Handler
+}
+
+func (f *fleetAPI) find(schema string) (FleetOutbox, bool) {
+	for _, o := range f.cfg.Outboxes() {
+		if o.Config.Table.Schema == schema {
+			return o, true
+		}
+	}
+	return FleetOutbox{}, false
+}
+
+// outbox serves /outboxes/{schema}/… with that outbox's API.
+func (f *fleetAPI) outbox(w http.ResponseWriter, r *http.Request) {
+	schema := r.PathValue("schema")
+	o, ok := f.find(schema)
+	f.mu.Lock()
+	m := f.outboxes[schema]
+	if !ok {
+		delete(f.outboxes, schema)
+	} else if m == nil || m.gate != o.Config.Gate {
+		m = &fleetMember{gate: o.Config.Gate, h: http.StripPrefix("/outboxes/"+schema, Handler(o.Config))}
+		f.outboxes[schema] = m
+	}
+	f.mu.Unlock()
+	if !ok {
+		writeJSON(w, http.StatusNotFound, errorBody{fmt.Sprintf("no outbox in schema %s is relayed here: GET /outboxes lists those that are "+
+			"(a schema that does not match --schemas, or whose outbox is not migrated, is not)", quoteShort(schema))})
+		return
+	}
+	m.h.ServeHTTP(w, r)
+}
+
+// healthz fails while any outbox's sweep loop is stalled: a restart frees it.
+func (f *fleetAPI) healthz(w http.ResponseWriter, r *http.Request) {
+	now := time.Now()
+	for _, o := range f.cfg.Outboxes() {
+		if o.Config.Stalled == nil {
+			continue
+		}
+		if _, stalled := o.Config.Stalled(now); stalled {
+			// The outbox's own answer says why, at length.
+			rec := &api{cfg: o.Config}
+			rec.cfg.Logger = f.cfg.Base.Logger.With("outbox", o.Config.Table.String())
+			rec.healthz(w, r)
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (f *fleetAPI) readyz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	if err := f.cfg.Base.Pool.Ping(ctx); err != nil {
+		f.cfg.Base.Logger.Warn("not ready: database unreachable", "err", err)
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": "database unreachable (see the sweeper's log)"})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+// fleetOutboxStatus is an outbox in GET /outboxes.
+type fleetOutboxStatus struct {
+	Schema string `json:"schema"`
+	Table  string `json:"table"`
+	// Parked: its last sweep found nothing outstanding.
+	Parked bool `json:"parked"`
+	// BacklogEstimate and DeadLettersEstimate are Postgres's statistics
+	// (live rows of the outbox and of its dead-letter table), seconds
+	// behind; GET /outboxes/{schema}/status counts them.
+	BacklogEstimate     int64 `json:"backlog_estimate"`
+	DeadLettersEstimate int64 `json:"dead_letters_estimate"`
+	// OldestAgeSeconds is the age of its oldest outstanding row; null when
+	// it holds none (and for those beyond the listing's limit).
+	OldestAgeSeconds *float64 `json:"oldest_age_seconds"`
+	TrippedTopics    []string `json:"tripped_topics"`
+	// SweepsFailing counts its sweeps that failed in a row (database errors).
+	SweepsFailing int    `json:"sweeps_failing"`
+	Path          string `json:"path"`
+}
+
+// fleetListLimitDefault is how many outboxes GET /outboxes lists unless
+// asked for more: those in trouble first, then the deepest backlogs.
+const fleetListLimitDefault = 100
+
+// list serves GET /outboxes[?limit=N].
+func (f *fleetAPI) list(w http.ResponseWriter, r *http.Request) {
+	limit := fleetListLimitDefault
+	if s := r.URL.Query().Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			badRequest(w, "limit %s: give a positive number of outboxes", quoteShort(s))
+			return
+		}
+		limit = n
+	}
+	outboxes := f.cfg.Outboxes()
+	backlog, dead, err := f.estimates(r.Context())
+	if err != nil {
+		f.api.internal(w, r, err)
+		return
+	}
+	list := make([]*fleetOutboxStatus, 0, len(outboxes))
+	for _, o := range outboxes {
+		t := o.Config.Table
+		st := &fleetOutboxStatus{Schema: t.Schema, Table: t.String(), Parked: o.Parked, BacklogEstimate: backlog[t.Schema],
+			DeadLettersEstimate: dead[t.Schema], TrippedTopics: []string{}, Path: "/outboxes/" + t.Schema + "/"}
+		if o.Config.Topics != nil {
+			for _, ts := range o.Config.Topics.Tripped() {
+				st.TrippedTopics = append(st.TrippedTopics, ts.Topic)
+			}
+		}
+		if o.Config.SweepsFailing != nil {
+			if sf, failing := o.Config.SweepsFailing(); failing {
+				st.SweepsFailing = sf.Consecutive
+			}
+		}
+		list = append(list, st)
+	}
+	slices.SortFunc(list, func(a, b *fleetOutboxStatus) int {
+		return cmp.Or(-cmp.Compare(len(a.TrippedTopics), len(b.TrippedTopics)), -cmp.Compare(a.SweepsFailing, b.SweepsFailing),
+			-cmp.Compare(a.DeadLettersEstimate, b.DeadLettersEstimate), -cmp.Compare(a.BacklogEstimate, b.BacklogEstimate),
+			cmp.Compare(a.Schema, b.Schema))
+	})
+	omitted := max(0, len(list)-limit)
+	list = list[:min(len(list), limit)]
+	if err := f.oldest(r.Context(), list); err != nil {
+		f.api.internal(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"outboxes": list, "total": len(outboxes), "omitted": omitted})
+}
+
+// estimates reads every outbox's and dead-letter table's live rows from
+// Postgres's statistics, in one statement, by schema.
+func (f *fleetAPI) estimates(ctx context.Context) (backlog, dead map[string]int64, err error) {
+	rows, err := f.cfg.Base.Pool.Query(ctx, `SELECT n.nspname, pg_catalog.pg_stat_get_live_tuples(o.oid),
+		       coalesce(pg_catalog.pg_stat_get_live_tuples(d.oid), 0)
+		FROM pg_catalog.pg_class o JOIN pg_catalog.pg_namespace n ON n.oid = o.relnamespace
+		LEFT JOIN pg_catalog.pg_class d ON d.relnamespace = o.relnamespace AND d.relname = $2
+		WHERE o.relname = $1 AND o.relkind IN ('r', 'p')`, f.cfg.TableName, f.cfg.TableName+"_dead_letter")
+	if err != nil {
+		return nil, nil, fmt.Errorf("read the outboxes' row estimates: %w", err)
+	}
+	backlog, dead = map[string]int64{}, map[string]int64{}
+	var schema string
+	var b, d int64
+	_, err = pgx.ForEachRow(rows, []any{&schema, &b, &d}, func() error {
+		backlog[schema], dead[schema] = b, d
+		return nil
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("read the outboxes' row estimates: %w", err)
+	}
+	return backlog, dead, nil
+}
+
+// oldest fills in the age of the oldest outstanding row of the listed
+// outboxes that are not parked, in one statement (an index probe each).
+func (f *fleetAPI) oldest(ctx context.Context, list []*fleetOutboxStatus) error {
+	var q strings.Builder
+	var asked []*fleetOutboxStatus
+	for _, st := range list {
+		if st.Parked {
+			continue
+		}
+		if len(asked) > 0 {
+			q.WriteString(" UNION ALL ")
+		}
+		fmt.Fprintf(&q, "(SELECT %d, extract(epoch FROM now() - created_at)::float8 FROM %s WHERE dispatched_at IS NULL ORDER BY id LIMIT 1)",
+			len(asked), pgx.Identifier{st.Schema, f.cfg.TableName}.Sanitize())
+		asked = append(asked, st)
+	}
+	if len(asked) == 0 {
+		return nil
+	}
+	rows, err := f.cfg.Base.Pool.Query(ctx, q.String(), pgx.QueryExecModeSimpleProtocol)
+	if err != nil {
+		return fmt.Errorf("read the outboxes' oldest rows: %w", err)
+	}
+	var i int
+	var age float64
+	_, err = pgx.ForEachRow(rows, []any{&i, &age}, func() error {
+		a := max(age, 0)
+		asked[i].OldestAgeSeconds = &a
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("read the outboxes' oldest rows: %w", err)
+	}
+	return nil
+}
+
+// StartFleet serves the admin API of a fleet on cfg.Base.Addr until ctx is
+// done, as Start does for one outbox.
+func StartFleet(ctx context.Context, cfg FleetConfig) (wait func(), err error) {
+	return serve(ctx, cfg.Base, FleetHandler(cfg))
+}
