@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // FleetConfig configures the admin API of a relay of many outboxes
@@ -29,10 +30,19 @@ type FleetConfig struct {
 	TableName string
 	// Outboxes lists the outboxes relayed now. Called on every request.
 	Outboxes func() []FleetOutbox
+	// Ready answers /readyz: nil when every database answers. Nil pings
+	// Base.Pool.
+	Ready func(ctx context.Context) error
 }
 
 // FleetOutbox is one outbox of a fleet, as its admin API sees it.
 type FleetOutbox struct {
+	// Name is the outbox's name in the API's paths (/outboxes/{name}/):
+	// its schema, or database.schema when the relay serves several
+	// databases. Empty means the schema.
+	Name string
+	// Database names its database when the relay serves several; else "".
+	Database string
 	// Config is the outbox's API: Base with the outbox's parts (Table,
 	// Topics, Gate, DeadLetters, Backoffs, Activity, Stalled, SweepsFailing).
 	Config Config
@@ -53,10 +63,10 @@ func FleetHandler(cfg FleetConfig) http.Handler {
 	mux.HandleFunc("GET /healthz", f.healthz)
 	mux.HandleFunc("GET /readyz", f.readyz)
 	mux.Handle("GET /outboxes", f.api.auth(f.list))
-	mux.HandleFunc("GET /outboxes/{schema}", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("GET /outboxes/{name}", func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, r.URL.Path+"/", http.StatusMovedPermanently) // the console's files are relative to it
 	})
-	mux.Handle("/outboxes/{schema}/", http.HandlerFunc(f.outbox))
+	mux.Handle("/outboxes/{name}/", http.HandlerFunc(f.outbox))
 	if base.Metrics != nil {
 		mux.Handle("GET /metrics", base.Metrics)
 	}
@@ -78,31 +88,33 @@ type fleetMember struct {
 	h    http.Handler
 }
 
-func (f *fleetAPI) find(schema string) (FleetOutbox, bool) {
+func (o FleetOutbox) name() string { return cmp.Or(o.Name, o.Config.Table.Schema) }
+
+func (f *fleetAPI) find(name string) (FleetOutbox, bool) {
 	for _, o := range f.cfg.Outboxes() {
-		if o.Config.Table.Schema == schema {
+		if o.name() == name {
 			return o, true
 		}
 	}
 	return FleetOutbox{}, false
 }
 
-// outbox serves /outboxes/{schema}/… with that outbox's API.
+// outbox serves /outboxes/{name}/… with that outbox's API.
 func (f *fleetAPI) outbox(w http.ResponseWriter, r *http.Request) {
-	schema := r.PathValue("schema")
-	o, ok := f.find(schema)
+	name := r.PathValue("name")
+	o, ok := f.find(name)
 	f.mu.Lock()
-	m := f.outboxes[schema]
+	m := f.outboxes[name]
 	if !ok {
-		delete(f.outboxes, schema)
+		delete(f.outboxes, name)
 	} else if m == nil || m.gate != o.Config.Gate {
-		m = &fleetMember{gate: o.Config.Gate, h: http.StripPrefix("/outboxes/"+schema, Handler(o.Config))}
-		f.outboxes[schema] = m
+		m = &fleetMember{gate: o.Config.Gate, h: http.StripPrefix("/outboxes/"+name, Handler(o.Config))}
+		f.outboxes[name] = m
 	}
 	f.mu.Unlock()
 	if !ok {
-		writeJSON(w, http.StatusNotFound, errorBody{fmt.Sprintf("no outbox in schema %s is relayed here: GET /outboxes lists those that are "+
-			"(a schema that does not match --schemas, or whose outbox is not migrated, is not)", quoteShort(schema))})
+		writeJSON(w, http.StatusNotFound, errorBody{fmt.Sprintf("no outbox %s is relayed here: GET /outboxes lists those that are "+
+			"(a schema that does not match --schemas, or whose outbox is not migrated, is not)", quoteShort(name))})
 		return
 	}
 	m.h.ServeHTTP(w, r)
@@ -129,7 +141,11 @@ func (f *fleetAPI) healthz(w http.ResponseWriter, r *http.Request) {
 func (f *fleetAPI) readyz(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
-	if err := f.cfg.Base.Pool.Ping(ctx); err != nil {
+	ready := f.cfg.Ready
+	if ready == nil {
+		ready = f.cfg.Base.Pool.Ping
+	}
+	if err := ready(ctx); err != nil {
 		f.cfg.Base.Logger.Warn("not ready: database unreachable", "err", err)
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": "database unreachable (see the sweeper's log)"})
 		return
@@ -139,8 +155,11 @@ func (f *fleetAPI) readyz(w http.ResponseWriter, r *http.Request) {
 
 // fleetOutboxStatus is an outbox in GET /outboxes.
 type fleetOutboxStatus struct {
-	Schema string `json:"schema"`
-	Table  string `json:"table"`
+	Name     string `json:"name"`
+	Database string `json:"database,omitempty"`
+	Schema   string `json:"schema"`
+	Table    string `json:"table"`
+	pool     *pgxpool.Pool
 	// Parked: its last sweep found nothing outstanding.
 	Parked bool `json:"parked"`
 	// BacklogEstimate and DeadLettersEstimate are Postgres's statistics
@@ -173,16 +192,31 @@ func (f *fleetAPI) list(w http.ResponseWriter, r *http.Request) {
 		limit = n
 	}
 	outboxes := f.cfg.Outboxes()
-	backlog, dead, err := f.estimates(r.Context())
-	if err != nil {
-		f.api.internal(w, r, err)
-		return
+	pools := map[*pgxpool.Pool]bool{}
+	for _, o := range outboxes {
+		pools[o.Config.Pool] = true
+	}
+	type key struct {
+		pool   *pgxpool.Pool
+		schema string
+	}
+	backlog, dead := map[key]int64{}, map[key]int64{}
+	for pool := range pools {
+		b, d, err := f.estimates(r.Context(), pool)
+		if err != nil {
+			f.api.internal(w, r, err)
+			return
+		}
+		for s, n := range b {
+			backlog[key{pool, s}], dead[key{pool, s}] = n, d[s]
+		}
 	}
 	list := make([]*fleetOutboxStatus, 0, len(outboxes))
 	for _, o := range outboxes {
-		t := o.Config.Table
-		st := &fleetOutboxStatus{Schema: t.Schema, Table: t.String(), Parked: o.Parked, BacklogEstimate: backlog[t.Schema],
-			DeadLettersEstimate: dead[t.Schema], TrippedTopics: []string{}, Path: "/outboxes/" + t.Schema + "/"}
+		t, k := o.Config.Table, key{o.Config.Pool, o.Config.Table.Schema}
+		st := &fleetOutboxStatus{Name: o.name(), Database: o.Database, Schema: t.Schema, Table: t.String(), pool: o.Config.Pool,
+			Parked: o.Parked, BacklogEstimate: backlog[k], DeadLettersEstimate: dead[k], TrippedTopics: []string{},
+			Path: "/outboxes/" + o.name() + "/"}
 		if o.Config.Topics != nil {
 			for _, ts := range o.Config.Topics.Tripped() {
 				st.TrippedTopics = append(st.TrippedTopics, ts.Topic)
@@ -198,7 +232,7 @@ func (f *fleetAPI) list(w http.ResponseWriter, r *http.Request) {
 	slices.SortFunc(list, func(a, b *fleetOutboxStatus) int {
 		return cmp.Or(-cmp.Compare(len(a.TrippedTopics), len(b.TrippedTopics)), -cmp.Compare(a.SweepsFailing, b.SweepsFailing),
 			-cmp.Compare(a.DeadLettersEstimate, b.DeadLettersEstimate), -cmp.Compare(a.BacklogEstimate, b.BacklogEstimate),
-			cmp.Compare(a.Schema, b.Schema))
+			cmp.Compare(a.Name, b.Name))
 	})
 	omitted := max(0, len(list)-limit)
 	list = list[:min(len(list), limit)]
@@ -211,8 +245,8 @@ func (f *fleetAPI) list(w http.ResponseWriter, r *http.Request) {
 
 // estimates reads every outbox's and dead-letter table's live rows from
 // Postgres's statistics, in one statement, by schema.
-func (f *fleetAPI) estimates(ctx context.Context) (backlog, dead map[string]int64, err error) {
-	rows, err := f.cfg.Base.Pool.Query(ctx, `SELECT n.nspname, pg_catalog.pg_stat_get_live_tuples(o.oid),
+func (f *fleetAPI) estimates(ctx context.Context, pool *pgxpool.Pool) (backlog, dead map[string]int64, err error) {
+	rows, err := pool.Query(ctx, `SELECT n.nspname, pg_catalog.pg_stat_get_live_tuples(o.oid),
 		       coalesce(pg_catalog.pg_stat_get_live_tuples(d.oid), 0)
 		FROM pg_catalog.pg_class o JOIN pg_catalog.pg_namespace n ON n.oid = o.relnamespace
 		LEFT JOIN pg_catalog.pg_class d ON d.relnamespace = o.relnamespace AND d.relname = $2
@@ -236,12 +270,24 @@ func (f *fleetAPI) estimates(ctx context.Context) (backlog, dead map[string]int6
 // oldest fills in the age of the oldest outstanding row of the listed
 // outboxes that are not parked, in one statement (an index probe each).
 func (f *fleetAPI) oldest(ctx context.Context, list []*fleetOutboxStatus) error {
+	byPool := map[*pgxpool.Pool][]*fleetOutboxStatus{}
+	for _, st := range list {
+		if !st.Parked {
+			byPool[st.pool] = append(byPool[st.pool], st)
+		}
+	}
+	for pool, sts := range byPool {
+		if err := f.oldestIn(ctx, pool, sts); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (f *fleetAPI) oldestIn(ctx context.Context, pool *pgxpool.Pool, list []*fleetOutboxStatus) error {
 	var q strings.Builder
 	var asked []*fleetOutboxStatus
 	for _, st := range list {
-		if st.Parked {
-			continue
-		}
 		if len(asked) > 0 {
 			q.WriteString(" UNION ALL ")
 		}
@@ -252,7 +298,7 @@ func (f *fleetAPI) oldest(ctx context.Context, list []*fleetOutboxStatus) error 
 	if len(asked) == 0 {
 		return nil
 	}
-	rows, err := f.cfg.Base.Pool.Query(ctx, q.String(), pgx.QueryExecModeSimpleProtocol)
+	rows, err := pool.Query(ctx, q.String(), pgx.QueryExecModeSimpleProtocol)
 	if err != nil {
 		return fmt.Errorf("read the outboxes' oldest rows: %w", err)
 	}

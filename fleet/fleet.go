@@ -175,7 +175,8 @@ type Fleet struct {
 
 // New returns a fleet relaying pool's outboxes to p. The pool's size is the
 // connection budget: the fleet opens one more connection, its LISTEN session,
-// and no other. New starts nothing; Run does, and closes p when it returns.
+// and no other. New starts nothing; Run does. p stays the caller's to close
+// after Run (several fleets may share it: Databases).
 func New(pool *pgxpool.Pool, p producer.Producer, opts Options) (*Fleet, error) {
 	if pool == nil || p == nil {
 		return nil, errors.New("fleet: a pool and a producer are required")
@@ -246,15 +247,15 @@ func (f *Fleet) Sweeper(t outbox.Table) (*outbox.Sweeper, bool) {
 // Run relays until ctx is done: it lists the schemas, starts a sweeper for
 // each outbox, listens for commits, reconciles and maintains, and follows
 // the schemas as tenants come and go. Then each sweeper lets its batches in
-// flight finish (Sweeper.ShutdownTimeout), and Run closes the producer and
-// returns nil.
+// flight finish (Sweeper.ShutdownTimeout), and Run returns nil. An admin API
+// that cannot listen fails Run at once.
 func (f *Fleet) Run(ctx context.Context) error {
 	if f.opts.Admin.Addr != "" {
 		base := f.opts.Admin
 		base.Pool = f.pool
-		waitAdmin, err := admin.StartFleet(ctx, admin.FleetConfig{Base: base, TableName: f.opts.Sweeper.Table.Name, Outboxes: f.adminOutboxes})
+		waitAdmin, err := admin.StartFleet(ctx, admin.FleetConfig{Base: base, TableName: f.opts.Sweeper.Table.Name,
+			Outboxes: func() []admin.FleetOutbox { return f.adminOutboxes("") }})
 		if err != nil {
-			_ = f.producer.Close(ctx)
 			return err
 		}
 		defer waitAdmin()
@@ -271,11 +272,6 @@ func (f *Fleet) Run(ctx context.Context) error {
 	f.follow(ctx)
 	wg.Wait()
 	f.running.Wait()
-	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	if err := f.producer.Close(closeCtx); err != nil {
-		f.opts.Logger.Warn("closing the producer failed", "err", err)
-	}
 	f.opts.Logger.Info("fleet stopped")
 	return nil
 }
@@ -629,8 +625,9 @@ func (f *Fleet) maintain(ctx context.Context) {
 	})
 }
 
-// adminOutboxes lists the outboxes for the admin API, each with its parts.
-func (f *Fleet) adminOutboxes() []admin.FleetOutbox {
+// adminOutboxes lists the outboxes for the admin API, each with its parts;
+// database, when set, names the fleet's database among several.
+func (f *Fleet) adminOutboxes(database string) []admin.FleetOutbox {
 	f.mu.Lock()
 	members := slices.Collect(maps.Values(f.members))
 	f.mu.Unlock()
@@ -643,7 +640,11 @@ func (f *Fleet) adminOutboxes() []admin.FleetOutbox {
 		cfg.Topics, cfg.Gate, cfg.DeadLetters = s.TopicBreaker(), s, m.dead
 		cfg.Backoffs, cfg.Activity, cfg.SweepsFailing = s.TopicBackoffs, s.TopicActivity, s.Failing
 		cfg.Stalled = func(now time.Time) (outbox.Stall, bool) { return s.Stalled(now, f.opts.StallTicks) }
-		out = append(out, admin.FleetOutbox{Config: cfg, Parked: s.Parked()})
+		o := admin.FleetOutbox{Config: cfg, Parked: s.Parked()}
+		if database != "" {
+			o.Name, o.Database = database+"."+m.table.Schema, database
+		}
+		out = append(out, o)
 	}
 	return out
 }

@@ -1,7 +1,6 @@
 package fleet_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -25,6 +24,7 @@ import (
 	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/fleet"
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
+	"github.com/outbox-sweeper/sweeper/internal/syncbuf"
 	"github.com/outbox-sweeper/sweeper/outbox"
 	"github.com/outbox-sweeper/sweeper/producer"
 	"github.com/outbox-sweeper/sweeper/producer/memory"
@@ -75,22 +75,7 @@ func migrate(url string, tbl outbox.Table) error {
 }
 
 // logs is a log sink a test can read while the fleet writes to it.
-type logs struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logs) Write(b []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(b)
-}
-
-func (l *logs) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
+type logs = syncbuf.Buffer
 
 // start runs f until the test ends.
 func start(t *testing.T, f *fleet.Fleet) {
@@ -116,6 +101,19 @@ func newFleet(t *testing.T, pattern string, p producer.Producer, poolName string
 	require.NoError(t, err)
 	start(t, f)
 	return f, l
+}
+
+func slogText(l *logs) *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
+
+// adminGet calls the admin API at addr without a token.
+func adminGet(t *testing.T, addr, path string) (int, map[string]any) {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + path)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var body map[string]any
+	_ = json.NewDecoder(resp.Body).Decode(&body)
+	return resp.StatusCode, body
 }
 
 func cmpOr(a, b time.Duration) time.Duration {

@@ -122,20 +122,36 @@ type RetentionResult struct {
 }
 
 // Prepare creates the history partitions the moves need now and soon (the
-// current one and the next two), unless another instance holds retention's
-// lock (it does the same). Call it before the sweeper starts: without them,
-// sent rows land in the DEFAULT partition until the first run. It returns an
-// error wrapping ErrNoHistory when the history table does not exist.
+// current one and the next two). Call it before the sweeper starts: without
+// them, sent rows land in the DEFAULT partition until the first run. While
+// another instance holds retention's lock, Prepare waits for it (it makes
+// the same partitions first), until ctx ends: a sweeper that started while
+// the other made the current partition would move its rows into the DEFAULT
+// partition meanwhile, and Postgres refuses such a move at its commit ("new
+// row for relation …_default violates partition constraint"; the page's rows
+// are sent again), as two instances of a relay of many outboxes, started
+// together, found. It returns an error wrapping ErrNoHistory when the
+// history table does not exist.
 func (r *Retention) Prepare(ctx context.Context) error {
-	_, err := r.locked(ctx, func(conn *pgx.Conn) error {
-		_, err := r.ensurePartitions(ctx, conn)
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("prepare the history partitions of %s: %w", r.cfg.Table, err)
+	for {
+		skipped, err := r.locked(ctx, func(conn *pgx.Conn) error {
+			_, err := r.ensurePartitions(ctx, conn)
+			return err
+		})
+		if err == nil && skipped && !sleepUntil(ctx, time.Now().Add(prepareRetry)) {
+			err = fmt.Errorf("another instance held retention's lock throughout: %w", ctx.Err())
+		}
+		if err != nil {
+			return fmt.Errorf("prepare the history partitions of %s: %w", r.cfg.Table, err)
+		}
+		if !skipped {
+			return nil
+		}
 	}
-	return nil
 }
+
+// prepareRetry is how often Prepare tries for the lock another instance holds.
+const prepareRetry = 50 * time.Millisecond
 
 // locked runs f on a connection holding retention's advisory lock, unless
 // another instance holds it (skipped).

@@ -4,9 +4,13 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -169,4 +173,62 @@ func TestSchemasRelayTenantsThroughRabbitMQAcrossKills(t *testing.T) {
 		require.NotContains(t, p.Stderr(), "panic")
 		require.NotContains(t, p.Stderr(), " ERR ", "a process logged an error")
 	}
+}
+
+// The binary with --databases-file relays the databases the file lists, and
+// on SIGHUP the ones added to it.
+func TestDatabasesFileIsReadAgainOnSIGHUP(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	base, err := url.Parse(dbtest.URL(t))
+	require.NoError(t, err)
+	prefix := dbtest.Schema(t) // a unique name; no such schema is made
+	var urls []string
+	for i := range 3 {
+		name := fmt.Sprintf("%s_db%d", prefix, i)
+		_, err := dbtest.Pool(t).Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
+		require.NoError(t, err)
+		t.Cleanup(func() {
+			_, _ = dbtest.Pool(t).Exec(context.Background(), "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+		})
+		u := *base
+		u.Path = "/" + name
+		urls = append(urls, u.String())
+		code, out, errOut := runOnce(t, "migrate", "--database-url", u.String())
+		require.Equal(t, 0, code, "%s%s", out, errOut)
+	}
+	list := filepath.Join(t.TempDir(), "tenants.txt")
+	require.NoError(t, os.WriteFile(list, []byte("# the tenants\n"+urls[0]+"\n"+urls[1]+"\n"), 0o600))
+	p := start(t, nil, "run", "--databases-file", list, "--producer", "stdout")
+	write := func(u, payload string) {
+		conn, err := pgx.Connect(ctx, u)
+		require.NoError(t, err)
+		defer conn.Close(ctx)
+		w, err := outbox.NewWriter(outbox.Table{Schema: "public", Name: "outbox"})
+		require.NoError(t, err)
+		require.NoError(t, w.Write(ctx, conn, outbox.Message{Topic: "orders", Payload: []byte(payload)}))
+	}
+	printed := func(payload string) func() bool {
+		return func() bool {
+			for _, m := range parseLines(t, p.Lines()) {
+				if string(m.Payload) == payload {
+					return true
+				}
+			}
+			return false
+		}
+	}
+	write(urls[0], "first")
+	write(urls[1], "second")
+	dbtest.Eventually(t, time.Minute, "the listed databases' rows", func() bool { return printed("first")() && printed("second")() })
+
+	require.NoError(t, os.WriteFile(list, []byte(urls[0]+"\n"+urls[1]+"\n"+urls[2]+"\n"), 0o600))
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGHUP))
+	dbtest.Eventually(t, time.Minute, "the added database relayed", func() bool {
+		return strings.Count(p.Stderr(), "database relayed") == 3
+	})
+	write(urls[2], "third")
+	dbtest.Eventually(t, time.Minute, "the added database's row", printed("third"))
+	require.Equal(t, 0, p.terminate(t, time.Minute))
+	require.NotContains(t, p.Stderr(), " ERR ")
 }

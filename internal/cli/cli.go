@@ -372,7 +372,7 @@ func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Wri
 		now := time.Now()
 		tick = cfg.Schedule.Next(now).Sub(now)
 	}
-	if o.schemas == "" {
+	if o.schemas == "" && o.databasesFile == "" {
 		for _, name := range []string{"max-connections", "destination", "reconcile"} {
 			if f.set(name) {
 				return usagef("%s works with --schemas only (a relay of many outboxes); a relay of one uses %d connections", f.origin(name), poolSize+2)

@@ -1,11 +1,16 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -26,6 +31,7 @@ const MaxConnectionsDefault = 10
 
 // fleetOptions are the flags of a relay of many outboxes (--schemas).
 type fleetOptions struct {
+	databasesFile  string
 	schemas        string
 	maxConnections int
 	destination    string
@@ -35,8 +41,10 @@ type fleetOptions struct {
 func (o *fleetOptions) register(f *flags) {
 	f.String(&o.schemas, "schemas", "", "pattern",
 		"relay the outbox of every schema matching this pattern (tenant_*; * ? [a-z] as in shell globs) instead of --schema's alone: one LISTEN session and --max-connections in all, new tenants picked up within 10s, dropped ones let go")
+	f.String(&o.databasesFile, "databases-file", "", "path",
+		"relay the outboxes of every database this file lists, one connection URL a line (# comments), a database per tenant; read again on SIGHUP and every 10s; with --schemas, the matching schemas of each")
 	f.Int(&o.maxConnections, "max-connections", MaxConnectionsDefault,
-		"with --schemas: the most connections the relay opens to the database, its LISTEN session included, however many tenants are busy (at least 3)")
+		"with --schemas or --databases-file: the most connections the relay opens to each database, its LISTEN session included, however many tenants are busy (at least 3)")
 	f.String(&o.destination, "destination", string(producer.DestinationDefault), "template",
 		"with --schemas: the name each tenant's topic is sent under; {schema}.{topic} puts the tenant's schema before the topic when tenants share a broker's namespace")
 	f.Duration(&o.reconcile, "reconcile", fleet.ReconcileDefault,
@@ -48,6 +56,8 @@ func (o *fleetOptions) register(f *flags) {
 func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, adminCfg admin.Config, poolCfg *pgxpool.Config,
 	logger *slog.Logger, m *metrics.Metrics, alerter, syncAlerter alert.Alerter, tick time.Duration, out io.Writer) error {
 	switch {
+	case o.databasesFile != "" && f.set("database-url"):
+		return usagef("%s and %s both name databases: give one", f.origin("database-url"), f.origin("databases-file"))
 	case f.set("schema"):
 		return usagef("%s and %s both name the outboxes: give one (--schemas relays every schema matching its pattern)", f.origin("schema"), f.origin("schemas"))
 	case o.redisURL != "":
@@ -83,15 +93,14 @@ func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, 
 	adminCfg.Dependency = dep
 	connectEarly(ctx, p, o.name, logger)
 
-	// The LISTEN session is the budget's last connection.
-	poolCfg.MaxConns = int32(o.maxConnections - 1)
-	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
-	if err != nil {
-		_ = p.Close(ctx)
-		return fmt.Errorf("database pool: %w", err)
-	}
-	defer pool.Close()
-	fl, err := fleet.New(pool, p, fleet.Options{
+	defer func() {
+		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := p.Close(closeCtx); err != nil {
+			logger.Warn("closing the producer failed", "producer", o.name, "err", err)
+		}
+	}()
+	opts := fleet.Options{
 		Schemas: o.schemas,
 		Sweeper: cfg,
 		TopicBreaker: func(t outbox.Table, logger *slog.Logger) (breaker.Breaker, error) {
@@ -105,9 +114,19 @@ func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, 
 		Logger:      logger,
 		Admin:       adminCfg,
 		StallTicks:  o.stallTicks,
-	})
+	}
+	if o.databasesFile != "" {
+		return o.runDatabases(ctx, f, p, opts, logger)
+	}
+	// The LISTEN session is the budget's last connection.
+	poolCfg.MaxConns = int32(o.maxConnections - 1)
+	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
 	if err != nil {
-		_ = p.Close(ctx)
+		return fmt.Errorf("database pool: %w", err)
+	}
+	defer pool.Close()
+	fl, err := fleet.New(pool, p, opts)
+	if err != nil {
 		if _, ok := errors.AsType[*outbox.ConfigError](err); ok {
 			return f.configError(err)
 		}
@@ -116,4 +135,65 @@ func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, 
 	logger.Info("starting", "version", version(), "producer", o.name, "database", redact(poolCfg.ConnConfig),
 		"schemas", o.schemas, "table", cfg.Table.Name, "max_connections", o.maxConnections, "destination", o.destination)
 	return fl.Run(ctx)
+}
+
+// runDatabases relays the databases --databases-file lists, a fleet each,
+// reading the file again on SIGHUP and whenever it changes.
+func (o *runOptions) runDatabases(ctx context.Context, f *flags, p producer.Producer, opts fleet.Options, logger *slog.Logger) error {
+	d, err := fleet.NewDatabases(p, fleet.DatabasesOptions{
+		Fleet: opts,
+		URLs:  func() ([]string, error) { return readDatabasesFile(o.databasesFile) },
+		PoolConfig: func(url string) (*pgxpool.Config, error) {
+			c := o.common
+			c.databaseURL = url
+			cfg, err := c.poolConfig("a URL of " + f.origin("databases-file"))
+			if err == nil {
+				cfg.MaxConns = int32(o.maxConnections - 1) // the LISTEN session is the last
+			}
+			return cfg, err
+		},
+	})
+	if err != nil {
+		return err
+	}
+	urls, err := readDatabasesFile(o.databasesFile)
+	if err != nil {
+		return usagef("%s: %v", f.origin("databases-file"), err)
+	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				logger.Info("SIGHUP: reading the list of databases again", "file", o.databasesFile)
+				d.Reload()
+			}
+		}
+	}()
+	logger.Info("starting", "version", version(), "producer", o.name, "databases", len(urls), "databases_file", o.databasesFile,
+		"schemas", cmp.Or(o.schemas, "*"), "max_connections_per_database", o.maxConnections, "destination", o.destination)
+	return d.Run(ctx)
+}
+
+// readDatabasesFile returns the connection strings of a --databases-file:
+// one per line; blank lines and lines starting with # are skipped.
+func readDatabasesFile(name string) ([]string, error) {
+	data, err := os.ReadFile(name)
+	if err != nil {
+		return nil, err
+	}
+	var urls []string
+	for line := range strings.Lines(string(data)) {
+		if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
+			urls = append(urls, line)
+		}
+	}
+	if len(urls) == 0 {
+		return nil, fmt.Errorf("%s lists no database: write one connection URL a line", name)
+	}
+	return urls, nil
 }

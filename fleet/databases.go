@@ -1,0 +1,276 @@
+package fleet
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-sweeper/sweeper/admin"
+	"github.com/outbox-sweeper/sweeper/producer"
+)
+
+// RecheckDatabasesDefault is how often Databases reads its list again unasked.
+const RecheckDatabasesDefault = 10 * time.Second
+
+// DatabasesOptions configure [Databases].
+type DatabasesOptions struct {
+	// Fleet is every database's fleet's configuration (its schemas pattern,
+	// sweepers, maintenance). Its Admin is served once, for all databases,
+	// with each outbox under /outboxes/{database}.{schema}/.
+	Fleet Options
+
+	// URLs returns the databases' connection strings, one per database,
+	// read at start, on Reload and every Recheck. An error keeps the
+	// databases relayed as they are.
+	URLs func() ([]string, error)
+
+	// PoolConfig parses a connection string into the pool of its database;
+	// its MaxConns is that database's budget, less the LISTEN session. Nil:
+	// pgxpool.ParseConfig with MaxConns 9.
+	PoolConfig func(url string) (*pgxpool.Config, error)
+
+	// Recheck is how often URLs is called unasked, so that an edited list
+	// takes effect without a signal. Defaults to RecheckDatabasesDefault.
+	Recheck time.Duration
+}
+
+// Databases relays the outboxes of several databases, the
+// database-per-tenant application's: a Fleet each, with a pool, a LISTEN
+// session and a budget each, sharing the producer, the broker breaker and
+// the admin API. Databases come and go as the list does.
+type Databases struct {
+	opts     DatabasesOptions
+	producer producer.Producer
+	reload   chan struct{}
+
+	mu     sync.Mutex
+	fleets map[string]*database // by connection string
+}
+
+// database is one database's fleet while it runs.
+type database struct {
+	name  string // the database's name, unique among them
+	pool  *pgxpool.Pool
+	fleet *Fleet
+	stop  context.CancelFunc
+	done  chan struct{}
+}
+
+// NewDatabases returns a relay of the databases opts.URLs lists, to p.
+func NewDatabases(p producer.Producer, opts DatabasesOptions) (*Databases, error) {
+	if p == nil || opts.URLs == nil {
+		return nil, errors.New("fleet: a producer and the databases' URLs are required")
+	}
+	opts.Recheck = cmp.Or(opts.Recheck, RecheckDatabasesDefault)
+	opts.Fleet = opts.Fleet.withDefaults()
+	if opts.PoolConfig == nil {
+		opts.PoolConfig = func(url string) (*pgxpool.Config, error) {
+			cfg, err := pgxpool.ParseConfig(url)
+			if err == nil {
+				cfg.MaxConns = 9
+			}
+			return cfg, err
+		}
+	}
+	return &Databases{opts: opts, producer: p, reload: make(chan struct{}, 1), fleets: map[string]*database{}}, nil
+}
+
+// Reload reads the list of databases again now (the CLI calls it on
+// SIGHUP).
+func (d *Databases) Reload() {
+	select {
+	case d.reload <- struct{}{}:
+	default:
+	}
+}
+
+// Names returns the names of the databases relayed now, sorted.
+func (d *Databases) Names() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []string
+	for _, db := range d.fleets {
+		out = append(out, db.name)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Fleet returns the fleet of the database named name.
+func (d *Databases) Fleet(name string) (*Fleet, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, db := range d.fleets {
+		if db.name == name {
+			return db.fleet, true
+		}
+	}
+	return nil, false
+}
+
+// Run relays until ctx is done, then stops every database's fleet and
+// returns nil. The producer stays the caller's to close.
+func (d *Databases) Run(ctx context.Context) error {
+	logger := d.opts.Fleet.Logger
+	if base := d.opts.Fleet.Admin; base.Addr != "" {
+		waitAdmin, err := admin.StartFleet(ctx, admin.FleetConfig{Base: base, TableName: d.opts.Fleet.Sweeper.Table.Name,
+			Outboxes: d.adminOutboxes, Ready: d.ready})
+		if err != nil {
+			return err
+		}
+		defer waitAdmin()
+		logger.Info("admin API listening", "addr", base.Addr, "token", base.Token != "", "outboxes_at", "/outboxes/{database}.{schema}/")
+	}
+	defer d.stopAll()
+	failing := false
+	for {
+		err := d.sync(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil && !failing:
+			logger.Error("reading the list of databases failed; the databases relayed go on as they are", "err", err)
+		case err == nil && failing:
+			logger.Info("the list of databases reads again")
+		}
+		failing = err != nil
+		t := time.NewTimer(d.opts.Recheck)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-d.reload:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// sync starts a fleet for each database listed and not relayed, and stops
+// those no longer listed.
+func (d *Databases) sync(ctx context.Context) error {
+	urls, err := d.opts.URLs()
+	if err != nil {
+		return err
+	}
+	listed := map[string]bool{}
+	var errs []error
+	for _, u := range urls {
+		listed[u] = true
+		d.mu.Lock()
+		_, running := d.fleets[u]
+		d.mu.Unlock()
+		if running {
+			continue
+		}
+		if err := d.start(ctx, u); err != nil {
+			errs = append(errs, err)
+			listed[u] = false
+		}
+	}
+	d.mu.Lock()
+	var gone []*database
+	for u, db := range d.fleets {
+		if !listed[u] {
+			gone = append(gone, db)
+			delete(d.fleets, u)
+		}
+	}
+	d.mu.Unlock()
+	for _, db := range gone {
+		d.opts.Fleet.Logger.Info("database no longer listed; its outboxes are let go", "database", db.name)
+		db.halt()
+	}
+	return errors.Join(errs...)
+}
+
+// start relays the database at url.
+func (d *Databases) start(ctx context.Context, url string) error {
+	cfg, err := d.opts.PoolConfig(url)
+	if err != nil {
+		return fmt.Errorf("a listed database: %w", err) // the error names no password: pgconn redacts it
+	}
+	name := cfg.ConnConfig.Database
+	d.mu.Lock()
+	for _, db := range d.fleets {
+		if db.name == name {
+			d.mu.Unlock()
+			return fmt.Errorf("two listed databases are named %q (on %s and another): the admin API names outboxes by database and schema, "+
+				"so each database's name must be unique in the list", name, cfg.ConnConfig.Host)
+		}
+	}
+	d.mu.Unlock()
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("database %s: %w", name, err)
+	}
+	opts := d.opts.Fleet
+	opts.Admin.Addr = "" // served once, by Run
+	opts.Logger = opts.Logger.With("database", name)
+	f, err := New(pool, d.producer, opts)
+	if err != nil {
+		pool.Close()
+		return fmt.Errorf("database %s: %w", name, err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	db := &database{name: name, pool: pool, fleet: f, stop: stop, done: make(chan struct{})}
+	d.mu.Lock()
+	d.fleets[url] = db
+	d.mu.Unlock()
+	go func() {
+		defer close(db.done)
+		_ = f.Run(runCtx)
+	}()
+	opts.Logger.Info("database relayed")
+	return nil
+}
+
+// halt stops the database's fleet and closes its pool.
+func (db *database) halt() {
+	db.stop()
+	<-db.done
+	db.pool.Close()
+}
+
+func (d *Databases) stopAll() {
+	d.mu.Lock()
+	all := slices.Collect(maps.Values(d.fleets))
+	d.fleets = map[string]*database{}
+	d.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, db := range all {
+		wg.Go(db.halt)
+	}
+	wg.Wait()
+}
+
+func (d *Databases) adminOutboxes() []admin.FleetOutbox {
+	d.mu.Lock()
+	all := slices.Collect(maps.Values(d.fleets))
+	d.mu.Unlock()
+	var out []admin.FleetOutbox
+	for _, db := range all {
+		out = append(out, db.fleet.adminOutboxes(db.name)...)
+	}
+	return out
+}
+
+// ready is nil when every database answers.
+func (d *Databases) ready(ctx context.Context) error {
+	d.mu.Lock()
+	all := slices.Collect(maps.Values(d.fleets))
+	d.mu.Unlock()
+	for _, db := range all {
+		if err := db.pool.Ping(ctx); err != nil {
+			return fmt.Errorf("database %s: %w", db.name, err)
+		}
+	}
+	return nil
+}

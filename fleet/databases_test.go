@@ -1,0 +1,143 @@
+package fleet_test
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-sweeper/sweeper/admin"
+	"github.com/outbox-sweeper/sweeper/alert"
+	"github.com/outbox-sweeper/sweeper/fleet"
+	"github.com/outbox-sweeper/sweeper/internal/dbtest"
+	"github.com/outbox-sweeper/sweeper/outbox"
+	"github.com/outbox-sweeper/sweeper/producer"
+	"github.com/outbox-sweeper/sweeper/producer/memory"
+)
+
+// databases creates n databases, each with two tenant schemas (a, b)
+// migrated, drops them at cleanup, and returns their URLs.
+func databases(t *testing.T, n int) []string {
+	t.Helper()
+	ctx := context.Background()
+	base, err := url.Parse(dbtest.URL(t))
+	require.NoError(t, err)
+	prefix := dbtest.Schema(t) // a unique name; the schema itself is never made
+	var urls []string
+	for i := range n {
+		name := fmt.Sprintf("%s_db%d", prefix, i)
+		_, err := dbtest.Pool(t).Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
+		require.NoError(t, err)
+		t.Cleanup(func() {
+			_, _ = dbtest.Pool(t).Exec(context.Background(), "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+		})
+		u := *base
+		u.Path = "/" + name
+		for _, s := range []string{"a", "b"} {
+			require.NoError(t, migrate(u.String(), outbox.Table{Schema: s, Name: "outbox"}))
+		}
+		urls = append(urls, u.String())
+	}
+	return urls
+}
+
+func writeTo(t *testing.T, dbURL, schema string, msgs ...outbox.Message) {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), dbURL)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	w, err := outbox.NewWriter(outbox.Table{Schema: schema, Name: "outbox"})
+	require.NoError(t, err)
+	require.NoError(t, w.Write(context.Background(), conn, msgs...))
+}
+
+// Five databases of two tenants each, four listed at start: rows of every
+// tenant of every listed database arrive once, under their tenant's name; a
+// database added to the list is relayed on Reload, one taken off is let go,
+// and the admin API names each outbox by database and schema.
+func TestDatabasesRelayEveryListedDatabase(t *testing.T) {
+	urls := databases(t, 5)
+	name := func(u string) string { p, _ := url.Parse(u); return strings.TrimPrefix(p.Path, "/") }
+	var mu sync.Mutex
+	listed := slices.Clone(urls[:4])
+	p := memory.New(memory.Config{})
+	l := &logs{}
+	logger := slogText(l)
+	addr := fmt.Sprintf("127.0.0.1:%d", dbtest.FreePort(t))
+	d, err := fleet.NewDatabases(p, fleet.DatabasesOptions{
+		Fleet: fleet.Options{Destination: "{schema}.{topic}", Logger: logger, Probe: outbox.ProbeConfig{Alerter: alert.Log{Logger: logger}},
+			Discover: 200 * time.Millisecond, Admin: admin.Config{Addr: addr}},
+		URLs: func() ([]string, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return slices.Clone(listed), nil
+		},
+		Recheck: time.Hour, // only Reload reads the list again
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	relaying := func(u string, tenants int) func() bool {
+		return func() bool {
+			f, ok := d.Fleet(name(u))
+			return ok && len(f.Outboxes()) == tenants
+		}
+	}
+	for _, u := range urls[:4] {
+		dbtest.Eventually(t, time.Minute, "database "+name(u)+" relayed", relaying(u, 2))
+	}
+	delivered := func(payload string) func() bool {
+		return func() bool {
+			return slices.ContainsFunc(p.Messages(), func(m producer.Message) bool { return string(m.Payload) == payload })
+		}
+	}
+	for _, u := range urls[:4] {
+		for _, s := range []string{"a", "b"} {
+			writeTo(t, u, s, outbox.Message{Topic: "orders", Payload: []byte(name(u) + "/" + s)})
+		}
+	}
+	for _, u := range urls[:4] {
+		for _, s := range []string{"a", "b"} {
+			dbtest.Eventually(t, time.Minute, "the row of "+name(u)+"."+s, delivered(name(u)+"/"+s))
+		}
+	}
+	for _, m := range p.Messages() {
+		_, schema, _ := strings.Cut(string(m.Payload), "/")
+		require.Equal(t, schema+".orders", m.Topic, "row %q sent under another tenant's name", m.Payload)
+	}
+	require.Len(t, p.Messages(), 8, "every row once")
+
+	// The fifth database joins, the first leaves.
+	mu.Lock()
+	listed = slices.Clone(urls[1:5])
+	mu.Unlock()
+	d.Reload()
+	dbtest.Eventually(t, time.Minute, "the fifth database relayed", relaying(urls[4], 2))
+	dbtest.Eventually(t, time.Minute, "the first database let go", func() bool { return !slices.Contains(d.Names(), name(urls[0])) })
+	writeTo(t, urls[4], "b", outbox.Message{Topic: "orders", Payload: []byte(name(urls[4]) + "/b")})
+	dbtest.Eventually(t, time.Minute, "the fifth database's row", delivered(name(urls[4])+"/b"))
+	writeTo(t, urls[0], "a", outbox.Message{Topic: "orders", Payload: []byte("after leaving")})
+	require.Equal(t, []string{name(urls[1]), name(urls[2]), name(urls[3]), name(urls[4])}, d.Names())
+
+	code, body := adminGet(t, addr, "/outboxes")
+	require.Equal(t, 200, code, "%v", body)
+	require.EqualValues(t, 8, body["total"])
+	first := body["outboxes"].([]any)[0].(map[string]any)
+	require.Equal(t, first["database"].(string)+"."+first["schema"].(string), first["name"])
+	code, body = adminGet(t, addr, "/outboxes/"+first["name"].(string)+"/status")
+	require.Equal(t, 200, code, "%v", body)
+	require.False(t, slices.ContainsFunc(p.Messages(), func(m producer.Message) bool { return string(m.Payload) == "after leaving" }),
+		"a database off the list is not relayed")
+}

@@ -1,0 +1,48 @@
+package cli
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The flags of a relay of many outboxes refuse what cannot work, naming the
+// flags, before anything connects.
+func TestFleetFlagsRefuseWhatCannotWork(t *testing.T) {
+	t.Parallel()
+	empty := filepath.Join(t.TempDir(), "none.txt")
+	require.NoError(t, os.WriteFile(empty, []byte("# no database yet\n\n"), 0o600))
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"run", "--max-connections", "5"}, "--max-connections works with --schemas only"},
+		{[]string{"run", "--destination", "{schema}.{topic}"}, "--destination works with --schemas only"},
+		{[]string{"run", "--schemas", "tenant_*", "--schema", "app"}, "--schema and --schemas both name the outboxes"},
+		{[]string{"run", "--schemas", "tenant_*", "--notify=false"}, "--notify does not work with --schemas"},
+		{[]string{"run", "--schemas", "tenant_*", "--max-connections", "2"}, "--max-connections is 2: it must be at least 3"},
+		{[]string{"run", "--schemas", "tenant_*", "--destination", "{tenant}.{topic}"}, "names {tenant}: the placeholders are {schema} and {topic}"},
+		{[]string{"run", "--schemas", "tenant_*", "--destination", "{schema}"}, "does not contain {topic}"},
+		{[]string{"run", "--schemas", "[", "--admin-addr", ""}, "it is not a valid pattern"},
+		{[]string{"run", "--databases-file", empty, "--database-url", "postgres://x/y"}, "--database-url and --databases-file both name databases"},
+		{[]string{"run", "--databases-file", empty, "--admin-addr", ""}, "lists no database: write one connection URL a line"},
+		{[]string{"migrate", "--schemas", "["}, `invalid pattern "[" for --schemas`},
+	} {
+		code, _, stderr := runMain(t, noEnv, c.args...)
+		require.Equal(t, ExitUsage, code, "%v: %s", c.args, stderr)
+		require.Contains(t, stderr, c.want, "%v", c.args)
+	}
+}
+
+func TestReadDatabasesFile(t *testing.T) {
+	t.Parallel()
+	name := filepath.Join(t.TempDir(), "tenants.txt")
+	require.NoError(t, os.WriteFile(name, []byte("# tenants\npostgres://a/t1\n\n  postgres://b/t2  \n#postgres://c/t3\n"), 0o600))
+	urls, err := readDatabasesFile(name)
+	require.NoError(t, err)
+	require.Equal(t, []string{"postgres://a/t1", "postgres://b/t2"}, urls)
+	_, err = readDatabasesFile(filepath.Join(t.TempDir(), "missing.txt"))
+	require.ErrorIs(t, err, os.ErrNotExist)
+}
