@@ -26,24 +26,13 @@ import (
 // migrated, drops them at cleanup, and returns their URLs.
 func databases(t *testing.T, n int) []string {
 	t.Helper()
-	ctx := context.Background()
-	base, err := url.Parse(dbtest.URL(t))
-	require.NoError(t, err)
-	prefix := dbtest.Schema(t) // a unique name; the schema itself is never made
 	var urls []string
-	for i := range n {
-		name := fmt.Sprintf("%s_db%d", prefix, i)
-		_, err := dbtest.Pool(t).Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
-		require.NoError(t, err)
-		t.Cleanup(func() {
-			_, _ = dbtest.Pool(t).Exec(context.Background(), "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
-		})
-		u := *base
-		u.Path = "/" + name
+	for range n {
+		u := dbtest.Database(t)
 		for _, s := range []string{"a", "b"} {
-			require.NoError(t, migrate(u.String(), outbox.Table{Schema: s, Name: "outbox"}))
+			require.NoError(t, migrate(u, outbox.Table{Schema: s, Name: "outbox"}))
 		}
-		urls = append(urls, u.String())
+		urls = append(urls, u)
 	}
 	return urls
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,25 +21,28 @@ import (
 	"github.com/outbox-sweeper/sweeper/outbox"
 )
 
-// Two processes of the binary relay 40 tenant schemas (migrated by `migrate
+// Two processes of the binary relay 200 tenant schemas (migrated by `migrate
 // --schemas`) into RabbitMQ under {schema}.{topic}, while the application
-// writes into 8 of them and one process is killed with SIGKILL three times:
+// writes into 20 of them and one process is killed with SIGKILL three times:
 // every row arrives under its own tenant's name, none is lost, and the two
 // processes together never hold more than their budgets of connections.
 func TestSchemasRelayTenantsThroughRabbitMQAcrossKills(t *testing.T) {
 	t.Parallel()
 	const (
 		n        = 4000
-		tenants  = 40
+		tenants  = 200
 		budget   = 5
 		kills    = 3
 		perTopic = 3
+		// writeTime spreads the writes over the kills: a restart prepares
+		// 200 tenants' partitions first, seconds on a slow machine.
+		writeTime = 15 * time.Second
 	)
 	ctx := context.Background()
 	base := dbtest.Schema(t)
 	var tbls []outbox.Table
 	for i := range tenants {
-		s := fmt.Sprintf("%s_t%02d", base, i)
+		s := fmt.Sprintf("%s_t%03d", base, i)
 		_, err := dbtest.Pool(t).Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{s}.Sanitize())
 		require.NoError(t, err)
 		t.Cleanup(func() {
@@ -54,7 +56,7 @@ func TestSchemasRelayTenantsThroughRabbitMQAcrossKills(t *testing.T) {
 
 	rng := rand.New(rand.NewPCG(5, 6))
 	busy := map[string]outbox.Table{}
-	for len(busy) < 8 {
+	for len(busy) < 20 {
 		tbl := tbls[rng.IntN(len(tbls))]
 		busy[tbl.Schema] = tbl
 	}
@@ -103,6 +105,7 @@ func TestSchemasRelayTenantsThroughRabbitMQAcrossKills(t *testing.T) {
 
 	var written atomic.Int64
 	writerDone := make(chan struct{})
+	begin := time.Now()
 	go func() {
 		defer close(writerDone)
 		for i := 0; i < n; {
@@ -123,12 +126,22 @@ func TestSchemasRelayTenantsThroughRabbitMQAcrossKills(t *testing.T) {
 			}
 			i += size
 			written.Store(int64(i))
+			// Paced over writeTime, so that the kills, each after the
+			// process to kill has restarted, land while rows still come.
+			if ahead := time.Duration(i)*writeTime/n - time.Since(begin); ahead > 0 {
+				time.Sleep(ahead)
+			}
 		}
 	}()
 
 	for k := range kills {
 		target := (k + 1) * n / (kills + 2)
 		dbtest.Eventually(t, 2*time.Minute, fmt.Sprintf("%d rows relayed before kill %d", target, k+1), func() bool { return rc.count() >= target })
+		// The process to kill relays every tenant by now (the start prepares
+		// each one's partitions first), so the kill lands among its sweeps.
+		dbtest.Eventually(t, 2*time.Minute, "the process to kill relaying", func() bool {
+			return strings.Contains(procs[0].Stderr(), fmt.Sprintf("relaying outboxes outboxes=%d", tenants))
+		})
 		require.NoError(t, procs[0].cmd.Process.Kill())
 		procs[0].wait(t, time.Minute)
 		procs[0] = start(t, nil, args...)
@@ -180,21 +193,11 @@ func TestSchemasRelayTenantsThroughRabbitMQAcrossKills(t *testing.T) {
 func TestDatabasesFileIsReadAgainOnSIGHUP(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	base, err := url.Parse(dbtest.URL(t))
-	require.NoError(t, err)
-	prefix := dbtest.Schema(t) // a unique name; no such schema is made
 	var urls []string
-	for i := range 3 {
-		name := fmt.Sprintf("%s_db%d", prefix, i)
-		_, err := dbtest.Pool(t).Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
-		require.NoError(t, err)
-		t.Cleanup(func() {
-			_, _ = dbtest.Pool(t).Exec(context.Background(), "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
-		})
-		u := *base
-		u.Path = "/" + name
-		urls = append(urls, u.String())
-		code, out, errOut := runOnce(t, "migrate", "--database-url", u.String())
+	for range 3 {
+		u := dbtest.Database(t)
+		urls = append(urls, u)
+		code, out, errOut := runOnce(t, "migrate", "--database-url", u)
 		require.Equal(t, 0, code, "%s%s", out, errOut)
 	}
 	list := filepath.Join(t.TempDir(), "tenants.txt")

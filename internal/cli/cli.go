@@ -399,13 +399,8 @@ func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Wri
 		return err
 	}
 
-	p, err := o.producerOptions.build(f, out, logger)
+	p, dep, retry, err := o.producerOptions.buildGuarded(ctx, f, out, logger, alerter, m)
 	if err != nil {
-		return err
-	}
-	dep, retry, err := o.producerOptions.guard(f, alerter, m)
-	if err != nil {
-		_ = p.Close(ctx)
 		return err
 	}
 	defer func() { _ = dep.Close(context.WithoutCancel(ctx)) }() // the relay closes it first when it runs

@@ -79,13 +79,8 @@ func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, 
 	next := ropts.RetentionSchedule.Next(time.Now())
 	maintenance := ropts.RetentionSchedule.Next(next).Sub(next)
 
-	p, err := o.producerOptions.build(f, out, logger)
+	p, dep, retry, err := o.producerOptions.buildGuarded(ctx, f, out, logger, alerter, m)
 	if err != nil {
-		return err
-	}
-	dep, retry, err := o.producerOptions.guard(f, alerter, m)
-	if err != nil {
-		_ = p.Close(ctx)
 		return err
 	}
 	defer func() { _ = dep.Close(context.WithoutCancel(ctx)) }()

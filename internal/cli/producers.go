@@ -125,6 +125,22 @@ func (o *producerOptions) build(f *flags, out io.Writer, logger *slog.Logger) (p
 	}
 }
 
+// buildGuarded builds the producer and its broker breaker and retry; on an
+// error nothing is left open.
+func (o *producerOptions) buildGuarded(ctx context.Context, f *flags, out io.Writer, logger *slog.Logger, alerter alert.Alerter,
+	m *metrics.Metrics) (producer.Producer, *breaker.Dependency, breaker.Retry, error) {
+	p, err := o.build(f, out, logger)
+	if err != nil {
+		return nil, nil, breaker.Retry{}, err
+	}
+	dep, retry, err := o.guard(f, alerter, m)
+	if err != nil {
+		_ = p.Close(ctx)
+		return nil, nil, breaker.Retry{}, err
+	}
+	return p, dep, retry, nil
+}
+
 // guard validates the breaker and retry flags and returns the broker breaker
 // and the in-call retry the sweeper drives. State changes are alerted and
 // exported as a metric.

@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"regexp"
 	"strconv"
@@ -210,6 +211,29 @@ func Schema(t testing.TB) string {
 		}
 	})
 	return name
+}
+
+// Database creates an empty database of its own for t, on the test
+// database's server, drops it at cleanup (closing what is still connected),
+// and returns its URL. Tests of a relay of several databases use it.
+func Database(t testing.TB) string {
+	t.Helper()
+	name := Schema(t) // a fresh name; no such schema is made
+	u, err := url.Parse(URL(t))
+	if err != nil || u.Scheme == "" {
+		t.Fatalf("a database of its own needs the test database as a URL, not %q: %v", URL(t), err)
+	}
+	ctx := context.Background()
+	if _, err := Pool(t).Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		t.Fatalf("create test database %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		if _, err := Pool(t).Exec(context.Background(), "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			t.Errorf("drop test database %s: %v", name, err)
+		}
+	})
+	u.Path = "/" + name
+	return u.String()
 }
 
 // Table creates a schema for t, migrates an outbox into it, and drops the schema
