@@ -70,6 +70,12 @@ func FleetHandler(cfg FleetConfig) http.Handler {
 	if base.Metrics != nil {
 		mux.Handle("GET /metrics", base.Metrics)
 	}
+	if base.UI {
+		// The list of outboxes, each linking to its own console.
+		mux.Handle("GET /{$}", page("fleet.html", "text/html; charset=utf-8"))
+		mux.Handle("GET /ui/fleet.js", page("fleet.js", "text/javascript; charset=utf-8"))
+		mux.Handle("GET /ui/style.css", page("style.css", "text/css; charset=utf-8"))
+	}
 	return f.api.jsonErrors(mux)
 }
 

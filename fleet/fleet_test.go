@@ -453,10 +453,21 @@ func TestFleetAdminAPIServesEachTenant(t *testing.T) {
 	require.Equal(t, breaker.StateClosed, sa.TopicBreaker().State("orders"))
 	dbtest.Eventually(t, time.Minute, "a's row sent once its topic is reset", func() bool { return dbtest.Outstanding(t, a) == 0 })
 
-	// The console of a tenant loads its files relative to its page.
-	resp, err := http.Get("http://" + addr + "/outboxes/" + a.Schema + "/")
+	// The fleet's console lists the outboxes; a tenant's loads its files
+	// relative to its page.
+	resp, err := http.Get("http://" + addr + "/")
 	require.NoError(t, err)
 	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Contains(t, string(page), `src="ui/fleet.js"`)
+	resp, err = http.Get("http://" + addr + "/ui/fleet.js")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	resp, err = http.Get("http://" + addr + "/outboxes/" + a.Schema + "/")
+	require.NoError(t, err)
+	page, _ = io.ReadAll(resp.Body)
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Contains(t, string(page), `src="ui/app.js"`)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
@@ -174,4 +175,74 @@ func TestConsoleInABrowser(t *testing.T) {
 	require.Zero(t, dialogs.Load(), "no dialog opened: neither the topic's tag nor the payload's script ran, and the page asks in the page")
 	dbtest.Eventually(t, time.Minute, "the replayed rows sent", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
 	require.Empty(t, deadLetterReasons(t, tbl))
+}
+
+// The console of a relay of many outboxes, in a real browser: the list of
+// tenants at /, the one with a tripped topic first and its topic's name as
+// text, and its link to the tenant's own console, which works under
+// /outboxes/{schema}/ (its files and calls relative to it).
+func TestFleetConsoleInABrowser(t *testing.T) {
+	t.Parallel()
+	chromium, err := exec.LookPath("chromium")
+	require.NoError(t, err, "Debian's chromium runs the console's browser test; .ci/run installs it (apt-get install chromium)")
+	base := dbtest.Schema(t)
+	var tbls []outbox.Table
+	for i := range 3 {
+		tbl := outbox.Table{Schema: fmt.Sprintf("%s_t%d", base, i), Name: "outbox"}
+		code, out, errOut := runOnce(t, "migrate", "--database-url", dbtest.URL(t), "--schema", tbl.Schema)
+		require.Equal(t, 0, code, "%s%s", out, errOut)
+		t.Cleanup(func() {
+			_, _ = dbtest.Pool(t).Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{tbl.Schema}.Sanitize()+" CASCADE")
+		})
+		tbls = append(tbls, tbl)
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", dbtest.FreePort(t))
+	p := start(t, []string{"OUTBOX_ADMIN_ADDR=" + addr, "OUTBOX_ADMIN_TOKEN=t0ken"}, "run", "--database-url", dbtest.URL(t),
+		"--schemas", base+"_t*", "--topic-cooldown-ticks", "100000", "--topic-cooldown-max-ticks", "100000")
+	dbtest.Eventually(t, 2*time.Minute, "every tenant relayed", func() bool {
+		return strings.Contains(p.Stderr(), "relaying outboxes outboxes=3")
+	})
+	const xss = `<img src=x onerror=alert(1)>`
+	troubled := tbls[1]
+	req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/outboxes/"+troubled.Schema+"/topics/"+url.PathEscape(xss)+"/trip",
+		strings.NewReader(`{"reason":"by the test"}`))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer t0ken")
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, 200, resp.StatusCode)
+
+	ctx := context.Background()
+	alloc, cancelAlloc := chromedp.NewExecAllocator(ctx, append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromium), chromedp.NoSandbox, chromedp.WindowSize(1280, 900))...)
+	defer cancelAlloc()
+	browser, cancelBrowser := chromedp.NewContext(alloc)
+	defer cancelBrowser()
+	// The browser starts under the context of the first call: under
+	// browser's, not a step's timeout, whose end would close it.
+	require.NoError(t, chromedp.Do(browser))
+	wait := func(expr string) chromedp.Action[chromedp.Void] {
+		return chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingTimeout(2*time.Minute))
+	}
+	step := func(what string, actions ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		sctx, cancel := context.WithTimeout(browser, 3*time.Minute)
+		defer cancel()
+		require.NoError(t, chromedp.Do(sctx, actions...), "%s; relay stderr:\n%s", what, p.Stderr())
+	}
+	step("sign in to the list of outboxes", chromedp.Navigate("http://"+addr+"/"), chromedp.WaitVisible("#signin-form"),
+		chromedp.SendKeys("#token", "t0ken"), chromedp.Click(`#signin-form button[type="submit"]`),
+		wait(`document.querySelectorAll("#outboxes tr").length === 3`),
+		wait(fmt.Sprintf(`document.querySelector("#outboxes tr td a").textContent === %q`, troubled.Schema)),
+		wait(fmt.Sprintf(`document.querySelector("#outboxes tr").cells[5].textContent === %q`, xss)),
+		wait(`document.querySelectorAll("#outboxes img").length === 0`),
+		wait(fmt.Sprintf(`document.querySelector("#outboxes tr td a").href === %q`, "http://"+addr+"/outboxes/"+troubled.Schema+"/")))
+	// The link is followed as the browser would, by its address: a click
+	// navigates away under chromedp's running action.
+	step("the tenant's own console, at the link's address",
+		chromedp.Navigate("http://"+addr+"/outboxes/"+troubled.Schema+"/"),
+		wait(fmt.Sprintf(`Array.from(document.querySelectorAll("#topics tr td.topic")).some(td => td.textContent === %q)`, xss)),
+		wait(`document.getElementById("health-state").textContent === "degraded"`))
 }
