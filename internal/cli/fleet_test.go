@@ -1,6 +1,10 @@
 package cli
 
 import (
+	"bytes"
+	"context"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"testing"
@@ -45,4 +49,26 @@ func TestReadDatabasesFile(t *testing.T) {
 	require.Equal(t, []string{"postgres://a/t1", "postgres://b/t2"}, urls)
 	_, err = readDatabasesFile(filepath.Join(t.TempDir(), "missing.txt"))
 	require.ErrorIs(t, err, os.ErrNotExist)
+}
+
+// --outbox sends sweeper topics and sweeper breaker to that outbox's API in a
+// relay of many.
+func TestOutboxFlagAddressesATenantsAPI(t *testing.T) {
+	t.Parallel()
+	var got []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got = append(got, r.Method+" "+r.URL.Path)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{}`))
+	}))
+	defer srv.Close()
+	var out, errOut bytes.Buffer
+	for _, args := range [][]string{
+		{"topics", "reset", "orders", "--admin-url", srv.URL, "--outbox", "tenant_0001", "--json"},
+		{"breaker", "status", "--admin-url", srv.URL, "--outbox", "shop.tenant_0002", "--json"},
+	} {
+		code := Main(context.Background(), args, &out, &errOut, noEnv)
+		require.Equal(t, 0, code, "%v: %s", args, errOut.String())
+	}
+	require.Equal(t, []string{"POST /outboxes/tenant_0001/topics/orders/reset", "GET /outboxes/shop.tenant_0002/breaker"}, got)
 }

@@ -25,6 +25,7 @@ type adminOptions struct {
 	adminToken     string
 	adminTokenFile string
 	adminURL       string
+	outbox         string
 	jsonOut        bool
 	reason         string
 }
@@ -47,6 +48,8 @@ func (o *adminOptions) flags(cmd string) *flags {
 // adminFlags registers the flags of the commands that call the admin API.
 func (o *adminOptions) adminFlags(f *flags) {
 	f.String(&o.adminURL, "admin-url", "http://"+admin.AddrDefault, "url", "the running sweeper's admin API")
+	f.String(&o.outbox, "outbox", "", "name", "in a relay of many outboxes: the outbox the command concerns, named as GET /outboxes names it (its schema, or database.schema)")
+	f.noEnv["outbox"] = true
 	adminTokenFlags(f, &o.adminToken, &o.adminTokenFile, "its bearer token, if it has one")
 	f.bool(&o.jsonOut, "json", "print the API's JSON instead of a table")
 	f.noEnv["json"] = true
@@ -132,6 +135,9 @@ func (o *adminOptions) call(ctx context.Context, f *flags, out io.Writer, change
 			b, _ := json.Marshal(fields)
 			body = string(b)
 		}
+	}
+	if o.outbox != "" {
+		path = "/outboxes/" + url.PathEscape(o.outbox) + path
 	}
 	if raw, err = adminCall(ctx, f, o.adminURL, token, method, path, body); err != nil {
 		return nil, false, err
