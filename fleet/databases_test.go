@@ -2,6 +2,7 @@ package fleet_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"slices"
@@ -129,4 +130,55 @@ func TestDatabasesRelayEveryListedDatabase(t *testing.T) {
 	require.Equal(t, 200, code, "%v", body)
 	require.False(t, slices.ContainsFunc(p.Messages(), func(m producer.Message) bool { return string(m.Payload) == "after leaving" }),
 		"a database off the list is not relayed")
+}
+
+// A listed database that does not exist, and a list that cannot be read,
+// stop nothing else: the databases relayed go on, and each trouble is logged.
+func TestDatabasesGoOnPastABadDatabaseAndAnUnreadableList(t *testing.T) {
+	good := databases(t, 1)[0]
+	u, err := url.Parse(good)
+	require.NoError(t, err)
+	u.Path = "/" + strings.TrimPrefix(u.Path, "/") + "_missing"
+	missing := u.String()
+	var mu sync.Mutex
+	var listErr error
+	p := memory.New(memory.Config{})
+	l := &logs{}
+	logger := slogText(l)
+	d, err := fleet.NewDatabases(p, fleet.DatabasesOptions{
+		Fleet: fleet.Options{Logger: logger, Probe: outbox.ProbeConfig{Alerter: alert.Log{Logger: logger}}, Discover: 200 * time.Millisecond},
+		URLs: func() ([]string, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return []string{good, missing}, listErr
+		},
+		Recheck: time.Hour,
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	dbtest.Eventually(t, time.Minute, "the missing database's listing failing, logged", func() bool {
+		return strings.Contains(l.String(), "listing the tenant schemas failed")
+	})
+	writeTo(t, good, "a", outbox.Message{Topic: "orders", Payload: []byte("past a bad neighbour")})
+	dbtest.Eventually(t, time.Minute, "the good database's row", func() bool {
+		return slices.ContainsFunc(p.Messages(), func(m producer.Message) bool { return string(m.Payload) == "past a bad neighbour" })
+	})
+
+	mu.Lock()
+	listErr = errors.New("tenants.txt: permission denied")
+	mu.Unlock()
+	d.Reload()
+	dbtest.Eventually(t, time.Minute, "the unreadable list logged", func() bool {
+		return strings.Contains(l.String(), "reading the list of databases failed")
+	})
+	writeTo(t, good, "b", outbox.Message{Topic: "orders", Payload: []byte("while the list is unreadable")})
+	dbtest.Eventually(t, time.Minute, "the good database still relayed", func() bool {
+		return slices.ContainsFunc(p.Messages(), func(m producer.Message) bool { return string(m.Payload) == "while the list is unreadable" })
+	})
 }

@@ -416,16 +416,12 @@ func (f *Fleet) discover(ctx context.Context) error {
 			delete(f.members, k)
 		}
 	}
-	for s := range f.refused {
-		if !found[(outbox.Table{Schema: s, Name: f.opts.Sweeper.Table.Name}).String()] {
-			delete(f.refused, s) // dropped: if it comes back, it is looked at again
-		}
+	// A dropped schema that comes back is looked at (and logged) again.
+	gone := func(s string, _ bool) bool {
+		return !found[(outbox.Table{Schema: s, Name: f.opts.Sweeper.Table.Name}).String()]
 	}
-	for s := range f.waiting {
-		if !found[(outbox.Table{Schema: s, Name: f.opts.Sweeper.Table.Name}).String()] {
-			delete(f.waiting, s)
-		}
-	}
+	maps.DeleteFunc(f.refused, gone)
+	maps.DeleteFunc(f.waiting, gone)
 	return nil
 }
 

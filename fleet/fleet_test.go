@@ -476,3 +476,38 @@ func TestFleetAdminAPIServesEachTenant(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 }
+
+// The LISTEN session dropped (its backend terminated, as a failover or an
+// idle-session killer does): the fleet reconnects and asks every parked
+// outbox at once, so a row whose commit notified nobody meanwhile is sent
+// without waiting for the reconciliation's pace.
+func TestFleetReconcilesEveryOutboxWhenItsListenSessionComesBack(t *testing.T) {
+	base := dbtest.Schema(t)
+	tbls := tenants(t, base, 2)
+	p := memory.New(memory.Config{})
+	name := "fleet-" + base
+	f, _ := newFleet(t, base+"_t*", p, name, fleet.Options{Reconcile: time.Hour})
+	dbtest.Eventually(t, time.Minute, "both tenants parked", func() bool {
+		for _, tbl := range tbls {
+			if s, ok := f.Sweeper(tbl); !ok || !s.Parked() {
+				return false
+			}
+		}
+		return true
+	})
+	ctx := context.Background()
+	require.NoError(t, pgx.BeginFunc(ctx, dbtest.Pool(t), func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL session_replication_role = replica"); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, "INSERT INTO "+tbls[1].Ident()+" (topic, payload) VALUES ('orders', 'silent')")
+		return err
+	}))
+	var killed int
+	require.NoError(t, dbtest.Pool(t).QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE application_name = $1 AND query = 'LISTEN outbox_sweeper'`, name).Scan(&killed))
+	require.Equal(t, 1, killed, "the fleet's one LISTEN session")
+	dbtest.Eventually(t, time.Minute, "the silent row sent after the reconnection", func() bool {
+		return slices.ContainsFunc(p.Messages(), func(m producer.Message) bool { return string(m.Payload) == "silent" })
+	})
+}

@@ -338,9 +338,16 @@ func (s *Sweeper) Run(ctx context.Context) error {
 }
 
 // Parked reports whether Run waits for a wake-up alone: its last sweep found
-// the outbox holding nothing, and it has a Host. The host's reconciliation
-// looks at parked outboxes only; the others sweep on their ticks.
-func (s *Sweeper) Parked() bool { return s.parked.Load() }
+// the outbox holding nothing, it has a Host, and no reread of the cursor is
+// due (that poll is one more sweep to come). The host's reconciliation looks
+// at parked outboxes only; the others sweep on their own.
+func (s *Sweeper) Parked() bool {
+	if !s.parked.Load() {
+		return false
+	}
+	_, poll := s.cursor.rereadAt()
+	return !poll
+}
 
 // Recheck makes the next sweep read every topic from its first outstanding
 // row, rather than from the floors the sweeps have kept: a host calls it
