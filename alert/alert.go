@@ -49,6 +49,10 @@ type Alert struct {
 	// last notification; FiringSince is when the condition began.
 	Repeats     int        `json:"repeats,omitempty"`
 	FiringSince *time.Time `json:"firing_since,omitempty"`
+	// Outbox names the outbox the alert is about when the relay serves
+	// many (its name in the admin API: the schema, or database.schema);
+	// empty for a relay of one. See [Outbox].
+	Outbox string `json:"outbox,omitempty"`
 }
 
 // Alerter delivers alerts. Implementations must be safe for concurrent use.
@@ -69,6 +73,9 @@ func (l Log) Alert(ctx context.Context, a Alert) error {
 		level = slog.LevelInfo
 	}
 	attrs := []any{"alert", true, "severity", a.Severity, "component", a.Component}
+	if a.Outbox != "" {
+		attrs = append(attrs, "outbox", a.Outbox)
+	}
 	if a.Key != "" {
 		attrs = append(attrs, "key", a.Key, "status", a.Status, "repeats", a.Repeats)
 	}
@@ -77,6 +84,23 @@ func (l Log) Alert(ctx context.Context, a Alert) error {
 	}
 	l.Logger.Log(ctx, level, a.Summary, attrs...)
 	return nil
+}
+
+// Outbox names the outbox on every alert it passes to Alerter. A relay of
+// many outboxes gives each its own: the same topic tripping in two tenants
+// is then two conditions (a [Notifier] groups by outbox and key), each
+// naming its tenant, and neither resolves the other.
+type Outbox struct {
+	Alerter Alerter
+	Name    string
+}
+
+// Alert sets a.Outbox, unless it is set already, and passes a on.
+func (o Outbox) Alert(ctx context.Context, a Alert) error {
+	if a.Outbox == "" {
+		a.Outbox = o.Name
+	}
+	return o.Alerter.Alert(ctx, a)
 }
 
 // Webhook posts each alert as JSON to URL.

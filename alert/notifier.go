@@ -92,7 +92,7 @@ func (c NotifierConfig) withDefaults() NotifierConfig {
 
 // Notifier stands between whoever raises alerts and the receiver, as
 // Alertmanager would: it groups the alerts of a condition (Alert.Key: its
-// kind, and the topic when there is one) so that a long outage notifies once,
+// kind, and the topic when there is one; of one Alert.Outbox) so that a long outage notifies once,
 // then every RepeatInterval, and once more when it clears; and it delivers in
 // the background, trying a failed delivery again with backoff, so that a
 // breaker changing state in the middle of a sweep never waits on a slow or
@@ -110,7 +110,7 @@ type Notifier struct {
 	done       chan struct{} // closed when the delivery loop has ended
 }
 
-// condition is what the notifier knows of one Key.
+// condition is what the notifier knows of one Key of one Outbox.
 type condition struct {
 	since    time.Time // when it began firing
 	notified time.Time // when its last firing notification was queued
@@ -138,7 +138,11 @@ func (n *Notifier) Alert(_ context.Context, a Alert) error {
 	if a.Key == "" || (a.Status != Firing && a.Status != Resolved) {
 		return n.enqueue(a)
 	}
-	c := n.conditions[a.Key]
+	key := a.Key
+	if a.Outbox != "" {
+		key = a.Outbox + "\x00" + a.Key
+	}
+	c := n.conditions[key]
 	if a.Status == Resolved {
 		if c == nil {
 			return nil // never notified: nothing to clear
@@ -148,7 +152,7 @@ func (n *Notifier) Alert(_ context.Context, a Alert) error {
 		}
 		a.Repeats, a.FiringSince = c.repeats, timePtr(c.since)
 		if n.cfg.GroupWindow < 0 {
-			delete(n.conditions, a.Key)
+			delete(n.conditions, key)
 			return n.enqueue(a)
 		}
 		c.resolved = a
@@ -156,8 +160,8 @@ func (n *Notifier) Alert(_ context.Context, a Alert) error {
 		t = time.AfterFunc(n.cfg.GroupWindow, func() {
 			n.mu.Lock()
 			defer n.mu.Unlock()
-			if n.conditions[a.Key] == c && c.resolve == t {
-				delete(n.conditions, a.Key)
+			if n.conditions[key] == c && c.resolve == t {
+				delete(n.conditions, key)
 				_ = n.enqueue(c.resolved)
 			}
 		})
@@ -178,7 +182,7 @@ func (n *Notifier) Alert(_ context.Context, a Alert) error {
 		}
 	} else {
 		c = &condition{since: now}
-		n.conditions[a.Key] = c
+		n.conditions[key] = c
 	}
 	a.Repeats, a.FiringSince = c.repeats, timePtr(c.since)
 	c.notified, c.repeats, c.severity = now, 0, a.Severity

@@ -89,6 +89,30 @@ func TestALongOutageNotifiesOnceThenEveryRepeatIntervalThenResolves(t *testing.T
 	require.Equal(t, start, *got[3].FiringSince)
 }
 
+// A relay of many outboxes names each on its alerts (alert.Outbox): the same
+// topic tripping in two tenants is two conditions, each notified and each
+// resolved on its own.
+func TestTheSameKeyInTwoOutboxesIsTwoConditions(t *testing.T) {
+	t.Parallel()
+	rec := &alerts{}
+	n := alert.NewNotifier(rec, alert.NotifierConfig{RepeatInterval: time.Hour, GroupWindow: -1})
+	defer n.Close(context.Background())
+	ctx := context.Background()
+	a, b := alert.Outbox{Alerter: n, Name: "tenant_a"}, alert.Outbox{Alerter: n, Name: "tenant_b"}
+	require.NoError(t, a.Alert(ctx, firing("topic-breaker/orders", "tripped")))
+	require.NoError(t, b.Alert(ctx, firing("topic-breaker/orders", "tripped")))
+	require.NoError(t, a.Alert(ctx, firing("topic-breaker/orders", "tripped again"))) // grouped with a's
+	require.NoError(t, a.Alert(ctx, resolved("topic-breaker/orders")))
+	require.NoError(t, b.Alert(ctx, firing("topic-breaker/orders", "tripped again"))) // b's still fires
+
+	got := rec.waitFor(t, 3)
+	require.Len(t, got, 3)
+	require.Equal(t, []string{"tenant_a", "tenant_b", "tenant_a"}, []string{got[0].Outbox, got[1].Outbox, got[2].Outbox})
+	require.Equal(t, alert.Firing, got[1].Status, "b's trip is its own condition, not a repeat of a's")
+	require.Equal(t, alert.Resolved, got[2].Status)
+	require.Equal(t, 1, got[2].Repeats, "a's repeat, not b's, is counted on a's resolution")
+}
+
 // A condition that clears and fires again within the group window is one
 // incident: no resolved notification, no second firing one. The resolved
 // notification held when the notifier closes goes out then.

@@ -214,6 +214,7 @@ func (d *Databases) start(ctx context.Context, url string) error {
 	opts := d.opts.Fleet
 	opts.Admin.Addr = "" // served once, by Run
 	opts.Logger = opts.Logger.With("database", name)
+	opts.Database = name
 	f, err := New(pool, d.producer, opts)
 	if err != nil {
 		pool.Close()
@@ -257,7 +258,7 @@ func (d *Databases) adminOutboxes() []admin.FleetOutbox {
 	d.mu.Unlock()
 	var out []admin.FleetOutbox
 	for _, db := range all {
-		out = append(out, db.fleet.adminOutboxes(db.name)...)
+		out = append(out, db.fleet.adminOutboxes()...)
 	}
 	return out
 }

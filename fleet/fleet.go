@@ -42,6 +42,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-sweeper/sweeper/admin"
+	"github.com/outbox-sweeper/sweeper/alert"
 	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/outbox"
 	"github.com/outbox-sweeper/sweeper/producer"
@@ -79,9 +80,16 @@ type Options struct {
 	Sweeper outbox.Config
 
 	// TopicBreaker returns the topic breaker of outbox t, which logs to
-	// logger. Nil: each outbox gets an in-memory breaker with
-	// breaker.Settings' defaults, as a sweeper of its own would.
-	TopicBreaker func(t outbox.Table, logger *slog.Logger) (breaker.Breaker, error)
+	// logger; name is the outbox's name in the admin API and in alerts,
+	// which the breaker's alerts carry through alert.Outbox. Nil: each
+	// outbox gets an in-memory breaker with breaker.Settings' defaults, as a
+	// sweeper of its own would.
+	TopicBreaker func(t outbox.Table, name string, logger *slog.Logger) (breaker.Breaker, error)
+
+	// Database names the fleet's database when it is one of several
+	// (Databases sets it): its outboxes are then named database.schema, in
+	// the admin API and in alerts, rather than by their schema alone.
+	Database string
 
 	// Retention and Probe configure each outbox's retention and dead-letter
 	// probe (their Table is the outbox's). Retention.Ahead defaults to twice
@@ -254,7 +262,7 @@ func (f *Fleet) Run(ctx context.Context) error {
 		base := f.opts.Admin
 		base.Pool = f.pool
 		waitAdmin, err := admin.StartFleet(ctx, admin.FleetConfig{Base: base, TableName: f.opts.Sweeper.Table.Name,
-			Outboxes: func() []admin.FleetOutbox { return f.adminOutboxes("") }})
+			Outboxes: f.adminOutboxes})
 		if err != nil {
 			return err
 		}
@@ -444,11 +452,17 @@ func (f *Fleet) add(ctx context.Context, t outbox.Table) error {
 			version, want, t.Schema, f.opts.Discover)}
 	}
 	logger := f.opts.Logger.With("outbox", t.String())
-	m := &member{fleet: f, table: t, wake: make(chan struct{}, 1)}
+	m := &member{fleet: f, table: t, name: t.Schema, wake: make(chan struct{}, 1)}
+	if f.opts.Database != "" {
+		m.name = f.opts.Database + "." + t.Schema
+	}
 	cfg := f.opts.Sweeper
 	cfg.Table, cfg.Logger, cfg.Host = t, logger, m
+	if cfg.Alerter != nil {
+		cfg.Alerter = alert.Outbox{Alerter: cfg.Alerter, Name: m.name}
+	}
 	if f.opts.TopicBreaker != nil {
-		b, err := f.opts.TopicBreaker(t, logger)
+		b, err := f.opts.TopicBreaker(t, m.name, logger)
 		if err != nil {
 			return fmt.Errorf("topic breaker: %w", err)
 		}
@@ -471,6 +485,7 @@ func (f *Fleet) add(ctx context.Context, t outbox.Table) error {
 	}
 	pc := f.opts.Probe
 	pc.Table, pc.Logger = t, cmp.Or(pc.Logger, logger)
+	pc.Alerter = alert.Outbox{Alerter: pc.Alerter, Name: m.name}
 	if m.probe, err = outbox.NewProbe(f.pool, pc); err != nil {
 		return err
 	}
@@ -621,9 +636,8 @@ func (f *Fleet) maintain(ctx context.Context) {
 	})
 }
 
-// adminOutboxes lists the outboxes for the admin API, each with its parts;
-// database, when set, names the fleet's database among several.
-func (f *Fleet) adminOutboxes(database string) []admin.FleetOutbox {
+// adminOutboxes lists the outboxes for the admin API, each with its parts.
+func (f *Fleet) adminOutboxes() []admin.FleetOutbox {
 	f.mu.Lock()
 	members := slices.Collect(maps.Values(f.members))
 	f.mu.Unlock()
@@ -636,9 +650,9 @@ func (f *Fleet) adminOutboxes(database string) []admin.FleetOutbox {
 		cfg.Topics, cfg.Gate, cfg.DeadLetters = s.TopicBreaker(), s, m.dead
 		cfg.Backoffs, cfg.Activity, cfg.SweepsFailing = s.TopicBackoffs, s.TopicActivity, s.Failing
 		cfg.Stalled = func(now time.Time) (outbox.Stall, bool) { return s.Stalled(now, f.opts.StallTicks) }
-		o := admin.FleetOutbox{Config: cfg, Parked: s.Parked()}
-		if database != "" {
-			o.Name, o.Database = database+"."+m.table.Schema, database
+		o := admin.FleetOutbox{Config: cfg, Parked: s.Parked(), Database: f.opts.Database}
+		if f.opts.Database != "" {
+			o.Name = m.name
 		}
 		out = append(out, o)
 	}
@@ -656,17 +670,17 @@ func (e *unfinishedError) Unwrap() error { return e.err }
 type member struct {
 	fleet     *Fleet
 	table     outbox.Table
+	name      string // in the admin API and in alerts
 	sweeper   *outbox.Sweeper
 	retention *outbox.Retention
 	probe     *outbox.Probe
 	dead      *outbox.DeadLetters
 	wake      chan struct{}
 	stop      context.CancelFunc
-	// touched says the sweeper swept since the last maintenance of the
+	// touched says a sweep moved rows since the last maintenance of the
 	// outbox; maintained is when that was (maintain's goroutine alone).
 	touched    atomic.Bool
 	maintained time.Time
-	started    bool // Run's goroutine alone
 	// inserted is the outbox table's insert count at the last
 	// reconciliation, counted whether there was one (under the fleet's mu).
 	inserted int64
@@ -682,15 +696,22 @@ func (m *member) signal() {
 
 func (m *member) Wake() <-chan struct{} { return m.wake }
 
-func (m *member) Take(ctx context.Context) (func(), error) {
-	// The first sweep, at the start, is every outbox's: it says nothing of
-	// activity, and add prepared the partitions.
-	if !m.started {
-		m.started = true
-	} else {
+func (m *member) Take(ctx context.Context) (func(outbox.SweepResult), error) {
+	if err := m.fleet.turns.take(ctx); err != nil {
+		return nil, err
+	}
+	return m.done, nil
+}
+
+// done ends a sweep's turn. Only a sweep that moved rows makes the outbox's
+// maintenance due: the sweeps that find nothing (every outbox's first, the
+// cursor's rereads after it, a reconciliation's false alarm) would otherwise
+// run retention and the probe of a thousand idle tenants at once.
+func (m *member) done(res outbox.SweepResult) {
+	m.fleet.turns.release()
+	if res.Dispatched > 0 || res.DeadLettered > 0 || res.FailedBatches > 0 {
 		m.touched.Store(true)
 	}
-	return m.fleet.turns.take(ctx)
 }
 
 func (m *member) Waiting() bool { return m.fleet.turns.waiting.Load() > 0 }
@@ -705,19 +726,19 @@ type turns struct {
 
 func newTurns(n int) *turns { return &turns{slots: make(chan struct{}, n)} }
 
-func (t *turns) take(ctx context.Context) (func(), error) {
+func (t *turns) take(ctx context.Context) error {
 	select {
 	case t.slots <- struct{}{}:
-		return t.release, nil
+		return nil
 	default:
 	}
 	t.waiting.Add(1)
 	defer t.waiting.Add(-1)
 	select {
 	case t.slots <- struct{}{}:
-		return t.release, nil
+		return nil
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return ctx.Err()
 	}
 }
 

@@ -95,7 +95,9 @@ func newFleet(t *testing.T, pattern string, p producer.Producer, poolName string
 	pool := dbtest.NamedPool(t, poolName)
 	opts.Schemas = pattern
 	opts.Logger = slog.New(slog.NewTextHandler(l, nil))
-	opts.Probe.Alerter = alert.Log{Logger: opts.Logger}
+	if opts.Probe.Alerter == nil {
+		opts.Probe.Alerter = alert.Log{Logger: opts.Logger}
+	}
 	opts.Discover = cmpOr(opts.Discover, 200*time.Millisecond)
 	f, err := fleet.New(pool, p, opts)
 	require.NoError(t, err)
@@ -289,6 +291,67 @@ func deadLetters(t *testing.T, tbl outbox.Table) int {
 	var n int
 	require.NoError(t, dbtest.Pool(t).QueryRow(context.Background(), "SELECT count(*) FROM "+tbl.DeadLetterIdent()).Scan(&n))
 	return n
+}
+
+// alerts records the outbox and dead-letter table of each alert.
+type alerts struct {
+	mu     sync.Mutex
+	tables []string
+}
+
+func (a *alerts) Alert(_ context.Context, al alert.Alert) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.tables = append(a.tables, al.Outbox+" "+al.Table)
+	return nil
+}
+
+func (a *alerts) seen() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.tables)
+}
+
+// Maintenance (retention and the dead-letter probe) runs for the tenants
+// whose sweeps moved rows; the sweeps every tenant makes at the start, which
+// find nothing, do not count. Every tenant holds a dead letter the probe
+// would alert about, so an alert shows which tenants the probe ran for.
+func TestFleetMaintainsOnlyTheTenantsThatMovedRows(t *testing.T) {
+	base := dbtest.Schema(t)
+	tbls := tenants(t, base, 6)
+	for i, tbl := range tbls {
+		_, err := dbtest.Pool(t).Exec(context.Background(), "INSERT INTO "+tbl.DeadLetterIdent()+
+			" (id, message_id, topic, payload, created_at, reason) VALUES ($1, gen_random_uuid(), 'orders', 'x', now(), 'invalid_message')", i+1)
+		require.NoError(t, err)
+	}
+	got := &alerts{}
+	p := memory.New(memory.Config{})
+	f, _ := newFleet(t, base+"_t*", p, "fleet-"+base, fleet.Options{
+		Reconcile: time.Hour, Maintenance: 100 * time.Millisecond, IdleMaintenance: time.Hour,
+		Probe: outbox.ProbeConfig{Alerter: got, Threshold: 1},
+	})
+	dbtest.Eventually(t, time.Minute, "every sweeper parked", func() bool {
+		if len(f.Outboxes()) != len(tbls) {
+			return false
+		}
+		for _, tbl := range tbls {
+			if s, _ := f.Sweeper(tbl); !s.Parked() {
+				return false
+			}
+		}
+		return true
+	})
+	// Each write is followed by its own tenant's alert: maintenance rounds
+	// ran meanwhile, and any tenant the start-up sweeps had marked busy
+	// would have been probed in them.
+	for _, i := range []int{2, 4} {
+		write(t, tbls[i], outbox.Message{Topic: "orders", Payload: []byte("moved")})
+		dbtest.Eventually(t, time.Minute, "the probe of the tenant that moved a row", func() bool {
+			return slices.Contains(got.seen(), tbls[i].Schema+" outbox_dead_letter")
+		})
+	}
+	require.ElementsMatch(t, []string{tbls[2].Schema + " outbox_dead_letter", tbls[4].Schema + " outbox_dead_letter"}, got.seen(),
+		"the probe ran for tenants that moved no row")
 }
 
 // An idle tenant's sweeper parks, a commit wakes it at once, and a row that

@@ -64,9 +64,11 @@ type Host interface {
 	// a commit to it, or the host's reconciliation finding rows in it.
 	Wake() <-chan struct{}
 	// Take waits for the sweeper's turn to sweep, and returns the function
-	// that ends it. The host bounds the sweeps at once, so that the
-	// connections they hold (each up to three) never exceed its pool.
-	Take(ctx context.Context) (release func(), err error)
+	// that ends it, given what the sweep did. The host bounds the sweeps at
+	// once, so that the connections they hold (each up to three) never
+	// exceed its pool; the result tells it which outboxes moved rows, the
+	// ones whose maintenance is due (an idle or failed sweep moved none).
+	Take(ctx context.Context) (done func(SweepResult), err error)
 	// Waiting reports whether other sweepers wait for a turn. A sweep then
 	// claims no page ahead and ends after its page transaction, rows left
 	// or not, and the sweeper takes its next turn behind them: pages are
@@ -268,10 +270,10 @@ func (s *Sweeper) Run(ctx context.Context) error {
 			return nil
 		}
 		tick := reached && at.Equal(next) && !parked
-		release := func() {}
+		done := func(SweepResult) {}
 		if host != nil {
 			var err error
-			if release, err = host.Take(ctx); err != nil {
+			if done, err = host.Take(ctx); err != nil {
 				s.logger.Debug("sweeper stopped")
 				return nil // ctx is done
 			}
@@ -290,7 +292,7 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		// sweep, so that the sweep sees whatever they wrote.
 		settled := awake == nil || st.settled(work, awake)
 		res, err := s.sweep(ctx, work, due, tick)
-		release()
+		done(res)
 		s.parked.Store(host != nil && err == nil && res.Idle)
 		if awake != nil {
 			// A notification that came during the sweep says commits come

@@ -98,8 +98,8 @@ func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, 
 	opts := fleet.Options{
 		Schemas: o.schemas,
 		Sweeper: cfg,
-		TopicBreaker: func(t outbox.Table, logger *slog.Logger) (breaker.Breaker, error) {
-			return o.topicBreakerOptions.build(f, logger, alerter, m, t, tick, o.sendTimeout)
+		TopicBreaker: func(t outbox.Table, name string, logger *slog.Logger) (breaker.Breaker, error) {
+			return o.topicBreakerOptions.build(f, logger, alert.Outbox{Alerter: alerter, Name: name}, m, t, tick, o.sendTimeout)
 		},
 		Retention:   ropts.Retention,
 		Probe:       ropts.Probe,
