@@ -68,7 +68,6 @@ func (r *SweepResult) merge(o SweepResult) {
 	addCounts(r.counts(), o.counts())
 	r.FailedTopics = append(r.FailedTopics, o.FailedTopics...)
 	r.Blocked = r.Blocked || o.Blocked
-	r.yielded = r.yielded || o.yielded
 	if o.due.After(r.due) {
 		r.due = o.due
 	}

@@ -36,6 +36,11 @@ type sweepState struct {
 	// shared by the sweep's lanes: --concurrency bounds the sends of the
 	// process, however many lanes.
 	sends chan struct{}
+	// yield, with a Host, gives the sweep's turn back between pages, while
+	// other outboxes wait, and returns when the sweep has its next turn
+	// (false: the sweeper is stopping, and holds no turn). Nil (Sweep):
+	// the sweep ends at such a page instead.
+	yield func(SweepResult) bool
 }
 
 // brokerSeen is a sweep's evidence of the broker, the policy's: up says the
@@ -70,7 +75,7 @@ func (st *sweepState) evidence() evidence {
 // During a drain the live topics are split into lanes (pageLanes), each
 // paging its own topics in a page transaction of its own, on a connection of
 // its own, at once: see pageLanes for why.
-func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (res SweepResult, err error) {
+func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool, yield func(SweepResult) bool) (res SweepResult, err error) {
 	if tick {
 		s.breaker.OnTick()
 	}
@@ -89,7 +94,7 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool) (r
 	}
 	pass := s.gate.open(time.Now())
 	defer s.gate.close(pass)
-	st := &sweepState{stop: stop, work: work, gate: pass, broker: &brokerSeen{}, sends: make(chan struct{}, s.cfg.Concurrency)}
+	st := &sweepState{stop: stop, work: work, gate: pass, broker: &brokerSeen{}, sends: make(chan struct{}, s.cfg.Concurrency), yield: yield}
 	excluded := pass.excluded
 	if tick {
 		if err := s.expireLeftOut(work, excluded, due, &res); err != nil {
@@ -381,9 +386,12 @@ func (s *Sweeper) pageLane(st *sweepState, ticks *sweepTicks, marks *sweepMarks,
 			}
 			if s.yielding() {
 				// Other outboxes wait: this one's next page comes at its
-				// next turn, behind theirs.
-				res.yielded = true
-				break
+				// next turn, behind theirs. The sweep goes on from where it
+				// is: ending it would list the topics again, and run a
+				// tick's expiry pass, at every page of a busy tenant.
+				if st.yield == nil || !st.yield(*res) {
+					break
+				}
 			}
 		}
 		if ticks.tick(res) {

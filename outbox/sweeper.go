@@ -46,9 +46,6 @@ type SweepResult struct {
 	// due is when the next tick comes, when the sweep did ticks' work as it
 	// read on past them (zero: the tick it was given).
 	due time.Time
-	// yielded says a lane ended its sweep early, with rows left, because
-	// other outboxes' sweeps waited for a turn (Host.Waiting).
-	yielded bool
 }
 
 // Host is what a sweeper gets from a process that runs the sweepers of many
@@ -64,15 +61,18 @@ type Host interface {
 	// a commit to it, or the host's reconciliation finding rows in it.
 	Wake() <-chan struct{}
 	// Take waits for the sweeper's turn to sweep, and returns the function
-	// that ends it, given what the sweep did. The host bounds the sweeps at
+	// that ends it, given what the sweep did (so far, when the sweep gives
+	// its turn back to go on later; see Waiting). The host bounds the sweeps at
 	// once, so that the connections they hold (each up to three) never
 	// exceed its pool; the result tells it which outboxes moved rows, the
 	// ones whose maintenance is due (an idle or failed sweep moved none).
 	Take(ctx context.Context) (done func(SweepResult), err error)
 	// Waiting reports whether other sweepers wait for a turn. A sweep then
-	// claims no page ahead and ends after its page transaction, rows left
-	// or not, and the sweeper takes its next turn behind them: pages are
-	// shared among busy outboxes as a page is shared among topics.
+	// claims no page ahead, and after its page transaction gives its turn
+	// back and takes its next one behind them, rows left or not: pages are
+	// shared among busy outboxes as a page is shared among topics. The
+	// sweep itself goes on (its listing of topics holds), so a busy outbox
+	// pays for one listing, not one a page.
 	Waiting() bool
 }
 
@@ -291,7 +291,24 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		// Whether the transactions to wait out have ended is asked before the
 		// sweep, so that the sweep sees whatever they wrote.
 		settled := awake == nil || st.settled(work, awake)
-		res, err := s.sweep(ctx, work, due, tick)
+		var yield func(SweepResult) bool
+		if host != nil {
+			// Waiting for a turn is not being stuck: the stall watch sees
+			// the sweep busy from each turn it takes.
+			yield = func(sofar SweepResult) bool {
+				done(sofar)
+				s.busySince.Store(0)
+				next, err := host.Take(ctx)
+				if err != nil {
+					done = func(SweepResult) {} // the turn was given back
+					return false
+				}
+				s.busySince.Store(time.Now().UnixNano())
+				done = next
+				return true
+			}
+		}
+		res, err := s.sweep(ctx, work, due, tick, yield)
 		done(res)
 		s.parked.Store(host != nil && err == nil && res.Idle)
 		if awake != nil {
@@ -332,9 +349,6 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		next = due
 		if !res.due.IsZero() {
 			next = res.due
-		}
-		if res.yielded {
-			next = time.Now() // the next turn, behind the outboxes that waited
 		}
 	}
 }
@@ -501,5 +515,5 @@ func (s *Sweeper) TopicBreaker() breaker.Breaker { return s.breaker }
 // database error; broker failures are recorded on the rows, counted in the
 // result, and reported to the topic breaker.
 func (s *Sweeper) Sweep(ctx context.Context) (SweepResult, error) {
-	return s.sweep(ctx, ctx, time.Time{}, true)
+	return s.sweep(ctx, ctx, time.Time{}, true, nil)
 }
