@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -75,6 +77,88 @@ func TestOneBadMessageOfAHundred(t *testing.T) {
 	dead := readDeadLetters(t, tbl)
 	require.Len(t, dead, 1)
 	require.Equal(t, int64(42), dead[0].ID)
+}
+
+// A broker with per-message acknowledgements (NATS, Kafka's partitions)
+// takes the rows before a refused one and says so: the refused row is
+// dead-lettered, and every other row is sent exactly once; the ones it took
+// are not sent again (issue 34: 39 good rows were published twice).
+func TestARefusalMidBatchSendsNoRowTwice(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("A", 40)...)
+	prod := memory.New(memory.Config{MaxBatch: 100, Partial: true})
+	prod.FailMessage(20, producer.NewMessageError(producer.ReasonMessageTooLarge, nil, errors.New("too large")))
+	res, err := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl}).Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 39, res.Dispatched)
+	require.Equal(t, 1, res.DeadLettered)
+	var ids []int64
+	for _, m := range prod.Messages() {
+		ids = append(ids, m.ID)
+	}
+	want := slices.DeleteFunc(seq(1, 40), func(id int64) bool { return id == 20 })
+	require.Equal(t, want, ids, "every good row once, in order")
+	dead := readDeadLetters(t, tbl)
+	require.Len(t, dead, 1)
+	require.Equal(t, int64(20), dead[0].ID)
+	require.Zero(t, dbtest.Outstanding(t, tbl))
+}
+
+// takesHalf is a broker that takes the first half of a batch, then fails
+// the rest with a transient error that says so, once.
+type takesHalf struct {
+	*memory.Producer
+	failed atomic.Bool
+}
+
+func (p *takesHalf) Send(ctx context.Context, b producer.Batch) error {
+	if len(b.Messages) < 2 || p.failed.Swap(true) {
+		return p.Producer.Send(ctx, b)
+	}
+	half := producer.Batch{Topic: b.Topic, Messages: b.Messages[:len(b.Messages)/2]}
+	if err := p.Producer.Send(ctx, half); err != nil {
+		return err
+	}
+	return producer.WithDelivered(producer.NewTransientError("timeout", errors.New("no acknowledgement for the rest")), half.IDs())
+}
+
+// A transient failure after the broker took part of a batch: the part is
+// sent, and only the rest is sent again (no health check needed: the broker
+// just took rows), with no attempt charged to anyone.
+// With in-call retries, the retry sends the rest alone; without, the
+// sweeper's split does.
+func TestATransientFailureAfterAPartialDeliveryResendsOnlyTheRest(t *testing.T) {
+	t.Parallel()
+	for _, tries := range []int{1, 3} {
+		t.Run(fmt.Sprintf("tries=%d", tries), func(t *testing.T) {
+			t.Parallel()
+			tbl := dbtest.Table(t)
+			writeMessages(t, tbl, topicMessages("A", 10)...)
+			prod := &takesHalf{Producer: memory.New(memory.Config{MaxBatch: 100})}
+			s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl,
+				Retry: breaker.Retry{Attempts: tries, Initial: time.Millisecond, Max: time.Millisecond}})
+			res, err := s.Sweep(context.Background())
+			require.NoError(t, err)
+			var ids []int64
+			for _, m := range prod.Messages() {
+				ids = append(ids, m.ID)
+			}
+			require.Equal(t, seq(1, 10), ids, "every row once, in order")
+			require.Equal(t, 10, res.Dispatched)
+			require.Zero(t, res.AttemptedRows)
+			require.Zero(t, dbtest.Outstanding(t, tbl))
+		})
+	}
+}
+
+// seq returns the ids from to to.
+func seq(from, to int64) []int64 {
+	var out []int64
+	for id := from; id <= to; id++ {
+		out = append(out, id)
+	}
+	return out
 }
 
 // Topic-class failures never dead-letter, however many attempts the rows have.

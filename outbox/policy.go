@@ -54,8 +54,11 @@ func (e evidence) String() string {
 type failure struct {
 	// class is the producer's class for the failure.
 	class producer.Class
-	// rows is how many rows the send carried.
+	// rows is how many rows the send carried, less those delivered.
 	rows int
+	// delivered counts the rows of the send the broker took before it
+	// failed (producer.Delivered); rows counts the others, the failure's.
+	delivered int
 	// named counts the rows of the send a message-class error names.
 	named int
 	// attempts is the row's attempts before this send, when rows is 1.
@@ -114,6 +117,11 @@ type action struct {
 func decide(f failure) action {
 	if f.cut {
 		return decideCut(f)
+	}
+	if f.delivered > 0 && f.broker == brokerUnknown && f.class != producer.ClassBroker {
+		// The broker took rows of this very send: it is up, and the rest
+		// failed for reasons of their own (their topic, or themselves).
+		f.broker = brokerUp
 	}
 	switch f.class {
 	case producer.ClassLocal:

@@ -73,6 +73,19 @@ func TestDecide(t *testing.T) {
 			action{attempt: true, exhausted: true, broker: up}},
 		{"… --max-attempts -1 keeps rows forever", failure{class: transient, rows: 1, attempts: 1000, maxAttempts: 0, broker: brokerUp},
 			action{attempt: true, broker: up}},
+		// Partial success: the broker took some rows of the send before it
+		// failed (they are moved as sent before decide); the rest are judged,
+		// and the broker is known to be up.
+		{"delivered, then a transient failure of several: split, no check", failure{class: transient, rows: 3, delivered: 4},
+			action{split: true, broker: up}},
+		{"delivered, then one row failed: its attempt", failure{class: transient, rows: 1, delivered: 9, maxAttempts: 10},
+			action{attempt: true, broker: up}},
+		{"delivered, then a row refused by name: the rest goes on", failure{class: message, rows: 6, named: 1, delivered: 3},
+			action{deadLetterNamed: true, resendRest: true, broker: up}},
+		{"delivered, then the connection dropped: the broker's", failure{class: brk, rows: 5, delivered: 5},
+			action{release: true, stopTopic: true, backoff: true, broker: down}},
+		{"delivered, then the check failed: the broker's", failure{class: transient, rows: 5, delivered: 5, broker: brokerDown},
+			action{release: true, stopTopic: true, backoff: true, broker: down}},
 		// Cutting, before any send: no verdict on the broker unless the
 		// producer could not reach it.
 		{"cut: rows over a limit", failure{cut: true, class: message, rows: 5, named: 1},

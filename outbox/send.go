@@ -143,7 +143,7 @@ func (t *topicSender) sendBatch(b producer.Batch, retry bool) (stop bool, err er
 			}
 		}
 		sent := c.sending()
-		sendErr := s.send(st.work, b, retry)
+		delivered, sendErr := s.send(st.work, b, retry)
 		sent()
 		t.out.batches++
 		if sendErr == nil {
@@ -153,11 +153,25 @@ func (t *topicSender) sendBatch(b producer.Batch, retry bool) (stop bool, err er
 			t.succeeded(b)
 			return false, nil
 		}
+		// The rows the broker took before the failure are sent: the page
+		// moves them as it moves a success's, and the failure is the rest's.
+		if len(delivered) > 0 {
+			d := subset(b, delivered)
+			(&pageBatch{p: c.p, batch: d}).dispatched()
+			st.broker.up.Store(true)
+			t.succeeded(d)
+			if b = without(b, delivered); len(b.Messages) == 0 {
+				done(breaker.BrokerUp, nil)
+				return false, nil
+			}
+			c = &pageBatch{p: c.p, batch: b}
+		}
 
 		named := intersect(b.IDs(), producer.MessageIDs(sendErr))
 		f := failure{
 			class:       producer.ClassOf(sendErr),
 			rows:        len(b.Messages),
+			delivered:   len(delivered),
 			named:       len(named),
 			attempts:    c.attemptsOf(b.Messages[0].ID),
 			maxAttempts: t.maxAttempts,
@@ -287,8 +301,11 @@ func (t *topicSender) succeeded(b producer.Batch) {
 	t.out.add(o)
 }
 
-// send sends b within --send-timeout, with the in-call retries if retry is set.
-func (s *Sweeper) send(ctx context.Context, b producer.Batch, retry bool) (err error) {
+// send sends b within --send-timeout, with the in-call retries if retry is
+// set. delivered lists, in id order, the rows the broker took before a
+// failure (producer.Delivered): a retry sends only the others, and a
+// failure is theirs.
+func (s *Sweeper) send(ctx context.Context, b producer.Batch, retry bool) (delivered []int64, err error) {
 	if s.cfg.Tracer != nil {
 		var span trace.Span
 		ctx, span = s.startSendSpan(ctx, b)
@@ -299,12 +316,23 @@ func (s *Sweeper) send(ctx context.Context, b producer.Batch, retry bool) (err e
 	defer s.progress.beat()
 	obs, _ := s.cfg.Observer.(SendObserver)
 	try := func(ctx context.Context) error {
+		var err error
 		if obs == nil {
-			return s.producer.Send(ctx, b)
+			err = s.producer.Send(ctx, b)
+		} else {
+			start := time.Now()
+			err = s.producer.Send(ctx, b)
+			obs.BatchSent(b.Topic, len(b.Messages), time.Since(start), err)
 		}
-		start := time.Now()
-		err := s.producer.Send(ctx, b)
-		obs.BatchSent(b.Topic, len(b.Messages), time.Since(start), err)
+		if err == nil || producer.Delivered(err) == nil {
+			return err
+		}
+		if took := intersect(b.IDs(), producer.Delivered(err)); len(took) > 0 {
+			delivered = append(delivered, took...)
+			if b = without(b, took); len(b.Messages) == 0 {
+				return nil // the broker took every row after all
+			}
+		}
 		return err
 	}
 	if retry {
@@ -319,7 +347,11 @@ func (s *Sweeper) send(ctx context.Context, b producer.Batch, retry bool) (err e
 	if err != nil && sendCtx.Err() == context.DeadlineExceeded && ctx.Err() == nil {
 		err = fmt.Errorf("send of %d messages timed out after %s (--send-timeout): %w", len(b.Messages), s.cfg.SendTimeout, err)
 	}
-	return err
+	if err == nil {
+		delivered = nil // every row arrived
+	}
+	slices.Sort(delivered)
+	return delivered, err
 }
 
 // checkBroker asks the producer's health check whether the broker is up, once

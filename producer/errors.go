@@ -76,6 +76,13 @@ type Error struct {
 	// Reasons gives rows of IDs a reason of their own, when one call rejects
 	// rows for different reasons; a row not in it takes Reason. See [RowReason].
 	Reasons map[int64]string
+	// Delivered names the rows of the send the broker took before it failed
+	// (acknowledged, confirmed, or written to their partition), of any
+	// class. The sweeper moves them as sent, like a success, and never sends
+	// them again; the other rows are judged by the class. Empty: the
+	// sweeper assumes none arrived, and a resend may duplicate some. See
+	// [WithDelivered].
+	Delivered []int64
 	// Err is the underlying error.
 	Err error
 }
@@ -211,6 +218,40 @@ func MessageIDs(err error) []int64 {
 		return e.IDs
 	}
 	return nil
+}
+
+// Delivered returns the rows err says the broker took before the failure,
+// or nil.
+func Delivered(err error) []int64 {
+	// Not only the first *Error of the chain: PinOn and the like wrap a
+	// producer's error in one of their own.
+	for ; err != nil; err = errors.Unwrap(err) {
+		if e, ok := err.(*Error); ok && len(e.Delivered) > 0 {
+			return e.Delivered
+		}
+	}
+	return nil
+}
+
+// WithDelivered returns err saying that the broker took the rows ids before
+// it failed: the sweeper then sends them no more. err keeps its class and
+// reason; the rows add to those err already names as delivered. With no
+// ids, or a nil err, err is returned as it is.
+func WithDelivered(err error, ids []int64) error {
+	if err == nil || len(ids) == 0 {
+		return err
+	}
+	if e, ok := err.(*Error); ok {
+		c := *e
+		c.Delivered = append(slices.Clip(e.Delivered), ids...)
+		return &c
+	}
+	if e, ok := errors.AsType[*Error](err); ok {
+		// A classified error wrapped in context: keep the context's text.
+		return &Error{Class: e.Class, Reason: e.Reason, IDs: e.IDs, Reasons: e.Reasons,
+			Delivered: append(slices.Clip(e.Delivered), ids...), Err: err}
+	}
+	return &Error{Class: ClassOf(err), Delivered: slices.Clone(ids), Err: err}
 }
 
 // PinOn names row id in a message-class error that names no row, so the sweeper

@@ -29,6 +29,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -263,10 +264,24 @@ func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 	results := p.cl.ProduceSync(ctx, recs...)
 	// ProduceSync gives the results in the order the records finished, not
 	// the order they were given: find each one's row by its record.
+	if results.FirstErr() == nil {
+		p.reached.Store(true)
+		return nil
+	}
 	index := make(map[*kgo.Record]int, len(recs))
 	for i, r := range recs {
 		index[r] = i
 	}
+	// Each partition's record batch succeeds or fails on its own: a failure
+	// names the rows whose records were written (producer.Delivered), which
+	// the sweeper sends no more.
+	var written []int64
+	for _, res := range results {
+		if i, ok := index[res.Record]; ok && res.Err == nil {
+			written = append(written, b.Messages[i].ID)
+		}
+	}
+	slices.Sort(written)
 	var failed []producer.Message // rows whose records failed for what they are
 	var worst error
 	for _, res := range results {
@@ -275,16 +290,16 @@ func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 		}
 		i, ok := index[res.Record]
 		if !ok {
-			return fmt.Errorf("produce to topic %s: a result for a record this send did not produce: %w", producer.Quote(name), res.Err)
+			return producer.WithDelivered(fmt.Errorf("produce to topic %s: a result for a record this send did not produce: %w", producer.Quote(name), res.Err), written)
 		}
 		err := p.classify(ctx, fmt.Errorf("produce to topic %s: %w", producer.Quote(name), res.Err))
 		switch producer.ClassOf(err) {
 		case producer.ClassTopic:
 			p.forget(name) // the next send asks the cluster first, and fails at once
-			return err
+			return producer.WithDelivered(err, written)
 		case producer.ClassBroker, producer.ClassLocal:
 			// Whatever the other records say, this says most.
-			return err
+			return producer.WithDelivered(err, written)
 		case producer.ClassMessage:
 			failed = append(failed, b.Messages[i])
 			if worst == nil {
@@ -296,22 +311,18 @@ func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 			}
 		}
 	}
-	if worst == nil {
-		p.reached.Store(true)
-		return nil
-	}
 	if producer.ClassOf(worst) != producer.ClassMessage {
 		p.reached.Store(false) // the next send checks the brokers first
-		return worst
+		return producer.WithDelivered(worst, written)
 	}
 	// The broker refuses a record batch whole, so every record of the
 	// partition's batch fails with the one that caused it. Alone, it is
 	// that row's; else the sweeper splits the batch until the rows that
 	// fail stand alone (a batch too large as a whole is no row's).
 	if len(failed) == 1 {
-		return producer.NewMessageError(producer.ReasonOf(worst), []int64{failed[0].ID}, worst)
+		return producer.WithDelivered(producer.NewMessageError(producer.ReasonOf(worst), []int64{failed[0].ID}, worst), written)
 	}
-	return worst
+	return producer.WithDelivered(worst, written)
 }
 
 // ensureTopic makes sure topic exists and may be written before the first

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -365,6 +366,74 @@ func TestRecordOverTheTopicsMaxMessageBytesIsItsRowsAlone(t *testing.T) {
 	}
 	require.Equal(t, []int64{1, 3}, ids)
 	require.Len(t, consume(t, c, "small", 2), 2)
+}
+
+// A record refused in one partition fails that partition's record batch
+// only: the records the other partitions wrote are named delivered, so that
+// the sweeper sends them no more (issue 34: it resent the whole batch). The
+// refusal comes from the broker here: the topic's limit is lowered after the
+// producer read it.
+func TestARefusalInOnePartitionNamesWhatTheOthersWrote(t *testing.T) {
+	t.Parallel()
+	c := cluster(t, nil)
+	createTopic(t, c, "parts", 3, nil)
+	p := newProducer(t, c, kafka.Config{})
+	require.NoError(t, send(t, p, "parts", msgs("parts", 1, 1, nil))) // reads the topic's limit
+
+	admin, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	require.NoError(t, err)
+	defer admin.Close()
+	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
+	res := kmsg.NewIncrementalAlterConfigsRequestResource()
+	res.ResourceType, res.ResourceName = kmsg.ConfigResourceTypeTopic, "parts"
+	cfg := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
+	cfg.Name, cfg.Value = "max.message.bytes", kmsg.StringPtr("4096")
+	res.Configs = append(res.Configs, cfg)
+	req.Resources = append(req.Resources, res)
+	resp, err := req.RequestWith(context.Background(), admin)
+	require.NoError(t, err)
+	require.NoError(t, kerr.ErrorForCode(resp.Resources[0].ErrorCode))
+
+	keys := []string{"a", "b", "c"}
+	ms := msgs("parts", 2, 30, func(i int) string { return keys[i%3] })
+	ms[13].Payload = make([]byte, 5000) // row 15; random, so that no compression shrinks it
+	for i := range ms[13].Payload {
+		ms[13].Payload[i] = byte(rand.Uint32())
+	}
+	err = p.Send(context.Background(), producer.Batch{Topic: "parts", Messages: ms})
+	require.Equal(t, producer.ClassMessage, producer.ClassOf(err), "%v", err)
+	// The partition of a key, as the producer's client picks it (Kafka's
+	// murmur2 of the key).
+	parts := kgo.StickyKeyPartitioner(nil).ForTopic("parts")
+	partition := func(m producer.Message) int {
+		return parts.Partition(&kgo.Record{Key: []byte(m.PartitionKey)}, 3)
+	}
+	refused := partition(ms[13])
+	var want []int64
+	var rest []producer.Message
+	for _, m := range ms {
+		switch {
+		case partition(m) != refused:
+			want = append(want, m.ID)
+		case m.ID != 15:
+			rest = append(rest, m)
+		}
+	}
+	require.NotEmpty(t, want, "the keys fall in more than one partition")
+	require.Equal(t, want, producer.Delivered(err), "the records of the partitions that wrote theirs: %v", err)
+
+	// The sweeper sends the rest again, cut until the refused row stands
+	// alone; a consumer then counts every other row exactly once.
+	require.NoError(t, p.Send(context.Background(), producer.Batch{Topic: "parts", Messages: rest}))
+	count := map[string]int{}
+	for _, r := range consume(t, c, "parts", 1+29) {
+		count[string(r.Value)]++
+	}
+	for _, m := range ms {
+		if m.ID != 15 {
+			require.Equal(t, 1, count[string(m.Payload)], "row %d written once", m.ID)
+		}
+	}
 }
 
 // Batches keeps each batch within the topic's max.message.bytes, so that a

@@ -14,14 +14,29 @@ import (
 // records is what a consumer would have received.
 func TestConformance(t *testing.T) {
 	t.Parallel()
+	t.Run("all-or-nothing", func(t *testing.T) { conformance(t, false) })
+	t.Run("partial", func(t *testing.T) { conformance(t, true) })
+}
+
+// conformance runs the suite; partial makes the double deliver the messages
+// before a refused one (memory.Config.Partial), as NATS does.
+func conformance(t *testing.T, partial bool) {
 	var (
 		mu        sync.Mutex
 		producers []*memory.Producer
 		topics    int
 	)
+	skip := map[string]string{
+		producertest.CaseUnknownDestination: "a test double: every topic exists (FailTopic makes one fail with any class)",
+		producertest.CaseBrokerDown:         "a test double: there is no broker (FailNextCalls makes sends fail with any class)",
+		producertest.CaseCloseDuringSend:    "a test double: a send is held only by the SendFunc a test gives it, which decides when it ends",
+	}
+	if partial {
+		skip[producertest.CaseAllOrNothing] = "Config.Partial delivers the messages before a refused one, and says so (the refused-mid-batch case)"
+	}
 	producertest.Run(t, producertest.Harness{
 		New: func(*testing.T) producer.Producer {
-			p := memory.New(memory.Config{MaxBatch: 50})
+			p := memory.New(memory.Config{MaxBatch: 50, Partial: partial})
 			mu.Lock()
 			defer mu.Unlock()
 			producers = append(producers, p)
@@ -54,10 +69,6 @@ func TestConformance(t *testing.T) {
 		Poison: func(_ *testing.T, p producer.Producer, m *producer.Message) {
 			p.(*memory.Producer).FailMessage(m.ID, producer.NewMessageError(producer.ReasonMessageTooLarge, nil, errors.New("poisoned")))
 		},
-		Skip: map[string]string{
-			producertest.CaseUnknownDestination: "a test double: every topic exists (FailTopic makes one fail with any class)",
-			producertest.CaseBrokerDown:         "a test double: there is no broker (FailNextCalls makes sends fail with any class)",
-			producertest.CaseCloseDuringSend:    "a test double: a send is held only by the SendFunc a test gives it, which decides when it ends",
-		},
+		Skip: skip,
 	})
 }

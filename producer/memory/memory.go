@@ -20,6 +20,10 @@ const MaxBatchDefault = 100
 type Config struct {
 	// MaxBatch is the most messages one batch holds. Defaults to MaxBatchDefault.
 	MaxBatch int
+	// Partial makes a batch with a failed message (FailMessage) deliver the
+	// messages before it, and say so (producer.Delivered), as brokers with
+	// per-message acknowledgements do. False: a failed batch records nothing.
+	Partial bool
 }
 
 // SendFunc is called at the start of every Send, before anything is recorded. A
@@ -30,6 +34,7 @@ type SendFunc func(ctx context.Context, b producer.Batch) error
 // Producer records every message it accepts. It is safe for concurrent use.
 type Producer struct {
 	maxBatch int
+	partial  bool
 
 	mu          sync.Mutex
 	batches     []producer.Batch
@@ -54,6 +59,7 @@ func New(cfg Config) *Producer {
 	}
 	return &Producer{
 		maxBatch:    cfg.MaxBatch,
+		partial:     cfg.Partial,
 		failMessage: make(map[int64]error),
 		failTopic:   make(map[string]error),
 	}
@@ -70,7 +76,7 @@ func (p *Producer) Batches(_ context.Context, topic string, msgs []producer.Mess
 
 // Send records b, unless a failure was set up for it. Failures are checked in this
 // order: the send func, the next queued call failure, the topic, the messages.
-// A failed batch records nothing.
+// A failed batch records nothing, unless Config.Partial.
 func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 	p.mu.Lock()
 	fn := p.sendFunc
@@ -100,19 +106,30 @@ func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 	}
 	var badIDs []int64
 	var firstErr error
-	for _, m := range b.Messages {
+	first := -1
+	for i, m := range b.Messages {
 		if err, ok := p.failMessage[m.ID]; ok {
 			badIDs = append(badIDs, m.ID)
 			if firstErr == nil {
-				firstErr = err
+				firstErr, first = err, i
 			}
 		}
 	}
 	if len(badIDs) > 0 {
+		err := firstErr
 		if producer.ClassOf(firstErr) == producer.ClassMessage {
-			return producer.NewMessageError(producer.ReasonOf(firstErr), badIDs, firstErr)
+			err = producer.NewMessageError(producer.ReasonOf(firstErr), badIDs, firstErr)
+			if p.partial {
+				// The broker stopped at the first refused message.
+				err = producer.NewMessageError(producer.ReasonOf(firstErr), badIDs[:1], firstErr)
+			}
 		}
-		return firstErr
+		if p.partial && first > 0 {
+			took := producer.Batch{Topic: b.Topic, Messages: slices.Clone(b.Messages[:first])}
+			p.batches = append(p.batches, took)
+			err = producer.WithDelivered(err, took.IDs())
+		}
+		return err
 	}
 	b.Messages = slices.Clone(b.Messages)
 	p.batches = append(p.batches, b)

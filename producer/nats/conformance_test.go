@@ -76,7 +76,7 @@ func TestConformance(t *testing.T) {
 			return producertest.Stalled(t, natsURL, topic, func(t *testing.T, u string) producer.Producer { return newProducer(t, u) })
 		},
 		Skip: map[string]string{
-			producertest.CaseAllOrNothing: "JetStream acknowledges each message on its own: a refused message's neighbours are stored (sent again, they are dropped as duplicates by Nats-Msg-Id within the stream's duplicate window)",
+			producertest.CaseAllOrNothing: "JetStream acknowledges each message on its own: a refused message's neighbours are stored, and the error names them (producer.Delivered), so the sweeper does not send them again (the refused-mid-batch case)",
 		},
 	})
 }

@@ -295,12 +295,15 @@ func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 	}
 
 	// Wait for every ack, even after a failure: the batch's outcome is the worst
-	// of its messages, and a topic failure is the one that says most.
+	// of its messages, and a topic failure is the one that says most. Acks
+	// are per message, so a failure names the messages the stream took
+	// (producer.Delivered): the sweeper sends those no more.
 	var worst error
-	var rejected []int64
+	var rejected, acked []int64
 	for i, f := range futures {
 		select {
 		case <-f.Ok():
+			acked = append(acked, b.Messages[i].ID)
 		case err := <-f.Err():
 			err = classify(fmt.Errorf("publish to subject %q: %w", b.Topic, err))
 			switch producer.ClassOf(err) {
@@ -310,20 +313,20 @@ func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 					worst = err
 				}
 			case producer.ClassTopic:
-				return err
+				return producer.WithDelivered(err, acked)
 			default:
 				worst = err
 			}
 		case <-ctx.Done():
-			return fmt.Errorf("waiting for %d JetStream acks on %q: %w", len(futures), b.Topic, ctx.Err())
+			return producer.WithDelivered(fmt.Errorf("waiting for %d JetStream acks on %q: %w", len(futures), b.Topic, ctx.Err()), acked)
 		case <-p.done:
-			return producer.NewLocalError(fmt.Errorf("nats producer closed while %d JetStream acks on %q were awaited", len(futures), b.Topic))
+			return producer.WithDelivered(producer.NewLocalError(fmt.Errorf("nats producer closed while %d JetStream acks on %q were awaited", len(futures), b.Topic)), acked)
 		}
 	}
 	if worst != nil && producer.ClassOf(worst) == producer.ClassMessage {
-		return producer.NewMessageError(producer.ReasonOf(worst), rejected, worst)
+		worst = producer.NewMessageError(producer.ReasonOf(worst), rejected, worst)
 	}
-	return worst
+	return producer.WithDelivered(worst, acked)
 }
 
 // Check tells whether the server answers: it connects if needed, then makes a

@@ -143,6 +143,58 @@ func TestMessageOverStreamLimitIsMessageClass(t *testing.T) {
 	require.Equal(t, []int64{2}, producer.MessageIDs(err))
 }
 
+// Issue 34's case: a stream that refuses messages over 1 KiB, 40 rows of one
+// topic, row 20 of 4 KiB. The error names row 20 and says the stream took
+// the 39 others, so the sweeper sends none of them again: a core
+// subscription, which no duplicate window hides anything from, counts each
+// once.
+func TestARefusalMidBatchNamesWhatTheStreamTook(t *testing.T) {
+	t.Parallel()
+	f := setup(t, outboxnats.Config{}, jetstream.StreamConfig{MaxMsgSize: 1024})
+	subj := f.subject("t")
+	nc, err := natsgo.Connect(brokertest.NATSURL(t))
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	seen := make(chan string, 100)
+	sub, err := nc.Subscribe(subj, func(m *natsgo.Msg) { seen <- m.Header.Get(natsgo.MsgIdHdr) })
+	require.NoError(t, err)
+	require.NoError(t, nc.Flush())
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+
+	msgs := producertest.Messages(subj, 1, 40)
+	msgs[19].Payload = make([]byte, 4096)
+	err = f.p.Send(context.Background(), producer.Batch{Topic: subj, Messages: msgs})
+	require.Equal(t, producer.ClassMessage, producer.ClassOf(err), "%v", err)
+	require.Equal(t, []int64{20}, producer.MessageIDs(err))
+	var want []int64
+	for id := int64(1); id <= 40; id++ {
+		if id != 20 {
+			want = append(want, id)
+		}
+	}
+	require.Equal(t, want, producer.Delivered(err), "every acknowledged message is named delivered")
+
+	// The sweeper resends what is neither refused nor delivered: nothing.
+	// A marker sent after the batch ends the count.
+	marker := producertest.Messages(subj, 41, 41)
+	require.NoError(t, f.p.Send(context.Background(), producer.Batch{Topic: subj, Messages: marker}))
+	count := map[string]int{}
+	for done := false; !done; {
+		select {
+		case id := <-seen:
+			count[id]++
+			done = id == marker[0].MessageID
+		case <-time.After(time.Minute):
+			t.Fatalf("the marker never arrived; counted %d messages", len(count))
+		}
+	}
+	for _, m := range msgs {
+		if m.ID != 20 {
+			require.Equal(t, 1, count[m.MessageID], "row %d published once", m.ID)
+		}
+	}
+}
+
 func TestBatchesRejectMessagesOverMaxPayload(t *testing.T) {
 	t.Parallel()
 	f := setup(t, outboxnats.Config{MaxBatch: 2}, jetstream.StreamConfig{})

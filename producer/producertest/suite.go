@@ -42,10 +42,15 @@ const (
 	// CaseAllOrNothing: a batch of which one message is refused delivers none
 	// of its messages.
 	CaseAllOrNothing = "all-or-nothing"
+	// CaseRefusedMidBatch: a batch whose middle message is refused names
+	// that row, and says which of the others the broker took
+	// (producer.Delivered); sending the rest again, as the sweeper does,
+	// delivers every other message exactly once, in order.
+	CaseRefusedMidBatch = "refused-mid-batch"
 )
 
 // Cases lists every case, in the order Run runs them.
-var Cases = []string{CaseRoundTrip, CaseOrder, CaseTooLarge, CaseUnknownDestination, CaseBrokerDown, CaseCloseDuringSend, CaseAllOrNothing}
+var Cases = []string{CaseRoundTrip, CaseOrder, CaseTooLarge, CaseUnknownDestination, CaseBrokerDown, CaseCloseDuringSend, CaseAllOrNothing, CaseRefusedMidBatch}
 
 // Received is a message as a consumer of the broker got it, mapped back to
 // the outbox's fields by the harness.
@@ -108,6 +113,7 @@ var cases = map[string]func(*testing.T, Harness){
 	CaseBrokerDown:         brokerDown,
 	CaseCloseDuringSend:    closeDuringSend,
 	CaseAllOrNothing:       allOrNothing,
+	CaseRefusedMidBatch:    refusedMidBatch,
 }
 
 func newProducer(t *testing.T, h Harness) producer.Producer {
@@ -123,8 +129,9 @@ func sendCtx(t *testing.T) context.Context {
 }
 
 // sendAll cuts msgs and sends each batch, as the sweeper does: rows a
-// message-class error names are left out and the rest of their batch is sent
-// again. It returns the rows refused, in order.
+// message-class error names, and rows it says were delivered, are left out
+// and the rest of their batch is sent again. It returns the rows refused, in
+// order.
 func sendAll(t *testing.T, p producer.Producer, topic string, msgs []producer.Message) []int64 {
 	t.Helper()
 	ctx := sendCtx(t)
@@ -143,7 +150,8 @@ func sendAll(t *testing.T, p producer.Producer, topic string, msgs []producer.Me
 			named := producer.MessageIDs(err)
 			require.NotEmpty(t, named, "sending %d messages of %s: %v", len(b.Messages), topic, err)
 			refused = append(refused, named...)
-			b.Messages = slices.DeleteFunc(slices.Clone(b.Messages), func(m producer.Message) bool { return slices.Contains(named, m.ID) })
+			gone := slices.Concat(named, producer.Delivered(err))
+			b.Messages = slices.DeleteFunc(slices.Clone(b.Messages), func(m producer.Message) bool { return slices.Contains(gone, m.ID) })
 		}
 	}
 	slices.Sort(refused)
@@ -280,6 +288,36 @@ func allOrNothing(t *testing.T, h Harness) {
 	require.Empty(t, sendAll(t, p, topic, []producer.Message{marker}))
 	got := h.Receive(t, topic, 1)
 	require.Equal(t, marker.MessageID, got[0].MessageID, "the first message to arrive is the marker: the failed batch sent nothing")
+}
+
+func refusedMidBatch(t *testing.T, h Harness) {
+	topic := h.Topic(t)
+	p := newProducer(t, h)
+	msgs := []producer.Message{message(topic, 1), message(topic, 2), message(topic, 3), message(topic, 4), message(topic, 5)}
+	h.Poison(t, p, &msgs[2])
+	batch := producer.Batch{Topic: topic, Messages: msgs}
+	err := p.Send(sendCtx(t), batch)
+	require.Error(t, err)
+	require.Equal(t, producer.ClassMessage, producer.ClassOf(err), "%v", err)
+	require.Equal(t, []int64{3}, producer.MessageIDs(err), "the refused row, and it alone, is named: %v", err)
+	delivered := producer.Delivered(err)
+	require.NotContains(t, delivered, int64(3), "the refused row is not delivered: %v", err)
+	// The sweeper sends again what is neither refused nor delivered.
+	rest := slices.DeleteFunc(slices.Clone(msgs), func(m producer.Message) bool { return m.ID == 3 || slices.Contains(delivered, m.ID) })
+	if len(rest) > 0 {
+		require.Empty(t, sendAll(t, p, topic, rest))
+	}
+	// Each good message once, in order, and then the marker: a second copy
+	// of any would come before it.
+	marker := message(topic, 6)
+	require.Empty(t, sendAll(t, p, topic, []producer.Message{marker}))
+	got := h.Receive(t, topic, 5)
+	var ids []string
+	for _, r := range got {
+		ids = append(ids, r.MessageID)
+	}
+	require.Equal(t, []string{msgs[0].MessageID, msgs[1].MessageID, msgs[3].MessageID, msgs[4].MessageID, marker.MessageID}, ids,
+		"every good message exactly once, in order (delivered before the failure: %v)", delivered)
 }
 
 // HeaderText turns a row's headers column into Received.Headers' form, for

@@ -363,19 +363,34 @@ func (p *Producer) publish(ctx context.Context, c *pubChannel, b producer.Batch,
 		p.afterPublish()
 	}
 
+	// Confirms are per message: a failure names the messages the broker
+	// confirmed and routed before it (producer.Delivered), which the
+	// sweeper sends no more.
 	returned := map[string]amqp.Return{}
 	nacked := 0
-	for _, dc := range confirms {
+	var acked []int // indexes in b
+	took := func(err error) error {
+		var d []int64
+		for _, i := range acked {
+			if _, ok := returned[b.Messages[i].MessageID]; !ok {
+				d = append(d, b.Messages[i].ID)
+			}
+		}
+		return producer.WithDelivered(err, d)
+	}
+	for i, dc := range confirms {
 	wait:
 		for {
 			select {
 			case r, ok := <-c.returns:
 				if !ok {
-					return errChannelGone(c, b, len(pubs))
+					return took(errChannelGone(c, b, len(pubs)))
 				}
 				returned[r.MessageId] = r
 			case <-dc.Done():
-				if !dc.Acked() {
+				if dc.Acked() {
+					acked = append(acked, i)
+				} else {
 					nacked++
 				}
 				break wait
@@ -383,9 +398,9 @@ func (p *Producer) publish(ctx context.Context, c *pubChannel, b producer.Batch,
 				if e == nil {
 					e = &amqp.Error{Code: amqp.ChannelError, Reason: "channel closed"}
 				}
-				return classify(fmt.Errorf("channel closed while waiting for confirms of %d messages to %q: %w", len(pubs), b.Topic, e))
+				return took(classify(fmt.Errorf("channel closed while waiting for confirms of %d messages to %q: %w", len(pubs), b.Topic, e)))
 			case <-ctx.Done():
-				return fmt.Errorf("waiting for confirms of %d messages to %q: %w", len(pubs), b.Topic, ctx.Err())
+				return took(fmt.Errorf("waiting for confirms of %d messages to %q: %w", len(pubs), b.Topic, ctx.Err()))
 			}
 		}
 	}
@@ -397,7 +412,7 @@ func (p *Producer) publish(ctx context.Context, c *pubChannel, b producer.Batch,
 			if !ok {
 				// The channel shut down (amqp091 closes the returns channel):
 				// nacks that came from the shutdown say nothing about routing.
-				return errChannelGone(c, b, len(pubs))
+				return took(errChannelGone(c, b, len(pubs)))
 			}
 			returned[r.MessageId] = r
 			continue
@@ -412,12 +427,12 @@ func (p *Producer) publish(ctx context.Context, c *pubChannel, b producer.Batch,
 			r = x
 			break
 		}
-		return producer.NewTopicError("unroutable", fmt.Errorf(
+		return took(producer.NewTopicError("unroutable", fmt.Errorf(
 			"%d of %d messages returned by exchange %q for routing key %q: %d %s (bind a queue to that routing key)",
-			len(returned), len(pubs), p.cfg.Exchange, b.Topic, r.ReplyCode, r.ReplyText))
+			len(returned), len(pubs), p.cfg.Exchange, b.Topic, r.ReplyCode, r.ReplyText)))
 	}
 	if nacked > 0 {
-		return producer.NewTransientError("nacked", fmt.Errorf("RabbitMQ nacked %d of %d messages to %q", nacked, len(pubs), b.Topic))
+		return took(producer.NewTransientError("nacked", fmt.Errorf("RabbitMQ nacked %d of %d messages to %q", nacked, len(pubs), b.Topic)))
 	}
 	return nil
 }

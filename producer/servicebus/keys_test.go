@@ -49,6 +49,9 @@ type entityKinds struct {
 	// refused as mixed (the threads do not say which the service checks
 	// first).
 	mixedFirst bool
+	// busyOn: a batch holding this message id fails, as a busy service's
+	// send does.
+	busyOn string
 }
 
 // strictSender is a sender of one entity of such a kind: it refuses what the
@@ -104,6 +107,9 @@ func (s *strictSender) SendMessageBatch(_ context.Context, b messageBatch) error
 	}
 	if s.kinds.partitioned && s.kinds.dedup && len(ids) > 1 {
 		return refuse(notAllowed(refusedMixedIDs, s.entity))
+	}
+	if ids[s.kinds.busyOn] {
+		return errors.New("the service is busy")
 	}
 	s.sent = append(s.sent, msgs)
 	return nil
@@ -185,6 +191,19 @@ func TestAMixedBatchOnAPartitionedEntityIsCutAgainByKey(t *testing.T) {
 	require.Equal(t, 1, s.refused, "no refusal once cut by key")
 	require.Equal(t, 1, strings.Count(logs.String(), "cut one partition key a batch"), "learnt once, logged once")
 	require.Contains(t, logs.String(), "Batching brokered messages with distinct SessionId or PartitionKey")
+}
+
+// When a later part of a batch cut again by key fails, the parts the entity
+// took before it are named delivered: the sweeper sends them no more, where
+// it once sent them again for duplicate detection, when on, to drop.
+func TestAFailedPartNamesThePartsSentBeforeIt(t *testing.T) {
+	t.Parallel()
+	p, ns, _ := strictProducer(Config{}, map[string]entityKinds{"orders": {partitioned: true, busyOn: "id-0002"}})
+	err := p.Send(context.Background(), producer.Batch{Topic: "orders", Messages: keyed("orders", "a", "b", "a", "", "b")})
+	require.Error(t, err)
+	require.Equal(t, producer.ClassTransient, producer.ClassOf(err), "%v", err)
+	require.Equal(t, []int64{1, 3, 4}, producer.Delivered(err), "the parts without a key and of key a went before key b's failed")
+	require.Equal(t, [][]string{{"id-0004"}, {"id-0001", "id-0003"}}, ns.senders["orders"].batches())
 }
 
 // A partitioned entity with duplicate detection refuses distinct message ids

@@ -379,6 +379,10 @@ func (p *Producer) sendCut(ctx context.Context, s sender, b producer.Batch, mapp
 		return producer.NewTopicError("not_allowed", fmt.Errorf("entity %s refuses even a batch of %d messages with one partition key: %w",
 			producer.Quote(b.Topic), len(b.Messages), mixed.err))
 	}
+	// The parts the entity accepted before one failed are delivered, and
+	// the error says so (producer.Delivered): the sweeper sends them no
+	// more, where it once sent them again for duplicate detection to drop.
+	var sent []int64
 	for _, part := range pieces {
 		pb := producer.Batch{Topic: b.Topic, Messages: make([]producer.Message, len(part))}
 		pm := make([]*azservicebus.Message, len(part))
@@ -386,8 +390,10 @@ func (p *Producer) sendCut(ctx context.Context, s sender, b producer.Batch, mapp
 			pb.Messages[j], pm[j] = b.Messages[i], mapped[i]
 		}
 		if err := p.sendCut(ctx, s, pb, pm); err != nil {
-			return err
+			slices.Sort(sent)
+			return producer.WithDelivered(err, sent)
 		}
+		sent = append(sent, pb.IDs()...)
 	}
 	return nil
 }
