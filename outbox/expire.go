@@ -52,14 +52,32 @@ func (c *Config) expiresByAge() bool {
 // is older than its topic's max age; "" if neither. The sweeper's clock judges
 // both (created_at and expires_at are the database's: keep the clocks in
 // step, as for any timestamp).
+//
+// The max age is asked first: a message's ExpiresAt may be its max age's
+// deadline, when that comes first (deadline).
 func (s *Sweeper) expiredWhy(m *producer.Message, now time.Time) string {
-	if !m.ExpiresAt.IsZero() && !now.Before(m.ExpiresAt) {
-		return "its expires_at passed before it could be sent"
-	}
 	if age := s.cfg.maxAge(m.Topic); age > 0 && now.Sub(m.CreatedAt) >= age {
 		return ageError(age)
 	}
+	if !m.ExpiresAt.IsZero() && !now.Before(m.ExpiresAt) {
+		return "its expires_at passed before it could be sent"
+	}
 	return ""
+}
+
+// deadline sets each message's ExpiresAt to the earlier of the row's own
+// and its topic's max age counted from its CreatedAt, so that a producer
+// whose broker has a per-message time to live (RabbitMQ, Service Bus)
+// passes on the time left, whichever deadline it is.
+func (s *Sweeper) deadline(msgs []producer.Message) {
+	for i := range msgs {
+		m := &msgs[i]
+		if age := s.cfg.maxAge(m.Topic); age > 0 {
+			if d := m.CreatedAt.Add(age); m.ExpiresAt.IsZero() || d.Before(m.ExpiresAt) {
+				m.ExpiresAt = d
+			}
+		}
+	}
 }
 
 func ageError(age time.Duration) string {

@@ -237,6 +237,35 @@ func countWhere(t *testing.T, tbl outbox.Table, cond string) int {
 
 // A topic both tripped and backing off is left out twice: its rows expire
 // once, and the sweep goes on.
+// The producer gets each row's deadline, whichever comes first: its own
+// expires_at, or its topic's max age counted from created_at; none without
+// either (RabbitMQ and Service Bus send the time left).
+func TestTheProducerGetsTheEarlierDeadline(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	own := time.Now().Add(time.Minute).Truncate(time.Microsecond)
+	writeMessages(t, tbl,
+		outbox.Message{Topic: "aged", Payload: []byte("1")},
+		outbox.Message{Topic: "aged", Payload: []byte("2"), ExpiresAt: own},
+		outbox.Message{Topic: "aged", Payload: []byte("3"), ExpiresAt: own.Add(48 * time.Hour)},
+		outbox.Message{Topic: "plain", Payload: []byte("4")},
+		outbox.Message{Topic: "plain", Payload: []byte("5"), ExpiresAt: own},
+	)
+	prod := memory.New(memory.Config{})
+	_, err := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, TopicMaxAge: map[string]time.Duration{"aged": time.Hour}}).Sweep(context.Background())
+	require.NoError(t, err)
+	got := map[string]producer.Message{}
+	for _, m := range prod.Messages() {
+		got[string(m.Payload)] = m
+	}
+	require.Len(t, got, 5)
+	require.Equal(t, got["1"].CreatedAt.Add(time.Hour), got["1"].ExpiresAt, "the max age alone")
+	require.True(t, own.Equal(got["2"].ExpiresAt), "its own, earlier than the max age")
+	require.Equal(t, got["3"].CreatedAt.Add(time.Hour), got["3"].ExpiresAt, "the max age, earlier than its own")
+	require.True(t, got["4"].ExpiresAt.IsZero(), "neither")
+	require.True(t, own.Equal(got["5"].ExpiresAt), "its own alone")
+}
+
 func TestATopicLeftOutTwiceExpiresOnce(t *testing.T) {
 	t.Parallel()
 	tbl := dbtest.Table(t)

@@ -46,6 +46,7 @@ func (t *topicSender) send(g topicGroup) error {
 
 // sendGroup cuts and sends g; it reports whether the topic stops.
 func (t *topicSender) sendGroup(g topicGroup) (stop bool, err error) {
+	t.s.deadline(g.msgs)
 	batches, err := t.s.producer.Batches(t.st.work, g.topic, g.msgs)
 	if err != nil {
 		if done, dbErr := t.rejectCut(g, err); done || dbErr != nil {

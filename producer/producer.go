@@ -44,12 +44,22 @@ type Message struct {
 	// CreatedAt is when the application wrote the row (the start of its
 	// transaction), or when an operator replayed it from the dead letters.
 	CreatedAt time.Time
-	// ExpiresAt is the row's own deadline, zero for none. The sweeper never
-	// sends a row past it (nor past its topic's max age); a producer may pass
-	// it on as the broker's time to live.
+	// ExpiresAt is the row's deadline, zero for none: its own (the
+	// expires_at column), or its topic's max age (--max-age) counted from
+	// CreatedAt when that comes first. The sweeper never sends a row past
+	// it; RabbitMQ and Service Bus pass the time left on as the message's
+	// time to live (expiration, TimeToLive). Kafka and NATS have no such
+	// field.
 	ExpiresAt time.Time
 	// Attempts counts the failed dispatches before this one.
 	Attempts int
+	// Prepared is the producer's own form of the message (a Kafka record,
+	// say), which Batches may set on the messages it is given, having built
+	// it to measure or check the message: the sweeper hands Send the
+	// messages of a batch, or some of them, as Batches left them, so Send
+	// need not build it again. Send builds it when it is nil. Only the
+	// producer that set it reads it.
+	Prepared any
 }
 
 // DecodeHeaders returns the headers as a map. An empty or "{}" column gives a nil

@@ -1,6 +1,7 @@
 package producer_test
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -82,4 +83,42 @@ func TestKeepCopiesNothingWhenEveryRowPasses(t *testing.T) {
 	require.EqualValues(t, 3, msgs[2].ID, "the caller's slice untouched")
 	kept = (&producer.Rejections{}).Keep(msgs[:1], func(*producer.Message) (string, error) { return "x", errors.New("bad") })
 	require.Empty(t, kept)
+}
+
+// FuzzEachHeader: whatever the headers column holds, EachHeader says what
+// DecodeHeaders and HeaderText say (the same names, each once, with the same
+// text), or refuses the row as message class; it refuses only what decoding
+// refuses, or a column that is not valid JSON as a whole.
+func FuzzEachHeader(f *testing.F) {
+	for _, h := range []string{`{}`, ``, `{"a":"x","b":1}`, `{"a":1,"a":"y"}`, `{"n":{"m":[1,null]},"":2}`, `{"h":"a\nb<>&"}`,
+		`{"k\u00e9":"\ud83d\ude00"}`, `[1]`, `null`, `{"a":1} x`, `{"a":"\xff"}`, ` { "s" : true , "t":false,"u":null } `, `{"x":-1.5e300}`,
+		`{"a":[{"b":"<c>"}]}`, `{"big":12345678901234567890}`} {
+		f.Add([]byte(h))
+	}
+	f.Fuzz(func(t *testing.T, headers []byte) {
+		m := producer.Message{ID: 7, Headers: headers}
+		want, decodeErr := m.DecodeHeaders()
+		got := map[string]string{}
+		err := m.EachHeader(func(name string, text []byte) error {
+			if _, dup := got[name]; dup {
+				t.Fatalf("header %q given twice", name)
+			}
+			got[name] = string(text)
+			return nil
+		})
+		if err != nil {
+			require.Equal(t, producer.ClassMessage, producer.ClassOf(err), "%v", err)
+			require.Equal(t, []int64{7}, producer.MessageIDs(err))
+			require.True(t, decodeErr != nil || !json.Valid(headers), "refused what decoding takes: %v", err)
+			return
+		}
+		require.NoError(t, decodeErr, "took what decoding refuses")
+		wantText := map[string]string{}
+		for k, v := range want {
+			s, err := producer.HeaderText(v)
+			require.NoError(t, err)
+			wantText[k] = s
+		}
+		require.Equal(t, wantText, got)
+	})
 }

@@ -185,14 +185,12 @@ func (p *Producer) Batches(_ context.Context, topic string, msgs []producer.Mess
 		return nil, err
 	}
 	limit, known := p.knownLimit(name)
-	sizes := make(map[int64]int, len(msgs))
 	var rej producer.Rejections
 	valid := rej.Keep(msgs, func(m *producer.Message) (string, error) {
-		r, reason, err := toRecord(name, m)
+		r, reason, err := toRecord(name, m) // kept in m.Prepared, for Send
 		if err != nil {
 			return reason, err
 		}
-		sizes[m.ID] = recordSize(r)
 		if known {
 			return tooLarge(m.ID, r, name, limit)
 		}
@@ -201,7 +199,7 @@ func (p *Producer) Batches(_ context.Context, topic string, msgs []producer.Mess
 	out, _, _ := producer.Split(topic, valid, producer.Limits{
 		Messages: p.cfg.MaxBatch,
 		Bytes:    limit - recordBatchOverhead,
-		Size:     func(m *producer.Message) int { return sizes[m.ID] },
+		Size:     func(m *producer.Message) int { return recordSize(m.Prepared.(*kgo.Record)) },
 	})
 	return out, rej.Err()
 }
@@ -227,7 +225,10 @@ func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 	if err := checkTopic(name); err != nil {
 		return err
 	}
+	// The records Batches built, copied: a produce keeps its state in the
+	// record (its context among them), and a batch may be sent again.
 	recs := make([]*kgo.Record, len(b.Messages))
+	slab := make([]kgo.Record, len(b.Messages))
 	var rej producer.Rejections
 	for i := range b.Messages {
 		r, reason, err := toRecord(name, &b.Messages[i])
@@ -235,7 +236,9 @@ func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 			rej.Add(b.Messages[i].ID, reason, err)
 			continue
 		}
-		recs[i] = r
+		slab[i] = *r
+		slab[i].Context = nil
+		recs[i] = &slab[i]
 	}
 	if err := rej.Err(); err != nil {
 		return err

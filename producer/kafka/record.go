@@ -1,7 +1,7 @@
 package kafka
 
 import (
-	"encoding/json"
+	"bytes"
 	"fmt"
 	"strings"
 	"unicode/utf8"
@@ -64,12 +64,18 @@ func topicError(s string) error {
 // spreads the rows over the partitions); the row's headers follow the three
 // the producer sets, strings as they are and other JSON values as their JSON
 // text.
+//
+// It returns the record Batches built (m.Prepared) when there is one, and
+// keeps the one it builds there: a row's headers are decoded once a send.
+// The caller must not give the same record to two produce calls: franz-go
+// keeps a produce's state in it (its context among them); Send produces a
+// copy.
 func toRecord(topic string, m *producer.Message) (*kgo.Record, string, error) {
-	headers, err := m.DecodeHeaders()
-	if err != nil {
-		return nil, producer.ReasonInvalidMessage, err
+	if r, ok := m.Prepared.(*kgo.Record); ok && r.Topic == topic {
+		return r, "", nil
 	}
-	r := &kgo.Record{Topic: topic, Value: m.Payload, Headers: make([]kgo.RecordHeader, 0, 3+len(headers))}
+	// Three headers from columns, and at most one a colon of the column.
+	r := &kgo.Record{Topic: topic, Value: m.Payload, Headers: make([]kgo.RecordHeader, 0, 3+bytes.Count(m.Headers, colon))}
 	if m.PartitionKey != "" {
 		r.Key = []byte(m.PartitionKey)
 	}
@@ -82,26 +88,25 @@ func toRecord(topic string, m *producer.Message) (*kgo.Record, string, error) {
 			r.Headers = append(r.Headers, kgo.RecordHeader{Key: h.key, Value: []byte(h.value)})
 		}
 	}
-	for k, v := range headers {
+	// The row's headers go as they are in the column (EachHeader): their
+	// values alias the row's bytes, which nothing changes.
+	err := m.EachHeader(func(k string, v []byte) error {
 		if k == "" {
-			return nil, producer.ReasonInvalidMessage, fmt.Errorf("row %d has a header with an empty name", m.ID)
+			return producer.NewMessageError(producer.ReasonInvalidMessage, []int64{m.ID}, fmt.Errorf("row %d has a header with an empty name", m.ID))
 		}
 		for _, reserved := range []string{HeaderMessageID, HeaderCorrelationID, HeaderContentType} {
 			if strings.EqualFold(k, reserved) {
-				return nil, producer.ReasonInvalidMessage, fmt.Errorf(
-					"row %d has header %s: the sweeper sets %s from the row's own column; drop the header from the row", m.ID, producer.Quote(k), reserved)
+				return producer.NewMessageError(producer.ReasonInvalidMessage, []int64{m.ID}, fmt.Errorf(
+					"row %d has header %s: the sweeper sets %s from the row's own column; drop the header from the row", m.ID, producer.Quote(k), reserved))
 			}
 		}
-		s, ok := v.(string)
-		if !ok {
-			j, err := json.Marshal(v)
-			if err != nil {
-				return nil, producer.ReasonInvalidMessage, fmt.Errorf("row %d: header %s: %w", m.ID, producer.Quote(k), err)
-			}
-			s = string(j)
-		}
-		r.Headers = append(r.Headers, kgo.RecordHeader{Key: k, Value: []byte(s)})
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: k, Value: v})
+		return nil
+	})
+	if err != nil {
+		return nil, producer.ReasonInvalidMessage, err
 	}
+	m.Prepared = r
 	return r, "", nil
 }
 
@@ -113,6 +118,8 @@ const recordBatchOverhead = 61
 // uncompressed: the key, the value, each header's key and value, and the
 // varints around them (at most 5 bytes each for these lengths, 10 for the
 // timestamp delta).
+var colon = []byte(":")
+
 func recordSize(r *kgo.Record) int {
 	n := 1 + 5 + 10 + 5 + 5 + len(r.Key) + 5 + len(r.Value) + 5 // length, attributes, timestamp delta, offset delta, key, value, header count
 	for _, h := range r.Headers {

@@ -26,7 +26,7 @@ type fixture struct {
 	stream jetstream.Stream
 }
 
-func setup(t *testing.T, cfg outboxnats.Config, streamCfg jetstream.StreamConfig) *fixture {
+func setup(t testing.TB, cfg outboxnats.Config, streamCfg jetstream.StreamConfig) *fixture {
 	t.Helper()
 	url := brokertest.NATSURL(t)
 	f := &fixture{prefix: brokertest.Name("outbox")}

@@ -1,7 +1,6 @@
 package nats
 
 import (
-	"encoding/json"
 	"fmt"
 	"strings"
 	"unicode/utf8"
@@ -73,35 +72,32 @@ func subjectError(s string) error {
 // toMsg maps a message onto a NATS message, or says why it can never be
 // published: a reason (a producer.Reason constant) and an error naming the
 // row, the field and the rule. Batches and Send both call it, so both judge a
-// row the same way.
+// row the same way; the message Batches built is kept in m.Prepared, and Send
+// takes it from there rather than decode the row's headers again.
 func toMsg(m *producer.Message) (*natsgo.Msg, string, error) {
-	headers, err := m.DecodeHeaders()
-	if err != nil {
-		return nil, producer.ReasonInvalidMessage, err
+	if msg, ok := m.Prepared.(*natsgo.Msg); ok {
+		return msg, "", nil
 	}
 	msg := natsgo.NewMsg(m.Topic)
 	msg.Data = m.Payload
-	for k, v := range headers {
+	err := m.EachHeader(func(k string, v []byte) error {
 		if err := checkHeaderKey(k); err != nil {
-			return nil, producer.ReasonInvalidMessage, fmt.Errorf("row %d: header %s %w", m.ID, producer.Quote(k), err)
+			return fmt.Errorf("row %d: header %s %w", m.ID, producer.Quote(k), err)
 		}
 		if len(k) >= 5 && strings.EqualFold(k[:5], "nats-") {
 			// Nats-* headers steer JetStream itself (expected sequences,
 			// rollups that purge a stream, TTLs): never from a row.
-			return nil, producer.ReasonInvalidMessage, fmt.Errorf("row %d has header %s: Nats-* headers are reserved for the server", m.ID, producer.Quote(k))
+			return fmt.Errorf("row %d has header %s: Nats-* headers are reserved for the server", m.ID, producer.Quote(k))
 		}
-		s, ok := v.(string)
-		if !ok {
-			j, err := json.Marshal(v)
-			if err != nil {
-				return nil, producer.ReasonInvalidMessage, fmt.Errorf("row %d: header %s: %w", m.ID, producer.Quote(k), err)
-			}
-			s = string(j) // JSON text never holds a raw CR or LF
-		}
+		s := string(v) // JSON text never holds a raw CR or LF
 		if err := checkHeaderValue(s); err != nil {
-			return nil, producer.ReasonInvalidMessage, fmt.Errorf("row %d: value of header %s %w", m.ID, producer.Quote(k), err)
+			return fmt.Errorf("row %d: value of header %s %w", m.ID, producer.Quote(k), err)
 		}
 		msg.Header.Set(k, s)
+		return nil
+	})
+	if err != nil {
+		return nil, producer.ReasonInvalidMessage, err
 	}
 	for _, f := range []struct{ field, header, value string }{
 		{"message_id", "Nats-Msg-Id", m.MessageID},
@@ -116,6 +112,7 @@ func toMsg(m *producer.Message) (*natsgo.Msg, string, error) {
 			msg.Header.Set(f.header, f.value)
 		}
 	}
+	m.Prepared = msg // Batches built it: Send takes it as it is
 	return msg, "", nil
 }
 

@@ -330,12 +330,16 @@ func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 func (p *Producer) publishings(b producer.Batch, frameMax int) ([]amqp.Publishing, error) {
 	pubs := make([]amqp.Publishing, len(b.Messages))
 	var rej producer.Rejections
+	now := time.Now()
 	for i := range b.Messages {
 		pub, reason, err := publishing(&b.Messages[i], p.cfg.MaxMessageBytes, frameMax)
 		if err != nil {
 			rej.Add(b.Messages[i].ID, reason, err)
 			continue
 		}
+		// The row's deadline travels as the time left (RabbitMQ drops the
+		// message from its queues once it passes).
+		pub.Expiration = expiration(b.Messages[i].ExpiresAt, now)
 		pubs[i] = pub
 	}
 	return pubs, rej.Err()

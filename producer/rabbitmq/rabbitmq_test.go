@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -28,7 +29,7 @@ type fixture struct {
 	conn     *amqp.Connection
 }
 
-func setup(t *testing.T, cfg rabbitmq.Config) *fixture {
+func setup(t testing.TB, cfg rabbitmq.Config) *fixture {
 	t.Helper()
 	f := &fixture{url: brokertest.RabbitMQURL(t), exchange: brokertest.Name("outbox_test")}
 	if cfg.URL == "" {
@@ -50,6 +51,17 @@ func setup(t *testing.T, cfg rabbitmq.Config) *fixture {
 		_ = conn.Close()
 	})
 	return f
+}
+
+// bindOnly declares a queue with args bound to routing key topic, which
+// nothing consumes; it goes with the fixture's connection (exclusive).
+func (f *fixture) bindOnly(t testing.TB, topic string, args amqp.Table) {
+	t.Helper()
+	ch, err := f.conn.Channel()
+	require.NoError(t, err)
+	q, err := ch.QueueDeclare("", false, true, true, false, args)
+	require.NoError(t, err)
+	require.NoError(t, ch.QueueBind(q.Name, topic, f.exchange, false, nil))
 }
 
 // bind declares a queue bound to routing key topic and returns a function that
@@ -105,6 +117,24 @@ func TestSendMapsEveryField(t *testing.T) {
 	require.Equal(t, true, d.Headers["ok"])
 	require.Equal(t, "order-42", d.Headers["partition_key"])
 	require.Equal(t, amqp.Table{"a": []any{int64(1), "x"}}, d.Headers["nested"])
+}
+
+// A row's deadline travels as the message's expiration, the time left
+// (RabbitMQ drops a message from its queues once that passes); a row
+// without one has none.
+func TestTheRowsDeadlineTravelsAsTheExpiration(t *testing.T) {
+	t.Parallel()
+	f := setup(t, rabbitmq.Config{})
+	recv := f.bind(t, "ttl", nil)
+	ms := producertest.Messages("ttl", 1, 2)
+	ms[0].ExpiresAt = time.Now().Add(time.Hour)
+	require.NoError(t, f.p.Send(context.Background(), producer.Batch{Topic: "ttl", Messages: ms}))
+	got := recv(2)
+	left, err := strconv.ParseInt(got[0].Expiration, 10, 64)
+	require.NoError(t, err, "expiration %q", got[0].Expiration)
+	require.InDelta(t, time.Hour.Milliseconds(), left, float64(time.Minute.Milliseconds()), "the time left, in milliseconds")
+	require.Empty(t, got[1].Expiration, "no deadline, no expiration")
+
 }
 
 func TestBatchArrivesWholeAndInOrder(t *testing.T) {

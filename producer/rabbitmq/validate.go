@@ -2,6 +2,7 @@ package rabbitmq
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -57,6 +58,11 @@ func (p *Producer) frameMax() int {
 // row, the field, its size and the limit. Batches and Send both call it, so
 // both judge a row the same way.
 func publishing(m *producer.Message, maxMessageBytes, frameMax int) (amqp.Publishing, string, error) {
+	// What Batches built, checked against the frame size of its time: a
+	// connection made since may allow smaller frames.
+	if pre, ok := m.Prepared.(*prepared); ok && pre.headerFrame <= frameMax {
+		return pre.pub, "", nil
+	}
 	if len(m.Payload) > maxMessageBytes {
 		return amqp.Publishing{}, producer.ReasonMessageTooLarge, fmt.Errorf(
 			"row %d: payload of %d bytes is over RabbitMQ's limit of %d (max_message_size)", m.ID, len(m.Payload), maxMessageBytes)
@@ -110,13 +116,43 @@ func publishing(m *producer.Message, maxMessageBytes, frameMax int) (amqp.Publis
 		AppId:         appID,
 		Body:          m.Payload,
 	}
-	if size := headerFrameSize(&pub); size > frameMax {
+	if !m.ExpiresAt.IsZero() {
+		pub.Expiration = longestExpiration // set at the send; the frame counts its longest
+	}
+	size := headerFrameSize(&pub)
+	pub.Expiration = ""
+	if size > frameMax {
 		return amqp.Publishing{}, producer.ReasonMessageTooLarge, fmt.Errorf(
 			"row %d: headers of %d bytes make a content header frame of %d bytes, over the connection's frame_max of %d bytes "+
 				"(AMQP sends the headers in one frame; RabbitMQ would close the connection with FRAME_ERROR)",
 			m.ID, len(m.Headers), size, frameMax)
 	}
+	m.Prepared = &prepared{pub: pub, headerFrame: size}
 	return pub, "", nil
+}
+
+// prepared is a row's publishing as Batches built it (producer.Message's
+// Prepared), so that Send does not decode the row's headers again, with the
+// size of its content header frame. The expiration (the time left) is set
+// at each send.
+type prepared struct {
+	pub         amqp.Publishing
+	headerFrame int
+}
+
+// longestExpiration is the longest expiration a send sets: 292 years, in
+// milliseconds.
+const longestExpiration = "9223372036854"
+
+// expiration returns the AMQP expiration of a message whose deadline is
+// at (RabbitMQ's per-message TTL, in milliseconds as text): the time left,
+// at least 1 ms (0 would let it through only to a consumer waiting at that
+// moment); "" for no deadline.
+func expiration(at, now time.Time) string {
+	if at.IsZero() {
+		return ""
+	}
+	return strconv.FormatInt(max(at.Sub(now).Milliseconds(), 1), 10)
 }
 
 // jsonType names the JSON type a header value came from.

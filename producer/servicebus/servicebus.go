@@ -337,11 +337,19 @@ func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 	}
 	mapped := make([]*azservicebus.Message, len(b.Messages))
 	var rej producer.Rejections
+	now := time.Now()
 	for i := range b.Messages {
 		m, reason, err := toMessage(&b.Messages[i])
 		if err != nil {
 			rej.Add(b.Messages[i].ID, reason, err)
 			continue
+		}
+		// The row's deadline travels as the time left: the entity drops the
+		// message once it passes (at least 1 ms; the service may round it up
+		// to the entity's own minimum).
+		if at := b.Messages[i].ExpiresAt; !at.IsZero() {
+			ttl := max(at.Sub(now), time.Millisecond)
+			m.TimeToLive = &ttl
 		}
 		mapped[i] = m
 	}

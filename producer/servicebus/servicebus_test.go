@@ -169,6 +169,31 @@ func TestSendMapsEveryField(t *testing.T) {
 	require.Nil(t, got.ApplicationProperties)
 }
 
+// A row's deadline travels as the message's time to live, the time left at
+// the send, and a message built by Batches (Message.Prepared) gets its own
+// at each send; a row without one has none.
+func TestTheRowsDeadlineTravelsAsTheTimeToLive(t *testing.T) {
+	t.Parallel()
+	b := setup(1<<20, 100)
+	ms := []producer.Message{
+		{ID: 1, MessageID: "a", Topic: "orders", Payload: []byte("x"), Headers: []byte(`{}`), ExpiresAt: time.Now().Add(time.Hour)},
+		{ID: 2, MessageID: "b", Topic: "orders", Payload: []byte("y"), Headers: []byte(`{}`)},
+	}
+	batches, err := b.p.Batches(context.Background(), "orders", ms)
+	require.NoError(t, err)
+	require.Len(t, batches, 1)
+	require.NoError(t, b.p.Send(context.Background(), batches[0]))
+	got := b.senders["orders"].sent[0]
+	require.NotNil(t, got[0].TimeToLive)
+	require.InDelta(t, time.Hour, *got[0].TimeToLive, float64(time.Minute))
+	require.Nil(t, got[1].TimeToLive)
+
+	batches[0].Messages[0].ExpiresAt = time.Now().Add(-time.Second) // passed since: the least the service takes
+	require.NoError(t, b.p.Send(context.Background(), batches[0]))
+	require.Equal(t, time.Millisecond, *b.senders["orders"].sent[1][0].TimeToLive)
+	require.InDelta(t, time.Hour, *got[0].TimeToLive, float64(time.Minute), "each send has a message of its own")
+}
+
 func TestInvalidHeadersAreMessageClass(t *testing.T) {
 	t.Parallel()
 	b := setup(1<<20, 100)

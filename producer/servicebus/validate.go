@@ -64,6 +64,10 @@ func checkEntity(topic string) error {
 // can never be sent: a reason (a producer.Reason constant) and an error naming
 // the row, the field, its size and the limit. Batches and Send both call it.
 func toMessage(m *producer.Message) (*azservicebus.Message, string, error) {
+	if pm, ok := m.Prepared.(*azservicebus.Message); ok {
+		c := *pm // what Batches built; a send sets its own time to live
+		return &c, "", nil
+	}
 	headers, err := m.DecodeHeaders()
 	if err != nil {
 		return nil, producer.ReasonInvalidMessage, err
@@ -137,7 +141,7 @@ func toMessage(m *producer.Message) (*azservicebus.Message, string, error) {
 				"(64 KB, less %d bytes for the properties the service adds)",
 			m.ID, header, maxHeaderBytes-headerReserve, headerReserve)
 	}
-	return &azservicebus.Message{
+	sb := &azservicebus.Message{
 		MessageID:             &m.MessageID,
 		Body:                  m.Payload,
 		ApplicationProperties: props,
@@ -148,7 +152,10 @@ func toMessage(m *producer.Message) (*azservicebus.Message, string, error) {
 		// whose two differ.
 		SessionID:    optional(m.PartitionKey),
 		PartitionKey: optional(m.PartitionKey),
-	}, "", nil
+	}
+	m.Prepared = sb // Batches built it: Send takes a copy
+	c := *sb
+	return &c, "", nil
 }
 
 // propertySize is an application property's size as encoded: its key and

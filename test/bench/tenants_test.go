@@ -383,12 +383,15 @@ func loadTenant(b *testing.B, pool *pgxpool.Pool, schema, prefix string, n int) 
 // BenchmarkTenantsQuietLatency measures, among 1,000 tenants relayed by one
 // binary, the commit-to-arrival latency of 10 quiet tenants writing 50
 // single-row transactions a second each: first with no other tenant busy,
-// then while tenant_0000 drains a backlog of 1,000,000 rows. Issue 33's goal:
+// then while tenant_0000 drains a backlog of 2,000,000 rows. Issue 33's goal:
 // the quiet tenants' p99 beside the busy one within 1.5 times their p99
-// alone.
+// alone. The issue's backlog is 1,000,000 rows; the fleet drained that much
+// within the 10 s window once a busy tenant's sweep stopped ending at every
+// page it yields, so the busy tenant has twice that, and the benchmark
+// fails if it drains before the window ends.
 func BenchmarkTenantsQuietLatency(b *testing.B) {
 	bin := build(b, "", "cmd/sweeper")
-	const backlog = 1_000_000
+	const backlog = 2_000_000
 	for range b.N {
 		dbURL := tenantDatabase(b, bin)
 		var quiet []outbox.Table
