@@ -42,6 +42,7 @@ type Metrics struct {
 	batchSize       prometheus.Histogram
 	sendDuration    *prometheus.HistogramVec
 	retries         *prometheus.CounterVec
+	resent          *prometheus.CounterVec
 	topicChanges    *prometheus.CounterVec
 	brokerChanges   *prometheus.CounterVec
 	deadByReason    *prometheus.GaugeVec
@@ -63,6 +64,7 @@ var (
 	_ outbox.SendObserver          = (*Metrics)(nil)
 	_ outbox.ExpiryObserver        = (*Metrics)(nil)
 	_ outbox.SweepFailuresObserver = (*Metrics)(nil)
+	_ outbox.ResendObserver        = (*Metrics)(nil)
 )
 
 // New registers the metrics on reg, with Config's defaults.
@@ -107,6 +109,10 @@ func NewWithConfig(reg prometheus.Registerer, cfg Config) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}, []string{"result"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_send_retries_total",
 			Help: "Sends tried again within the same send (--retry-attempts), by the class of the failure retried."}, []string{"topic", "class"}),
+		resent: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_resent_messages_total",
+			Help: "Rows sent again, or left to be, after the broker may have taken them: the duplicates the sweeper knows of, by cause: " +
+				"unknown_outcome (a send that failed after it may have delivered them, and named none delivered) or " +
+				"rolled_back (their page's transaction rolled back after the broker took them)."}, []string{"topic", "cause"}),
 		topicChanges: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_topic_breaker_transitions_total",
 			Help: "Changes of a topic breaker's state, by the state entered: tripped, half-open, closed."}, []string{"topic", "to"}),
 		brokerChanges: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_dependency_circuit_breaker_transitions_total",
@@ -129,7 +135,7 @@ func NewWithConfig(reg prometheus.Registerer, cfg Config) *Metrics {
 			Help: "How many transactions ago the oldest snapshot that holds the vacuum horizon (a session, replication slot or prepared transaction) began (refreshed on a schedule)."}),
 	}
 	m.topics = newTopicLabels(cfg, topicVecs{m.dispatched.MetricVec, m.batches.MetricVec, m.errors.MetricVec,
-		m.deadLettered.MetricVec, m.expired.MetricVec, m.retries.MetricVec, m.topicChanges.MetricVec, m.tripped.MetricVec}.drop)
+		m.deadLettered.MetricVec, m.expired.MetricVec, m.retries.MetricVec, m.resent.MetricVec, m.topicChanges.MetricVec, m.tripped.MetricVec}.drop)
 	m.topicsTracked = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "outbox_metrics_topics",
 		Help: "Topics with series of their own in the per-topic metrics (at most --metrics-max-topics); the others are counted under topic=\"_other\"."},
 		func() float64 { return float64(m.topics.len()) })
@@ -139,7 +145,7 @@ func NewWithConfig(reg prometheus.Registerer, cfg Config) *Metrics {
 	reg.MustRegister(m.topicsTracked, m.activeTopics)
 	reg.MustRegister(m.dispatched, m.batches, m.errors, m.deadLettered, m.expired, m.alertsDropped, m.tripped, m.dependency, m.outstanding,
 		m.oldestAge, m.deadLetters, m.listening, m.sweepDuration, m.dispatchLatency, m.batchSize,
-		m.sendDuration, m.retries, m.topicChanges, m.brokerChanges, m.deadByReason, m.oldestDeadAge, m.buildInfo,
+		m.sendDuration, m.retries, m.resent, m.topicChanges, m.brokerChanges, m.deadByReason, m.oldestDeadAge, m.buildInfo,
 		m.tableBytes, m.tableDeadRows, m.horizonHeld, m.horizonAge, m.sweepsFailing)
 	return m
 }
@@ -171,6 +177,16 @@ func (m *Metrics) BatchSent(_ string, _ int, d time.Duration, err error) {
 // SendRetried implements outbox.SendObserver.
 func (m *Metrics) SendRetried(topic string, class producer.Class) {
 	m.retries.WithLabelValues(m.topics.of(topic), label(class.String())).Inc()
+}
+
+// ResentTotal returns the resent-rows counter of topic and cause.
+func (m *Metrics) ResentTotal(topic, cause string) prometheus.Counter {
+	return m.resent.WithLabelValues(m.labelOf(topic), label(cause))
+}
+
+// Resent implements outbox.ResendObserver.
+func (m *Metrics) Resent(topic, cause string, n int) {
+	m.resent.WithLabelValues(m.topics.of(topic), label(cause)).Add(float64(n))
 }
 
 // BatchDispatched implements outbox.Observer.

@@ -201,6 +201,80 @@ func TestExpiredRowsAreCounted(t *testing.T) {
 	require.Equal(t, 1.0, testutil.ToFloat64(m.Dispatched("late")))
 }
 
+// The duplicates the sweeper knows of are counted by cause: a send that
+// failed after it may have delivered its rows, then sent again (in the call,
+// or as halves); rows the broker took whose page rolled back; and none for
+// a refusal, which delivered nothing.
+func TestResentRowsAreCountedByCause(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	sweep := func(t *testing.T, tbl outbox.Table, prod *memory.Producer, retries int) *metrics.Metrics {
+		m := metrics.New(prometheus.NewRegistry())
+		s, err := outbox.NewSweeper(dbtest.Pool(t), prod, outbox.Config{Table: tbl, Observer: m,
+			Retry: breaker.Retry{Attempts: retries, Initial: time.Millisecond, Max: time.Millisecond}})
+		require.NoError(t, err)
+		_, err = s.Sweep(ctx)
+		require.NoError(t, err)
+		return m
+	}
+	write := func(t *testing.T, tbl outbox.Table, topic string, n int) {
+		w, err := outbox.NewWriter(tbl)
+		require.NoError(t, err)
+		var msgs []outbox.Message
+		for range n {
+			msgs = append(msgs, outbox.Message{Topic: topic, Payload: []byte("x")})
+		}
+		require.NoError(t, w.Write(ctx, dbtest.Pool(t), msgs...))
+	}
+	t.Run("unknown outcome, retried in the call", func(t *testing.T) {
+		t.Parallel()
+		tbl := dbtest.Table(t)
+		write(t, tbl, "a", 4)
+		prod := memory.New(memory.Config{})
+		prod.FailNextCalls(1, producer.NewTransientError("timeout", errors.New("no answer")))
+		m := sweep(t, tbl, prod, 2)
+		require.Equal(t, 4.0, testutil.ToFloat64(m.ResentTotal("a", outbox.ResendUnknownOutcome)))
+		require.Equal(t, 4.0, testutil.ToFloat64(m.Dispatched("a")))
+	})
+	t.Run("unknown outcome, then split", func(t *testing.T) {
+		t.Parallel()
+		tbl := dbtest.Table(t)
+		write(t, tbl, "a", 4)
+		prod := memory.New(memory.Config{})
+		prod.FailNextCalls(1, producer.NewTransientError("timeout", errors.New("no answer")))
+		m := sweep(t, tbl, prod, 1)
+		require.Equal(t, 4.0, testutil.ToFloat64(m.ResentTotal("a", outbox.ResendUnknownOutcome)))
+	})
+	t.Run("a refusal sends nothing twice", func(t *testing.T) {
+		t.Parallel()
+		tbl := dbtest.Table(t)
+		write(t, tbl, "a", 4)
+		prod := memory.New(memory.Config{})
+		prod.FailNextCalls(1, producer.NewTopicError("not_found", errors.New("no entity")))
+		m := sweep(t, tbl, prod, 2)
+		require.Zero(t, testutil.ToFloat64(m.ResentTotal("a", outbox.ResendUnknownOutcome)))
+	})
+	t.Run("rolled back", func(t *testing.T) {
+		t.Parallel()
+		tbl := dbtest.Table(t)
+		write(t, tbl, "a", 6)
+		// The sixth row is refused, and its dead-lettering fails (the
+		// dead-letter table is gone): the page rolls back, and the five
+		// rows the broker took before it are left to be sent again.
+		_, err := dbtest.Pool(t).Exec(ctx, "ALTER TABLE "+tbl.DeadLetterIdent()+" RENAME TO gone_"+tbl.Name)
+		require.NoError(t, err)
+		prod := memory.New(memory.Config{MaxBatch: 5})
+		prod.FailMessage(6, producer.NewMessageError(producer.ReasonInvalidMessage, nil, errors.New("bad")))
+		m := metrics.New(prometheus.NewRegistry())
+		s, err := outbox.NewSweeper(dbtest.Pool(t), prod, outbox.Config{Table: tbl, Observer: m, Concurrency: 1})
+		require.NoError(t, err)
+		_, err = s.Sweep(ctx)
+		require.Error(t, err, "the dead-lettering failed")
+		require.Equal(t, 5.0, testutil.ToFloat64(m.ResentTotal("a", outbox.ResendRolledBack)))
+		require.Equal(t, 6, dbtest.Outstanding(t, tbl))
+	})
+}
+
 // The gauges read on a schedule survive an outstanding row whose created_at
 // is infinite (written before migration 8): its age counts as 0, where the
 // refresh used to fail on it.

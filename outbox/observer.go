@@ -49,6 +49,29 @@ type SendObserver interface {
 	SendRetried(topic string, class producer.Class)
 }
 
+// Causes of ResendObserver.Resent.
+const (
+	// ResendUnknownOutcome: a send failed in a way that may have delivered
+	// its rows (a timeout, a connection lost after the request went, a
+	// cancelled send), and the producer did not say which arrived.
+	ResendUnknownOutcome = "unknown_outcome"
+	// ResendRolledBack: the broker took the rows, and their page's
+	// transaction rolled back (a database error, a failed commit) before
+	// it moved them.
+	ResendRolledBack = "rolled_back"
+)
+
+// ResendObserver is an Observer that also wants the rows the sweeper sends,
+// or will send, a second time after the broker may have taken them: the
+// duplicates the sweeper knows of (a process killed mid-page leaves others
+// that no one counts). The metrics package implements it.
+type ResendObserver interface {
+	Observer
+	// Resent reports n rows of topic sent again, or left to be, for cause
+	// (ResendUnknownOutcome, ResendRolledBack).
+	Resent(topic, cause string, n int)
+}
+
 // ListenObserver is an Observer that also wants to know whether the sweeper's
 // listen connection (wake-up on commit) is up. The metrics package implements it.
 type ListenObserver interface {

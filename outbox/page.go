@@ -93,6 +93,9 @@ type page struct {
 	// left, when set, is told of each row the page's end leaves outstanding
 	// (the sweep's cursor keeps the topic's floor below it).
 	left func(topic string, id int64)
+	// resent, when set, is told how many sent rows of each topic a page
+	// that rolls back leaves to be sent again.
+	resent func(topic string, n int)
 	// last is when the last statement on tx ended; keepAlive reads it.
 	// sending holds when each send in flight began, under mu.
 	last    time.Time
@@ -292,6 +295,7 @@ func (p *page) record() (release func(), err error) {
 func (p *page) end(ctx context.Context) error {
 	if p.err != nil {
 		p.release(ctx)
+		p.lostSent(nil)
 		return p.err
 	}
 	p.stopKeepAlive()
@@ -312,9 +316,32 @@ func (p *page) end(ctx context.Context) error {
 		move = p.s.pageSQL.moveSent
 	}
 	if err := p.tx.commit(endCtx, move, sent); err != nil {
+		p.lostSent(sent)
 		return fmt.Errorf("move a page's %d sent rows of %s to its history (they will be sent again): %w", len(sent), p.s.table, p.s.explain(err))
 	}
 	return nil
+}
+
+// lostSent tells resent of the rows the broker took that a rolled-back page
+// leaves outstanding: sent, or every row of p.sent when nil.
+func (p *page) lostSent(sent []int64) {
+	if p.resent == nil {
+		return
+	}
+	if sent == nil {
+		p.mu.Lock()
+		for id := range p.sent {
+			sent = append(sent, id)
+		}
+		p.mu.Unlock()
+	}
+	byTopic := map[string]int{}
+	for _, id := range sent {
+		byTopic[p.held[id]]++
+	}
+	for topic, n := range byTopic {
+		p.resent(topic, n)
+	}
 }
 
 // release rolls the page back: every row is outstanding as it was.

@@ -37,6 +37,18 @@ func (s *Sweeper) report(o outcome) {
 	}
 }
 
+// resentRolledBack reports n rows of topic the broker took that a rolled
+// back page leaves to be sent again.
+func (s *Sweeper) resentRolledBack(topic string, n int) { s.resent(topic, ResendRolledBack, n) }
+
+// resent tells the observer of n rows of topic sent again, or left to be,
+// after the broker may have taken them.
+func (s *Sweeper) resent(topic, cause string, n int) {
+	if o, ok := s.cfg.Observer.(ResendObserver); ok && n > 0 {
+		o.Resent(topic, cause, n)
+	}
+}
+
 func (s *Sweeper) reportDispatched(b producer.Batch) {
 	now := time.Now()
 	s.activity.add(b.Topic, now, activityCounts{dispatched: len(b.Messages)})

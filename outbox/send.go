@@ -2,7 +2,9 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"time"
 
@@ -169,6 +171,11 @@ func (t *topicSender) sendBatch(b producer.Batch, retry bool) (stop bool, err er
 		}
 
 		named := intersect(b.IDs(), producer.MessageIDs(sendErr))
+		if mayHaveArrived(sendErr) {
+			// Whatever happens to them now, a later send of these rows may
+			// be their second.
+			s.resent(b.Topic, ResendUnknownOutcome, len(b.Messages)-len(named))
+		}
 		f := failure{
 			class:       producer.ClassOf(sendErr),
 			rows:        len(b.Messages),
@@ -302,6 +309,21 @@ func (t *topicSender) succeeded(b producer.Batch) {
 	t.out.add(o)
 }
 
+// mayHaveArrived reports whether a failed send's rows may have reached the
+// broker all the same: a transient failure (a timeout, a nack), a local one
+// (a send cancelled in flight), or a connection lost once it was made. A
+// refusal (topic or message class) or a failed dial sent nothing.
+func mayHaveArrived(err error) bool {
+	switch producer.ClassOf(err) {
+	case producer.ClassTopic, producer.ClassMessage:
+		return false
+	case producer.ClassBroker:
+		var op *net.OpError
+		return !errors.As(err, &op) || op.Op != "dial"
+	}
+	return true
+}
+
 // send sends b within --send-timeout, with the in-call retries if retry is
 // set. delivered lists, in id order, the rows the broker took before a
 // failure (producer.Delivered): a retry sends only the others, and a
@@ -338,8 +360,13 @@ func (s *Sweeper) send(ctx context.Context, b producer.Batch, retry bool) (deliv
 	}
 	if retry {
 		r := s.cfg.Retry
-		if obs != nil {
-			r.OnRetry = func(err error) { obs.SendRetried(b.Topic, producer.ClassOf(err)) }
+		r.OnRetry = func(err error) {
+			if obs != nil {
+				obs.SendRetried(b.Topic, producer.ClassOf(err))
+			}
+			if mayHaveArrived(err) {
+				s.resent(b.Topic, ResendUnknownOutcome, len(b.Messages)) // b: the rows the retry sends
+			}
 		}
 		err = r.Do(sendCtx, try)
 	} else {

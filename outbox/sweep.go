@@ -321,7 +321,7 @@ func (s *Sweeper) pageLane(st *sweepState, ticks *sweepTicks, marks *sweepMarks,
 				return err
 			}
 			if p != nil {
-				p.left = marks.leave
+				p.left, p.resent = marks.leave, s.resentRolledBack
 			}
 			pages, read = 0, make(map[string]bool, window)
 			for _, t := range live[:window] {
