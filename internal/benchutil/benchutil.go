@@ -26,6 +26,12 @@ import (
 // table as a steady-state outbox would be.
 func Load(b testing.TB, tbl outbox.Table, n, payloadSize int, topics []string) {
 	b.Helper()
+	LoadHeaders(b, tbl, n, payloadSize, topics, nil)
+}
+
+// LoadHeaders is Load with headers on every row.
+func LoadHeaders(b testing.TB, tbl outbox.Table, n, payloadSize int, topics []string, headers map[string]any) {
+	b.Helper()
 	w, err := outbox.NewWriter(tbl)
 	if err != nil {
 		b.Fatal(err)
@@ -35,7 +41,7 @@ func Load(b testing.TB, tbl outbox.Table, n, payloadSize int, topics []string) {
 	for i := 0; i < n; i += chunk {
 		msgs := make([]outbox.Message, min(chunk, n-i))
 		for j := range msgs {
-			msgs[j] = outbox.Message{Topic: topics[(i+j)%len(topics)], Payload: payload}
+			msgs[j] = outbox.Message{Topic: topics[(i+j)%len(topics)], Payload: payload, Headers: headers}
 		}
 		if err := w.Write(context.Background(), dbtest.Pool(b), msgs...); err != nil {
 			b.Fatal(err)

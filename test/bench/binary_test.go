@@ -206,3 +206,62 @@ func drain(b *testing.B, bin string, tbl outbox.Table, limit time.Duration, drai
 	}
 	return elapsed
 }
+
+// BenchmarkDrainBinaryHeaders drains 100,000 rows of 512 bytes over 10
+// topics, each row with two headers (a string and a number), through the
+// binary into RabbitMQ, NATS JetStream and Kafka (kfake, a process of its
+// own), and with OUTBOX_BENCH_BASE set alternates it with that revision's
+// binary, run after run, reporting new/base: issue 34's A/B of mapping each
+// row once.
+//
+//	OUTBOX_BENCH_BASE=1cbc9a7 go test -run '^$' -bench DrainBinaryHeaders -benchtime 5x ./test/bench/
+func BenchmarkDrainBinaryHeaders(b *testing.B) {
+	bins := []string{build(b, "", "cmd/sweeper")}
+	if base := os.Getenv("OUTBOX_BENCH_BASE"); base != "" {
+		bins = append(bins, build(b, base, "cmd/sweeper"))
+	}
+	headers := map[string]any{"tenant": "acme", "seq": 12345}
+	for _, t := range []struct {
+		producer string
+		setup    func(b *testing.B, prefix string) (topics, args []string)
+	}{
+		{"rabbitmq", func(b *testing.B, prefix string) ([]string, []string) {
+			url := brokertest.RabbitMQURL(b)
+			topics := benchutil.Topics(prefix, 10)
+			return topics, []string{"--producer", "rabbitmq", "--rabbitmq-url", url, "--rabbitmq-exchange", rabbitTopology(b, url, topics)}
+		}},
+		{"nats", func(b *testing.B, prefix string) ([]string, []string) {
+			url := brokertest.NATSURL(b)
+			return benchutil.NATSStream(b, url, prefix, 10, 20_000), []string{"--producer", "nats", "--nats-url", url}
+		}},
+		{"kafka", func(b *testing.B, prefix string) ([]string, []string) {
+			topics := benchutil.Topics(prefix, 10)
+			addr := brokertest.StartKafka(b, "--topics", strings.Join(topics, ","), "--partitions", "3").Addr
+			return topics, []string{"--producer", "kafka", "--kafka-brokers", addr}
+		}},
+	} {
+		b.Run("producer="+t.producer, func(b *testing.B) {
+			topics, args := t.setup(b, brokertest.Name("headers"))
+			rates := make([][]float64, len(bins))
+			for i := range b.N {
+				for k := range bins {
+					j := (i + k) % len(bins) // alternate which goes first
+					tbl := dbtest.Table(b)
+					benchutil.LoadHeaders(b, tbl, backlog, 512, topics, headers)
+					rates[j] = append(rates[j], float64(backlog)/drain(b, bins[j], tbl, 5*time.Minute, nil, args...).Seconds())
+				}
+			}
+			b.ReportMetric(median(rates[0]), "msg/s")
+			if len(bins) > 1 {
+				ratios := make([]float64, len(rates[0]))
+				for i := range ratios {
+					ratios[i] = rates[0][i] / rates[1][i]
+				}
+				b.ReportMetric(median(rates[1]), "base-msg/s")
+				b.ReportMetric(median(ratios), "new/base")
+				b.Logf("new %.0f\nbase %.0f", rates[0], rates[1])
+			}
+			b.ReportMetric(0, "ns/op")
+		})
+	}
+}
