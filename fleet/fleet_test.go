@@ -293,6 +293,22 @@ func deadLetters(t *testing.T, tbl outbox.Table) int {
 	return n
 }
 
+// waitParked waits until f relays tbls and each of their sweepers parked.
+func waitParked(t *testing.T, f *fleet.Fleet, tbls []outbox.Table) {
+	t.Helper()
+	dbtest.Eventually(t, time.Minute, "every sweeper parked", func() bool {
+		if len(f.Outboxes()) != len(tbls) {
+			return false
+		}
+		for _, tbl := range tbls {
+			if s, _ := f.Sweeper(tbl); !s.Parked() {
+				return false
+			}
+		}
+		return true
+	})
+}
+
 // alerts records the outbox and dead-letter table of each alert.
 type alerts struct {
 	mu     sync.Mutex
@@ -330,17 +346,7 @@ func TestFleetMaintainsOnlyTheTenantsThatMovedRows(t *testing.T) {
 		Reconcile: time.Hour, Maintenance: 100 * time.Millisecond, IdleMaintenance: time.Hour,
 		Probe: outbox.ProbeConfig{Alerter: got, Threshold: 1},
 	})
-	dbtest.Eventually(t, time.Minute, "every sweeper parked", func() bool {
-		if len(f.Outboxes()) != len(tbls) {
-			return false
-		}
-		for _, tbl := range tbls {
-			if s, _ := f.Sweeper(tbl); !s.Parked() {
-				return false
-			}
-		}
-		return true
-	})
+	waitParked(t, f, tbls)
 	// Each write is followed by its own tenant's alert: maintenance rounds
 	// ran meanwhile, and any tenant the start-up sweeps had marked busy
 	// would have been probed in them.
@@ -361,17 +367,7 @@ func TestFleetParksIdleTenantsAndReconciles(t *testing.T) {
 	tbls := tenants(t, base, 3)
 	p := memory.New(memory.Config{})
 	f, _ := newFleet(t, base+"_t*", p, "fleet-"+base, fleet.Options{Reconcile: time.Hour})
-	dbtest.Eventually(t, time.Minute, "every sweeper parked", func() bool {
-		if len(f.Outboxes()) != len(tbls) {
-			return false
-		}
-		for _, tbl := range tbls {
-			if s, _ := f.Sweeper(tbl); !s.Parked() {
-				return false
-			}
-		}
-		return true
-	})
+	waitParked(t, f, tbls)
 	// With reconciliation an hour away, only the notification can wake it.
 	write(t, tbls[1], outbox.Message{Topic: "orders", Payload: []byte("woken")})
 	dbtest.Eventually(t, 30*time.Second, "the row delivered on its notification", func() bool { return len(p.Messages()) == 1 })

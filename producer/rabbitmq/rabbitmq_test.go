@@ -53,27 +53,25 @@ func setup(t testing.TB, cfg rabbitmq.Config) *fixture {
 	return f
 }
 
-// bindOnly declares a queue with args bound to routing key topic, which
-// nothing consumes; it goes with the fixture's connection (exclusive).
-func (f *fixture) bindOnly(t testing.TB, topic string, args amqp.Table) {
+// bindOnly declares a queue with args bound to routing key topic, and
+// returns the channel and the queue's name; the queue goes with the
+// fixture's connection (exclusive).
+func (f *fixture) bindOnly(t testing.TB, topic string, args amqp.Table) (*amqp.Channel, string) {
 	t.Helper()
 	ch, err := f.conn.Channel()
 	require.NoError(t, err)
 	q, err := ch.QueueDeclare("", false, true, true, false, args)
 	require.NoError(t, err)
 	require.NoError(t, ch.QueueBind(q.Name, topic, f.exchange, false, nil))
+	return ch, q.Name
 }
 
 // bind declares a queue bound to routing key topic and returns a function that
 // waits for n deliveries and returns them.
 func (f *fixture) bind(t *testing.T, topic string, args amqp.Table) func(n int) []amqp.Delivery {
 	t.Helper()
-	ch, err := f.conn.Channel()
-	require.NoError(t, err)
-	q, err := ch.QueueDeclare("", false, true, true, false, args)
-	require.NoError(t, err)
-	require.NoError(t, ch.QueueBind(q.Name, topic, f.exchange, false, nil))
-	deliveries, err := ch.Consume(q.Name, "", true, true, false, false, nil)
+	ch, q := f.bindOnly(t, topic, args)
+	deliveries, err := ch.Consume(q, "", true, true, false, false, nil)
 	require.NoError(t, err)
 	return func(n int) []amqp.Delivery {
 		t.Helper()
