@@ -3,7 +3,9 @@ package test
 import (
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -235,4 +237,33 @@ func TestDatabasesFileIsReadAgainOnSIGHUP(t *testing.T) {
 	dbtest.Eventually(t, time.Minute, "the added database's row", printed("third"))
 	require.Equal(t, 0, p.terminate(t, time.Minute))
 	require.NotContains(t, p.Stderr(), " ERR ")
+}
+
+// With --schemas, the connection budget's pool is exported as a relay of
+// one exports its own (outbox_db_pool_*): its size is --max-connections
+// less the LISTEN session.
+func TestSchemasExportTheBudgetsPool(t *testing.T) {
+	t.Parallel()
+	base := dbtest.Schema(t)
+	for i := range 2 {
+		s := fmt.Sprintf("%s_t%d", base, i)
+		_, err := dbtest.Pool(t).Exec(context.Background(), "CREATE SCHEMA "+pgx.Identifier{s}.Sanitize())
+		require.NoError(t, err)
+		t.Cleanup(func() {
+			_, _ = dbtest.Pool(t).Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{s}.Sanitize()+" CASCADE")
+		})
+	}
+	code, out, errOut := runOnce(t, "migrate", "--database-url", dbtest.URL(t), "--schemas", base+"_t*")
+	require.Equal(t, 0, code, "%s%s", out, errOut)
+	addr := fmt.Sprintf("127.0.0.1:%d", dbtest.FreePort(t))
+	p := start(t, nil, "run", "--database-url", dbtest.URL(t), "--schemas", base+"_t*", "--max-connections", "6",
+		"--producer", "stdout", "--admin-addr", addr)
+	dbtest.Eventually(t, 2*time.Minute, "ready", func() bool { return readyz(addr) == http.StatusOK })
+	resp, err := http.Get("http://" + addr + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Contains(t, string(body), "\noutbox_db_pool_max_connections 5\n")
+	require.Equal(t, 0, p.terminate(t, time.Minute))
 }

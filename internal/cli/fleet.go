@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outbox-sweeper/sweeper/admin"
 	"github.com/outbox-sweeper/sweeper/alert"
@@ -54,7 +55,7 @@ func (o *fleetOptions) register(f *flags) {
 // runFleet is the run command with --schemas: a fleet over every matching
 // schema's outbox, in place of a relay of one.
 func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, adminCfg admin.Config, poolCfg *pgxpool.Config,
-	logger *slog.Logger, m *metrics.Metrics, alerter, syncAlerter alert.Alerter, tick time.Duration, out io.Writer) error {
+	logger *slog.Logger, reg prometheus.Registerer, m *metrics.Metrics, alerter, syncAlerter alert.Alerter, tick time.Duration, out io.Writer) error {
 	switch {
 	case o.databasesFile != "" && f.set("database-url"):
 		return usagef("%s and %s both name databases: give one", f.origin("database-url"), f.origin("databases-file"))
@@ -120,6 +121,9 @@ func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, 
 		return fmt.Errorf("database pool: %w", err)
 	}
 	defer pool.Close()
+	// The budget's use, as for a relay of one (outbox_db_pool_*). With
+	// --databases-file each database has a pool of its own, not exported.
+	metrics.RegisterPool(reg, pool)
 	fl, err := fleet.New(pool, p, opts)
 	if err != nil {
 		if _, ok := errors.AsType[*outbox.ConfigError](err); ok {
