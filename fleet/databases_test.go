@@ -72,13 +72,7 @@ func TestDatabasesRelayEveryListedDatabase(t *testing.T) {
 		Recheck: time.Hour, // only Reload reads the list again
 	})
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
+	start(t, d)
 	relaying := func(u string, tenants int) func() bool {
 		return func() bool {
 			f, ok := d.Fleet(name(u))
@@ -155,13 +149,7 @@ func TestDatabasesGoOnPastABadDatabaseAndAnUnreadableList(t *testing.T) {
 		Recheck: time.Hour,
 	})
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
+	start(t, d)
 	dbtest.Eventually(t, time.Minute, "the missing database's listing failing, logged", func() bool {
 		return strings.Contains(l.String(), "listing the tenant schemas failed")
 	})

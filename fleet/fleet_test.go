@@ -77,8 +77,8 @@ func migrate(url string, tbl outbox.Table) error {
 // logs is a log sink a test can read while the fleet writes to it.
 type logs = syncbuf.Buffer
 
-// start runs f until the test ends.
-func start(t *testing.T, f *fleet.Fleet) {
+// start runs f (a Fleet or Databases) until the test ends.
+func start(t *testing.T, f interface{ Run(context.Context) error }) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -70,6 +70,9 @@ func (s *Sweeper) expiredWhy(m *producer.Message, now time.Time) string {
 // whose broker has a per-message time to live (RabbitMQ, Service Bus)
 // passes on the time left, whichever deadline it is.
 func (s *Sweeper) deadline(msgs []producer.Message) {
+	if !s.cfg.expiresByAge() {
+		return // the rows' own deadlines stand as they are
+	}
 	for i := range msgs {
 		m := &msgs[i]
 		if age := s.cfg.maxAge(m.Topic); age > 0 {

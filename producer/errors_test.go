@@ -99,3 +99,36 @@ func TestPinOnNamesOnlyUnnamedMessageErrors(t *testing.T) {
 	require.Equal(t, topic, producer.PinOn(topic, 1), "other classes are left alone")
 	require.NoError(t, producer.PinOnLargest(nil, b))
 }
+
+// WithDelivered adds the rows the broker took to any error, keeping its
+// class, reason and named rows; Delivered finds them through the wrapping
+// producers add (PinOn, fmt.Errorf), and says none for an error without.
+func TestWithDelivered(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, producer.WithDelivered(nil, []int64{1}))
+	plain := errors.New("timeout")
+	require.Same(t, plain, producer.WithDelivered(plain, nil), "no rows: the error as it is")
+	require.Nil(t, producer.Delivered(plain))
+
+	err := producer.WithDelivered(plain, []int64{1, 2})
+	require.Equal(t, producer.ClassTransient, producer.ClassOf(err))
+	require.Equal(t, []int64{1, 2}, producer.Delivered(err))
+	require.ErrorIs(t, err, plain)
+
+	refused := producer.NewMessageError(producer.ReasonMessageTooLarge, []int64{3}, errors.New("too large"))
+	err = producer.WithDelivered(producer.WithDelivered(refused, []int64{1}), []int64{2})
+	require.Equal(t, producer.ClassMessage, producer.ClassOf(err))
+	require.Equal(t, producer.ReasonMessageTooLarge, producer.ReasonOf(err))
+	require.Equal(t, []int64{3}, producer.MessageIDs(err))
+	require.Equal(t, []int64{1, 2}, producer.Delivered(err))
+	require.Nil(t, producer.Delivered(refused), "the error given is not changed")
+
+	wrapped := producer.WithDelivered(fmt.Errorf("send: %w", refused), []int64{4})
+	require.Equal(t, producer.ClassMessage, producer.ClassOf(wrapped))
+	require.Equal(t, []int64{3}, producer.MessageIDs(wrapped))
+	require.Equal(t, []int64{4}, producer.Delivered(wrapped))
+
+	pinned := producer.PinOn(producer.WithDelivered(producer.NewMessageError("too_large", nil, errors.New("x")), []int64{5}), 6)
+	require.Equal(t, []int64{6}, producer.MessageIDs(pinned))
+	require.Equal(t, []int64{5}, producer.Delivered(pinned), "found under PinOn's wrapping")
+}

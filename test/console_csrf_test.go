@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -50,8 +49,7 @@ Promise.allSettled(calls).then((rs) => { document.title = "done " + rs.map((r) =
 // those of "x"), and trips and resets the topic ".".
 func TestConsoleRefusesOtherSitesAndStillActs(t *testing.T) {
 	t.Parallel()
-	chromium, err := exec.LookPath("chromium")
-	require.NoError(t, err, "Debian's chromium runs the console's browser test; .ci/run installs it (apt-get install chromium)")
+	chromium := chromiumPath(t)
 
 	tbl := migrated(t)
 	ctx := context.Background()
@@ -115,14 +113,7 @@ func TestConsoleRefusesOtherSitesAndStillActs(t *testing.T) {
 	}))
 	defer attacker.Close()
 
-	alloc, cancelAlloc := chromedp.NewExecAllocator(ctx, append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(chromium), chromedp.NoSandbox, chromedp.WindowSize(1280, 900))...)
-	defer cancelAlloc()
-	browser, cancelBrowser := chromedp.NewContext(alloc)
-	defer cancelBrowser()
-	// Start the browser and its tab on the browser's own context: started by a
-	// step's shorter context, they would close with it.
-	require.NoError(t, chromedp.Do(browser))
+	browser := newBrowser(t, chromium)
 	step := func(what string, actions ...chromedp.Action[chromedp.Void]) {
 		t.Helper()
 		sctx, cancel := context.WithTimeout(browser, 2*time.Minute)

@@ -25,6 +25,41 @@ import (
 	"github.com/outbox-sweeper/sweeper/producer/memory"
 )
 
+// chromiumPath returns Debian's chromium, which the browser tests drive.
+func chromiumPath(t *testing.T) string {
+	t.Helper()
+	chromium, err := exec.LookPath("chromium")
+	require.NoError(t, err, "Debian's chromium runs the console's browser test; .ci/run installs it (apt-get install chromium)")
+	return chromium
+}
+
+// newBrowser starts chromium headless and returns its tab's context; it
+// closes when the test ends. The browser starts here, under that context:
+// started by a step's, whose timeout is shorter, it would close with it.
+func newBrowser(t *testing.T, chromium string) context.Context {
+	t.Helper()
+	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromium), chromedp.NoSandbox, chromedp.WindowSize(1280, 900))...)
+	browser, cancelBrowser := chromedp.NewContext(alloc)
+	t.Cleanup(func() { cancelBrowser(); cancelAlloc() })
+	require.NoError(t, chromedp.Do(browser))
+	return browser
+}
+
+// postAdmin posts body to the admin API at url with the tests' token, and
+// requires a 200.
+func postAdmin(t *testing.T, url, body string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer t0ken")
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, 200, resp.StatusCode)
+}
+
 // The console in a real browser (Debian's headless Chromium, driven with
 // chromedp) against the binary: sign in, see a tripped topic whose name is an
 // HTML tag rendered as text (no dialog ever opens), reset it from the page
@@ -36,8 +71,7 @@ import (
 // a directory.
 func TestConsoleInABrowser(t *testing.T) {
 	t.Parallel()
-	chromium, err := exec.LookPath("chromium")
-	require.NoError(t, err, "Debian's chromium runs the console's browser test; .ci/run installs it (apt-get install chromium)")
+	chromium := chromiumPath(t)
 
 	tbl := migrated(t)
 	// Dead letters: rows a library sweeper's producer refuses.
@@ -59,21 +93,10 @@ func TestConsoleInABrowser(t *testing.T) {
 		// A tripped topic stays tripped until reset, however slow the browser.
 		"--topic-cooldown-ticks", "100000", "--topic-cooldown-max-ticks", "100000")
 	const xss = `<img src=x onerror=alert(1)>`
-	req, err := http.NewRequest(http.MethodPost, base+"/topics/"+url.PathEscape(xss)+"/trip", strings.NewReader(`{"reason":"<b>not bold</b>"}`))
-	require.NoError(t, err)
-	req.Header.Set("Authorization", "Bearer t0ken")
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	resp.Body.Close()
-	require.Equal(t, 200, resp.StatusCode)
+	postAdmin(t, base+"/topics/"+url.PathEscape(xss)+"/trip", `{"reason":"<b>not bold</b>"}`)
 	writeOne(t, tbl, outbox.Message{Topic: xss, Payload: []byte("x")})
 
-	alloc, cancelAlloc := chromedp.NewExecAllocator(ctx, append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(chromium), chromedp.NoSandbox, chromedp.WindowSize(1280, 900))...)
-	defer cancelAlloc()
-	browser, cancelBrowser := chromedp.NewContext(alloc)
-	defer cancelBrowser()
+	browser := newBrowser(t, chromium)
 	var dialogs atomic.Int32
 	require.NoError(t, chromedp.Listen(browser, func(ev any) {
 		if _, ok := ev.(*page.EventJavascriptDialogOpening); ok {
@@ -183,8 +206,7 @@ func TestConsoleInABrowser(t *testing.T) {
 // /outboxes/{schema}/ (its files and calls relative to it).
 func TestFleetConsoleInABrowser(t *testing.T) {
 	t.Parallel()
-	chromium, err := exec.LookPath("chromium")
-	require.NoError(t, err, "Debian's chromium runs the console's browser test; .ci/run installs it (apt-get install chromium)")
+	chromium := chromiumPath(t)
 	base := dbtest.Schema(t)
 	var tbls []outbox.Table
 	for i := range 3 {
@@ -204,25 +226,9 @@ func TestFleetConsoleInABrowser(t *testing.T) {
 	})
 	const xss = `<img src=x onerror=alert(1)>`
 	troubled := tbls[1]
-	req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/outboxes/"+troubled.Schema+"/topics/"+url.PathEscape(xss)+"/trip",
-		strings.NewReader(`{"reason":"by the test"}`))
-	require.NoError(t, err)
-	req.Header.Set("Authorization", "Bearer t0ken")
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	resp.Body.Close()
-	require.Equal(t, 200, resp.StatusCode)
+	postAdmin(t, "http://"+addr+"/outboxes/"+troubled.Schema+"/topics/"+url.PathEscape(xss)+"/trip", `{"reason":"by the test"}`)
 
-	ctx := context.Background()
-	alloc, cancelAlloc := chromedp.NewExecAllocator(ctx, append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(chromium), chromedp.NoSandbox, chromedp.WindowSize(1280, 900))...)
-	defer cancelAlloc()
-	browser, cancelBrowser := chromedp.NewContext(alloc)
-	defer cancelBrowser()
-	// The browser starts under the context of the first call: under
-	// browser's, not a step's timeout, whose end would close it.
-	require.NoError(t, chromedp.Do(browser))
+	browser := newBrowser(t, chromium)
 	wait := func(expr string) chromedp.Action[chromedp.Void] {
 		return chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingTimeout(2*time.Minute))
 	}

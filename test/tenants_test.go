@@ -23,6 +23,23 @@ import (
 	"github.com/outbox-sweeper/sweeper/outbox"
 )
 
+// tenantSchemas creates n empty schemas base_t000 to base_t<n-1>, dropped at
+// cleanup, and returns their outbox tables (not migrated).
+func tenantSchemas(t *testing.T, base string, n int) []outbox.Table {
+	t.Helper()
+	var tbls []outbox.Table
+	for i := range n {
+		s := fmt.Sprintf("%s_t%03d", base, i)
+		_, err := dbtest.Pool(t).Exec(context.Background(), "CREATE SCHEMA "+pgx.Identifier{s}.Sanitize())
+		require.NoError(t, err)
+		t.Cleanup(func() {
+			_, _ = dbtest.Pool(t).Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{s}.Sanitize()+" CASCADE")
+		})
+		tbls = append(tbls, outbox.Table{Schema: s, Name: "outbox"})
+	}
+	return tbls
+}
+
 // Two processes of the binary relay 200 tenant schemas (migrated by `migrate
 // --schemas`) into RabbitMQ under {schema}.{topic}, while the application
 // writes into 20 of them and one process is killed with SIGKILL three times:
@@ -42,16 +59,7 @@ func TestSchemasRelayTenantsThroughRabbitMQAcrossKills(t *testing.T) {
 	)
 	ctx := context.Background()
 	base := dbtest.Schema(t)
-	var tbls []outbox.Table
-	for i := range tenants {
-		s := fmt.Sprintf("%s_t%03d", base, i)
-		_, err := dbtest.Pool(t).Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{s}.Sanitize())
-		require.NoError(t, err)
-		t.Cleanup(func() {
-			_, _ = dbtest.Pool(t).Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{s}.Sanitize()+" CASCADE")
-		})
-		tbls = append(tbls, outbox.Table{Schema: s, Name: "outbox"})
-	}
+	tbls := tenantSchemas(t, base, tenants)
 	code, out, errOut := runOnce(t, "migrate", "--database-url", dbtest.URL(t), "--schemas", base+"_t*")
 	require.Equal(t, 0, code, "migrate --schemas: %s%s", out, errOut)
 	require.Contains(t, out, fmt.Sprintf("%d schemas matching %q migrated", tenants, base+"_t*"))
@@ -245,14 +253,7 @@ func TestDatabasesFileIsReadAgainOnSIGHUP(t *testing.T) {
 func TestSchemasExportTheBudgetsPool(t *testing.T) {
 	t.Parallel()
 	base := dbtest.Schema(t)
-	for i := range 2 {
-		s := fmt.Sprintf("%s_t%d", base, i)
-		_, err := dbtest.Pool(t).Exec(context.Background(), "CREATE SCHEMA "+pgx.Identifier{s}.Sanitize())
-		require.NoError(t, err)
-		t.Cleanup(func() {
-			_, _ = dbtest.Pool(t).Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{s}.Sanitize()+" CASCADE")
-		})
-	}
+	tenantSchemas(t, base, 2)
 	code, out, errOut := runOnce(t, "migrate", "--database-url", dbtest.URL(t), "--schemas", base+"_t*")
 	require.Equal(t, 0, code, "%s%s", out, errOut)
 	addr := fmt.Sprintf("127.0.0.1:%d", dbtest.FreePort(t))

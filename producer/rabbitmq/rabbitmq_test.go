@@ -176,6 +176,7 @@ func TestNackIsTransient(t *testing.T) {
 	require.Equal(t, producer.ClassTransient, producer.ClassOf(err), "%v", err)
 	require.Equal(t, "nacked", producer.ReasonOf(err))
 	require.ErrorContains(t, err, "nacked 2 of 3 messages")
+	require.Equal(t, []int64{1}, producer.Delivered(err), "the message the queue took is named delivered; the sweeper sends only the nacked again")
 }
 
 func TestInvalidHeadersAreMessageClass(t *testing.T) {
