@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -408,19 +409,25 @@ func TestARefusalInOnePartitionNamesWhatTheOthersWrote(t *testing.T) {
 	partition := func(m producer.Message) int {
 		return parts.Partition(&kgo.Record{Key: []byte(m.PartitionKey)}, 3)
 	}
+	// franz-go may cut a partition's records into more than one record
+	// batch: those of the refused partition in a batch before the large
+	// record's are written too, and named delivered as well.
 	refused := partition(ms[13])
+	delivered := producer.Delivered(err)
 	var want []int64
 	var rest []producer.Message
 	for _, m := range ms {
 		switch {
 		case partition(m) != refused:
 			want = append(want, m.ID)
-		case m.ID != 15:
+		case m.ID != 15 && !slices.Contains(delivered, m.ID):
 			rest = append(rest, m)
 		}
 	}
 	require.NotEmpty(t, want, "the keys fall in more than one partition")
-	require.Equal(t, want, producer.Delivered(err), "the records of the partitions that wrote theirs: %v", err)
+	require.Subset(t, delivered, want, "the records of the partitions that wrote theirs: %v", err)
+	require.NotContains(t, delivered, int64(15), "the refused record is not delivered")
+	require.True(t, slices.IsSorted(delivered))
 
 	// The sweeper sends the rest again, cut until the refused row stands
 	// alone; a consumer then counts every other row exactly once.
