@@ -684,7 +684,9 @@ type member struct {
 	stop      context.CancelFunc
 	// touched says a sweep moved rows since the last maintenance of the
 	// outbox; maintained is when that was (maintain's goroutine alone).
-	touched    atomic.Bool
+	touched atomic.Bool
+	// resumed says the sweep's turn is a resuming one (turns).
+	resumed    atomic.Bool
 	maintained time.Time
 	// inserted is the outbox table's insert count at the last
 	// reconciliation, counted whether there was one (under the fleet's mu).
@@ -701,50 +703,23 @@ func (m *member) signal() {
 
 func (m *member) Wake() <-chan struct{} { return m.wake }
 
-func (m *member) Take(ctx context.Context) (func(outbox.SweepResult), error) {
-	if err := m.fleet.turns.take(ctx); err != nil {
+func (m *member) Take(ctx context.Context, resume bool) (func(outbox.SweepResult), error) {
+	if err := m.fleet.turns.take(ctx, resume); err != nil {
 		return nil, err
 	}
-	return m.done, nil
+	m.resumed.Store(resume)
+	return func(res outbox.SweepResult) { m.done(resume, res) }, nil
 }
 
 // done ends a sweep's turn. Only a sweep that moved rows makes the outbox's
 // maintenance due: the sweeps that find nothing (every outbox's first, the
 // cursor's rereads after it, a reconciliation's false alarm) would otherwise
 // run retention and the probe of a thousand idle tenants at once.
-func (m *member) done(res outbox.SweepResult) {
-	m.fleet.turns.release()
+func (m *member) done(resume bool, res outbox.SweepResult) {
+	m.fleet.turns.release(resume)
 	if res.Dispatched > 0 || res.DeadLettered > 0 || res.FailedBatches > 0 {
 		m.touched.Store(true)
 	}
 }
 
-func (m *member) Waiting() bool { return m.fleet.turns.waiting.Load() > 0 }
-
-// turns bounds the sweeps at once. Its slots are a buffered channel, whose
-// waiting senders Go queues in order: the first to wait is the first served,
-// so a busy outbox that yields goes behind the quiet ones that waited.
-type turns struct {
-	slots   chan struct{}
-	waiting atomic.Int64
-}
-
-func newTurns(n int) *turns { return &turns{slots: make(chan struct{}, n)} }
-
-func (t *turns) take(ctx context.Context) error {
-	select {
-	case t.slots <- struct{}{}:
-		return nil
-	default:
-	}
-	t.waiting.Add(1)
-	defer t.waiting.Add(-1)
-	select {
-	case t.slots <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func (t *turns) release() { <-t.slots }
+func (m *member) Waiting() bool { return m.fleet.turns.busy(m.resumed.Load()) }

@@ -68,6 +68,7 @@ func (r *SweepResult) merge(o SweepResult) {
 	addCounts(r.counts(), o.counts())
 	r.FailedTopics = append(r.FailedTopics, o.FailedTopics...)
 	r.Blocked = r.Blocked || o.Blocked
+	r.more = r.more || o.more
 	if o.due.After(r.due) {
 		r.due = o.due
 	}

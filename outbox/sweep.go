@@ -384,17 +384,19 @@ func (s *Sweeper) pageLane(st *sweepState, ticks *sweepTicks, marks *sweepMarks,
 			if err != nil {
 				return err
 			}
-			if s.yielding() {
-				// Other outboxes wait: this one's next page comes at its
-				// next turn, behind theirs. The sweep goes on from where it
-				// is: ending it would list the topics again, and run a
-				// tick's expiry pass, at every page of a busy tenant.
+			if len(live) > 0 && s.yielding() {
+				// Other outboxes want a turn: this one's next page comes at
+				// its next turn, behind theirs. The sweep goes on from where
+				// it is: ending it would list the topics again, and run a
+				// tick's expiry pass, at every page of a busy tenant. A
+				// sweep with nothing left ends instead, its turn given back.
 				if st.yield == nil || !st.yield(*res) {
 					break
 				}
 			}
 		}
 		if ticks.tick(res) {
+			res.more = len(live) > 0 // the span ran out mid-drain
 			break
 		}
 	}

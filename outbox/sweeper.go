@@ -46,6 +46,9 @@ type SweepResult struct {
 	// due is when the next tick comes, when the sweep did ticks' work as it
 	// read on past them (zero: the tick it was given).
 	due time.Time
+	// more says the sweep ended with topics still holding rows to read: its
+	// span ran out mid-drain. The next sweep resumes the drain (Host.Take).
+	more bool
 }
 
 // Host is what a sweeper gets from a process that runs the sweepers of many
@@ -66,13 +69,17 @@ type Host interface {
 	// once, so that the connections they hold (each up to three) never
 	// exceed its pool; the result tells it which outboxes moved rows, the
 	// ones whose maintenance is due (an idle or failed sweep moved none).
-	Take(ctx context.Context) (done func(SweepResult), err error)
-	// Waiting reports whether other sweepers wait for a turn. A sweep then
-	// claims no page ahead, and after its page transaction gives its turn
-	// back and takes its next one behind them, rows left or not: pages are
-	// shared among busy outboxes as a page is shared among topics. The
-	// sweep itself goes on (its listing of topics holds), so a busy outbox
-	// pays for one listing, not one a page.
+	// resume says the sweep gave its turn back between pages and goes on:
+	// the host may put it behind sweeps that are starting, so that a quiet
+	// outbox's few rows do not wait for, nor run beside, a drain's pages.
+	Take(ctx context.Context, resume bool) (done func(SweepResult), err error)
+	// Waiting reports whether the sweep, having sent a page, should let
+	// other sweeps go first: others wait for a turn, or are starting. A
+	// sweep then claims no page ahead, and after its page transaction, with
+	// rows left, gives its turn back and takes it again with resume set:
+	// pages are shared among busy outboxes as a page is shared among
+	// topics. The sweep itself goes on (its listing of topics holds), so a
+	// busy outbox pays for one listing, not one a page.
 	Waiting() bool
 }
 
@@ -247,6 +254,9 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		"concurrency", s.cfg.Concurrency, "ordering", string(s.cfg.Ordering), "notify", host != nil || !s.cfg.DisableNotify)
 	next := time.Now()
 	var st stayAwake
+	// draining says the last sweep ended mid-drain: the next takes its turn
+	// as a drain's, behind sweeps that start (Host.Take).
+	draining := false
 	for {
 		// While sweeps fail, only the backoff decides when to try again.
 		woken := wake
@@ -273,7 +283,7 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		done := func(SweepResult) {}
 		if host != nil {
 			var err error
-			if done, err = host.Take(ctx); err != nil {
+			if done, err = host.Take(ctx, draining); err != nil {
 				s.logger.Debug("sweeper stopped")
 				return nil // ctx is done
 			}
@@ -298,7 +308,7 @@ func (s *Sweeper) Run(ctx context.Context) error {
 			yield = func(sofar SweepResult) bool {
 				done(sofar)
 				s.busySince.Store(0)
-				next, err := host.Take(ctx)
+				next, err := host.Take(ctx, true)
 				if err != nil {
 					done = func(SweepResult) {} // the turn was given back
 					return false
@@ -310,6 +320,7 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		}
 		res, err := s.sweep(ctx, work, due, tick, yield)
 		done(res)
+		draining = err == nil && res.more
 		s.parked.Store(host != nil && err == nil && res.Idle)
 		if awake != nil {
 			// A notification that came during the sweep says commits come

@@ -1,0 +1,173 @@
+package fleet
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// takeAsync starts take(ctx, resume) and returns a channel that gets its error.
+func takeAsync(ctx context.Context, t *turns, resume bool) <-chan error {
+	out := make(chan error, 1)
+	go func() { out <- t.take(ctx, resume) }()
+	return out
+}
+
+// queued waits until n sweeps wait in t's queue.
+func queued(tb testing.TB, t *turns, n int) {
+	tb.Helper()
+	require.Eventually(tb, func() bool {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		return len(t.queue) == n
+	}, 10*time.Second, time.Millisecond, "%d sweeps waiting for a turn", n)
+}
+
+func granted(tb testing.TB, c <-chan error, what string) {
+	tb.Helper()
+	select {
+	case err := <-c:
+		require.NoError(tb, err, what)
+	case <-time.After(10 * time.Second):
+		tb.Fatalf("%s: no turn", what)
+	}
+}
+
+func notGranted(tb testing.TB, c <-chan error, what string) {
+	tb.Helper()
+	select {
+	case err := <-c:
+		tb.Fatalf("%s: took a turn (err %v)", what, err)
+	default:
+	}
+}
+
+// A starting sweep goes before a resuming one that waited first, and a
+// resuming one does not take a free turn while a starting sweep runs.
+func TestTurnsStartingSweepsGoFirst(t *testing.T) {
+	tr := newTurns(2)
+	tr.hold = time.Hour
+	ctx := context.Background()
+	require.NoError(t, tr.take(ctx, true))  // a drain's page
+	require.NoError(t, tr.take(ctx, false)) // a quiet outbox
+	resumed := takeAsync(ctx, tr, true)
+	queued(t, tr, 1)
+	starting := takeAsync(ctx, tr, false)
+	queued(t, tr, 2)
+
+	tr.release(true) // the drain's page ends: the starting sweep goes, not the drain
+	granted(t, starting, "the starting sweep")
+	queued(t, tr, 1)
+	notGranted(t, resumed, "the resuming sweep beside two starting ones")
+
+	tr.release(false) // a turn is free, and a starting sweep still runs
+	queued(t, tr, 1)
+	notGranted(t, resumed, "the resuming sweep beside a starting one")
+	require.True(t, tr.busy(false), "a starting sweep with a page sent sees the drain waiting")
+
+	tr.release(false) // no starting sweep left
+	granted(t, resumed, "the resuming sweep once no starting sweep runs")
+	require.False(t, tr.busy(true), "the drain alone needs to give nothing back")
+}
+
+// A resuming sweep that has waited its hold takes a free turn though
+// starting sweeps run: a stream of quiet outboxes slows a drain, and never
+// stops it.
+func TestTurnsResumingSweepGoesAfterItsHold(t *testing.T) {
+	tr := newTurns(2)
+	tr.hold = 20 * time.Millisecond
+	ctx := context.Background()
+	require.NoError(t, tr.take(ctx, false))
+	resumed := takeAsync(ctx, tr, true)
+	granted(t, resumed, "the resuming sweep after its hold")
+	require.True(t, tr.busy(true), "the drain sees the starting sweep running")
+	require.False(t, tr.busy(false), "the starting sweep gives nothing back to a drain")
+}
+
+// A sweep whose context ends while it waits leaves the queue, and those it
+// held back go.
+func TestTurnsCanceledWaiterLeavesTheQueue(t *testing.T) {
+	tr := newTurns(1)
+	tr.hold = time.Hour
+	ctx := context.Background()
+	require.NoError(t, tr.take(ctx, false))
+	cctx, cancel := context.WithCancel(ctx)
+	canceled := takeAsync(cctx, tr, false)
+	resumed := takeAsync(ctx, tr, true)
+	queued(t, tr, 2)
+	cancel()
+	select {
+	case err := <-canceled:
+		require.ErrorIs(t, err, context.Canceled)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the canceled take did not return")
+	}
+	queued(t, tr, 1)
+	tr.release(false)
+	granted(t, resumed, "the resuming sweep behind the canceled one")
+	tr.release(true)
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	require.Equal(t, 1, tr.free)
+	require.Zero(t, tr.starting)
+}
+
+// However sweeps of both kinds come and go, no more than n hold a turn at
+// once, and every one gets its turn.
+func TestTurnsNeverExceedTheirCount(t *testing.T) {
+	const n = 3
+	tr := newTurns(n)
+	tr.hold = time.Millisecond
+	var held, most atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 16 {
+		wg.Go(func() {
+			for i := range 200 {
+				resume := (g+i)%3 == 0
+				require.NoError(t, tr.take(context.Background(), resume))
+				h := held.Add(1)
+				for {
+					m := most.Load()
+					if h <= m || most.CompareAndSwap(m, h) {
+						break
+					}
+				}
+				_ = tr.busy(resume)
+				held.Add(-1)
+				tr.release(resume)
+			}
+		})
+	}
+	wg.Wait()
+	require.LessOrEqual(t, most.Load(), int64(n))
+	require.Positive(t, most.Load())
+	require.Equal(t, n, tr.free)
+	require.Zero(t, tr.starting)
+}
+
+// A resuming sweep waits, a turn free, until no sweep has started for quiet,
+// and meanwhile a drain's sweep gives its turn back after each page.
+func TestTurnsResumingSweepWaitsForALull(t *testing.T) {
+	tr := newTurns(2)
+	tr.hold = time.Hour
+	tr.quiet = time.Hour
+	ctx := context.Background()
+	require.NoError(t, tr.take(ctx, false))
+	tr.release(false) // a quiet outbox's one-page sweep, over
+	require.True(t, tr.busy(true), "a drain's sweep gives its turn back right after a sweep started")
+	require.False(t, tr.busy(false), "a starting sweep alone goes on")
+	resumed := takeAsync(ctx, tr, true)
+	queued(t, tr, 1)
+	notGranted(t, resumed, "the resuming sweep right after a sweep started")
+
+	tr.mu.Lock()
+	tr.lastStart = time.Now().Add(-2 * time.Hour) // the lull has come
+	tr.dispatch()
+	tr.mu.Unlock()
+	granted(t, resumed, "the resuming sweep after the lull")
+	require.False(t, tr.busy(true), "the drain alone in a lull goes on")
+}
