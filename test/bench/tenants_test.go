@@ -393,18 +393,20 @@ func loadTenant(b *testing.B, pool *pgxpool.Pool, schema, prefix string, n int) 
 
 // BenchmarkTenantsQuietLatency measures, among 1,000 tenants relayed by one
 // binary, the commit-to-arrival latency of 10 quiet tenants writing 50
-// single-row transactions a second each: first with no other tenant busy,
-// then while tenant_0000 drains a backlog of 2,000,000 rows. Issue 33's goal:
-// the quiet tenants' p99 beside the busy one within 1.5 times their p99
-// alone. The issue's backlog is 1,000,000 rows; the fleet drained that much
-// within the 10 s window once a busy tenant's sweep stopped ending at every
-// page it yields, so the busy tenant has twice that, committed at once
-// (loadTenant), and the benchmark fails if it drains before the window
-// ends. busy-rows-left says how far the drain went beside the quiet
-// tenants (the fleet paces it: fleet/turns.go).
+// single-row transactions a second each, for a window of 30 s: first with
+// no other tenant busy, then while tenant_0000 drains a backlog of 3,000,000
+// rows. Issue 33's goal: the quiet tenants' p99 beside the busy one within
+// 1.5 times their p99 alone. The windows were 10 s: the p99 of 5,000 rows,
+// their 50th-worst, moved with a single hiccup of the machine (alone, 3.0 to
+// 7.5 ms in runs of the same binary). The issue's backlog is 1,000,000 rows,
+// which the fleet drains in 15 s when nothing else is busy; the busy tenant
+// has three times that, committed at once (loadTenant), and the benchmark
+// fails if it drains before the window ends. busy-rows-left says how far
+// the drain went beside the quiet tenants (the fleet paces it:
+// fleet/turns.go).
 func BenchmarkTenantsQuietLatency(b *testing.B) {
 	bin := build(b, "", "cmd/sweeper")
-	const backlog = 2_000_000
+	const backlog, window = 3_000_000, 30 * time.Second
 	for range b.N {
 		dbURL := tenantDatabase(b, bin)
 		var quiet []outbox.Table
@@ -433,11 +435,11 @@ func BenchmarkTenantsQuietLatency(b *testing.B) {
 		}
 		pool := tenantPool(b, dbURL)
 		topics := benchutil.Topics("quiet", 3)
-		alone := benchutil.LatencyTables(b, pool, quiet, sub, topics, 500, 10*time.Second)
+		alone := benchutil.LatencyTables(b, pool, quiet, sub, topics, 500, window)
 
 		loadTenant(b, pool, "tenant_0000", "busy", backlog)
 		busy := outbox.Table{Schema: "tenant_0000", Name: "outbox"}
-		beside := benchutil.LatencyTables(b, pool, quiet, sub, topics, 500, 10*time.Second)
+		beside := benchutil.LatencyTables(b, pool, quiet, sub, topics, 500, window)
 		var left int
 		if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM "+busy.Ident()).Scan(&left); err != nil {
 			b.Fatal(err)
