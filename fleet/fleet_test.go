@@ -440,6 +440,74 @@ func TestFleetSharesTurnsAmongBusyTenants(t *testing.T) {
 	require.Len(t, f.Outboxes(), 6)
 }
 
+// A drain gives way to quiet tenants' sweeps (turns.go) and is never stopped
+// by them: while a quiet tenant commits row after row without a pause, so
+// that its sweeps keep starting, a busy tenant's backlog still drains, the
+// quiet rows arrive during the drain, not after it, and every row of both
+// arrives once.
+func TestFleetDrainsBesideAStreamOfQuietCommits(t *testing.T) {
+	base := dbtest.Schema(t)
+	tbls := tenants(t, base, 2)
+	busy, quiet := tbls[0], tbls[1]
+	const backlog = 3000
+	var msgs []outbox.Message
+	for i := range backlog {
+		msgs = append(msgs, outbox.Message{Topic: fmt.Sprintf("busy-%d", i%3), Payload: fmt.Appendf(nil, "b%d", i)})
+	}
+	write(t, busy, msgs...)
+	p := memory.New(memory.Config{})
+	newFleet(t, base+"_t*", p, "fleet-"+base, fleet.Options{Sweeper: outbox.Config{PageSize: 100}})
+
+	stop := make(chan struct{})
+	var written atomic.Int64
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		w, err := outbox.NewWriter(quiet)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		pool := dbtest.Pool(t)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if err := w.Write(context.Background(), pool, outbox.Message{Topic: "quiet", Payload: fmt.Appendf(nil, "q%d", i)}); err != nil {
+				t.Error(err)
+				return
+			}
+			written.Add(1)
+		}
+	})
+	dbtest.Eventually(t, 2*time.Minute, "the busy tenant drained while the quiet one commits", func() bool {
+		return dbtest.Outstanding(t, busy) == 0
+	})
+	close(stop)
+	wg.Wait()
+	dbtest.Eventually(t, time.Minute, "every row delivered", func() bool { return len(p.Messages()) >= backlog+int(written.Load()) })
+
+	got := p.Messages()
+	seen := map[string]bool{}
+	firstQuiet, lastBusy := -1, -1
+	for i, m := range got {
+		require.False(t, seen[string(m.Payload)], "%s delivered twice", m.Payload)
+		seen[string(m.Payload)] = true
+		if m.Topic == "quiet" && firstQuiet < 0 {
+			firstQuiet = i
+		}
+		if strings.HasPrefix(m.Topic, "busy-") {
+			lastBusy = i
+		}
+	}
+	require.Len(t, got, backlog+int(written.Load()))
+	require.Positive(t, written.Load())
+	require.GreaterOrEqual(t, firstQuiet, 0, "no quiet row arrived")
+	require.Less(t, firstQuiet, lastBusy, "the quiet rows waited for the whole drain")
+	t.Logf("%d busy rows drained beside %d quiet commits", backlog, written.Load())
+}
+
 // The admin API of a fleet: GET /outboxes lists the tenants, those in
 // trouble first; each tenant's API, the one a relay of one outbox serves,
 // answers under /outboxes/{schema}/, and an operator resets a tenant's
