@@ -18,3 +18,20 @@ func RoutePatterns() []string {
 	}
 	return out
 }
+
+// FleetRoutePatterns returns the patterns a fleet's API serves with every
+// optional endpoint on; the outboxes' subtree, served for any method, as
+// the GET and POST the description gives it.
+func FleetRoutePatterns() []string {
+	f := &fleetAPI{cfg: FleetConfig{Base: Config{Metrics: http.NotFoundHandler(), UI: true}}, api: &api{}}
+	var out []string
+	for _, r := range f.routes() {
+		p := strings.Replace(r.pattern, "/{$}", "/", 1)
+		if strings.HasPrefix(p, "/") {
+			out = append(out, "GET "+p, "POST "+p)
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
+}

@@ -3,6 +3,7 @@ package admin
 import (
 	"cmp"
 	"context"
+	_ "embed"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -60,23 +61,47 @@ func FleetHandler(cfg FleetConfig) http.Handler {
 	cfg.Base = base
 	f := &fleetAPI{cfg: cfg, api: &api{cfg: base, hosts: newHostRule(base.Addr, base.AllowedHosts)}, outboxes: map[string]*fleetMember{}}
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", f.healthz)
-	mux.HandleFunc("GET /readyz", f.readyz)
-	mux.Handle("GET /outboxes", f.api.auth(f.list))
-	mux.HandleFunc("GET /outboxes/{name}", func(w http.ResponseWriter, r *http.Request) {
-		http.Redirect(w, r, r.URL.Path+"/", http.StatusMovedPermanently) // the console's files are relative to it
-	})
-	mux.Handle("/outboxes/{name}/", http.HandlerFunc(f.outbox))
+	for _, r := range f.routes() {
+		mux.Handle(r.pattern, r.h)
+	}
+	return f.api.jsonErrors(mux)
+}
+
+// routes lists every endpoint the fleet's API serves; openapi_fleet.json
+// describes each, and a test holds the two to each other. The outboxes' own
+// routes are the subtree /outboxes/{name}/, described by their openapi.json.
+func (f *fleetAPI) routes() []route {
+	base := f.cfg.Base
+	rs := []route{
+		{"GET /healthz", http.HandlerFunc(f.healthz)},
+		{"GET /readyz", http.HandlerFunc(f.readyz)},
+		{"GET /openapi.json", http.HandlerFunc(serveFleetOpenAPI)},
+		{"GET /outboxes", f.api.auth(f.list)},
+		{"GET /outboxes/{name}", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, r.URL.Path+"/", http.StatusMovedPermanently) // the console's files are relative to it
+		})},
+		{"/outboxes/{name}/", http.HandlerFunc(f.outbox)},
+	}
 	if base.Metrics != nil {
-		mux.Handle("GET /metrics", base.Metrics)
+		rs = append(rs, route{"GET /metrics", base.Metrics})
 	}
 	if base.UI {
 		// The list of outboxes, each linking to its own console.
-		mux.Handle("GET /{$}", page("fleet.html", "text/html; charset=utf-8"))
-		mux.Handle("GET /ui/fleet.js", page("fleet.js", "text/javascript; charset=utf-8"))
-		mux.Handle("GET /ui/style.css", page("style.css", "text/css; charset=utf-8"))
+		rs = append(rs, route{"GET /{$}", page("fleet.html", "text/html; charset=utf-8")},
+			route{"GET /ui/fleet.js", page("fleet.js", "text/javascript; charset=utf-8")},
+			route{"GET /ui/style.css", page("style.css", "text/css; charset=utf-8")})
 	}
-	return f.api.jsonErrors(mux)
+	return rs
+}
+
+//go:embed openapi_fleet.json
+var fleetOpenAPI []byte
+
+// serveFleetOpenAPI serves the fleet's OpenAPI 3.1 description; each
+// outbox's API serves its own at /outboxes/{name}/openapi.json.
+func serveFleetOpenAPI(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(fleetOpenAPI)
 }
 
 type fleetAPI struct {

@@ -188,12 +188,16 @@ func itoa(n int) string {
 func lookup(t *testing.T, raw []byte, path, method, status string) map[string]any {
 	t.Helper()
 	var doc struct {
-		Paths map[string]map[string]struct {
-			Responses map[string]map[string]any `json:"responses"`
-		} `json:"paths"`
+		Paths map[string]map[string]json.RawMessage `json:"paths"` // a path's parameters are an array
 	}
 	require.NoError(t, json.Unmarshal(raw, &doc))
-	resp, ok := doc.Paths[path][method].Responses[status]
+	var op struct {
+		Responses map[string]map[string]any `json:"responses"`
+	}
+	if m, ok := doc.Paths[path][method]; ok {
+		require.NoError(t, json.Unmarshal(m, &op))
+	}
+	resp, ok := op.Responses[status]
 	require.True(t, ok, "openapi.json documents %s %s %s", method, path, status)
 	return resp
 }

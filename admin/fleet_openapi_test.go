@@ -1,0 +1,120 @@
+package admin_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-sweeper/sweeper/admin"
+)
+
+// fleetServer serves a fleet's API over one outbox, the one setup makes
+// (three dead letters, two outstanding rows none), with token tok.
+func fleetServer(t *testing.T) *httptest.Server {
+	t.Helper()
+	var cfg admin.Config
+	setup(t, "tok", func(c *admin.Config) { cfg = *c })
+	srv := httptest.NewServer(admin.FleetHandler(admin.FleetConfig{
+		Base:      cfg,
+		TableName: cfg.Table.Name,
+		Outboxes: func() []admin.FleetOutbox {
+			return []admin.FleetOutbox{{Config: cfg}}
+		},
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func fleetCall(t *testing.T, srv *httptest.Server, path, token string) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, srv.URL+path, nil)
+	require.NoError(t, err)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, raw
+}
+
+// A fleet's description documents every route its API serves, and no
+// other, and what its handlers answer validates against it, every object
+// closed (as the single outbox's does: TestOpenAPISchemasMatchWhatTheHandlersAnswer).
+func TestFleetOpenAPIDescribesItsAPI(t *testing.T) {
+	t.Parallel()
+	srv := fleetServer(t)
+	code, raw := fleetCall(t, srv, "/openapi.json", "")
+	require.Equal(t, http.StatusOK, code)
+	var doc map[string]any
+	require.NoError(t, json.Unmarshal(raw, &doc))
+	require.Equal(t, "3.1.0", doc["openapi"])
+
+	var documented []string
+	for path, ops := range doc["paths"].(map[string]any) {
+		for method := range ops.(map[string]any) {
+			if method != "parameters" {
+				documented = append(documented, strings.ToUpper(method)+" "+path)
+			}
+		}
+	}
+	served := admin.FleetRoutePatterns()
+	slices.Sort(documented)
+	slices.Sort(served)
+	require.Equal(t, served, documented)
+
+	closeObjects(doc)
+	closed, err := json.Marshal(doc)
+	require.NoError(t, err)
+	parsed, err := jsonschema.UnmarshalJSON(bytes.NewReader(closed))
+	require.NoError(t, err)
+	c := jsonschema.NewCompiler()
+	require.NoError(t, c.AddResource("openapi_fleet.json", parsed))
+	escape := func(s string) string { return strings.ReplaceAll(strings.ReplaceAll(s, "~", "~0"), "/", "~1") }
+	for _, tc := range []struct {
+		path, spec, token string
+		status            int
+	}{
+		{"/healthz", "/healthz", "", 200},
+		{"/readyz", "/readyz", "", 200},
+		{"/outboxes", "/outboxes", "tok", 200},
+		{"/outboxes?limit=0", "/outboxes", "tok", 400},
+		{"/outboxes", "/outboxes", "", 401},
+		{"/outboxes/no_such_schema/status", "/outboxes/{name}/", "tok", 404},
+	} {
+		code, body := fleetCall(t, srv, tc.path, tc.token)
+		require.Equal(t, tc.status, code, "GET %s: %s", tc.path, body)
+		ptr := "openapi_fleet.json#/paths/" + escape(tc.spec) + "/get/responses/" + itoa(tc.status)
+		if resp := lookup(t, closed, tc.spec, "get", itoa(tc.status)); resp["$ref"] != nil {
+			ptr = "openapi_fleet.json" + resp["$ref"].(string)
+		}
+		sch, err := c.Compile(ptr + "/content/application~1json/schema")
+		require.NoError(t, err, "GET %s %d is documented", tc.spec, tc.status)
+		v, err := jsonschema.UnmarshalJSON(bytes.NewReader(body))
+		require.NoError(t, err)
+		require.NoError(t, sch.Validate(v), "GET %s answered %d %s", tc.path, code, body)
+	}
+
+	// The outbox is listed with what the schema requires, and its own API
+	// answers under its path.
+	_, raw = fleetCall(t, srv, "/outboxes", "tok")
+	var list struct {
+		Outboxes []struct{ Path string } `json:"outboxes"`
+		Total    int                     `json:"total"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &list))
+	require.Equal(t, 1, list.Total)
+	require.Len(t, list.Outboxes, 1)
+	code, _ = fleetCall(t, srv, list.Outboxes[0].Path+"status", "tok")
+	require.Equal(t, http.StatusOK, code)
+}
