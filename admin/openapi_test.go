@@ -40,16 +40,7 @@ func openAPI(t *testing.T, b *bundle) map[string]any {
 // it does not serve.
 func TestOpenAPIDescribesEveryRouteAndNoOther(t *testing.T) {
 	t.Parallel()
-	doc := openAPI(t, setup(t, "tok"))
-	var documented []string
-	for path, ops := range doc["paths"].(map[string]any) {
-		for method := range ops.(map[string]any) {
-			if method == "parameters" {
-				continue
-			}
-			documented = append(documented, strings.ToUpper(method)+" "+path)
-		}
-	}
+	documented := documentedRoutes(openAPI(t, setup(t, "tok")))
 	served := admin.RoutePatterns()
 	slices.Sort(documented)
 	slices.Sort(served)
@@ -62,7 +53,6 @@ func TestOpenAPISchemasMatchWhatTheHandlersAnswer(t *testing.T) {
 	t.Parallel()
 	b := setup(t, "tok")
 	c, raw := closedSpec(t, b)
-	escape := func(s string) string { return strings.ReplaceAll(strings.ReplaceAll(s, "~", "~0"), "/", "~1") }
 
 	b.topics.Trip("shipping", "by hand")
 	for _, tc := range []struct {
@@ -96,13 +86,7 @@ func TestOpenAPISchemasMatchWhatTheHandlersAnswer(t *testing.T) {
 	} {
 		code, body := b.call(t, tc.method, tc.path, tc.token, tc.body)
 		require.Equal(t, tc.status, code, "%s %s: %v", tc.method, tc.path, body)
-		ptr := "openapi.json#/paths/" + escape(tc.spec) + "/" + strings.ToLower(tc.method) + "/responses/" + itoa(tc.status)
-		resp := lookup(t, raw, tc.spec, strings.ToLower(tc.method), itoa(tc.status))
-		if ref, ok := resp["$ref"].(string); ok {
-			ptr = "openapi.json" + ref
-		}
-		sch, err := c.Compile(ptr + "/content/application~1json/schema")
-		require.NoError(t, err, "%s %s %d is documented", tc.method, tc.spec, tc.status)
+		sch := answerSchema(t, c, raw, "openapi.json", tc.method, tc.spec, tc.status)
 		got, err := json.Marshal(body)
 		require.NoError(t, err)
 		v, err := jsonschema.UnmarshalJSON(bytes.NewReader(got))
@@ -182,6 +166,34 @@ func closeObjects(v any) {
 func itoa(n int) string {
 	b, _ := json.Marshal(n)
 	return string(b)
+}
+
+// answerSchema compiles the schema that raw, added to c as resource, gives
+// the JSON answer of method spec with status.
+func answerSchema(t *testing.T, c *jsonschema.Compiler, raw []byte, resource, method, spec string, status int) *jsonschema.Schema {
+	t.Helper()
+	escape := func(s string) string { return strings.ReplaceAll(strings.ReplaceAll(s, "~", "~0"), "/", "~1") }
+	m := strings.ToLower(method)
+	ptr := resource + "#/paths/" + escape(spec) + "/" + m + "/responses/" + itoa(status)
+	if ref, ok := lookup(t, raw, spec, m, itoa(status))["$ref"].(string); ok {
+		ptr = resource + ref
+	}
+	sch, err := c.Compile(ptr + "/content/application~1json/schema")
+	require.NoError(t, err, "%s %s %d is documented", method, spec, status)
+	return sch
+}
+
+// documentedRoutes lists the "METHOD /path" of every operation doc names.
+func documentedRoutes(doc map[string]any) []string {
+	var out []string
+	for path, ops := range doc["paths"].(map[string]any) {
+		for method := range ops.(map[string]any) {
+			if method != "parameters" {
+				out = append(out, strings.ToUpper(method)+" "+path)
+			}
+		}
+	}
+	return out
 }
 
 // lookup returns the response object paths[path][method].responses[status].
