@@ -110,6 +110,9 @@ func toRecord(topic string, m *producer.Message) (*kgo.Record, string, error) {
 	return r, "", nil
 }
 
+// colon counts the row's headers' upper bound in toRecord: each has one.
+var colon = []byte(":")
+
 // recordBatchOverhead is the size of a record batch's header (v2): what a
 // batch of one record adds to the record.
 const recordBatchOverhead = 61
@@ -118,8 +121,6 @@ const recordBatchOverhead = 61
 // uncompressed: the key, the value, each header's key and value, and the
 // varints around them (at most 5 bytes each for these lengths, 10 for the
 // timestamp delta).
-var colon = []byte(":")
-
 func recordSize(r *kgo.Record) int {
 	n := 1 + 5 + 10 + 5 + 5 + len(r.Key) + 5 + len(r.Value) + 5 // length, attributes, timestamp delta, offset delta, key, value, header count
 	for _, h := range r.Headers {
