@@ -114,42 +114,42 @@ func loadBacklog(ctx context.Context, url, insert string, n, size int, topics []
 
 // drainRate loads a backlog of n rows into a fresh database, runs the binary
 // with args on it and returns n over the time from its start to the n-th line
-// on its standard output.
-func drainRate(ctx context.Context, cfg *config, cl *cluster, db string, n int, args []string) (float64, error) {
+// on its standard output, and the time from its start to the first line.
+func drainRate(ctx context.Context, cfg *config, cl *cluster, db string, n int, args []string) (float64, time.Duration, error) {
 	url, err := cl.createDB(ctx, db)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if err := migrate(ctx, cfg, url); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if err := loadBacklog(ctx, url, cfg.insert, n, cfg.size, cfg.topicNames()); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	reached := make(chan time.Time, 1)
+	first, reached := make(chan time.Time, 1), make(chan time.Time, 1)
 	start := time.Now()
 	s, err := startSweeper(cfg.bin, url, args, func(out io.Reader) error {
-		return countLines(out, int64(n), reached)
+		return countLines(out, int64(n), first, reached)
 	})
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	var end time.Time
 	select {
 	case end = <-reached:
 	case <-ctx.Done():
 		_ = s.stop()
-		return 0, ctx.Err()
+		return 0, 0, ctx.Err()
 	case <-time.After(cfg.drainLimit):
 		_ = s.stop()
-		return 0, fmt.Errorf("the binary did not send %d messages within %s", n, cfg.drainLimit)
+		return 0, 0, fmt.Errorf("the binary did not send %d messages within %s", n, cfg.drainLimit)
 	}
 	if err := s.stop(); err != nil {
 		fmt.Fprintf(os.Stderr, "soak: sweeper exit after the drain: %v\n", err)
 	}
 	// Its rows would otherwise be vacuumed while the soak runs.
 	if err := cl.dropDB(ctx, db); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return float64(n) / end.Sub(start).Seconds(), nil
+	return float64(n) / end.Sub(start).Seconds(), (<-first).Sub(start), nil
 }

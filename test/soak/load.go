@@ -341,13 +341,17 @@ func (s *sweeper) stop() error {
 	return err
 }
 
-// countLines counts newlines until EOF, signalling on reached when n have
-// been read.
-func countLines(out io.Reader, n int64, reached chan<- time.Time) error {
+// countLines counts newlines until EOF, signalling on first when the first
+// bytes come and on reached when n lines have been read.
+func countLines(out io.Reader, n int64, first, reached chan<- time.Time) error {
 	buf := make([]byte, 1<<20)
 	var seen int64
 	for {
 		m, err := out.Read(buf)
+		if m > 0 && first != nil {
+			first <- time.Now()
+			first = nil
+		}
 		seen += int64(bytes.Count(buf[:m], []byte{'\n'}))
 		if seen >= n && n > 0 {
 			reached <- time.Now()
