@@ -20,11 +20,15 @@ type pageRead struct {
 	// unreadable holds why each row of msgs that cannot be sent cannot
 	// (readRow); nil when every row can.
 	unreadable map[int64]string
+	// tids holds where the claim locked each row of msgs: the page's end
+	// moves a sent row from there (move_dispatched.sql).
+	tids map[int64]pgtype.TID
 }
 
 func (s *store) pageRead(topics []string, share int) *pageRead {
 	return &pageRead{s: s, topics: topics, share: share,
-		msgs: make([]producer.Message, 0, share*len(topics)), found: make(map[string]pageTopic, len(topics))}
+		msgs: make([]producer.Message, 0, share*len(topics)), found: make(map[string]pageTopic, len(topics)),
+		tids: make(map[int64]pgtype.TID, share*len(topics))}
 }
 
 // args are claim_page.sql's arguments.
@@ -50,10 +54,11 @@ func (r *pageRead) scan(rows pgx.Rows) error {
 		headers                               []byte
 		createdAt, expiresAt                  pgtype.Timestamptz
 		attempts                              *int
+		tid                                   pgtype.TID
 		m                                     producer.Message
 	)
 	_, err := pgx.ForEachRow(rows, []any{&summary, &id, &messageID, &m.Topic, &m.Payload, &headers,
-		&contentType, &correlationID, &partitionKey, &createdAt, &expiresAt, &attempts, &candidates, &first}, func() error {
+		&contentType, &correlationID, &partitionKey, &createdAt, &expiresAt, &attempts, &candidates, &first, &tid}, func() error {
 		if summary {
 			r.found[m.Topic] = pageTopic{candidates: int(*candidates), last: *id, first: *first}
 		} else {
@@ -66,6 +71,7 @@ func (r *pageRead) scan(rows pgx.Rows) error {
 				r.unreadable[m.ID] = why
 			}
 			r.msgs = append(r.msgs, m)
+			r.tids[m.ID] = tid
 		}
 		// Payload and Headers must not share memory with the next row.
 		m, headers, createdAt, expiresAt = producer.Message{}, nil, pgtype.Timestamptz{}, pgtype.Timestamptz{}

@@ -193,3 +193,50 @@ func (p plan) rows(ty string) int {
 	})
 	return rows
 }
+
+// The page's statements run with JIT off. Their plans are generic (the
+// settings force them: a custom plan cost a planning of 0.4 to 0.8 ms a claim,
+// a tenth of a drain's database time), and a generic plan cannot see the
+// claim's share, so on a large outbox its estimates pass jit_above_cost: each
+// 500-row claim of a 400,000-row outbox then compiled its plan, 10 to 12 ms
+// for a claim that runs in 1 to 2 ms, and the drain took 9.4 s where it took
+// 3.9. Here jit_above_cost is 0, so that every plan would be compiled were JIT
+// on: the claim and the listing are not, the control is.
+func TestPageStatementsAreNeverCompiled(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tbl := dbtest.Table(t)
+	pool := dbtest.Pool(t)
+	var available bool
+	require.NoError(t, pool.QueryRow(ctx, "SELECT pg_jit_available()").Scan(&available))
+	require.True(t, available, "this server cannot compile plans (no LLVM JIT), so the test cannot tell JIT off from JIT missing: run it against Postgres with its llvmjit module")
+	name := pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()
+	_, err := pool.Exec(ctx, "INSERT INTO "+name+" (topic, payload) SELECT 'topic-' || (g % 10), '\\x00' FROM generate_series(1, 1000) g")
+	require.NoError(t, err)
+
+	topics := []string{"topic-0", "topic-1", "topic-2"}
+	claim := outboxsql.Statement("claim_page", outboxsql.Tables{Outbox: ident(tbl)})
+	listing := outboxsql.Statement("live_topics", outboxsql.Tables{Outbox: ident(tbl)})
+	compiled := func(settings bool, sql string, args ...any) bool {
+		t.Helper()
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		_, err = tx.Exec(ctx, "SET LOCAL jit = on; SET LOCAL jit_above_cost = 0")
+		require.NoError(t, err)
+		if settings {
+			_, err = tx.Exec(ctx, outbox.TxSettings)
+			require.NoError(t, err)
+		}
+		var out []byte
+		require.NoError(t, tx.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+sql, args...).Scan(&out))
+		var doc []map[string]any
+		require.NoError(t, json.Unmarshal(out, &doc))
+		_, ok := doc[0]["JIT"]
+		return ok
+	}
+	claimArgs := []any{topics, []int64{0, 0, 0}, []int64{1, 2, 3}, 50, false, "20000ms"}
+	require.True(t, compiled(false, claim, claimArgs...), "the control: without the page's settings the claim is compiled")
+	require.False(t, compiled(true, claim, claimArgs...), "the claim was compiled under the page's settings")
+	require.False(t, compiled(true, listing, topics, []int64{0, 0, 0}, 0, 1000, 0), "the listing was compiled under the page's settings")
+}

@@ -3,9 +3,11 @@ package outbox
 import (
 	"context"
 	"fmt"
-	"slices"
+	"maps"
 	"sync"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outbox-sweeper/sweeper/producer"
 )
@@ -90,6 +92,10 @@ type page struct {
 	held     map[int64]string
 	attempts map[int64]int
 	sent     map[int64]bool
+	// tids holds where each claimed row's latest version is, under mu: where
+	// the claim locked it, or where the page's record of a failure put it.
+	// The page's end moves the sent rows from there (move_dispatched.sql).
+	tids map[int64]pgtype.TID
 	// left, when set, is told of each row the page's end leaves outstanding
 	// (the sweep's cursor keeps the topic's floor below it).
 	left func(topic string, id int64)
@@ -157,7 +163,7 @@ func claimPage(ctx context.Context, s *store, topics []string, after []int64, sh
 	}
 	p := newPage(s, tx)
 	p.hold(r.sorted())
-	p.unreadable = r.unreadable
+	p.unreadable, p.tids = r.unreadable, r.tids
 	return p, r.msgs, r.found, nil
 }
 
@@ -197,6 +203,7 @@ func (p *page) claimAhead(ctx context.Context, topics []string, after []int64, s
 		}
 		p.unreadable[id] = why
 	}
+	maps.Copy(p.tids, r.tids)
 	return r.sorted(), r.found, nil
 }
 
@@ -204,7 +211,7 @@ func (p *page) claimAhead(ctx context.Context, topics []string, after []int64, s
 // from idling past its timeout while the page sends.
 func newPage(s *store, tx *pageTx) *page {
 	p := &page{s: s, tx: tx, held: map[int64]string{}, attempts: map[int64]int{},
-		sent: map[int64]bool{}, last: time.Now(), sending: map[*pageBatch]time.Time{}, stop: make(chan struct{})}
+		sent: map[int64]bool{}, tids: map[int64]pgtype.TID{}, last: time.Now(), sending: map[*pageBatch]time.Time{}, stop: make(chan struct{})}
 	p.wg.Go(p.keepAlive)
 	return p
 }
@@ -303,19 +310,21 @@ func (p *page) end(ctx context.Context) error {
 	defer cancel()
 	defer p.s.beat()
 	sent := make([]int64, 0, len(p.sent))
+	tids := make([]pgtype.TID, 0, len(p.sent))
 	for id, topic := range p.held {
 		if p.sent[id] {
-			sent = append(sent, id)
+			sent, tids = append(sent, id), append(tids, p.tids[id])
 		} else if p.left != nil {
 			p.left(topic, id)
 		}
 	}
-	move := ""
-	if len(sent) > 0 {
-		slices.Sort(sent) // the deletes lock in id order, as the claim did
-		move = p.s.pageSQL.moveSent
+	if len(sent) == 0 {
+		if err := p.tx.commit(endCtx, ""); err != nil {
+			return fmt.Errorf("commit a page of %s: %w", p.s.table, p.s.explain(err))
+		}
+		return nil
 	}
-	if err := p.tx.commit(endCtx, move, sent); err != nil {
+	if err := p.tx.commit(endCtx, p.s.pageSQL.moveSent, tids); err != nil {
 		p.lostSent(sent)
 		return fmt.Errorf("move a page's %d sent rows of %s to its history (they will be sent again): %w", len(sent), p.s.table, p.s.explain(err))
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outbox-sweeper/sweeper/producer"
 )
@@ -40,7 +41,17 @@ func (p *page) recording(ctx context.Context, f func(ctx context.Context) error)
 // sent in this page, and moves with what was recorded here. Call it within
 // recording.
 func (p *page) recordFailure(ctx context.Context, topic string, ids, charged []int64, errText string, note bool) error {
-	if _, err := p.tx.Exec(ctx, p.s.pageSQL.recordFailure, ids, charged, errText, note); err != nil {
+	// The update makes a new version of each row: the page's end finds a
+	// row that is sent after all where this one is.
+	var (
+		id  int64
+		tid pgtype.TID
+	)
+	rows, _ := p.tx.Query(ctx, p.s.pageSQL.recordFailure, ids, charged, errText, note)
+	if _, err := pgx.ForEachRow(rows, []any{&id, &tid}, func() error {
+		p.tids[id] = tid
+		return nil
+	}); err != nil {
 		return fmt.Errorf("record failed send of %d rows of topic %q: %w", len(ids), topic, err)
 	}
 	for _, id := range charged {

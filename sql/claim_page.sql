@@ -14,7 +14,8 @@
 --   $5  whether to take each topic's lock (--ordering topic)
 --   $6  idle_in_transaction_session_timeout for this transaction, e.g. '20000ms'
 --
--- It returns the claimed rows (summary false), then one summary row per topic
+-- It returns the claimed rows (summary false), each with the ctid it was
+-- locked at (the page's end deletes it there: move_dispatched.sql), then one summary row per topic
 -- that had outstanding rows: how many it read (candidates, locked or not), the
 -- last id it read and the first (the sweeper's cursor keeps a topic's floor
 -- below rows it read but could not claim). Candidates less claimed rows are rows another
@@ -106,16 +107,16 @@ WITH settings AS MATERIALIZED (
     ) p
 ), claimed AS MATERIALIZED (
     SELECT o.id, o.message_id, o.topic, o.payload, o.headers, o.content_type, o.correlation_id,
-           o.partition_key, o.created_at, o.expires_at, o.attempts
+           o.partition_key, o.created_at, o.expires_at, o.attempts, o.ctid
     FROM {{outbox}} o
     WHERE o.ctid = ANY (ARRAY(SELECT c.ctid FROM candidates c WHERE c.held))
       AND o.dispatched_at IS NULL
     FOR UPDATE OF o SKIP LOCKED
 )
 SELECT false AS summary, c.id, c.message_id::text, c.topic, c.payload, c.headers, c.content_type, c.correlation_id,
-       c.partition_key, c.created_at, c.expires_at, c.attempts, NULL::bigint AS candidates, NULL::bigint AS first
+       c.partition_key, c.created_at, c.expires_at, c.attempts, NULL::bigint AS candidates, NULL::bigint AS first, c.ctid
 FROM claimed c
 UNION ALL
-SELECT true, max(id), NULL, topic, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, count(*), min(id)
+SELECT true, max(id), NULL, topic, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, count(*), min(id), NULL::tid
 FROM candidates
 GROUP BY topic

@@ -8,7 +8,12 @@
 -- here. No other transaction can touch the rows meanwhile: this one holds
 -- their locks. attempts and last_error are in no index, so this update is HOT
 -- when the page has room.
+--
+-- It returns each row's new ctid: the update made a new version of the row,
+-- and the page's end finds a sent row by where its latest version is
+-- (move_dispatched.sql).
 UPDATE {{outbox}}
 SET attempts = attempts + (id = ANY($2::bigint[]))::int,
     last_error = CASE WHEN $4::boolean OR id = ANY($2::bigint[]) THEN $3 ELSE last_error END
 WHERE id = ANY($1::bigint[])
+RETURNING id, ctid
