@@ -2,7 +2,7 @@ package outbox
 
 import (
 	"fmt"
-	"slices"
+	"sort"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -20,15 +20,15 @@ type pageRead struct {
 	// unreadable holds why each row of msgs that cannot be sent cannot
 	// (readRow); nil when every row can.
 	unreadable map[int64]string
-	// tids holds where the claim locked each row of msgs: the page's end
-	// moves a sent row from there (move_dispatched.sql).
-	tids map[int64]pgtype.TID
+	// tids holds where the claim locked each row of msgs, index for index:
+	// the page's end moves a sent row from there (move_dispatched.sql).
+	tids []pgtype.TID
 }
 
 func (s *store) pageRead(topics []string, share int) *pageRead {
 	return &pageRead{s: s, topics: topics, share: share,
 		msgs: make([]producer.Message, 0, share*len(topics)), found: make(map[string]pageTopic, len(topics)),
-		tids: make(map[int64]pgtype.TID, share*len(topics))}
+		tids: make([]pgtype.TID, 0, share*len(topics))}
 }
 
 // args are claim_page.sql's arguments.
@@ -71,7 +71,7 @@ func (r *pageRead) scan(rows pgx.Rows) error {
 				r.unreadable[m.ID] = why
 			}
 			r.msgs = append(r.msgs, m)
-			r.tids[m.ID] = tid
+			r.tids = append(r.tids, tid)
 		}
 		// Payload and Headers must not share memory with the next row.
 		m, headers, createdAt, expiresAt = producer.Message{}, nil, pgtype.Timestamptz{}, pgtype.Timestamptz{}
@@ -81,8 +81,23 @@ func (r *pageRead) scan(rows pgx.Rows) error {
 }
 
 func (r *pageRead) sorted() []producer.Message {
-	slices.SortFunc(r.msgs, func(a, b producer.Message) int { return int(a.ID - b.ID) })
+	if b := (byID{r.msgs, r.tids}); !sort.IsSorted(b) { // the TID scan reads them in the table's order, mostly theirs
+		sort.Sort(b)
+	}
 	return r.msgs
+}
+
+// byID sorts claimed rows and their ctids together, by id.
+type byID struct {
+	msgs []producer.Message
+	tids []pgtype.TID
+}
+
+func (b byID) Len() int           { return len(b.msgs) }
+func (b byID) Less(i, j int) bool { return b.msgs[i].ID < b.msgs[j].ID }
+func (b byID) Swap(i, j int) {
+	b.msgs[i], b.msgs[j] = b.msgs[j], b.msgs[i]
+	b.tids[i], b.tids[j] = b.tids[j], b.tids[i]
 }
 
 func (r *pageRead) failed(err error) error {

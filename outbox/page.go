@@ -3,7 +3,6 @@ package outbox
 import (
 	"context"
 	"fmt"
-	"maps"
 	"sync"
 	"time"
 
@@ -85,17 +84,11 @@ type page struct {
 	// err is the first database error in the transaction: the page then rolls
 	// back, whatever else happens.
 	err error
-	// held is the claimed rows, with their topics, written by hold while no
-	// send is in flight and read by batch. attempts holds each one's attempts, read under its
-	// lock and counted on as failures charge them; sent, the rows the broker
-	// accepted. Both under mu.
-	held     map[int64]string
-	attempts map[int64]int
-	sent     map[int64]bool
-	// tids holds where each claimed row's latest version is, under mu: where
-	// the claim locked it, or where the page's record of a failure put it.
-	// The page's end moves the sent rows from there (move_dispatched.sql).
-	tids map[int64]pgtype.TID
+	// held finds each claimed row in rows. Both are written by hold while no
+	// send is in flight; held is read by batch, and what rows holds of a
+	// row changes under mu.
+	held map[int64]int
+	rows []heldRow
 	// left, when set, is told of each row the page's end leaves outstanding
 	// (the sweep's cursor keeps the topic's floor below it).
 	left func(topic string, id int64)
@@ -112,6 +105,21 @@ type page struct {
 	// unreadable holds why each claimed row that cannot be sent cannot
 	// (readRow), under mu; expire dead-letters them.
 	unreadable map[int64]string
+}
+
+// heldRow is what a page knows of a row it claimed.
+type heldRow struct {
+	id    int64
+	topic string
+	// attempts is the row's attempts as claimed, counted on as failures
+	// charge them.
+	attempts int
+	// tid is where the row's latest version is: where the claim locked it,
+	// or where the page's record of a failure put it. The page's end moves a
+	// sent row from there (move_dispatched.sql).
+	tid pgtype.TID
+	// sent says the broker accepted the row.
+	sent bool
 }
 
 // pageTopic is what a page's claim found of one topic.
@@ -162,8 +170,8 @@ func claimPage(ctx context.Context, s *store, topics []string, after []int64, sh
 		return nil, nil, r.found, nil
 	}
 	p := newPage(s, tx)
-	p.hold(r.sorted())
-	p.unreadable, p.tids = r.unreadable, r.tids
+	p.hold(r.sorted(), r.tids)
+	p.unreadable = r.unreadable
 	return p, r.msgs, r.found, nil
 }
 
@@ -173,7 +181,7 @@ func claimPage(ctx context.Context, s *store, topics []string, after []int64, sh
 // rows are p's only once hold takes them, which the caller does when no send
 // is in flight (claim reads held without mu). A database error is p's: the
 // page then rolls back.
-func (p *page) claimAhead(ctx context.Context, topics []string, after []int64, share int) ([]producer.Message, map[string]pageTopic, error) {
+func (p *page) claimAhead(ctx context.Context, topics []string, after []int64, share int) ([]producer.Message, []pgtype.TID, map[string]pageTopic, error) {
 	claimCtx, cancel := stmtCtx(ctx)
 	defer cancel()
 	defer p.s.beat()
@@ -184,7 +192,7 @@ func (p *page) claimAhead(ctx context.Context, topics []string, after []int64, s
 	err := p.err
 	p.mu.Unlock()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	rows, err := p.tx.Query(claimCtx, p.s.pageSQL.claim, r.args(after)...)
 	if err == nil {
@@ -195,7 +203,7 @@ func (p *page) claimAhead(ctx context.Context, topics []string, after []int64, s
 	p.used()
 	if err != nil {
 		p.err = r.failed(err)
-		return nil, nil, p.err
+		return nil, nil, nil, p.err
 	}
 	for id, why := range r.unreadable {
 		if p.unreadable == nil {
@@ -203,26 +211,24 @@ func (p *page) claimAhead(ctx context.Context, topics []string, after []int64, s
 		}
 		p.unreadable[id] = why
 	}
-	maps.Copy(p.tids, r.tids)
-	return r.sorted(), r.found, nil
+	return r.sorted(), r.tids, r.found, nil
 }
 
 // newPage starts the page of transaction tx, and the keep-alive that stops it
 // from idling past its timeout while the page sends.
 func newPage(s *store, tx *pageTx) *page {
-	p := &page{s: s, tx: tx, held: map[int64]string{}, attempts: map[int64]int{},
-		sent: map[int64]bool{}, tids: map[int64]pgtype.TID{}, last: time.Now(), sending: map[*pageBatch]time.Time{}, stop: make(chan struct{})}
+	p := &page{s: s, tx: tx, held: map[int64]int{}, last: time.Now(), sending: map[*pageBatch]time.Time{}, stop: make(chan struct{})}
 	p.wg.Go(p.keepAlive)
 	return p
 }
 
 // hold adds claimed rows msgs to the page. Call it while no send is in flight.
-func (p *page) hold(msgs []producer.Message) {
+func (p *page) hold(msgs []producer.Message, tids []pgtype.TID) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for _, m := range msgs {
-		p.held[m.ID] = m.Topic
-		p.attempts[m.ID] = m.Attempts
+	for i, m := range msgs {
+		p.held[m.ID] = len(p.rows)
+		p.rows = append(p.rows, heldRow{id: m.ID, topic: m.Topic, attempts: m.Attempts, tid: tids[i]})
 	}
 }
 
@@ -309,13 +315,15 @@ func (p *page) end(ctx context.Context) error {
 	endCtx, cancel := stmtCtx(ctx)
 	defer cancel()
 	defer p.s.beat()
-	sent := make([]int64, 0, len(p.sent))
-	tids := make([]pgtype.TID, 0, len(p.sent))
-	for id, topic := range p.held {
-		if p.sent[id] {
-			sent, tids = append(sent, id), append(tids, p.tids[id])
+	var (
+		sent []int64
+		tids []pgtype.TID
+	)
+	for _, r := range p.rows {
+		if r.sent {
+			sent, tids = append(sent, r.id), append(tids, r.tid)
 		} else if p.left != nil {
-			p.left(topic, id)
+			p.left(r.topic, r.id)
 		}
 	}
 	if len(sent) == 0 {
@@ -332,21 +340,23 @@ func (p *page) end(ctx context.Context) error {
 }
 
 // lostSent tells resent of the rows the broker took that a rolled-back page
-// leaves outstanding: sent, or every row of p.sent when nil.
+// leaves outstanding: sent, or every row sent when nil.
 func (p *page) lostSent(sent []int64) {
 	if p.resent == nil {
 		return
 	}
 	if sent == nil {
 		p.mu.Lock()
-		for id := range p.sent {
-			sent = append(sent, id)
+		for _, r := range p.rows {
+			if r.sent {
+				sent = append(sent, r.id)
+			}
 		}
 		p.mu.Unlock()
 	}
 	byTopic := map[string]int{}
 	for _, id := range sent {
-		byTopic[p.held[id]]++
+		byTopic[p.rows[p.held[id]].topic]++
 	}
 	for topic, n := range byTopic {
 		p.resent(topic, n)
@@ -394,7 +404,7 @@ func (p *page) batch(b producer.Batch) (c *pageBatch, contended bool) {
 func (c *pageBatch) attemptsOf(id int64) int {
 	c.p.mu.Lock()
 	defer c.p.mu.Unlock()
-	return c.p.attempts[id]
+	return c.p.rows[c.p.held[id]].attempts
 }
 
 // sending notes that c's send begins, for the keep-alive; it returns the
@@ -416,7 +426,7 @@ func (c *pageBatch) dispatched() {
 	c.p.mu.Lock()
 	defer c.p.mu.Unlock()
 	for _, m := range c.batch.Messages {
-		c.p.sent[m.ID] = true
+		c.p.rows[c.p.held[m.ID]].sent = true
 	}
 }
 

@@ -49,13 +49,13 @@ func (p *page) recordFailure(ctx context.Context, topic string, ids, charged []i
 	)
 	rows, _ := p.tx.Query(ctx, p.s.pageSQL.recordFailure, ids, charged, errText, note)
 	if _, err := pgx.ForEachRow(rows, []any{&id, &tid}, func() error {
-		p.tids[id] = tid
+		p.rows[p.held[id]].tid = tid
 		return nil
 	}); err != nil {
 		return fmt.Errorf("record failed send of %d rows of topic %q: %w", len(ids), topic, err)
 	}
 	for _, id := range charged {
-		p.attempts[id]++
+		p.rows[p.held[id]].attempts++
 	}
 	return nil
 }

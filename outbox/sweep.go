@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgtype"
+
 	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/producer"
 )
@@ -353,7 +355,7 @@ func (s *Sweeper) pageLane(st *sweepState, ticks *sweepTicks, marks *sweepMarks,
 			ahead = make(chan error, 1)
 			go func(topics []string, after []int64) {
 				var err error
-				next.msgs, next.found, err = p.claimAhead(work, topics, after, share)
+				next.msgs, next.tids, next.found, err = p.claimAhead(work, topics, after, share)
 				ahead <- err
 			}(live[:window], after[:window])
 		}
@@ -364,7 +366,7 @@ func (s *Sweeper) pageLane(st *sweepState, ticks *sweepTicks, marks *sweepMarks,
 			if aheadErr := <-ahead; sendErr == nil {
 				sendErr = aheadErr
 			}
-			p.hold(next.msgs) // all of them, so that the page's end leaves those not sent to the cursor
+			p.hold(next.msgs, next.tids) // all of them, so that the page's end leaves those not sent to the cursor
 		}
 		if sendErr != nil {
 			return sendErr // the deferred end rolls back
@@ -493,6 +495,7 @@ const pagesPerTransaction = 8
 type aheadPage struct {
 	window, share int
 	msgs          []producer.Message
+	tids          []pgtype.TID // where each of msgs was locked
 	found         map[string]pageTopic
 }
 
