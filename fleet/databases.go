@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-sweeper/sweeper/admin"
+	"github.com/outbox-sweeper/sweeper/metrics"
 	"github.com/outbox-sweeper/sweeper/producer"
 )
 
@@ -251,6 +252,10 @@ func (d *Databases) stopAll() {
 	}
 	wg.Wait()
 }
+
+// States reports how each outbox of every database stands, for its
+// per-outbox series (metrics.RegisterOutboxes).
+func (d *Databases) States() []metrics.OutboxState { return states(d.adminOutboxes()) }
 
 func (d *Databases) adminOutboxes() []admin.FleetOutbox {
 	d.mu.Lock()

@@ -44,6 +44,7 @@ import (
 	"github.com/outbox-sweeper/sweeper/admin"
 	"github.com/outbox-sweeper/sweeper/alert"
 	"github.com/outbox-sweeper/sweeper/breaker"
+	"github.com/outbox-sweeper/sweeper/metrics"
 	"github.com/outbox-sweeper/sweeper/outbox"
 	"github.com/outbox-sweeper/sweeper/producer"
 )
@@ -639,6 +640,28 @@ func (f *Fleet) maintain(ctx context.Context) {
 		}
 		return errors.Join(errs...)
 	})
+}
+
+// States reports how each outbox stands, for its per-outbox series
+// (metrics.RegisterOutboxes).
+func (f *Fleet) States() []metrics.OutboxState { return states(f.adminOutboxes()) }
+
+// states reads each outbox's state from its admin API's parts.
+func states(outboxes []admin.FleetOutbox) []metrics.OutboxState {
+	out := make([]metrics.OutboxState, 0, len(outboxes))
+	for _, o := range outboxes {
+		st := metrics.OutboxState{Name: cmp.Or(o.Name, o.Config.Table.Schema), Parked: o.Parked}
+		if o.Config.Topics != nil {
+			st.TrippedTopics = len(o.Config.Topics.Tripped())
+		}
+		if o.Config.SweepsFailing != nil {
+			if sf, failing := o.Config.SweepsFailing(); failing {
+				st.SweepsFailing = sf.Consecutive
+			}
+		}
+		out = append(out, st)
+	}
+	return out
 }
 
 // adminOutboxes lists the outboxes for the admin API, each with its parts.

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-sweeper/sweeper/admin"
@@ -25,6 +26,7 @@ import (
 	"github.com/outbox-sweeper/sweeper/fleet"
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
 	"github.com/outbox-sweeper/sweeper/internal/syncbuf"
+	"github.com/outbox-sweeper/sweeper/metrics"
 	"github.com/outbox-sweeper/sweeper/outbox"
 	"github.com/outbox-sweeper/sweeper/producer"
 	"github.com/outbox-sweeper/sweeper/producer/memory"
@@ -267,6 +269,17 @@ func TestFleetKeepsEachTenantsTroubleItsOwn(t *testing.T) {
 	require.Equal(t, breaker.StateClosed, sb.TopicBreaker().State("orders"), "b's orders tripped with a's")
 	require.Equal(t, 1, dbtest.Outstanding(t, a), "a's tripped row is kept")
 
+	// The per-outbox series name the tenant in trouble, and only it; a
+	// tenant an operator named has its series whatever its state.
+	require.Equal(t, map[string]float64{"outbox_tenant_tripped_topics{" + a.Schema + "}": 1},
+		tenantSeries(t, f.States, func(string) bool { return false }))
+	named := tenantSeries(t, f.States, func(name string) bool { return name == b.Schema })
+	require.Equal(t, 1.0, named["outbox_tenant_tripped_topics{"+a.Schema+"}"])
+	require.Equal(t, 0.0, named["outbox_tenant_tripped_topics{"+b.Schema+"}"])
+	require.Contains(t, named, "outbox_tenant_sweeps_failed_consecutive{"+b.Schema+"}")
+	require.Contains(t, named, "outbox_tenant_parked{"+b.Schema+"}")
+	require.NotContains(t, named, "outbox_tenant_parked{"+a.Schema+"}", "a's parked series, a not named")
+
 	// A poison row of a's: dead-lettered in a's table, none in b's.
 	var poison int64
 	w, err := outbox.NewWriter(a)
@@ -285,6 +298,23 @@ func TestFleetKeepsEachTenantsTroubleItsOwn(t *testing.T) {
 	})
 	require.Zero(t, deadLetters(t, b))
 	require.Zero(t, dbtest.Outstanding(t, b))
+}
+
+// tenantSeries scrapes the per-outbox series of list, keeping keep's: each
+// series' value by name{outbox}.
+func tenantSeries(t *testing.T, list func() []metrics.OutboxState, keep func(string) bool) map[string]float64 {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	metrics.RegisterOutboxes(reg, list, keep)
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	out := map[string]float64{}
+	for _, mf := range families {
+		for _, m := range mf.GetMetric() {
+			out[mf.GetName()+"{"+m.GetLabel()[0].GetValue()+"}"] = m.GetGauge().GetValue()
+		}
+	}
+	return out
 }
 
 func deadLetters(t *testing.T, tbl outbox.Table) int {

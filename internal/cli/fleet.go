@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path"
 	"strings"
 	"syscall"
 	"time"
@@ -37,6 +38,7 @@ type fleetOptions struct {
 	maxConnections int
 	destination    string
 	reconcile      time.Duration
+	metricsOutbox  string
 }
 
 func (o *fleetOptions) register(f *flags) {
@@ -48,6 +50,8 @@ func (o *fleetOptions) register(f *flags) {
 		"with --schemas or --databases-file: the most connections the relay opens to each database, its LISTEN session included, however many tenants are busy (at least 3)")
 	f.String(&o.destination, "destination", string(producer.DestinationDefault), "template",
 		"with --schemas: the name each tenant's topic is sent under; {schema}.{topic} puts the tenant's schema before the topic when tenants share a broker's namespace")
+	f.String(&o.metricsOutbox, "metrics-outboxes", "", "pattern",
+		"with --schemas: the outboxes (by their admin API name, tenant_*) whose per-outbox series are exported always; others have them only while in trouble (a tripped topic, failing sweeps)")
 	f.Duration(&o.reconcile, "reconcile", fleet.ReconcileDefault,
 		"with --schemas: how often the idle tenants' outboxes are checked for rows whose notification was lost (the tables' insert counters in one statement; then one statement per 100 tenants asked: those whose counter moved, and a tenth of the others in turn)")
 }
@@ -72,6 +76,13 @@ func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, 
 	}
 	if err := producer.Destination(o.destination).Validate(); err != nil {
 		return usagef("%s: %v", f.origin("destination"), err)
+	}
+	if _, err := path.Match(o.metricsOutbox, ""); err != nil {
+		return usagef("invalid pattern %q for %s: use * for any run of characters, ? for one, [a-z] for a range (e.g. tenant_00*)", o.metricsOutbox, f.origin("metrics-outboxes"))
+	}
+	keep := func(name string) bool {
+		ok, _ := path.Match(o.metricsOutbox, name)
+		return o.metricsOutbox != "" && ok
 	}
 	var ropts relay.Options
 	if err := o.maintenanceOptions.services(f, &ropts, syncAlerter); err != nil {
@@ -112,7 +123,7 @@ func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, 
 		StallTicks:  o.stallTicks,
 	}
 	if o.databasesFile != "" {
-		return o.runDatabases(ctx, f, p, opts, logger)
+		return o.runDatabases(ctx, f, p, opts, logger, reg, keep)
 	}
 	// The LISTEN session is the budget's last connection.
 	poolCfg.MaxConns = int32(o.maxConnections - 1)
@@ -131,6 +142,7 @@ func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, 
 		}
 		return err
 	}
+	metrics.RegisterOutboxes(reg, fl.States, keep)
 	logger.Info("starting", "version", version(), "producer", o.name, "database", redact(poolCfg.ConnConfig),
 		"schemas", o.schemas, "table", cfg.Table.Name, "max_connections", o.maxConnections, "destination", o.destination)
 	return fl.Run(ctx)
@@ -138,7 +150,8 @@ func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, 
 
 // runDatabases relays the databases --databases-file lists, a fleet each,
 // reading the file again on SIGHUP and whenever it changes.
-func (o *runOptions) runDatabases(ctx context.Context, f *flags, p producer.Producer, opts fleet.Options, logger *slog.Logger) error {
+func (o *runOptions) runDatabases(ctx context.Context, f *flags, p producer.Producer, opts fleet.Options, logger *slog.Logger,
+	reg prometheus.Registerer, keep func(string) bool) error {
 	d, err := fleet.NewDatabases(p, fleet.DatabasesOptions{
 		Fleet: opts,
 		URLs:  func() ([]string, error) { return readDatabasesFile(o.databasesFile) },
@@ -155,6 +168,7 @@ func (o *runOptions) runDatabases(ctx context.Context, f *flags, p producer.Prod
 	if err != nil {
 		return err
 	}
+	metrics.RegisterOutboxes(reg, d.States, keep)
 	urls, err := readDatabasesFile(o.databasesFile)
 	if err != nil {
 		return usagef("%s: %v", f.origin("databases-file"), err)

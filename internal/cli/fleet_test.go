@@ -23,7 +23,9 @@ func TestFleetFlagsRefuseWhatCannotWork(t *testing.T) {
 		want string
 	}{
 		{[]string{"run", "--max-connections", "5"}, "--max-connections works with --schemas only"},
-		{[]string{"run", "--destination", "{schema}.{topic}"}, "--destination works with --schemas only"},
+		{[]string{"run", "--destination", "{schema}.{topic}"}, "--destination works with --schemas or --databases-file only"},
+		{[]string{"run", "--metrics-outboxes", "tenant_*"}, "--metrics-outboxes works with --schemas or --databases-file only"},
+		{[]string{"run", "--schemas", "tenant_*", "--metrics-outboxes", "["}, `invalid pattern "[" for --metrics-outboxes`},
 		{[]string{"run", "--schemas", "tenant_*", "--schema", "app"}, "--schema and --schemas both name the outboxes"},
 		{[]string{"run", "--schemas", "tenant_*", "--notify=false"}, "--notify does not work with --schemas"},
 		{[]string{"run", "--schemas", "tenant_*", "--max-connections", "2"}, "--max-connections is 2: it must be at least 3"},
