@@ -249,22 +249,32 @@ func TestDatabasesFileIsReadAgainOnSIGHUP(t *testing.T) {
 
 // With --schemas, the connection budget's pool is exported as a relay of
 // one exports its own (outbox_db_pool_*): its size is --max-connections
-// less the LISTEN session.
+// less the LISTEN session. The per-tenant series are there for the tenant
+// --metrics-outboxes names, and not for the other, healthy one.
 func TestSchemasExportTheBudgetsPool(t *testing.T) {
 	t.Parallel()
 	base := dbtest.Schema(t)
-	tenantSchemas(t, base, 2)
+	tbls := tenantSchemas(t, base, 2)
 	code, out, errOut := runOnce(t, "migrate", "--database-url", dbtest.URL(t), "--schemas", base+"_t*")
 	require.Equal(t, 0, code, "%s%s", out, errOut)
 	addr := fmt.Sprintf("127.0.0.1:%d", dbtest.FreePort(t))
 	p := start(t, nil, "run", "--database-url", dbtest.URL(t), "--schemas", base+"_t*", "--max-connections", "6",
-		"--producer", "stdout", "--admin-addr", addr)
+		"--producer", "stdout", "--admin-addr", addr, "--metrics-outboxes", tbls[0].Schema)
 	dbtest.Eventually(t, 2*time.Minute, "ready", func() bool { return readyz(addr) == http.StatusOK })
-	resp, err := http.Get("http://" + addr + "/metrics")
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	require.Contains(t, string(body), "\noutbox_db_pool_max_connections 5\n")
+	scrape := func() string {
+		resp, err := http.Get("http://" + addr + "/metrics")
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return string(body)
+	}
+	require.Contains(t, scrape(), "\noutbox_db_pool_max_connections 5\n")
+	dbtest.Eventually(t, time.Minute, "the named tenant parked", func() bool {
+		return strings.Contains(scrape(), `outbox_tenant_parked{outbox="`+tbls[0].Schema+`"} 1`)
+	})
+	body := scrape()
+	require.Contains(t, body, `outbox_tenant_tripped_topics{outbox="`+tbls[0].Schema+`"} 0`)
+	require.NotContains(t, body, `outbox="`+tbls[1].Schema+`"`, "a healthy tenant not named has no series")
 	require.Equal(t, 0, p.terminate(t, time.Minute))
 }
