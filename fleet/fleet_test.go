@@ -668,3 +668,88 @@ func TestFleetReconcilesEveryOutboxWhenItsListenSessionComesBack(t *testing.T) {
 		return slices.ContainsFunc(p.Messages(), func(m producer.Message) bool { return string(m.Payload) == "silent" })
 	})
 }
+
+// A dead-letter storm in one tenant trips that tenant's topic and alerts
+// under that tenant's name; the other tenant's same topic flows on and no
+// alert names it.
+func TestFleetStormAlertsNameTheirTenant(t *testing.T) {
+	base := dbtest.Schema(t)
+	tbls := tenants(t, base, 2)
+	a, b := tbls[0], tbls[1]
+	got := &fullAlerts{}
+	p := memory.New(memory.Config{})
+	f, _ := newFleet(t, base+"_t*", p, "fleet-"+base, fleet.Options{
+		Sweeper: outbox.Config{Alerter: got, DeadLetterLimit: 2, DeadLetterWindow: time.Hour},
+	})
+	waitParked(t, f, tbls)
+
+	// Five rows of a's mail the broker calls poison, each alone: the third
+	// dead letter within the window is a storm.
+	w, err := outbox.NewWriter(a)
+	require.NoError(t, err)
+	require.NoError(t, pgx.BeginFunc(context.Background(), dbtest.Pool(t), func(tx pgx.Tx) error {
+		for i := range 5 {
+			if err := w.Write(context.Background(), tx, outbox.Message{Topic: "mail", Payload: fmt.Appendf(nil, "poison-%d", i)}); err != nil {
+				return err
+			}
+		}
+		rows, _ := tx.Query(context.Background(), "SELECT id FROM "+a.Ident())
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		for _, id := range ids {
+			p.FailMessage(id, producer.NewMessageError(producer.ReasonInvalidMessage, []int64{id}, errors.New("unparseable")))
+		}
+		return err
+	}))
+	sa, _ := f.Sweeper(a)
+	dbtest.Eventually(t, time.Minute, "a's mail tripped by the storm guard", func() bool {
+		return sa.TopicBreaker().State("mail") == breaker.StateTripped
+	})
+	dbtest.Eventually(t, time.Minute, "the storm's alert", func() bool { return len(got.of("dead-letter-storm-guard")) > 0 })
+	for _, al := range got.of("dead-letter-storm-guard") {
+		require.Equal(t, a.Schema, al.Outbox, "the storm alert names its tenant: %+v", al)
+	}
+	require.LessOrEqual(t, deadLetters(t, a), 3, "the guard stopped dead-lettering a's rows")
+	require.Equal(t, 5, deadLetters(t, a)+dbtest.Outstanding(t, a), "a's rows are dead-lettered or kept")
+
+	// b's ids start past a's: the memory producer fails a row by its id alone.
+	_, err = dbtest.Pool(t).Exec(context.Background(), "SELECT setval(pg_get_serial_sequence($1, 'id'), 1000)", b.Ident())
+	require.NoError(t, err)
+	write(t, b, outbox.Message{Topic: "mail", Payload: []byte("b-mail")})
+	dbtest.Eventually(t, time.Minute, "b's mail delivered", func() bool {
+		return slices.ContainsFunc(p.Messages(), func(m producer.Message) bool { return string(m.Payload) == "b-mail" })
+	})
+	sb, _ := f.Sweeper(b)
+	require.Equal(t, breaker.StateClosed, sb.TopicBreaker().State("mail"))
+	for _, al := range got.all() {
+		require.NotEqual(t, b.Schema, al.Outbox, "an alert names the healthy tenant: %+v", al)
+	}
+}
+
+// fullAlerts records every alert.
+type fullAlerts struct {
+	mu  sync.Mutex
+	got []alert.Alert
+}
+
+func (a *fullAlerts) Alert(_ context.Context, al alert.Alert) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.got = append(a.got, al)
+	return nil
+}
+
+func (a *fullAlerts) all() []alert.Alert {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.got)
+}
+
+func (a *fullAlerts) of(component string) []alert.Alert {
+	var out []alert.Alert
+	for _, al := range a.all() {
+		if al.Component == component {
+			out = append(out, al)
+		}
+	}
+	return out
+}
