@@ -13,26 +13,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-sweeper/sweeper/alert"
+	"github.com/outbox-sweeper/sweeper/internal/alerttest"
 )
 
 // alerts is a receiver that keeps what it got, in order.
-type alerts struct {
-	mu  sync.Mutex
-	got []alert.Alert
-}
+type alerts struct{ alerttest.Recorder }
 
-func (r *alerts) Alert(_ context.Context, a alert.Alert) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.got = append(r.got, a)
-	return nil
-}
-
-func (r *alerts) snapshot() []alert.Alert {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]alert.Alert(nil), r.got...)
-}
+func (r *alerts) snapshot() []alert.Alert { return r.All() }
 
 // waitFor waits until r holds n alerts.
 func (r *alerts) waitFor(t *testing.T, n int) []alert.Alert {

@@ -24,6 +24,7 @@ import (
 	"github.com/outbox-sweeper/sweeper/alert"
 	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/fleet"
+	"github.com/outbox-sweeper/sweeper/internal/alerttest"
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
 	"github.com/outbox-sweeper/sweeper/internal/syncbuf"
 	"github.com/outbox-sweeper/sweeper/metrics"
@@ -681,7 +682,7 @@ func TestFleetStormAlertsNameTheirTenant(t *testing.T) {
 	base := dbtest.Schema(t)
 	tbls := tenants(t, base, 2)
 	a, b := tbls[0], tbls[1]
-	got := &fullAlerts{}
+	got := &alerttest.Recorder{}
 	p := memory.New(memory.Config{})
 	f, _ := newFleet(t, base+"_t*", p, "fleet-"+base, fleet.Options{
 		Sweeper: outbox.Config{Alerter: got, DeadLetterLimit: 2, DeadLetterWindow: time.Hour},
@@ -709,8 +710,8 @@ func TestFleetStormAlertsNameTheirTenant(t *testing.T) {
 	dbtest.Eventually(t, time.Minute, "a's mail tripped by the storm guard", func() bool {
 		return sa.TopicBreaker().State("mail") == breaker.StateTripped
 	})
-	dbtest.Eventually(t, time.Minute, "the storm's alert", func() bool { return len(got.of("dead-letter-storm-guard")) > 0 })
-	for _, al := range got.of("dead-letter-storm-guard") {
+	dbtest.Eventually(t, time.Minute, "the storm's alert", func() bool { return len(got.Of("dead-letter-storm-guard")) > 0 })
+	for _, al := range got.Of("dead-letter-storm-guard") {
 		require.Equal(t, a.Schema, al.Outbox, "the storm alert names its tenant: %+v", al)
 	}
 	require.LessOrEqual(t, deadLetters(t, a), 3, "the guard stopped dead-lettering a's rows")
@@ -725,36 +726,7 @@ func TestFleetStormAlertsNameTheirTenant(t *testing.T) {
 	})
 	sb, _ := f.Sweeper(b)
 	require.Equal(t, breaker.StateClosed, sb.TopicBreaker().State("mail"))
-	for _, al := range got.all() {
+	for _, al := range got.All() {
 		require.NotEqual(t, b.Schema, al.Outbox, "an alert names the healthy tenant: %+v", al)
 	}
-}
-
-// fullAlerts records every alert.
-type fullAlerts struct {
-	mu  sync.Mutex
-	got []alert.Alert
-}
-
-func (a *fullAlerts) Alert(_ context.Context, al alert.Alert) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.got = append(a.got, al)
-	return nil
-}
-
-func (a *fullAlerts) all() []alert.Alert {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return slices.Clone(a.got)
-}
-
-func (a *fullAlerts) of(component string) []alert.Alert {
-	var out []alert.Alert
-	for _, al := range a.all() {
-		if al.Component == component {
-			out = append(out, al)
-		}
-	}
-	return out
 }
