@@ -121,6 +121,34 @@ type fleetMember struct {
 
 func (o FleetOutbox) name() string { return cmp.Or(o.Name, o.Config.Table.Schema) }
 
+// FleetTrouble is what an outbox's sweeper knows of its trouble, without
+// asking the database: what GET /outboxes sorts by, and the per-outbox
+// series (metrics.RegisterOutboxes) show.
+type FleetTrouble struct {
+	// Name is the outbox's name in the API's paths.
+	Name string
+	// TrippedTopics are its tripped topics; SweepsFailing, its sweeps failed
+	// in a row (0 while they succeed).
+	TrippedTopics []string
+	SweepsFailing int
+}
+
+// Trouble reads the outbox's trouble from its parts.
+func (o FleetOutbox) Trouble() FleetTrouble {
+	t := FleetTrouble{Name: o.name(), TrippedTopics: []string{}}
+	if o.Config.Topics != nil {
+		for _, ts := range o.Config.Topics.Tripped() {
+			t.TrippedTopics = append(t.TrippedTopics, ts.Topic)
+		}
+	}
+	if o.Config.SweepsFailing != nil {
+		if sf, failing := o.Config.SweepsFailing(); failing {
+			t.SweepsFailing = sf.Consecutive
+		}
+	}
+	return t
+}
+
 func (f *fleetAPI) find(name string) (FleetOutbox, bool) {
 	for _, o := range f.cfg.Outboxes() {
 		if o.name() == name {
@@ -244,21 +272,10 @@ func (f *fleetAPI) list(w http.ResponseWriter, r *http.Request) {
 	}
 	list := make([]*fleetOutboxStatus, 0, len(outboxes))
 	for _, o := range outboxes {
-		t, k := o.Config.Table, key{o.Config.Pool, o.Config.Table.Schema}
-		st := &fleetOutboxStatus{Name: o.name(), Database: o.Database, Schema: t.Schema, Table: t.String(), pool: o.Config.Pool,
-			Parked: o.Parked, BacklogEstimate: backlog[k], DeadLettersEstimate: dead[k], TrippedTopics: []string{},
-			Path: "/outboxes/" + o.name() + "/"}
-		if o.Config.Topics != nil {
-			for _, ts := range o.Config.Topics.Tripped() {
-				st.TrippedTopics = append(st.TrippedTopics, ts.Topic)
-			}
-		}
-		if o.Config.SweepsFailing != nil {
-			if sf, failing := o.Config.SweepsFailing(); failing {
-				st.SweepsFailing = sf.Consecutive
-			}
-		}
-		list = append(list, st)
+		t, k, tr := o.Config.Table, key{o.Config.Pool, o.Config.Table.Schema}, o.Trouble()
+		list = append(list, &fleetOutboxStatus{Name: tr.Name, Database: o.Database, Schema: t.Schema, Table: t.String(), pool: o.Config.Pool,
+			Parked: o.Parked, BacklogEstimate: backlog[k], DeadLettersEstimate: dead[k], TrippedTopics: tr.TrippedTopics,
+			SweepsFailing: tr.SweepsFailing, Path: "/outboxes/" + tr.Name + "/"})
 	}
 	slices.SortFunc(list, func(a, b *fleetOutboxStatus) int {
 		return cmp.Or(-cmp.Compare(len(a.TrippedTopics), len(b.TrippedTopics)), -cmp.Compare(a.SweepsFailing, b.SweepsFailing),

@@ -650,16 +650,8 @@ func (f *Fleet) States() []metrics.OutboxState { return states(f.adminOutboxes()
 func states(outboxes []admin.FleetOutbox) []metrics.OutboxState {
 	out := make([]metrics.OutboxState, 0, len(outboxes))
 	for _, o := range outboxes {
-		st := metrics.OutboxState{Name: cmp.Or(o.Name, o.Config.Table.Schema), Parked: o.Parked}
-		if o.Config.Topics != nil {
-			st.TrippedTopics = len(o.Config.Topics.Tripped())
-		}
-		if o.Config.SweepsFailing != nil {
-			if sf, failing := o.Config.SweepsFailing(); failing {
-				st.SweepsFailing = sf.Consecutive
-			}
-		}
-		out = append(out, st)
+		t := o.Trouble()
+		out = append(out, metrics.OutboxState{Name: t.Name, TrippedTopics: len(t.TrippedTopics), SweepsFailing: t.SweepsFailing, Parked: o.Parked})
 	}
 	return out
 }

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // AwakeLock exposes the awake lock to the external tests, which need the
@@ -78,3 +80,32 @@ func OneLane(s *Sweeper) *Sweeper {
 	s.lanes = 1
 	return s
 }
+
+// ClaimedPage exposes a page's end to the external tests.
+type ClaimedPage struct{ p *page }
+
+// ClaimPage claims up to share rows of each of topics of t in a page of its
+// own, as a sweep's first page does.
+func ClaimPage(ctx context.Context, pool *pgxpool.Pool, t Table, topics []string, share int) (ClaimedPage, error) {
+	s := newStore(pool, t.WithDefaults(), deadLetterPolicy{}, OrderingNone, time.Minute, &heartbeat{})
+	p, _, _, err := claimPage(ctx, s, topics, make([]int64, len(topics)), share)
+	return ClaimedPage{p}, err
+}
+
+// Rows says how many rows the page holds.
+func (c ClaimedPage) Rows() int { return len(c.p.rows) }
+
+// SendAll records every row as accepted by the broker.
+func (c ClaimedPage) SendAll() {
+	for i := range c.p.rows {
+		c.p.rows[i].sent = true
+	}
+}
+
+// Misplace makes the page look for row id where no row is.
+func (c ClaimedPage) Misplace(id int64) {
+	c.p.row(id).tid = pgtype.TID{BlockNumber: 1 << 30, OffsetNumber: 1, Valid: true}
+}
+
+// End ends the page.
+func (c ClaimedPage) End(ctx context.Context) error { return c.p.end(ctx) }

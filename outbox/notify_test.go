@@ -14,7 +14,6 @@ import (
 	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
 	"github.com/outbox-sweeper/sweeper/outbox"
-	"github.com/outbox-sweeper/sweeper/producer"
 	"github.com/outbox-sweeper/sweeper/producer/memory"
 )
 
@@ -363,12 +362,12 @@ func TestWakeUpsDoNotShortenCooldowns(t *testing.T) {
 }
 
 // sweepCounter is an Observer that counts sweeps.
-type sweepCounter struct{ n atomic.Int64 }
+type sweepCounter struct {
+	ignored
+	n atomic.Int64
+}
 
-func (*sweepCounter) BatchDispatched(string, int, []time.Duration) {}
-func (*sweepCounter) BatchFailed(string, producer.Class)           {}
-func (*sweepCounter) DeadLettered(string, int)                     {}
-func (c *sweepCounter) SweepDone(time.Duration)                    { c.n.Add(1) }
+func (c *sweepCounter) SweepDone(time.Duration) { c.n.Add(1) }
 
 // An awake sweeper lets its lock go only after the transactions running at that
 // moment have ended, and sweeps once more: a row whose statement saw the lock

@@ -222,6 +222,10 @@ func newPage(s *store, tx *pageTx) *page {
 	return p
 }
 
+// row returns what the page holds of claimed row id. The pointer is good
+// until the next hold.
+func (p *page) row(id int64) *heldRow { return &p.rows[p.held[id]] }
+
 // hold adds claimed rows msgs to the page. Call it while no send is in flight.
 func (p *page) hold(msgs []producer.Message, tids []pgtype.TID) {
 	p.mu.Lock()
@@ -308,56 +312,46 @@ func (p *page) record() (release func(), err error) {
 func (p *page) end(ctx context.Context) error {
 	if p.err != nil {
 		p.release(ctx)
-		p.lostSent(nil)
+		p.lostSent()
 		return p.err
 	}
 	p.stopKeepAlive()
 	endCtx, cancel := stmtCtx(ctx)
 	defer cancel()
 	defer p.s.beat()
-	var (
-		sent []int64
-		tids []pgtype.TID
-	)
+	var tids []pgtype.TID // the sent rows'
 	for _, r := range p.rows {
 		if r.sent {
-			sent, tids = append(sent, r.id), append(tids, r.tid)
+			tids = append(tids, r.tid)
 		} else if p.left != nil {
 			p.left(r.topic, r.id)
 		}
 	}
-	if len(sent) == 0 {
-		if err := p.tx.commit(endCtx, ""); err != nil {
-			return fmt.Errorf("commit a page of %s: %w", p.s.table, p.s.explain(err))
-		}
-		return nil
+	move := ""
+	if len(tids) > 0 {
+		move = p.s.pageSQL.moveSent
 	}
-	if err := p.tx.commit(endCtx, p.s.pageSQL.moveSent, tids); err != nil {
-		p.lostSent(sent)
-		return fmt.Errorf("move a page's %d sent rows of %s to its history (they will be sent again): %w", len(sent), p.s.table, p.s.explain(err))
+	if err := p.tx.commit(endCtx, move, tids); err != nil {
+		p.lostSent()
+		return fmt.Errorf("move a page's %d sent rows of %s to its history (they will be sent again): %w", len(tids), p.s.table, p.s.explain(err))
 	}
 	return nil
 }
 
 // lostSent tells resent of the rows the broker took that a rolled-back page
-// leaves outstanding: sent, or every row sent when nil.
-func (p *page) lostSent(sent []int64) {
+// leaves outstanding.
+func (p *page) lostSent() {
 	if p.resent == nil {
 		return
 	}
-	if sent == nil {
-		p.mu.Lock()
-		for _, r := range p.rows {
-			if r.sent {
-				sent = append(sent, r.id)
-			}
-		}
-		p.mu.Unlock()
-	}
 	byTopic := map[string]int{}
-	for _, id := range sent {
-		byTopic[p.rows[p.held[id]].topic]++
+	p.mu.Lock()
+	for _, r := range p.rows {
+		if r.sent {
+			byTopic[r.topic]++
+		}
 	}
+	p.mu.Unlock()
 	for topic, n := range byTopic {
 		p.resent(topic, n)
 	}
@@ -404,7 +398,7 @@ func (p *page) batch(b producer.Batch) (c *pageBatch, contended bool) {
 func (c *pageBatch) attemptsOf(id int64) int {
 	c.p.mu.Lock()
 	defer c.p.mu.Unlock()
-	return c.p.rows[c.p.held[id]].attempts
+	return c.p.row(id).attempts
 }
 
 // sending notes that c's send begins, for the keep-alive; it returns the
@@ -426,7 +420,7 @@ func (c *pageBatch) dispatched() {
 	c.p.mu.Lock()
 	defer c.p.mu.Unlock()
 	for _, m := range c.batch.Messages {
-		c.p.rows[c.p.held[m.ID]].sent = true
+		c.p.row(m.ID).sent = true
 	}
 }
 

@@ -49,13 +49,13 @@ func (p *page) recordFailure(ctx context.Context, topic string, ids, charged []i
 	)
 	rows, _ := p.tx.Query(ctx, p.s.pageSQL.recordFailure, ids, charged, errText, note)
 	if _, err := pgx.ForEachRow(rows, []any{&id, &tid}, func() error {
-		p.rows[p.held[id]].tid = tid
+		p.row(id).tid = tid
 		return nil
 	}); err != nil {
 		return fmt.Errorf("record failed send of %d rows of topic %q: %w", len(ids), topic, err)
 	}
 	for _, id := range charged {
-		p.rows[p.held[id]].attempts++
+		p.row(id).attempts++
 	}
 	return nil
 }

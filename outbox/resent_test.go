@@ -5,7 +5,6 @@ import (
 	"errors"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -17,14 +16,11 @@ import (
 
 // resentLog is an outbox.ResendObserver that keeps what Resent is told.
 type resentLog struct {
+	ignored
 	mu sync.Mutex
 	n  map[[2]string]int // by topic and cause
 }
 
-func (l *resentLog) BatchDispatched(string, int, []time.Duration) {}
-func (l *resentLog) BatchFailed(string, producer.Class)           {}
-func (l *resentLog) DeadLettered(string, int)                     {}
-func (l *resentLog) SweepDone(time.Duration)                      {}
 func (l *resentLog) Resent(topic, cause string, n int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -90,4 +86,28 @@ func TestResentCountsFailuresThatMayHaveDelivered(t *testing.T) {
 	require.GreaterOrEqual(t, log.count("lost", outbox.ResendUnknownOutcome), 3, "every row of the failed send at least once")
 	require.Zero(t, log.count("refused", outbox.ResendUnknownOutcome))
 	require.Zero(t, log.count("lost", outbox.ResendRolledBack))
+}
+
+// A page whose end does not find a sent row where it locked it moves none of
+// its rows: the move's own check fails it, the page rolls back, its rows stay
+// outstanding to be sent again, and the error says what happened.
+func TestAPageThatCannotFindASentRowMovesNothing(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("a", 5)...)
+	ctx := context.Background()
+	p, err := outbox.ClaimPage(ctx, dbtest.Pool(t), tbl, []string{"a"}, 10)
+	require.NoError(t, err)
+	require.Equal(t, 5, p.Rows())
+	var id int64
+	require.NoError(t, dbtest.Pool(t).QueryRow(ctx, "SELECT min(id) FROM "+tbl.Ident()).Scan(&id))
+	p.SendAll()
+	p.Misplace(id)
+	err = p.End(ctx)
+	require.ErrorContains(t, err, "the page moved 4 of its 5 sent rows")
+	require.ErrorContains(t, err, "they will be sent again")
+	require.Equal(t, 5, dbtest.Outstanding(t, tbl), "every row still outstanding")
+	var moved int
+	require.NoError(t, dbtest.Pool(t).QueryRow(ctx, "SELECT count(*) FROM "+historyIdent(tbl)).Scan(&moved))
+	require.Zero(t, moved, "nothing in the history")
 }

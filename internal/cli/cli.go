@@ -374,10 +374,11 @@ func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Wri
 	}
 	if o.schemas == "" && o.databasesFile == "" {
 		for _, name := range []string{"max-connections", "destination", "reconcile", "metrics-outboxes"} {
-			if f.set(name) && name == "max-connections" {
+			switch {
+			case !f.set(name):
+			case name == "max-connections":
 				return usagef("%s works with --schemas only (a relay of many outboxes); a relay of one uses %d connections", f.origin(name), poolSize+2)
-			}
-			if f.set(name) {
+			default:
 				return usagef("%s works with --schemas or --databases-file only (a relay of many outboxes): leave it out", f.origin(name))
 			}
 		}

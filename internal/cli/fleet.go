@@ -80,9 +80,12 @@ func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, 
 	if _, err := path.Match(o.metricsOutbox, ""); err != nil {
 		return usagef("invalid pattern %q for %s: use * for any run of characters, ? for one, [a-z] for a range (e.g. tenant_00*)", o.metricsOutbox, f.origin("metrics-outboxes"))
 	}
-	keep := func(name string) bool {
-		ok, _ := path.Match(o.metricsOutbox, name)
-		return o.metricsOutbox != "" && ok
+	var keep func(string) bool // none named: only the outboxes in trouble
+	if o.metricsOutbox != "" {
+		keep = func(name string) bool {
+			ok, _ := path.Match(o.metricsOutbox, name)
+			return ok
+		}
 	}
 	var ropts relay.Options
 	if err := o.maintenanceOptions.services(f, &ropts, syncAlerter); err != nil {

@@ -105,22 +105,25 @@ func median(xs []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-func rates(xs []float64) string {
+// list writes xs in format, separated by commas.
+func list(format string, xs []float64) string {
 	parts := make([]string, len(xs))
 	for i, x := range xs {
-		parts[i] = fmt.Sprintf("%.0f", x)
+		parts[i] = fmt.Sprintf(format, x)
 	}
 	return strings.Join(parts, ", ")
 }
+
+func rates(xs []float64) string { return list("%.0f", xs) }
 
 func (c ceilingResult) print() {
 	fmt.Fprintf(os.Stderr, "\nceilings (%d rows of the same size and topics, this cluster, %d rounds; medians, and each round's figure in order):\n", c.Rows, len(c.DBRuns))
 	fmt.Fprintf(os.Stderr, "  minimal table, the issue's statement from the head   %8.0f rows/s  (%s)\n", c.DB, rates(c.DBRuns))
 	fmt.Fprintf(os.Stderr, "  minimal table, keyset (id > last)                    %8.0f rows/s  (%s)\n", c.DBKeyset, rates(c.DBKeysetRuns))
 	fmt.Fprintf(os.Stderr, "  binary drain, default tick   %8.0f msg/s  (%s); first message after %s s\n",
-		c.DrainDefault, rates(c.DrainDefaultRuns), seconds(c.FirstDefaultRuns))
+		c.DrainDefault, rates(c.DrainDefaultRuns), list("%.3f", c.FirstDefaultRuns))
 	fmt.Fprintf(os.Stderr, "  binary drain, --tick 50ms    %8.0f msg/s  (%s); first message after %s s\n",
-		c.DrainTick50ms, rates(c.DrainTick50msRuns), seconds(c.FirstTick50msRuns))
+		c.DrainTick50ms, rates(c.DrainTick50msRuns), list("%.3f", c.FirstTick50msRuns))
 	fmt.Fprintf(os.Stderr, "  median of the rounds' ratios: default tick %.2f of the ceiling (goal ≥ 0.8); --tick 50ms %.2f of the ceiling, %.2f of the default tick (goal ≥ 0.95)\n\n",
 		c.DefaultOfCeiling, c.Tick50msOfCeil, c.Tick50msOfDef)
 	// Benchmark lines on stdout, for benchstat.
@@ -128,14 +131,6 @@ func (c ceilingResult) print() {
 	fmt.Printf("BenchmarkSoakDrain/tick=default 1 %.0f msg/s %.3f of-ceiling\n", c.DrainDefault, c.DefaultOfCeiling)
 	fmt.Printf("BenchmarkSoakDrain/tick=50ms 1 %.0f msg/s %.3f of-ceiling %.3f of-default-tick\n",
 		c.DrainTick50ms, c.Tick50msOfCeil, c.Tick50msOfDef)
-}
-
-func seconds(xs []float64) string {
-	parts := make([]string, len(xs))
-	for i, x := range xs {
-		parts[i] = fmt.Sprintf("%.3f", x)
-	}
-	return strings.Join(parts, ", ")
 }
 
 func printSummaries(cfg *config, sums []summary) {
