@@ -278,3 +278,72 @@ func TestSchemasExportTheBudgetsPool(t *testing.T) {
 	require.NotContains(t, body, `outbox="`+tbls[1].Schema+`"`, "a healthy tenant not named has no series")
 	require.Equal(t, 0, p.terminate(t, time.Minute))
 }
+
+// With --redis-url, each tenant's topic breaker is shared through Redis by
+// every process relaying the tenants, and is that tenant's alone: a topic
+// tripped by hand in tenant a through one process is tripped in the other
+// too, a's rows of it wait in both, and tenant b's topic of the same name
+// flows.
+func TestSchemasShareEachTenantsBreakerThroughRedis(t *testing.T) {
+	t.Parallel()
+	base := dbtest.Schema(t)
+	tbls := tenantSchemas(t, base, 2)
+	a, b := tbls[0], tbls[1]
+	code, out, errOut := runOnce(t, "migrate", "--database-url", dbtest.URL(t), "--schemas", base+"_t*")
+	require.Equal(t, 0, code, "%s%s", out, errOut)
+	var procs []*proc
+	var addrs []string
+	for range 2 {
+		addr := fmt.Sprintf("127.0.0.1:%d", dbtest.FreePort(t))
+		addrs = append(addrs, "http://"+addr)
+		procs = append(procs, start(t, nil, "run", "--database-url", dbtest.URL(t), "--schemas", base+"_t*",
+			"--producer", "stdout", "--admin-addr", addr, "--redis-url", brokertest.RedisURL(t), "--tick", "100ms",
+			// The trip outlasts the test: a cooldown that ran out would let
+			// the rows it holds back go.
+			"--topic-cooldown-ticks", "100000", "--topic-cooldown-max-ticks", "100000"))
+		dbtest.Eventually(t, 2*time.Minute, "ready", func() bool { return readyz(addr) == http.StatusOK })
+	}
+	code, out, errOut = runOnce(t, "topics", "trip", "orders", "--outbox", a.Schema, "--admin-url", addrs[0], "--reason", "a test")
+	require.Equal(t, 0, code, "%s%s", out, errOut)
+	tripped := func(o outbox.Table, admin string) bool {
+		code, out, errOut := runOnce(t, "topics", "list", "--outbox", o.Schema, "--admin-url", admin)
+		require.Equal(t, 0, code, "%s%s", out, errOut)
+		return strings.Contains(out, "orders")
+	}
+	require.True(t, tripped(a, addrs[1]), "the other process sees a's trip")
+	require.False(t, tripped(b, addrs[0]), "b's orders is not a's")
+	require.False(t, tripped(b, addrs[1]), "b's orders is not a's")
+
+	write := func(o outbox.Table, topic, payload string) {
+		w, err := outbox.NewWriter(o)
+		require.NoError(t, err)
+		require.NoError(t, w.Write(context.Background(), dbtest.Pool(t), outbox.Message{Topic: topic, Payload: []byte(payload)}))
+	}
+	write(a, "orders", "a-orders")
+	write(b, "orders", "b-orders")
+	write(a, "invoices", "a-invoices")
+	printed := func(payload string) bool {
+		for _, p := range procs {
+			for _, m := range parseLines(t, p.Lines()) {
+				if string(m.Payload) == payload {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	dbtest.Eventually(t, time.Minute, "b's orders and a's invoices", func() bool { return printed("b-orders") && printed("a-invoices") })
+	// The sweep that sent a's invoices met a's orders row, written before
+	// them, and left it.
+	require.False(t, printed("a-orders"), "a's tripped topic was sent")
+	require.Equal(t, 1, dbtest.Outstanding(t, a), "a's orders row waits")
+
+	code, out, errOut = runOnce(t, "topics", "reset", "orders", "--outbox", a.Schema, "--admin-url", addrs[1])
+	require.Equal(t, 0, code, "%s%s", out, errOut)
+	dbtest.Eventually(t, time.Minute, "a's orders once reset through the other process", func() bool { return printed("a-orders") })
+	for _, p := range procs {
+		require.Equal(t, 0, p.terminate(t, time.Minute))
+		require.NotContains(t, p.Stderr(), " ERR ")
+		require.NotContains(t, p.Stderr(), "redis does not answer")
+	}
+}

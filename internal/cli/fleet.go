@@ -65,8 +65,6 @@ func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, 
 		return usagef("%s and %s both name databases: give one", f.origin("database-url"), f.origin("databases-file"))
 	case f.set("schema"):
 		return usagef("%s and %s both name the outboxes: give one (--schemas relays every schema matching its pattern)", f.origin("schema"), f.origin("schemas"))
-	case o.redisURL != "":
-		return usagef("%s does not work with %s yet: each tenant's topic breaker is kept in memory; leave it out", f.origin("redis-url"), f.origin("schemas"))
 	case !o.notify:
 		return usagef("%s does not work with %s: an idle tenant sweeps only when its commit notifies the relay (or at --reconcile); leave it on", f.origin("notify"), f.origin("schemas"))
 	case o.maxConnections < 3:
@@ -85,6 +83,13 @@ func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, 
 		keep = func(name string) bool {
 			ok, _ := path.Match(o.metricsOutbox, name)
 			return ok
+		}
+	}
+	if o.redisURL != "" {
+		// Checked here, not when the first tenant's breaker is made: a bad
+		// URL would otherwise leave every tenant out, one error each.
+		if _, err := o.redisClient(f, logger); err != nil {
+			return err
 		}
 	}
 	var ropts relay.Options
@@ -114,7 +119,10 @@ func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, 
 		Schemas: o.schemas,
 		Sweeper: cfg,
 		TopicBreaker: func(t outbox.Table, name string, logger *slog.Logger) (breaker.Breaker, error) {
-			return o.topicBreakerOptions.build(f, logger, alert.Outbox{Alerter: alerter, Name: name}, m, t, tick, o.sendTimeout)
+			// name is the schema, or database.schema: with the table's name,
+			// the key a relay of that table alone uses, the database first
+			// where there are several.
+			return o.topicBreakerOptions.build(f, logger, alert.Outbox{Alerter: alerter, Name: name}, m, name+"."+t.Name, tick, o.sendTimeout)
 		},
 		Retention:   ropts.Retention,
 		Probe:       ropts.Probe,

@@ -28,6 +28,7 @@ func TestFleetFlagsRefuseWhatCannotWork(t *testing.T) {
 		{[]string{"run", "--schemas", "tenant_*", "--metrics-outboxes", "["}, `invalid pattern "[" for --metrics-outboxes`},
 		{[]string{"run", "--schemas", "tenant_*", "--schema", "app"}, "--schema and --schemas both name the outboxes"},
 		{[]string{"run", "--schemas", "tenant_*", "--notify=false"}, "--notify does not work with --schemas"},
+		{[]string{"run", "--schemas", "tenant_*", "--redis-url", "http://x", "--admin-addr", ""}, `invalid value "http://x" for --redis-url`},
 		{[]string{"run", "--schemas", "tenant_*", "--max-connections", "2"}, "--max-connections is 2: it must be at least 3"},
 		{[]string{"run", "--schemas", "tenant_*", "--destination", "{tenant}.{topic}"}, "names {tenant}: the placeholders are {schema} and {topic}"},
 		{[]string{"run", "--schemas", "tenant_*", "--destination", "{schema}"}, "does not contain {topic}"},

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -25,6 +26,12 @@ type topicBreakerOptions struct {
 	failureThreshold int
 	failureWindow    time.Duration
 	maxTrials        int
+
+	// redis is --redis-url's client, made by the first breaker that needs
+	// it: a relay of many outboxes shares it among their breakers, one
+	// pool of connections to Redis rather than one per tenant.
+	redisMu sync.Mutex
+	redis   *redis.Client
 }
 
 func (o *topicBreakerOptions) register(f *flags) {
@@ -40,7 +47,10 @@ func (o *topicBreakerOptions) register(f *flags) {
 // build validates the flags and returns the breaker, logging its state changes:
 // in memory, or shared through Redis with --redis-url. tick is the interval
 // between ticks and sendTimeout the longest send, which size the Redis leases.
-func (o *topicBreakerOptions) build(f *flags, logger *slog.Logger, alerter alert.Alerter, m *metrics.Metrics, tbl outbox.Table, tick, sendTimeout time.Duration) (breaker.Breaker, error) {
+// key names the outbox's state in Redis: its table's schema-qualified name, so
+// that every relay of that table shares it (a relay of many outboxes of several
+// databases puts the database's name first).
+func (o *topicBreakerOptions) build(f *flags, logger *slog.Logger, alerter alert.Alerter, m *metrics.Metrics, key string, tick, sendTimeout time.Duration) (breaker.Breaker, error) {
 	positive := func(v int, name string) error {
 		if v < 1 {
 			return usagef("%s is %d: it must be at least 1", f.origin(name), v)
@@ -88,27 +98,14 @@ func (o *topicBreakerOptions) build(f *flags, logger *slog.Logger, alerter alert
 	if o.redisURL == "" {
 		return breaker.New(settings), nil
 	}
-	opts, err := redis.ParseURL(o.redisURL)
-	if err == nil {
-		// Without this go-redis ignores context deadlines, and a Redis that
-		// hangs would hold each call for its own timeouts (seconds).
-		opts.ContextTimeoutEnabled = true
-		opts.MaxRetries = 1
-		opts.DialTimeout = time.Second
-	}
+	client, err := o.redisClient(f, logger)
 	if err != nil {
-		return nil, usagef("invalid value %q for %s: %s; write redis://[user:password@]host:port/db",
-			redactURL(o.redisURL), f.origin("redis-url"), redactIn(err.Error(), o.redisURL))
+		return nil, err
 	}
-	// go-redis writes its own lines (a dial that failed after its retries, say)
-	// to stderr as plain text, which breaks --log-format json; they go through
-	// the sweeper's log instead. The logger is the process's: one binary, one
-	// Redis URL.
-	redis.SetLogger(redisLog{logger: logger, url: o.redisURL})
 	return breaker.NewRedis(breaker.RedisConfig{
-		Client: redis.NewClient(opts),
+		Client: client,
 		// One shared state per outbox table.
-		Prefix:   "outbox-sweeper:" + tbl.String(),
+		Prefix:   "outbox-sweeper:" + key,
 		Settings: settings,
 		// The lease outlives a few ticks, so a slow tick does not hand the
 		// count to another instance; a trial outlives a send.
@@ -122,6 +119,32 @@ func (o *topicBreakerOptions) build(f *flags, logger *slog.Logger, alerter alert
 			}
 		},
 	})
+}
+
+// redisClient returns --redis-url's client, making it at the first call.
+func (o *topicBreakerOptions) redisClient(f *flags, logger *slog.Logger) (*redis.Client, error) {
+	o.redisMu.Lock()
+	defer o.redisMu.Unlock()
+	if o.redis != nil {
+		return o.redis, nil
+	}
+	opts, err := redis.ParseURL(o.redisURL)
+	if err != nil {
+		return nil, usagef("invalid value %q for %s: %s; write redis://[user:password@]host:port/db",
+			redactURL(o.redisURL), f.origin("redis-url"), redactIn(err.Error(), o.redisURL))
+	}
+	// Without this go-redis ignores context deadlines, and a Redis that
+	// hangs would hold each call for its own timeouts (seconds).
+	opts.ContextTimeoutEnabled = true
+	opts.MaxRetries = 1
+	opts.DialTimeout = time.Second
+	// go-redis writes its own lines (a dial that failed after its retries, say)
+	// to stderr as plain text, which breaks --log-format json; they go through
+	// the sweeper's log instead. The logger is the process's: one binary, one
+	// Redis URL.
+	redis.SetLogger(redisLog{logger: logger, url: o.redisURL})
+	o.redis = redis.NewClient(opts)
+	return o.redis, nil
 }
 
 // redisLog carries go-redis's log lines into slog, at warn (they are about
