@@ -104,6 +104,19 @@ func (d *Databases) Names() []string {
 	return out
 }
 
+// Pools returns the pools of the databases relayed now, each that
+// database's connection budget less its LISTEN session
+// (metrics.RegisterPools).
+func (d *Databases) Pools() []*pgxpool.Pool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]*pgxpool.Pool, 0, len(d.fleets))
+	for _, db := range d.fleets {
+		out = append(out, db.pool)
+	}
+	return out
+}
+
 // Fleet returns the fleet of the database named name.
 func (d *Databases) Fleet(name string) (*Fleet, bool) {
 	d.mu.Lock()

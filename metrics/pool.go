@@ -5,11 +5,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// poolCollector reads a pgxpool's statistics at each scrape: they are
-// counters and gauges the pool keeps already, so a scrape costs a lock and a
-// copy.
+// poolCollector reads pgxpools' statistics at each scrape: they are
+// counters and gauges the pools keep already, so a scrape costs a lock and a
+// copy a pool.
 type poolCollector struct {
-	pool                                                       *pgxpool.Pool
+	pools                                                      func() []*pgxpool.Pool
 	acquired, idle, total, max                                 *prometheus.Desc
 	acquires, emptyAcquires, canceled, waitSeconds             *prometheus.Desc
 	acquireSeconds, newConns, lifetimeDestroyed, idleDestroyed *prometheus.Desc
@@ -19,10 +19,20 @@ type poolCollector struct {
 // Postgres, on reg: outbox_db_pool_*. Waits (acquires that found no idle
 // connection) and their time say whether --db-max-conns is too small.
 func RegisterPool(reg prometheus.Registerer, pool *pgxpool.Pool) {
+	RegisterPools(reg, func() []*pgxpool.Pool { return []*pgxpool.Pool{pool} })
+}
+
+// RegisterPools registers the statistics of the pools pools returns at each
+// scrape, summed, as RegisterPool does one's: a relay of many databases
+// (--databases-file) has a pool, its budget, for each. Summed rather than
+// labelled by database, so that a thousand databases make the same dozen
+// series as one; a pool let go takes its counts with it, which a rate reads
+// as a counter reset.
+func RegisterPools(reg prometheus.Registerer, pools func() []*pgxpool.Pool) {
 	d := func(name, help string) *prometheus.Desc {
 		return prometheus.NewDesc("outbox_db_pool_"+name, help, nil, nil)
 	}
-	reg.MustRegister(&poolCollector{pool: pool,
+	reg.MustRegister(&poolCollector{pools: pools,
 		acquired:          d("acquired_connections", "Connections in use."),
 		idle:              d("idle_connections", "Connections idle in the pool."),
 		total:             d("connections", "Connections open, in use, idle or being opened."),
@@ -46,21 +56,37 @@ func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
-	s := c.pool.Stat()
+	var acquired, idle, total, max, acquires, emptyAcquires, canceled, newConns, lifetimeDestroyed, idleDestroyed int64
+	var wait, acquire float64
+	for _, p := range c.pools() {
+		s := p.Stat()
+		acquired += int64(s.AcquiredConns())
+		idle += int64(s.IdleConns())
+		total += int64(s.TotalConns())
+		max += int64(s.MaxConns())
+		acquires += s.AcquireCount()
+		emptyAcquires += s.EmptyAcquireCount()
+		canceled += s.CanceledAcquireCount()
+		wait += s.EmptyAcquireWaitTime().Seconds()
+		acquire += s.AcquireDuration().Seconds()
+		newConns += s.NewConnsCount()
+		lifetimeDestroyed += s.MaxLifetimeDestroyCount()
+		idleDestroyed += s.MaxIdleDestroyCount()
+	}
 	gauge := func(d *prometheus.Desc, v float64) { ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v) }
 	counter := func(d *prometheus.Desc, v float64) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v)
 	}
-	gauge(c.acquired, float64(s.AcquiredConns()))
-	gauge(c.idle, float64(s.IdleConns()))
-	gauge(c.total, float64(s.TotalConns()))
-	gauge(c.max, float64(s.MaxConns()))
-	counter(c.acquires, float64(s.AcquireCount()))
-	counter(c.emptyAcquires, float64(s.EmptyAcquireCount()))
-	counter(c.canceled, float64(s.CanceledAcquireCount()))
-	counter(c.waitSeconds, s.EmptyAcquireWaitTime().Seconds())
-	counter(c.acquireSeconds, s.AcquireDuration().Seconds())
-	counter(c.newConns, float64(s.NewConnsCount()))
-	counter(c.lifetimeDestroyed, float64(s.MaxLifetimeDestroyCount()))
-	counter(c.idleDestroyed, float64(s.MaxIdleDestroyCount()))
+	gauge(c.acquired, float64(acquired))
+	gauge(c.idle, float64(idle))
+	gauge(c.total, float64(total))
+	gauge(c.max, float64(max))
+	counter(c.acquires, float64(acquires))
+	counter(c.emptyAcquires, float64(emptyAcquires))
+	counter(c.canceled, float64(canceled))
+	counter(c.waitSeconds, wait)
+	counter(c.acquireSeconds, acquire)
+	counter(c.newConns, float64(newConns))
+	counter(c.lifetimeDestroyed, float64(lifetimeDestroyed))
+	counter(c.idleDestroyed, float64(idleDestroyed))
 }

@@ -200,7 +200,9 @@ func TestSchemasRelayTenantsThroughRabbitMQAcrossKills(t *testing.T) {
 }
 
 // The binary with --databases-file relays the databases the file lists, and
-// on SIGHUP the ones added to it.
+// on SIGHUP the ones added to it. Its connection budgets are exported summed
+// (outbox_db_pool_*): each database's --max-connections less its LISTEN
+// session.
 func TestDatabasesFileIsReadAgainOnSIGHUP(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -213,7 +215,11 @@ func TestDatabasesFileIsReadAgainOnSIGHUP(t *testing.T) {
 	}
 	list := filepath.Join(t.TempDir(), "tenants.txt")
 	require.NoError(t, os.WriteFile(list, []byte("# the tenants\n"+urls[0]+"\n"+urls[1]+"\n"), 0o600))
-	p := start(t, nil, "run", "--databases-file", list, "--producer", "stdout")
+	addr := fmt.Sprintf("127.0.0.1:%d", dbtest.FreePort(t))
+	p := start(t, nil, "run", "--databases-file", list, "--producer", "stdout", "--admin-addr", addr, "--max-connections", "4")
+	budget := func(n int) func() bool {
+		return func() bool { return strings.Contains(scrape(t, addr), fmt.Sprintf("\noutbox_db_pool_max_connections %d\n", n)) }
+	}
 	write := func(u, payload string) {
 		conn, err := pgx.Connect(ctx, u)
 		require.NoError(t, err)
@@ -235,6 +241,7 @@ func TestDatabasesFileIsReadAgainOnSIGHUP(t *testing.T) {
 	write(urls[0], "first")
 	write(urls[1], "second")
 	dbtest.Eventually(t, time.Minute, "the listed databases' rows", func() bool { return printed("first")() && printed("second")() })
+	dbtest.Eventually(t, time.Minute, "two databases' budgets", budget(2*3))
 
 	require.NoError(t, os.WriteFile(list, []byte(urls[0]+"\n"+urls[1]+"\n"+urls[2]+"\n"), 0o600))
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGHUP))
@@ -243,6 +250,7 @@ func TestDatabasesFileIsReadAgainOnSIGHUP(t *testing.T) {
 	})
 	write(urls[2], "third")
 	dbtest.Eventually(t, time.Minute, "the added database's row", printed("third"))
+	dbtest.Eventually(t, time.Minute, "three databases' budgets", budget(3*3))
 	require.Equal(t, 0, p.terminate(t, time.Minute))
 	require.NotContains(t, p.Stderr(), " ERR ")
 }
@@ -261,14 +269,7 @@ func TestSchemasExportTheBudgetsPool(t *testing.T) {
 	p := start(t, nil, "run", "--database-url", dbtest.URL(t), "--schemas", base+"_t*", "--max-connections", "6",
 		"--producer", "stdout", "--admin-addr", addr, "--metrics-outboxes", tbls[0].Schema)
 	dbtest.Eventually(t, 2*time.Minute, "ready", func() bool { return readyz(addr) == http.StatusOK })
-	scrape := func() string {
-		resp, err := http.Get("http://" + addr + "/metrics")
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		body, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		return string(body)
-	}
+	scrape := func() string { return scrape(t, addr) }
 	require.Contains(t, scrape(), "\noutbox_db_pool_max_connections 5\n")
 	dbtest.Eventually(t, time.Minute, "the named tenant parked", func() bool {
 		return strings.Contains(scrape(), `outbox_tenant_parked{outbox="`+tbls[0].Schema+`"} 1`)
@@ -346,4 +347,15 @@ func TestSchemasShareEachTenantsBreakerThroughRedis(t *testing.T) {
 		require.NotContains(t, p.Stderr(), " ERR ")
 		require.NotContains(t, p.Stderr(), "redis does not answer")
 	}
+}
+
+// scrape returns the binary's /metrics at addr.
+func scrape(t *testing.T, addr string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return string(body)
 }

@@ -143,8 +143,7 @@ func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, 
 		return fmt.Errorf("database pool: %w", err)
 	}
 	defer pool.Close()
-	// The budget's use, as for a relay of one (outbox_db_pool_*). With
-	// --databases-file each database has a pool of its own, not exported.
+	// The budget's use, as for a relay of one (outbox_db_pool_*).
 	metrics.RegisterPool(reg, pool)
 	fl, err := fleet.New(pool, p, opts)
 	if err != nil {
@@ -180,6 +179,8 @@ func (o *runOptions) runDatabases(ctx context.Context, f *flags, p producer.Prod
 		return err
 	}
 	metrics.RegisterOutboxes(reg, d.States, keep)
+	// Every database's budget, summed: as many series as one database's.
+	metrics.RegisterPools(reg, d.Pools)
 	urls, err := readDatabasesFile(o.databasesFile)
 	if err != nil {
 		return usagef("%s: %v", f.origin("databases-file"), err)
