@@ -218,7 +218,9 @@ func TestDatabasesFileIsReadAgainOnSIGHUP(t *testing.T) {
 	addr := fmt.Sprintf("127.0.0.1:%d", dbtest.FreePort(t))
 	p := start(t, nil, "run", "--databases-file", list, "--producer", "stdout", "--admin-addr", addr, "--max-connections", "4")
 	budget := func(n int) func() bool {
-		return func() bool { return strings.Contains(scrape(t, addr), fmt.Sprintf("\noutbox_db_pool_max_connections %d\n", n)) }
+		return func() bool {
+			return strings.Contains(scrape(t, addr), fmt.Sprintf("\noutbox_db_pool_max_connections %d\n", n))
+		}
 	}
 	write := func(u, payload string) {
 		conn, err := pgx.Connect(ctx, u)
