@@ -294,10 +294,15 @@ func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 		futures[i] = f
 	}
 
-	// Wait for every ack, even after a failure: the batch's outcome is the worst
-	// of its messages, and a topic failure is the one that says most. Acks
-	// are per message, so a failure names the messages the stream took
-	// (producer.Delivered): the sweeper sends those no more.
+	// Wait for every ack, even after a message's failure: the batch's outcome
+	// is the worst of its messages. A topic failure is the one that says most
+	// and ends the wait at once: the messages after it would each wait out
+	// the client's retries against a stream that is gone. Acks are per
+	// message, so a failure names the messages the stream took before it
+	// (producer.Delivered): the sweeper sends those no more. One it took
+	// after, unnamed, is sent again, and JetStream drops the copy by its
+	// Nats-Msg-Id within the stream's duplicate window
+	// (TestAcksAfterATopicFailureAreNotClaimedAndTheirResendIsDropped).
 	var worst error
 	var rejected, acked []int64
 	for i, f := range futures {
