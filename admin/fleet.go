@@ -119,7 +119,9 @@ type fleetMember struct {
 	h    http.Handler
 }
 
-func (o FleetOutbox) name() string { return cmp.Or(o.Name, o.Config.Table.Schema) }
+// PathName is the outbox's name in the API's paths, in alerts and in its
+// series: Name, or its schema when Name is empty.
+func (o FleetOutbox) PathName() string { return cmp.Or(o.Name, o.Config.Table.Schema) }
 
 // FleetTrouble is what an outbox's sweeper knows of its trouble, without
 // asking the database: what GET /outboxes sorts by, and the per-outbox
@@ -135,7 +137,7 @@ type FleetTrouble struct {
 
 // Trouble reads the outbox's trouble from its parts.
 func (o FleetOutbox) Trouble() FleetTrouble {
-	t := FleetTrouble{Name: o.name(), TrippedTopics: []string{}}
+	t := FleetTrouble{Name: o.PathName(), TrippedTopics: []string{}}
 	if o.Config.Topics != nil {
 		for _, ts := range o.Config.Topics.Tripped() {
 			t.TrippedTopics = append(t.TrippedTopics, ts.Topic)
@@ -151,7 +153,7 @@ func (o FleetOutbox) Trouble() FleetTrouble {
 
 func (f *fleetAPI) find(name string) (FleetOutbox, bool) {
 	for _, o := range f.cfg.Outboxes() {
-		if o.name() == name {
+		if o.PathName() == name {
 			return o, true
 		}
 	}
@@ -261,7 +263,7 @@ func (f *fleetAPI) list(w http.ResponseWriter, r *http.Request) {
 	}
 	backlog, dead := map[key]int64{}, map[key]int64{}
 	for pool := range pools {
-		b, d, err := f.estimates(r.Context(), pool)
+		b, d, err := estimates(r.Context(), pool, f.cfg.TableName)
 		if err != nil {
 			f.api.internal(w, r, err)
 			return
@@ -284,21 +286,107 @@ func (f *fleetAPI) list(w http.ResponseWriter, r *http.Request) {
 	})
 	omitted := max(0, len(list)-limit)
 	list = list[:min(len(list), limit)]
-	if err := f.oldest(r.Context(), list); err != nil {
+	if err := oldest(r.Context(), f.cfg.TableName, list); err != nil {
 		f.api.internal(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"outboxes": list, "total": len(outboxes), "omitted": omitted})
 }
 
+// FleetBacklog is an outbox's backlog.
+type FleetBacklog struct {
+	// Rows are its outstanding rows: counted exactly up to
+	// FleetBacklogCounted, Postgres's estimate above that (never less than
+	// FleetBacklogCounted+1).
+	Rows int64
+	// OldestAgeSeconds is the age of its oldest outstanding row; nil when
+	// it holds none.
+	OldestAgeSeconds *float64
+}
+
+// FleetBacklogCounted is how many outstanding rows FleetBacklogs counts of an
+// outbox before it takes Postgres's estimate instead: a count of a deep
+// backlog at every scrape would read all of it.
+//
+// The estimate alone (GET /outboxes' backlog_estimate) is wrong for small
+// counts, where a backlog's being 0 or 1 matters most: Postgres adds up the
+// inserts and deletes each session reports, clamped at 0 after each, and the
+// application's inserts and the relay's deletes come from different sessions
+// at different moments. A delete reported before its insert is lost: a
+// tenant with one row outstanding read as 2 until the next ANALYZE.
+const FleetBacklogCounted = 10_000
+
+// FleetBacklogs reads the backlogs of outboxes, whose table is named
+// tableName in each schema, by their names: one statement a database (an
+// index probe and a count up to FleetBacklogCounted rows for each outbox),
+// and one more for the estimates if a count reached the cap. The per-outbox
+// series (metrics.RegisterOutboxes) read it at each scrape for the outboxes
+// they show.
+func FleetBacklogs(ctx context.Context, tableName string, outboxes []FleetOutbox) (map[string]FleetBacklog, error) {
+	byPool := map[*pgxpool.Pool][]FleetOutbox{}
+	for _, o := range outboxes {
+		byPool[o.Config.Pool] = append(byPool[o.Config.Pool], o)
+	}
+	out := make(map[string]FleetBacklog, len(outboxes))
+	for pool, list := range byPool {
+		var q strings.Builder
+		for i, o := range list {
+			if i > 0 {
+				q.WriteString(" UNION ALL ")
+			}
+			t := pgx.Identifier{o.Config.Table.Schema, tableName}.Sanitize()
+			fmt.Fprintf(&q, `SELECT %d, (SELECT count(*) FROM (SELECT FROM %s WHERE dispatched_at IS NULL LIMIT %d) c),
+				(SELECT extract(epoch FROM now() - created_at)::float8 FROM %s WHERE dispatched_at IS NULL ORDER BY id LIMIT 1)`,
+				i, t, FleetBacklogCounted+1, t)
+		}
+		// Simple protocol: the text changes with the outboxes shown, so
+		// preparing it would only add a round trip and a statement kept.
+		rows, err := pool.Query(ctx, q.String(), pgx.QueryExecModeSimpleProtocol)
+		if err != nil {
+			return nil, fmt.Errorf("read the outboxes' backlogs: %w", err)
+		}
+		var i int
+		var n int64
+		var age *float64
+		capped := false
+		_, err = pgx.ForEachRow(rows, []any{&i, &n, &age}, func() error {
+			b := FleetBacklog{Rows: n}
+			if age != nil {
+				a := max(*age, 0)
+				b.OldestAgeSeconds = &a
+			}
+			capped = capped || n > FleetBacklogCounted
+			out[list[i].PathName()] = b
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("read the outboxes' backlogs: %w", err)
+		}
+		if !capped {
+			continue
+		}
+		est, _, err := estimates(ctx, pool, tableName)
+		if err != nil {
+			return nil, err
+		}
+		for _, o := range list {
+			if b := out[o.PathName()]; b.Rows > FleetBacklogCounted {
+				b.Rows = max(b.Rows, est[o.Config.Table.Schema])
+				out[o.PathName()] = b
+			}
+		}
+	}
+	return out, nil
+}
+
 // estimates reads every outbox's and dead-letter table's live rows from
 // Postgres's statistics, in one statement, by schema.
-func (f *fleetAPI) estimates(ctx context.Context, pool *pgxpool.Pool) (backlog, dead map[string]int64, err error) {
+func estimates(ctx context.Context, pool *pgxpool.Pool, tableName string) (backlog, dead map[string]int64, err error) {
 	rows, err := pool.Query(ctx, `SELECT n.nspname, pg_catalog.pg_stat_get_live_tuples(o.oid),
 		       coalesce(pg_catalog.pg_stat_get_live_tuples(d.oid), 0)
 		FROM pg_catalog.pg_class o JOIN pg_catalog.pg_namespace n ON n.oid = o.relnamespace
 		LEFT JOIN pg_catalog.pg_class d ON d.relnamespace = o.relnamespace AND d.relname = $2
-		WHERE o.relname = $1 AND o.relkind IN ('r', 'p')`, f.cfg.TableName, f.cfg.TableName+"_dead_letter")
+		WHERE o.relname = $1 AND o.relkind IN ('r', 'p')`, tableName, tableName+"_dead_letter")
 	if err != nil {
 		return nil, nil, fmt.Errorf("read the outboxes' row estimates: %w", err)
 	}
@@ -317,7 +405,7 @@ func (f *fleetAPI) estimates(ctx context.Context, pool *pgxpool.Pool) (backlog, 
 
 // oldest fills in the age of the oldest outstanding row of the listed
 // outboxes that are not parked, in one statement (an index probe each).
-func (f *fleetAPI) oldest(ctx context.Context, list []*fleetOutboxStatus) error {
+func oldest(ctx context.Context, tableName string, list []*fleetOutboxStatus) error {
 	byPool := map[*pgxpool.Pool][]*fleetOutboxStatus{}
 	for _, st := range list {
 		if !st.Parked {
@@ -325,14 +413,14 @@ func (f *fleetAPI) oldest(ctx context.Context, list []*fleetOutboxStatus) error 
 		}
 	}
 	for pool, sts := range byPool {
-		if err := f.oldestIn(ctx, pool, sts); err != nil {
+		if err := oldestIn(ctx, pool, tableName, sts); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (f *fleetAPI) oldestIn(ctx context.Context, pool *pgxpool.Pool, list []*fleetOutboxStatus) error {
+func oldestIn(ctx context.Context, pool *pgxpool.Pool, tableName string, list []*fleetOutboxStatus) error {
 	var q strings.Builder
 	var asked []*fleetOutboxStatus
 	for _, st := range list {
@@ -340,7 +428,7 @@ func (f *fleetAPI) oldestIn(ctx context.Context, pool *pgxpool.Pool, list []*fle
 			q.WriteString(" UNION ALL ")
 		}
 		fmt.Fprintf(&q, "(SELECT %d, extract(epoch FROM now() - created_at)::float8 FROM %s WHERE dispatched_at IS NULL ORDER BY id LIMIT 1)",
-			len(asked), pgx.Identifier{st.Schema, f.cfg.TableName}.Sanitize())
+			len(asked), pgx.Identifier{st.Schema, tableName}.Sanitize())
 		asked = append(asked, st)
 	}
 	if len(asked) == 0 {

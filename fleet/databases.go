@@ -270,6 +270,12 @@ func (d *Databases) stopAll() {
 // per-outbox series (metrics.RegisterOutboxes).
 func (d *Databases) States() []metrics.OutboxState { return states(d.adminOutboxes()) }
 
+// Backlogs reads the backlogs of the outboxes named, of every database, for
+// their per-outbox series (metrics.RegisterOutboxes).
+func (d *Databases) Backlogs(ctx context.Context, names []string) (map[string]metrics.Backlog, error) {
+	return backlogs(ctx, d.opts.Fleet.Sweeper.Table.Name, d.adminOutboxes(), names)
+}
+
 func (d *Databases) adminOutboxes() []admin.FleetOutbox {
 	d.mu.Lock()
 	all := slices.Collect(maps.Values(d.fleets))

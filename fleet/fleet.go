@@ -646,6 +646,30 @@ func (f *Fleet) maintain(ctx context.Context) {
 // (metrics.RegisterOutboxes).
 func (f *Fleet) States() []metrics.OutboxState { return states(f.adminOutboxes()) }
 
+// Backlogs reads the backlogs of the outboxes named, for their per-outbox
+// series (metrics.RegisterOutboxes).
+func (f *Fleet) Backlogs(ctx context.Context, names []string) (map[string]metrics.Backlog, error) {
+	return backlogs(ctx, f.opts.Sweeper.Table.Name, f.adminOutboxes(), names)
+}
+
+// backlogs reads the backlogs of those of outboxes named.
+func backlogs(ctx context.Context, tableName string, outboxes []admin.FleetOutbox, names []string) (map[string]metrics.Backlog, error) {
+	want := map[string]bool{}
+	for _, n := range names {
+		want[n] = true
+	}
+	outboxes = slices.DeleteFunc(outboxes, func(o admin.FleetOutbox) bool { return !want[o.PathName()] })
+	read, err := admin.FleetBacklogs(ctx, tableName, outboxes)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]metrics.Backlog, len(read))
+	for name, b := range read {
+		out[name] = metrics.Backlog{Rows: b.Rows, OldestAgeSeconds: b.OldestAgeSeconds}
+	}
+	return out, nil
+}
+
 // states reads each outbox's state from its admin API's parts.
 func states(outboxes []admin.FleetOutbox) []metrics.OutboxState {
 	out := make([]metrics.OutboxState, 0, len(outboxes))

@@ -268,18 +268,33 @@ func TestFleetKeepsEachTenantsTroubleItsOwn(t *testing.T) {
 	sb, _ := f.Sweeper(b)
 	dbtest.Eventually(t, time.Minute, "a's orders tripped", func() bool { return sa.TopicBreaker().State("orders") == breaker.StateTripped })
 	require.Equal(t, breaker.StateClosed, sb.TopicBreaker().State("orders"), "b's orders tripped with a's")
-	require.Equal(t, 1, dbtest.Outstanding(t, a), "a's tripped row is kept")
+	// Once the page that sent a's mail has ended (the producer has the
+	// message before the page commits).
+	dbtest.Eventually(t, time.Minute, "a's tripped row kept, its mail moved out", func() bool { return dbtest.Outstanding(t, a) == 1 })
 
 	// The per-outbox series name the tenant in trouble, and only it; a
-	// tenant an operator named has its series whatever its state.
-	require.Equal(t, map[string]float64{"outbox_tenant_tripped_topics{" + a.Schema + "}": 1},
-		tenantSeries(t, f.States, func(string) bool { return false }))
-	named := tenantSeries(t, f.States, func(name string) bool { return name == b.Schema })
-	require.Equal(t, 1.0, named["outbox_tenant_tripped_topics{"+a.Schema+"}"])
-	require.Equal(t, 0.0, named["outbox_tenant_tripped_topics{"+b.Schema+"}"])
-	require.Contains(t, named, "outbox_tenant_sweeps_failed_consecutive{"+b.Schema+"}")
-	require.Contains(t, named, "outbox_tenant_parked{"+b.Schema+"}")
-	require.NotContains(t, named, "outbox_tenant_parked{"+a.Schema+"}", "a's parked series, a not named")
+	// tenant an operator named has its series whatever its state. Their
+	// backlogs, once the pages that sent a's mail and b's orders have
+	// ended: a's, the row its tripped topic holds; b's, none.
+	named := func(name string) bool { return name == b.Schema }
+	dbtest.Eventually(t, time.Minute, "a's backlog of its tripped row, b's of none", func() bool {
+		s := tenantSeries(t, f, named)
+		return s["outbox_tenant_backlog_messages{"+a.Schema+"}"] == 1 && s["outbox_tenant_backlog_messages{"+b.Schema+"}"] == 0
+	})
+	trouble := tenantSeries(t, f, func(string) bool { return false })
+	require.Positive(t, trouble["outbox_tenant_oldest_message_age_seconds{"+a.Schema+"}"])
+	delete(trouble, "outbox_tenant_oldest_message_age_seconds{"+a.Schema+"}")
+	require.Equal(t, map[string]float64{"outbox_tenant_backlog_messages{" + a.Schema + "}": 1, "outbox_tenant_tripped_topics{" + a.Schema + "}": 1},
+		trouble, "only a, in trouble, has series")
+	series := tenantSeries(t, f, named)
+	require.Contains(t, series, "outbox_tenant_backlog_messages{"+b.Schema+"}")
+	require.Contains(t, series, "outbox_tenant_oldest_message_age_seconds{"+b.Schema+"}")
+	require.Equal(t, 0.0, series["outbox_tenant_oldest_message_age_seconds{"+b.Schema+"}"], "b holds nothing")
+	require.Equal(t, 1.0, series["outbox_tenant_tripped_topics{"+a.Schema+"}"])
+	require.Equal(t, 0.0, series["outbox_tenant_tripped_topics{"+b.Schema+"}"])
+	require.Contains(t, series, "outbox_tenant_sweeps_failed_consecutive{"+b.Schema+"}")
+	require.Contains(t, series, "outbox_tenant_parked{"+b.Schema+"}")
+	require.NotContains(t, series, "outbox_tenant_parked{"+a.Schema+"}", "a's parked series, a not named")
 
 	// A poison row of a's: dead-lettered in a's table, none in b's. The
 	// broker is told to refuse it before it commits: after, a's sweeper may
@@ -306,12 +321,12 @@ func TestFleetKeepsEachTenantsTroubleItsOwn(t *testing.T) {
 	require.Zero(t, dbtest.Outstanding(t, b))
 }
 
-// tenantSeries scrapes the per-outbox series of list, keeping keep's: each
+// tenantSeries scrapes the per-outbox series of src, keeping keep's: each
 // series' value by name{outbox}.
-func tenantSeries(t *testing.T, list func() []metrics.OutboxState, keep func(string) bool) map[string]float64 {
+func tenantSeries(t *testing.T, src metrics.Outboxes, keep func(string) bool) map[string]float64 {
 	t.Helper()
 	reg := prometheus.NewPedanticRegistry()
-	metrics.RegisterOutboxes(reg, list, keep)
+	metrics.RegisterOutboxes(reg, src, keep)
 	families, err := reg.Gather()
 	require.NoError(t, err)
 	out := map[string]float64{}

@@ -1,6 +1,11 @@
 package metrics
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // OutboxState is one outbox of a relay of many (--schemas), as its series
 // show it.
@@ -18,45 +23,77 @@ type OutboxState struct {
 	Parked bool
 }
 
+// Backlog is an outbox's backlog, read from the database at a scrape.
+type Backlog struct {
+	// Rows are its outstanding rows, counted exactly up to 10,000 and
+	// estimated above (admin.FleetBacklogCounted).
+	Rows int64
+	// OldestAgeSeconds is its oldest outstanding row's age; nil: none
+	// outstanding.
+	OldestAgeSeconds *float64
+}
+
+// Outboxes is what the per-outbox series of a relay of many read at each
+// scrape.
+type Outboxes interface {
+	// States says how each outbox stands, from memory.
+	States() []OutboxState
+	// Backlogs reads the backlogs of the outboxes named, by name.
+	Backlogs(ctx context.Context, names []string) (map[string]Backlog, error)
+}
+
+// backlogTimeout bounds a scrape's reading of the backlogs: a scrape that
+// waits longer than Prometheus's own timeout (10 s by default) is lost
+// whole, the other series with it.
+const backlogTimeout = 5 * time.Second
+
 // RegisterOutboxes registers the per-outbox series of a relay of many
-// outboxes on reg: list says how each outbox stands, read at each scrape.
+// outboxes on reg, read from src at each scrape.
 //
 // The sweeper's own series are summed over the outboxes by topic name, so
 // they say which topic is in trouble but not whose. These say whose, and stay
 // bounded: an outbox has series only while it is in trouble (a tripped topic,
 // failing sweeps), or always when keep says an operator asked for it
 // (--metrics-outboxes). A thousand healthy tenants of ten topics each make
-// none; one tenant with a tripped topic makes one.
-func RegisterOutboxes(reg prometheus.Registerer, list func() []OutboxState, keep func(name string) bool) {
+// none; one tenant with a tripped topic makes three. The backlog series cost
+// the database a statement or two a scrape, and only while some outbox has
+// series; if it does not answer, they are left out of that scrape.
+func RegisterOutboxes(reg prometheus.Registerer, src Outboxes, keep func(name string) bool) {
 	d := func(name, help string) *prometheus.Desc {
 		return prometheus.NewDesc("outbox_tenant_"+name, help, []string{"outbox"}, nil)
 	}
-	reg.MustRegister(&outboxesCollector{list: list, keep: keep,
+	reg.MustRegister(&outboxesCollector{src: src, keep: keep,
 		tripped: d("tripped_topics", "Tripped topics of an outbox of a relay of many (--schemas): only for outboxes with one, or named by --metrics-outboxes."),
 		failing: d("sweeps_failed_consecutive", "Sweeps of an outbox of a relay of many failed in a row: only for outboxes failing, or named by --metrics-outboxes."),
 		parked:  d("parked", "1 while an outbox of a relay of many waits for a commit (its last sweep found nothing outstanding): only for outboxes named by --metrics-outboxes."),
+		backlog: d("backlog_messages", "Outstanding rows of an outbox of a relay of many, counted up to 10,000 and Postgres's estimate above: for the outboxes in trouble or named by --metrics-outboxes."),
+		oldest:  d("oldest_message_age_seconds", "Age of an outbox's oldest outstanding row, 0 when it holds none, in a relay of many: for the outboxes in trouble or named by --metrics-outboxes."),
 	})
 }
 
 type outboxesCollector struct {
-	list                     func() []OutboxState
-	keep                     func(name string) bool
-	tripped, failing, parked *prometheus.Desc
+	src                                       Outboxes
+	keep                                      func(name string) bool
+	tripped, failing, parked, backlog, oldest *prometheus.Desc
 }
 
 func (c *outboxesCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- c.tripped
-	ch <- c.failing
-	ch <- c.parked
+	for _, d := range []*prometheus.Desc{c.tripped, c.failing, c.parked, c.backlog, c.oldest} {
+		ch <- d
+	}
 }
 
 func (c *outboxesCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge := func(d *prometheus.Desc, v float64, name string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, name)
 	}
-	for _, o := range c.list() {
+	var shown []string
+	for _, o := range c.src.States() {
 		kept := c.keep != nil && c.keep(o.Name)
 		name := label(o.Name)
+		if kept || o.TrippedTopics > 0 || o.SweepsFailing > 0 {
+			shown = append(shown, o.Name)
+		}
 		if kept || o.TrippedTopics > 0 {
 			gauge(c.tripped, float64(o.TrippedTopics), name)
 		}
@@ -70,5 +107,26 @@ func (c *outboxesCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			gauge(c.parked, parked, name)
 		}
+	}
+	if len(shown) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), backlogTimeout)
+	defer cancel()
+	backlogs, err := c.src.Backlogs(ctx, shown)
+	if err != nil {
+		return
+	}
+	for _, name := range shown {
+		b, ok := backlogs[name]
+		if !ok {
+			continue // gone since States
+		}
+		gauge(c.backlog, float64(b.Rows), label(name))
+		age := 0.0
+		if b.OldestAgeSeconds != nil {
+			age = *b.OldestAgeSeconds
+		}
+		gauge(c.oldest, age, label(name))
 	}
 }

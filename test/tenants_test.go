@@ -278,6 +278,8 @@ func TestSchemasExportTheBudgetsPool(t *testing.T) {
 	})
 	body := scrape()
 	require.Contains(t, body, `outbox_tenant_tripped_topics{outbox="`+tbls[0].Schema+`"} 0`)
+	require.Contains(t, body, `outbox_tenant_backlog_messages{outbox="`+tbls[0].Schema+`"} 0`)
+	require.Contains(t, body, `outbox_tenant_oldest_message_age_seconds{outbox="`+tbls[0].Schema+`"} 0`)
 	require.NotContains(t, body, `outbox="`+tbls[1].Schema+`"`, "a healthy tenant not named has no series")
 	require.Equal(t, 0, p.terminate(t, time.Minute))
 }

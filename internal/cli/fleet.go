@@ -152,7 +152,7 @@ func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, 
 		}
 		return err
 	}
-	metrics.RegisterOutboxes(reg, fl.States, keep)
+	metrics.RegisterOutboxes(reg, fl, keep)
 	logger.Info("starting", "version", version(), "producer", o.name, "database", redact(poolCfg.ConnConfig),
 		"schemas", o.schemas, "table", cfg.Table.Name, "max_connections", o.maxConnections, "destination", o.destination)
 	return fl.Run(ctx)
@@ -178,7 +178,7 @@ func (o *runOptions) runDatabases(ctx context.Context, f *flags, p producer.Prod
 	if err != nil {
 		return err
 	}
-	metrics.RegisterOutboxes(reg, d.States, keep)
+	metrics.RegisterOutboxes(reg, d, keep)
 	// Every database's budget, summed: as many series as one database's.
 	metrics.RegisterPools(reg, d.Pools)
 	urls, err := readDatabasesFile(o.databasesFile)
