@@ -6,7 +6,9 @@
 //
 //   - one LISTEN session for the database, whatever its number of outboxes:
 //     the trigger's notification names the outbox a commit wrote to, and the
-//     fleet wakes that outbox's sweeper alone;
+//     fleet wakes that outbox's sweeper alone. The same session holds the
+//     awake locks of the outboxes whose commits come faster than their
+//     sweeps, so that a busy tenant's commits stop notifying (outbox.AwakeHost);
 //   - one pool, whose size is the relay's connection budget: sweeps take
 //     turns (outbox.Host), at most as many at once as the pool holds without
 //     a sweep ever waiting for a connection another sweep holds;
@@ -177,6 +179,10 @@ type Fleet struct {
 	waiting map[string]bool    // schemas whose migration has not finished, logged once
 	listed  bool               // the first listing is done (and logged)
 
+	// listener is the database's LISTEN session, which also holds the
+	// awake locks of the outboxes sweeping on and on (outbox.AwakeHost).
+	listener *outbox.Listener
+
 	running     sync.WaitGroup // the sweepers' Runs, stopped ones too
 	discoverNow chan struct{}
 	reconcileAt atomic.Int64 // Unix nanoseconds of a full reconciliation asked for sooner; 0: none
@@ -211,7 +217,7 @@ func New(pool *pgxpool.Pool, p producer.Producer, opts Options) (*Fleet, error) 
 	if opts.Probe.Alerter == nil {
 		return nil, errors.New("fleet: Probe.Alerter is required")
 	}
-	return &Fleet{
+	f := &Fleet{
 		opts:        opts,
 		pool:        pool,
 		producer:    p,
@@ -220,7 +226,13 @@ func New(pool *pgxpool.Pool, p producer.Producer, opts Options) (*Fleet, error) 
 		refused:     map[string]bool{},
 		waiting:     map[string]bool{},
 		discoverNow: make(chan struct{}, 1),
-	}, nil
+	}
+	f.listener = outbox.NewListener(pool.Config().ConnConfig.Copy(), opts.Logger, f.notified, func() {
+		// What was committed while no one listened, or while the session
+		// held an awake lock it lost, notified no one.
+		f.reconcileAt.Store(time.Now().UnixNano())
+	})
+	return f, nil
 }
 
 // sweepsAtOnce is how many sweeps may run at once in a pool of size
@@ -271,12 +283,7 @@ func (f *Fleet) Run(ctx context.Context) error {
 		f.opts.Logger.Info("admin API listening", "addr", base.Addr, "token", base.Token != "", "outboxes_at", "/outboxes/{schema}/")
 	}
 	var wg sync.WaitGroup
-	wg.Go(func() {
-		outbox.Listen(ctx, f.pool.Config().ConnConfig.Copy(), f.opts.Logger, f.notified, func() {
-			// What was committed while no one listened notified no one.
-			f.reconcileAt.Store(time.Now().UnixNano())
-		})
-	})
+	wg.Go(func() { f.listener.Run(ctx) })
 	wg.Go(func() { f.maintain(ctx) })
 	f.follow(ctx)
 	wg.Wait()
@@ -453,7 +460,7 @@ func (f *Fleet) add(ctx context.Context, t outbox.Table) error {
 			version, want, t.Schema, f.opts.Discover)}
 	}
 	logger := f.opts.Logger.With("outbox", t.String())
-	m := &member{fleet: f, table: t, name: t.Schema, wake: make(chan struct{}, 1)}
+	m := &member{fleet: f, table: t, name: t.Schema, wake: make(chan struct{}, 1), awake: f.listener.AwakeLock(t)}
 	if f.opts.Database != "" {
 		m.name = f.opts.Database + "." + t.Schema
 	}
@@ -720,6 +727,7 @@ type member struct {
 	probe     *outbox.Probe
 	dead      *outbox.DeadLetters
 	wake      chan struct{}
+	awake     outbox.AwakeLock
 	stop      context.CancelFunc
 	// touched says a sweep moved rows since the last maintenance of the
 	// outbox; maintained is when that was (maintain's goroutine alone).
@@ -741,6 +749,13 @@ func (m *member) signal() {
 }
 
 func (m *member) Wake() <-chan struct{} { return m.wake }
+
+// AwakeLock is the outbox's awake lock, on the fleet's LISTEN session: a
+// tenant whose commits come faster than its sweeps holds it while it sweeps
+// on, and its commits stop notifying (outbox.AwakeHost).
+func (m *member) AwakeLock() outbox.AwakeLock { return m.awake }
+
+var _ outbox.AwakeHost = (*member)(nil)
 
 func (m *member) Take(ctx context.Context, resume bool) (func(outbox.SweepResult), error) {
 	if err := m.fleet.turns.take(ctx, resume); err != nil {

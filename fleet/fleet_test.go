@@ -29,6 +29,7 @@ import (
 	"github.com/outbox-sweeper/sweeper/internal/syncbuf"
 	"github.com/outbox-sweeper/sweeper/metrics"
 	"github.com/outbox-sweeper/sweeper/outbox"
+	"github.com/outbox-sweeper/sweeper/outbox/writer"
 	"github.com/outbox-sweeper/sweeper/producer"
 	"github.com/outbox-sweeper/sweeper/producer/memory"
 )
@@ -743,5 +744,142 @@ func TestFleetStormAlertsNameTheirTenant(t *testing.T) {
 	require.Equal(t, breaker.StateClosed, sb.TopicBreaker().State("mail"))
 	for _, al := range got.All() {
 		require.NotEqual(t, b.Schema, al.Outbox, "an alert names the healthy tenant: %+v", al)
+	}
+}
+
+// A tenant whose commits come faster than its sweeps holds its awake lock on
+// the fleet's LISTEN session while it sweeps on, so that its commits stop
+// notifying (each would take Postgres's cluster-wide notify lock until its
+// commit is on disk). The session is killed while it holds the lock: the
+// lock goes with it, the fleet listens again, and no row is lost. Once the
+// commits stop the lock goes, and a commit notifies and is relayed again.
+func TestFleetBusyTenantsCommitsStopNotifying(t *testing.T) {
+	base := dbtest.Schema(t)
+	tbls := tenants(t, base, 2)
+	busy := tbls[0]
+	p := memory.New(memory.Config{})
+	name := "fleet-" + base
+	f, _ := newFleet(t, base+"_t*", p, name, fleet.Options{})
+	waitParked(t, f, tbls)
+	ctx := context.Background()
+	key := writer.AdvisoryKey("outbox-sweeper awake " + busy.String())
+	// holder is the pid of the fleet's session that holds busy's awake lock,
+	// 0 for none.
+	holder := func() int32 {
+		var pid int32
+		err := dbtest.Pool(t).QueryRow(ctx, `SELECT coalesce(max(l.pid), 0) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+			WHERE l.locktype = 'advisory' AND l.granted AND ((l.classid::bigint << 32) | l.objid::bigint) = $1 AND a.application_name = $2`,
+			key, name).Scan(&pid)
+		require.NoError(t, err)
+		return pid
+	}
+	count := notifications(t, busy)
+
+	var written, failed atomic.Int64
+	stop := make(chan struct{})
+	var writers sync.WaitGroup
+	for w := range 8 {
+		writers.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				payload := fmt.Appendf(nil, "%d/%d", w, i)
+				wr, err := outbox.NewWriter(busy)
+				if err == nil {
+					err = wr.Write(ctx, dbtest.Pool(t), outbox.Message{Topic: "orders", Payload: payload})
+				}
+				if err != nil {
+					failed.Add(1)
+					return
+				}
+				written.Add(1)
+			}
+		})
+	}
+	stopWriting := sync.OnceFunc(func() { close(stop); writers.Wait() })
+	defer stopWriting()
+
+	dbtest.Eventually(t, time.Minute, "busy's awake lock held on the fleet's session", func() bool { return holder() != 0 })
+	// Every commit counted between the two markers is between them: had
+	// each notified, as many notifications at least would be.
+	count(nil)
+	from := written.Load()
+	dbtest.Eventually(t, time.Minute, "200 commits more", func() bool { return written.Load() >= from+200 })
+	var to int64
+	notified := count(func() { to = written.Load() })
+	require.Less(t, int64(notified), to-from, "every commit notified while the lock was held")
+	t.Logf("%d notifications of %d commits or more while the lock was held", notified, to-from)
+
+	// The session that holds the lock ends: the lock with it. The fleet
+	// listens again and looks at every outbox; the writers go on.
+	pid := holder()
+	var ok bool
+	require.NoError(t, dbtest.Pool(t).QueryRow(ctx, "SELECT pg_terminate_backend($1)", pid).Scan(&ok))
+	require.True(t, ok)
+	dbtest.Eventually(t, time.Minute, "the lock held again, on a new session", func() bool {
+		h := holder()
+		return h != 0 && h != pid
+	})
+	stopWriting()
+	require.Zero(t, failed.Load(), "a writer failed")
+
+	dbtest.Eventually(t, time.Minute, "every row relayed", func() bool { return len(distinct(p)) == int(written.Load()) })
+	dbtest.Eventually(t, time.Minute, "the lock let go once the commits stopped", func() bool { return holder() == 0 })
+	count(nil)
+	write(t, busy, outbox.Message{Topic: "orders", Payload: []byte("after")})
+	require.Equal(t, 1, count(nil), "a commit notifies again")
+	// The producer has a row before its page commits: outstanding until then.
+	dbtest.Eventually(t, time.Minute, "the row after relayed, and its page ended", func() bool {
+		return distinct(p)["after"] && dbtest.Outstanding(t, busy) == 0
+	})
+}
+
+// distinct returns the payloads p holds.
+func distinct(p *memory.Producer) map[string]bool {
+	out := map[string]bool{}
+	for _, m := range p.Messages() {
+		out[string(m.Payload)] = true
+	}
+	return out
+}
+
+// notifications returns a counter of the notifications naming tbl since its
+// last call: it calls marking (if not nil), sends a marker of its own,
+// committed after whatever came before, and reads up to it (Postgres
+// delivers notifications in commit order).
+func notifications(t *testing.T, tbl outbox.Table) func(marking func()) int {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dbtest.URL(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(ctx) })
+	_, err = conn.Exec(ctx, "LISTEN "+outbox.NotifyChannel)
+	require.NoError(t, err)
+	markers := 0
+	return func(marking func()) int {
+		t.Helper()
+		markers++
+		marker := fmt.Sprintf("marker %d of %s", markers, tbl)
+		if marking != nil {
+			marking()
+		}
+		_, err := dbtest.Pool(t).Exec(ctx, "SELECT pg_notify($1, $2)", outbox.NotifyChannel, marker)
+		require.NoError(t, err)
+		n := 0
+		for {
+			waitCtx, cancel := context.WithTimeout(ctx, time.Minute)
+			note, err := conn.WaitForNotification(waitCtx)
+			cancel()
+			require.NoError(t, err, "waiting for the marker")
+			switch note.Payload {
+			case marker:
+				return n
+			case tbl.String():
+				n++
+			}
+		}
 	}
 }

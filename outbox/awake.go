@@ -21,6 +21,28 @@ const awakeTimeout = 5 * time.Second
 // one key per table.
 func awakeKey(t Table) int64 { return writer.AdvisoryKey("outbox-sweeper awake " + t.String()) }
 
+// AwakeLock is an outbox's awake lock: the advisory lock a sweeper holds
+// while it sweeps again and again on its own, which the outbox's trigger
+// tests before it notifies (migration 6). A sweeper of its own holds it on a
+// connection of its own; one of a host's (AwakeHost), on the host's session.
+// The sweep loop's goroutine alone calls it.
+type AwakeLock interface {
+	// Acquire tries to take the lock, and reports whether the sweeper holds
+	// it. A lock it cannot take (another sweeper holds it, the database does
+	// not answer) costs nothing but notifications.
+	Acquire(ctx context.Context) bool
+	// Release lets the lock go, and returns the ids of the transactions
+	// running just after ("" for none), for Settled, and whether the sweeper
+	// held it: if it did not, no commit skipped its notification on its
+	// account.
+	Release(ctx context.Context) (running string, held bool)
+	// Settled reports whether every transaction in running has ended, so
+	// that a sweep from now on sees every row a commit that did not notify
+	// wrote. When it cannot tell, it says true: the rows are then found by
+	// the next tick, or the host's reconciliation.
+	Settled(ctx context.Context, running string) bool
+}
+
 // awakeLock holds the table's awake lock on a connection of its own, so that
 // the application's commits do not notify while this sweeper is sweeping
 // anyway. A commit that notifies takes a cluster-wide lock until its commit
@@ -66,9 +88,9 @@ func newAwakeLock(connConfig *pgx.ConnConfig, t Table, logger *slog.Logger) *awa
 	return &awakeLock{connConfig: connConfig, key: awakeKey(t), logger: logger}
 }
 
-// acquire tries to take the lock, connecting first if need be, and reports
+// Acquire tries to take the lock, connecting first if need be, and reports
 // whether this sweeper holds it.
-func (a *awakeLock) acquire(ctx context.Context) bool {
+func (a *awakeLock) Acquire(ctx context.Context) bool {
 	ctx, cancel := context.WithTimeout(ctx, awakeTimeout)
 	defer cancel()
 	if a.held {
@@ -105,10 +127,10 @@ func (a *awakeLock) acquire(ctx context.Context) bool {
 	return a.held
 }
 
-// release lets the lock go and returns the ids of the transactions running
+// Release lets the lock go and returns the ids of the transactions running
 // just after, for settled ("" for none), and whether it held the lock: if it
 // did not, no commit skipped its notification on its account.
-func (a *awakeLock) release(ctx context.Context) (running string, held bool) {
+func (a *awakeLock) Release(ctx context.Context) (running string, held bool) {
 	if !a.held {
 		return "", false
 	}
@@ -133,10 +155,10 @@ func (a *awakeLock) release(ctx context.Context) (running string, held bool) {
 	return running, true
 }
 
-// settled reports whether every transaction in running (from release) has
+// Settled reports whether every transaction in running (from Release) has
 // ended, so that a sweep from now on sees every row a commit that did not
 // notify wrote.
-func (a *awakeLock) settled(ctx context.Context, running string) bool {
+func (a *awakeLock) Settled(ctx context.Context, running string) bool {
 	if running == "" || a.conn == nil || a.conn.IsClosed() {
 		return true // nothing to wait out, or no way to know: the ticks cover it
 	}
@@ -231,8 +253,8 @@ func (st *stayAwake) pollAt() (time.Time, bool) {
 
 // settled reports whether the transactions to wait out have ended; the loop
 // asks before a sweep, so that the sweep sees whatever they wrote.
-func (st *stayAwake) settled(ctx context.Context, a *awakeLock) bool {
-	return !st.settling || a.settled(ctx, st.running)
+func (st *stayAwake) settled(ctx context.Context, a AwakeLock) bool {
+	return !st.settling || a.Settled(ctx, st.running)
 }
 
 // swept moves the state on after a sweep: dispatched says whether it sent
@@ -242,7 +264,7 @@ func (st *stayAwake) settled(ctx context.Context, a *awakeLock) bool {
 // A sweeper wakes up for good only when pressed: at a rate where each commit
 // finds it asleep, notifying costs the commits little (nobody queues for the
 // lock), and polling would cost the database more than it saves them.
-func (st *stayAwake) swept(ctx context.Context, a *awakeLock, dispatched, pressed, settled bool) {
+func (st *stayAwake) swept(ctx context.Context, a AwakeLock, dispatched, pressed, settled bool) {
 	st.last = time.Now()
 	switch {
 	case dispatched && (st.awake || pressed):
@@ -250,12 +272,12 @@ func (st *stayAwake) swept(ctx context.Context, a *awakeLock, dispatched, presse
 		// next covers whatever is still running then, and the sweep after it
 		// what ended before.
 		st.awake, st.busy, st.settling, st.running, st.n = true, st.last, false, "", 0
-		a.acquire(ctx)
+		a.Acquire(ctx)
 	case st.awake:
 		st.n++
 		if st.last.Sub(st.busy) >= lingerFor {
 			st.awake, st.n = false, 0
-			st.running, st.settling = a.release(ctx)
+			st.running, st.settling = a.Release(ctx)
 		}
 	case st.settling:
 		st.n++
@@ -263,4 +285,90 @@ func (st *stayAwake) swept(ctx context.Context, a *awakeLock, dispatched, presse
 			st.settling, st.running, st.n = false, "", 0
 		}
 	}
+}
+
+// AwakeLock returns outbox t's awake lock, held on the listener's session
+// (AwakeHost). Its statements wait for the session between two waits for
+// notifications: a fraction of a millisecond, and nothing while the sweeper
+// holds it (it does not check the session: the listener pings it, and a
+// session lost is a new one, gen, on which the lock is taken again).
+func (l *Listener) AwakeLock(t Table) AwakeLock {
+	return &sharedAwakeLock{l: l.l, key: awakeKey(t.WithDefaults())}
+}
+
+// sharedAwakeLock is an awake lock on a Listener's session. While the
+// session is down, it holds nothing (commits notify, and the listener's
+// reconnection makes the host look at every outbox).
+type sharedAwakeLock struct {
+	l    *listener
+	key  int64
+	held bool
+	gen  uint64 // the session's connection that holds it
+}
+
+func (a *sharedAwakeLock) Acquire(ctx context.Context) bool {
+	if a.held && a.current() {
+		return true
+	}
+	a.held = false
+	ctx, cancel := context.WithTimeout(ctx, awakeTimeout)
+	defer cancel()
+	var held bool
+	var gen uint64
+	err := a.l.do(ctx, func(ctx context.Context, conn *pgx.Conn, g uint64) error {
+		gen = g
+		return conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", a.key).Scan(&held)
+	})
+	a.held, a.gen = err == nil && held, gen
+	return a.held
+}
+
+// current reports whether the session is still the connection that took
+// the lock.
+func (a *sharedAwakeLock) current() bool {
+	a.l.mu.Lock()
+	defer a.l.mu.Unlock()
+	return a.l.up && a.l.gen == a.gen
+}
+
+func (a *sharedAwakeLock) Release(ctx context.Context) (running string, held bool) {
+	if !a.held {
+		return "", false
+	}
+	a.held = false
+	ctx, cancel := context.WithTimeout(ctx, awakeTimeout)
+	defer cancel()
+	heldOn := a.gen
+	err := a.l.do(ctx, func(ctx context.Context, conn *pgx.Conn, gen uint64) error {
+		if gen != heldOn {
+			return nil // the lock went with the connection that held it
+		}
+		// As awakeLock.Release: what the second statement reads must be
+		// after the unlock.
+		if _, err := conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", a.key); err != nil {
+			return err
+		}
+		return conn.QueryRow(ctx, `SELECT coalesce(string_agg(backend_xid::text, ','), '')
+			FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()`).Scan(&running)
+	})
+	if err != nil {
+		// The session that held it failed or is failing: its end frees the
+		// lock, and its reconnection makes the host look at every outbox.
+		return "", true
+	}
+	return running, true
+}
+
+func (a *sharedAwakeLock) Settled(ctx context.Context, running string) bool {
+	if running == "" {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(ctx, awakeTimeout)
+	defer cancel()
+	var done bool
+	err := a.l.do(ctx, func(ctx context.Context, conn *pgx.Conn, _ uint64) error {
+		return conn.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE backend_xid::text = ANY(string_to_array($1, ',')))`, running).Scan(&done)
+	})
+	return err != nil || done
 }

@@ -10,22 +10,22 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// AwakeLock exposes the awake lock to the external tests, which need the
-// database helpers that the package's own tests cannot import.
-type AwakeLock struct{ a *awakeLock }
+// OwnAwakeLock exposes a sweeper's own awake lock to the external tests,
+// which need the database helpers that the package's own tests cannot import.
+type OwnAwakeLock struct{ *awakeLock }
 
-func NewAwakeLock(connConfig *pgx.ConnConfig, t Table) AwakeLock {
-	return AwakeLock{newAwakeLock(connConfig, t.WithDefaults(), slog.New(slog.DiscardHandler))}
+func NewAwakeLock(connConfig *pgx.ConnConfig, t Table) OwnAwakeLock {
+	return OwnAwakeLock{newAwakeLock(connConfig, t.WithDefaults(), slog.New(slog.DiscardHandler))}
 }
 
-func (l AwakeLock) Acquire(ctx context.Context) bool { return l.a.acquire(ctx) }
-func (l AwakeLock) Release(ctx context.Context) (running string, held bool) {
-	return l.a.release(ctx)
+func (l OwnAwakeLock) Close() { l.close() }
+
+// ListenerUp reports whether l's session is connected.
+func ListenerUp(l *Listener) bool {
+	l.l.mu.Lock()
+	defer l.l.mu.Unlock()
+	return l.l.up
 }
-func (l AwakeLock) Settled(ctx context.Context, snapshot string) bool {
-	return l.a.settled(ctx, snapshot)
-}
-func (l AwakeLock) Close() { l.a.close() }
 
 // AwakeKeyOf is the awake lock's key for t.
 func AwakeKeyOf(t Table) int64 { return awakeKey(t.WithDefaults()) }

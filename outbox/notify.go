@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -39,7 +41,27 @@ type listener struct {
 	connected func()
 	// backoff paces reconnections; tests shorten it.
 	initialBackoff, maxBackoff time.Duration
+
+	// The session also runs other work (Listener.AwakeLock's statements),
+	// between waits for notifications: do queues it and interrupts the
+	// wait. up says the session is connected, gen counts its connections
+	// (an advisory lock taken in one is gone with it).
+	mu        sync.Mutex
+	up        bool
+	gen       uint64
+	queued    []sessionCall
+	interrupt context.CancelFunc // the wait under way; nil between waits
 }
+
+// sessionCall is work queued on the listener's session.
+type sessionCall struct {
+	ctx  context.Context
+	fn   func(ctx context.Context, conn *pgx.Conn, gen uint64) error
+	done chan error
+}
+
+// errNoSession is do's error while the session is down.
+var errNoSession = errors.New("the LISTEN session is not connected")
 
 func newListener(connConfig *pgx.ConnConfig, t Table, logger *slog.Logger, listening func(up bool)) *listener {
 	if listening == nil {
@@ -72,9 +94,91 @@ func newListener(connConfig *pgx.ConnConfig, t Table, logger *slog.Logger, liste
 // the database, which is how a host of many outboxes (package fleet) wakes
 // them. Both are called from Listen's goroutine, one at a time.
 func Listen(ctx context.Context, connConfig *pgx.ConnConfig, logger *slog.Logger, notified func(payload string), connected func()) {
+	NewListener(connConfig, logger, notified, connected).Run(ctx)
+}
+
+// Listener is Listen's session, which also holds the awake locks of the
+// database's outboxes (AwakeLock): a host of many outboxes (package fleet)
+// keeps one session for its database, whatever its number of outboxes, and a
+// busy one's commits stop notifying as a sweeper of its own makes them.
+type Listener struct{ l *listener }
+
+// NewListener returns a Listener that calls notified and connected as
+// Listen does, once Run runs.
+func NewListener(connConfig *pgx.ConnConfig, logger *slog.Logger, notified func(payload string), connected func()) *Listener {
 	l := newListener(connConfig, Table{}, logger, nil)
 	l.notified, l.connected = notified, connected
-	l.run(ctx)
+	return &Listener{l: l}
+}
+
+// Run listens until ctx is done, as Listen does.
+func (l *Listener) Run(ctx context.Context) { l.l.run(ctx) }
+
+// do runs fn on the session between two waits for notifications, and
+// returns its error; errNoSession at once while the session is down. gen
+// tells fn which connection of the session it runs on.
+func (l *listener) do(ctx context.Context, fn func(ctx context.Context, conn *pgx.Conn, gen uint64) error) error {
+	c := sessionCall{ctx: ctx, fn: fn, done: make(chan error, 1)}
+	l.mu.Lock()
+	if !l.up {
+		l.mu.Unlock()
+		return errNoSession
+	}
+	l.queued = append(l.queued, c)
+	if l.interrupt != nil {
+		l.interrupt()
+	}
+	l.mu.Unlock()
+	// No return before the call's answer: a call that ran after its caller
+	// gave up could take a lock no one knows of, which would silence the
+	// outbox's notifications for as long as the session lives. The answer
+	// is never long in coming: the wait is interrupted, a call whose ctx is
+	// done is answered without running, and a session that ends answers
+	// every call queued.
+	return <-c.done
+}
+
+// serve runs the calls queued, and reports whether the session is still
+// fit to wait on. A call's error that is the connection's ends the session.
+func (l *listener) serve(conn *pgx.Conn) bool {
+	l.mu.Lock()
+	calls, gen := l.queued, l.gen
+	l.queued = nil
+	l.mu.Unlock()
+	for _, c := range calls {
+		if c.ctx.Err() != nil {
+			c.done <- c.ctx.Err()
+			continue
+		}
+		c.done <- c.fn(c.ctx, conn, gen)
+	}
+	return !conn.IsClosed()
+}
+
+// session marks the session up (a new connection of it) or down; down fails
+// the calls queued.
+func (l *listener) session(up bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.up = up
+	if up {
+		l.gen++
+		return
+	}
+	for _, c := range l.queued {
+		c.done <- errNoSession
+	}
+	l.queued = nil
+}
+
+// waiting publishes cancel as the way to interrupt the wait about to start,
+// and reports whether it may start: false if calls came meanwhile. nil ends
+// the wait.
+func (l *listener) waiting(cancel context.CancelFunc) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.interrupt = cancel
+	return cancel == nil || len(l.queued) == 0
 }
 
 func (l *listener) signal() {
@@ -140,16 +244,29 @@ func (l *listener) listen(ctx context.Context, connected func()) error {
 	if _, err := conn.Exec(connectCtx, "LISTEN "+NotifyChannel); err != nil {
 		return err
 	}
+	l.session(true)
+	defer l.session(false)
 	connected()
 	for {
+		if !l.serve(conn) {
+			return errors.New("the LISTEN session's connection closed")
+		}
 		waitCtx, cancel := context.WithTimeout(ctx, listenCheckInterval)
+		var interrupted atomic.Bool
+		if !l.waiting(func() { interrupted.Store(true); cancel() }) {
+			cancel()
+			continue // calls to serve first
+		}
 		n, err := conn.WaitForNotification(waitCtx)
+		l.waiting(nil)
 		cancel()
 		switch {
 		case err == nil:
 			l.notified(n.Payload)
 		case ctx.Err() != nil:
 			return ctx.Err()
+		case interrupted.Load() && !conn.IsClosed():
+			// Calls came: served at the top.
 		case errors.Is(err, context.DeadlineExceeded) && !conn.IsClosed():
 			// Quiet for a while: make sure the connection still answers.
 			pingCtx, cancel := context.WithTimeout(ctx, 5*time.Second)

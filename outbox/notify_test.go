@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -158,19 +159,52 @@ func notificationCounter(t *testing.T, tbl outbox.Table) func() int {
 // the lock go, it learns which transactions were running, and it is settled
 // only once they have ended: a row written while the lock was held and
 // committed after it went, which notified no one, is still swept at once.
+//
+// Both kinds of lock: a sweeper's own, and a host's on its LISTEN session
+// (each lock on a Listener of its own, as two relays have theirs: a session
+// takes an advisory lock it holds again).
 func TestCommitsDoNotNotifyWhileASweeperIsAwake(t *testing.T) {
 	t.Parallel()
+	for kind, newLock := range awakeLockKinds() {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			commitsDoNotNotifyWhileAwake(t, func(tbl outbox.Table) outbox.AwakeLock {
+				return newLock(t, dbtest.Pool(t).Config().ConnConfig.Copy(), tbl, true)
+			})
+		})
+	}
+}
+
+// awakeLockKinds makes each kind of awake lock: on a connection of its own,
+// or on a Listener's session, started for it (and waited for, if up).
+func awakeLockKinds() map[string]func(t *testing.T, cfg *pgx.ConnConfig, tbl outbox.Table, up bool) outbox.AwakeLock {
+	return map[string]func(t *testing.T, cfg *pgx.ConnConfig, tbl outbox.Table, up bool) outbox.AwakeLock{
+		"own": func(t *testing.T, cfg *pgx.ConnConfig, tbl outbox.Table, _ bool) outbox.AwakeLock {
+			l := outbox.NewAwakeLock(cfg, tbl)
+			t.Cleanup(l.Close)
+			return l
+		},
+		"listener": func(t *testing.T, cfg *pgx.ConnConfig, tbl outbox.Table, up bool) outbox.AwakeLock {
+			l := outbox.NewListener(cfg, slog.New(slog.DiscardHandler), func(string) {}, func() {})
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { defer close(done); l.Run(ctx) }()
+			t.Cleanup(func() { cancel(); <-done })
+			if up {
+				dbtest.Eventually(t, patience, "the listener's session up", func() bool { return outbox.ListenerUp(l) })
+			}
+			return l.AwakeLock(tbl)
+		},
+	}
+}
+
+func commitsDoNotNotifyWhileAwake(t *testing.T, lock func(outbox.Table) outbox.AwakeLock) {
 	tbl := dbtest.Table(t)
 	ctx := context.Background()
 	pool := dbtest.Pool(t)
 	count := notificationCounter(t, tbl)
 	w, err := outbox.NewWriter(tbl)
 	require.NoError(t, err)
-	lock := func(tbl outbox.Table) outbox.AwakeLock {
-		l := outbox.NewAwakeLock(pool.Config().ConnConfig.Copy(), tbl)
-		t.Cleanup(l.Close)
-		return l
-	}
 
 	awake, other := lock(tbl), lock(tbl)
 	require.True(t, awake.Acquire(ctx))
@@ -525,16 +559,20 @@ func pressCommits(t *testing.T, w *outbox.Writer, written ...*atomic.Int64) (sto
 // has nothing to wait out, and the sweeper sweeps as without it.
 func TestAwakeLockWithoutADatabaseHoldsNothing(t *testing.T) {
 	t.Parallel()
-	cfg := dbtest.Pool(t).Config().ConnConfig.Copy()
-	cfg.Port = 1 // nothing listens there
-	cfg.ConnectTimeout = time.Second
-	l := outbox.NewAwakeLock(cfg, dbtest.Table(t))
-	defer l.Close()
-	ctx := context.Background()
-	require.False(t, l.Acquire(ctx))
-	require.False(t, l.Acquire(ctx), "again, within the retry's wait")
-	running, held := l.Release(ctx)
-	require.False(t, held)
-	require.Empty(t, running)
-	require.True(t, l.Settled(ctx, running))
+	for kind, newLock := range awakeLockKinds() {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			cfg := dbtest.Pool(t).Config().ConnConfig.Copy()
+			cfg.Port = 1 // nothing listens there
+			cfg.ConnectTimeout = time.Second
+			l := newLock(t, cfg, dbtest.Table(t), false)
+			ctx := context.Background()
+			require.False(t, l.Acquire(ctx))
+			require.False(t, l.Acquire(ctx), "again, within the retry's wait")
+			running, held := l.Release(ctx)
+			require.False(t, held)
+			require.Empty(t, running)
+			require.True(t, l.Settled(ctx, running))
+		})
+	}
 }

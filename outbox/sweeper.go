@@ -83,6 +83,17 @@ type Host interface {
 	Waiting() bool
 }
 
+// AwakeHost is a Host that keeps its outboxes' awake locks on a session of
+// its own, the one it LISTENs on (Listener.AwakeLock): a sweeper of its own
+// opens a connection for its lock, which a host of a thousand outboxes could
+// not afford. Without it, every commit to a host's outbox notifies, and a
+// busy one's commits queue for Postgres's notify lock (migration 6).
+type AwakeHost interface {
+	Host
+	// AwakeLock returns the outbox's awake lock.
+	AwakeLock() AwakeLock
+}
+
 // Sweeper relays outstanding outbox rows to a producer.
 //
 // A sweep reads a page of outstanding rows in id order, groups it by topic
@@ -213,11 +224,14 @@ func (s *Sweeper) Run(ctx context.Context) error {
 
 	var (
 		wake  <-chan struct{}
-		awake *awakeLock
+		awake AwakeLock
 	)
 	host := s.cfg.Host
 	if host != nil {
 		wake = host.Wake()
+		if ah, ok := host.(AwakeHost); ok {
+			awake = ah.AwakeLock()
+		}
 	} else if !s.cfg.DisableNotify {
 		var listening func(bool)
 		if o, ok := s.cfg.Observer.(ListenObserver); ok {
@@ -230,8 +244,9 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		defer wg.Wait()
 		defer stopListening()
 		wake = l.wake
-		awake = newAwakeLock(s.store.pool.Config().ConnConfig.Copy(), s.cfg.Table, s.logger)
-		defer awake.close()
+		own := newAwakeLock(s.store.pool.Config().ConnConfig.Copy(), s.cfg.Table, s.logger)
+		defer own.close()
+		awake = own
 	}
 
 	// The cursor's floors are checked beside the sweeps (cursor.go).
