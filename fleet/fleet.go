@@ -57,6 +57,7 @@ const (
 	ReconcileDefault       = 30 * time.Second
 	IdleMaintenanceDefault = time.Hour
 	MaintenanceDefault     = time.Minute
+	AwakeRateDefault       = 100
 )
 
 // reconcileChunk is how many outboxes one reconciliation statement asks
@@ -136,6 +137,14 @@ type Options struct {
 	// Admin.Addr serves none.
 	Admin admin.Config
 
+	// AwakeRate is the rate of commits, a second, above which a tenant
+	// whose commits press its sweeper (they notify during its sweeps) stays
+	// awake, holding its awake lock so that they stop notifying
+	// (outbox.AwakeHost). Below it each commit notifies: an awake sweeper
+	// polls its outbox every few milliseconds, and many slow tenants polling
+	// cost more than their notifications. Defaults to AwakeRateDefault.
+	AwakeRate float64
+
 	// StallTicks is how many ticks an outbox's sweep may go without
 	// progress before /healthz fails (outbox.Sweeper.Stalled). Defaults to
 	// 60.
@@ -150,6 +159,7 @@ func (o Options) withDefaults() Options {
 	o.Reconcile = cmp.Or(o.Reconcile, ReconcileDefault)
 	o.Destination = cmp.Or(o.Destination, producer.DestinationDefault)
 	o.StallTicks = cmp.Or(o.StallTicks, 60)
+	o.AwakeRate = cmp.Or(o.AwakeRate, AwakeRateDefault)
 	if o.Admin.Logger == nil {
 		o.Admin.Logger = o.Logger
 	}
@@ -299,6 +309,7 @@ func (f *Fleet) notified(payload string) {
 	m := f.members[payload]
 	f.mu.Unlock()
 	if m != nil {
+		m.notes.Add(1)
 		m.signal()
 		return
 	}
@@ -735,6 +746,12 @@ type member struct {
 	// resumed says the sweep's turn is a resuming one (turns).
 	resumed    atomic.Bool
 	maintained time.Time
+	// notes counts the outbox's notifications; rateAt, rateNotes and rate
+	// are Busy's, its sweeper's goroutine's alone.
+	notes     atomic.Int64
+	rateAt    time.Time
+	rateNotes int64
+	rate      float64
 	// inserted is the outbox table's insert count at the last
 	// reconciliation, counted whether there was one (under the fleet's mu).
 	inserted int64
@@ -754,6 +771,18 @@ func (m *member) Wake() <-chan struct{} { return m.wake }
 // tenant whose commits come faster than its sweeps holds it while it sweeps
 // on, and its commits stop notifying (outbox.AwakeHost).
 func (m *member) AwakeLock() outbox.AwakeLock { return m.awake }
+
+// Busy reports whether the outbox's notifications came at AwakeRate or
+// more, over the last tenth of a second at least that its sweeper asked:
+// a burst after a quiet spell keeps it asleep for a tenth of a second.
+func (m *member) Busy() bool {
+	now, n := time.Now(), m.notes.Load()
+	if d := now.Sub(m.rateAt); d >= 100*time.Millisecond {
+		m.rate = float64(n-m.rateNotes) / d.Seconds()
+		m.rateAt, m.rateNotes = now, n
+	}
+	return m.rate >= m.fleet.opts.AwakeRate
+}
 
 var _ outbox.AwakeHost = (*member)(nil)
 

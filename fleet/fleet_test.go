@@ -759,20 +759,14 @@ func TestFleetBusyTenantsCommitsStopNotifying(t *testing.T) {
 	busy := tbls[0]
 	p := memory.New(memory.Config{})
 	name := "fleet-" + base
-	f, _ := newFleet(t, base+"_t*", p, name, fleet.Options{})
+	// Eight writers commit a few hundred times a second, fewer on a slow
+	// machine under -race: the rate that keeps a pressed tenant awake is set
+	// below what they reach anywhere (TestFleetSlowTenantsStayAsleep has the
+	// default's).
+	f, _ := newFleet(t, base+"_t*", p, name, fleet.Options{AwakeRate: 20})
 	waitParked(t, f, tbls)
 	ctx := context.Background()
-	key := writer.AdvisoryKey("outbox-sweeper awake " + busy.String())
-	// holder is the pid of the fleet's session that holds busy's awake lock,
-	// 0 for none.
-	holder := func() int32 {
-		var pid int32
-		err := dbtest.Pool(t).QueryRow(ctx, `SELECT coalesce(max(l.pid), 0) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
-			WHERE l.locktype = 'advisory' AND l.granted AND ((l.classid::bigint << 32) | l.objid::bigint) = $1 AND a.application_name = $2`,
-			key, name).Scan(&pid)
-		require.NoError(t, err)
-		return pid
-	}
+	holder := func() int32 { return awakeHolder(t, busy, name) }
 	count := notifications(t, busy)
 
 	var written, failed atomic.Int64
@@ -802,7 +796,9 @@ func TestFleetBusyTenantsCommitsStopNotifying(t *testing.T) {
 	stopWriting := sync.OnceFunc(func() { close(stop); writers.Wait() })
 	defer stopWriting()
 
+	began := time.Now()
 	dbtest.Eventually(t, time.Minute, "busy's awake lock held on the fleet's session", func() bool { return holder() != 0 })
+	t.Logf("%.0f commits a second", float64(written.Load())/time.Since(began).Seconds())
 	// Every commit counted between the two markers is between them: had
 	// each notified, as many notifications at least would be.
 	count(nil)
@@ -835,6 +831,40 @@ func TestFleetBusyTenantsCommitsStopNotifying(t *testing.T) {
 	dbtest.Eventually(t, time.Minute, "the row after relayed, and its page ended", func() bool {
 		return distinct(p)["after"] && dbtest.Outstanding(t, busy) == 0
 	})
+}
+
+// awakeHolder returns the pid of the session named name that holds tbl's
+// awake lock, 0 for none.
+func awakeHolder(t *testing.T, tbl outbox.Table, name string) int32 {
+	t.Helper()
+	var pid int32
+	err := dbtest.Pool(t).QueryRow(context.Background(), `SELECT coalesce(max(l.pid), 0) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+		WHERE l.locktype = 'advisory' AND l.granted AND ((l.classid::bigint << 32) | l.objid::bigint) = $1 AND a.application_name = $2`,
+		writer.AdvisoryKey("outbox-sweeper awake "+tbl.String()), name).Scan(&pid)
+	require.NoError(t, err)
+	return pid
+}
+
+// A tenant whose commits press its sweeper (two back to back: the second
+// notifies during the sweep of the first) but come at 20 a second, below
+// Options.AwakeRate, does not keep it awake: each commit notifies, and no
+// awake lock is taken. Ten such tenants polling every few milliseconds cost
+// a machine of two cores more than their notifications.
+func TestFleetSlowTenantsStayAsleep(t *testing.T) {
+	base := dbtest.Schema(t)
+	tbls := tenants(t, base, 1)
+	p := memory.New(memory.Config{})
+	name := "fleet-" + base
+	f, _ := newFleet(t, base+"_t*", p, name, fleet.Options{})
+	waitParked(t, f, tbls)
+	for i := range 30 {
+		for j := range 2 {
+			write(t, tbls[0], outbox.Message{Topic: "orders", Payload: fmt.Appendf(nil, "%d/%d", i, j)})
+		}
+		require.Zero(t, awakeHolder(t, tbls[0], name), "the awake lock taken at 20 commits a second (pair %d)", i)
+		time.Sleep(100 * time.Millisecond) // the writer's pace: 20 commits a second at most
+	}
+	dbtest.Eventually(t, time.Minute, "every row relayed", func() bool { return len(distinct(p)) == 60 })
 }
 
 // distinct returns the payloads p holds.
