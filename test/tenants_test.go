@@ -363,3 +363,35 @@ func scrape(t *testing.T, addr string) string {
 	require.NoError(t, err)
 	return string(body)
 }
+
+// OUTBOX_DATABASES lists the databases as --databases-file does, in a
+// variable: every one listed is relayed.
+func TestDatabasesVariableRelaysEachListed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var urls []string
+	for range 2 {
+		u := dbtest.Database(t)
+		urls = append(urls, u)
+		code, out, errOut := runOnce(t, "migrate", "--database-url", u)
+		require.Equal(t, 0, code, "%s%s", out, errOut)
+	}
+	p := start(t, []string{"OUTBOX_DATABASES=" + urls[0] + "\n " + urls[1] + "\n"}, "run", "--producer", "stdout", "--admin-addr", "")
+	for i, u := range urls {
+		conn, err := pgx.Connect(ctx, u)
+		require.NoError(t, err)
+		w, err := outbox.NewWriter(outbox.Table{Schema: "public", Name: "outbox"})
+		require.NoError(t, err)
+		require.NoError(t, w.Write(ctx, conn, outbox.Message{Topic: "orders", Payload: fmt.Appendf(nil, "db%d", i)}))
+		require.NoError(t, conn.Close(ctx))
+	}
+	dbtest.Eventually(t, time.Minute, "each listed database's row", func() bool {
+		seen := map[string]bool{}
+		for _, m := range parseLines(t, p.Lines()) {
+			seen[string(m.Payload)] = true
+		}
+		return seen["db0"] && seen["db1"]
+	})
+	require.Equal(t, 0, p.terminate(t, time.Minute))
+	require.Equal(t, 2, strings.Count(p.Stderr(), "database relayed"))
+}

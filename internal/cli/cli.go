@@ -372,7 +372,7 @@ func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Wri
 		now := time.Now()
 		tick = cfg.Schedule.Next(now).Sub(now)
 	}
-	if o.schemas == "" && o.databasesFile == "" {
+	if o.schemas == "" && o.databasesFile == "" && o.databases == "" {
 		for _, name := range []string{"max-connections", "destination", "reconcile", "metrics-outboxes"} {
 			switch {
 			case !f.set(name):

@@ -34,6 +34,7 @@ const MaxConnectionsDefault = 10
 // fleetOptions are the flags of a relay of many outboxes (--schemas).
 type fleetOptions struct {
 	databasesFile  string
+	databases      string
 	schemas        string
 	maxConnections int
 	destination    string
@@ -46,6 +47,8 @@ func (o *fleetOptions) register(f *flags) {
 		"relay the outbox of every schema matching this pattern (tenant_*; * ? [a-z] as in shell globs) instead of --schema's alone: one LISTEN session and --max-connections in all, new tenants picked up within 10s, dropped ones let go")
 	f.String(&o.databasesFile, "databases-file", "", "path",
 		"relay the outboxes of every database this file lists, one connection URL a line (# comments), a database per tenant; read again on SIGHUP and every 10s; with --schemas, the matching schemas of each")
+	f.String(&o.databases, "databases", "", "urls",
+		"as --databases-file, the URLs given here, separated by spaces or newlines (postgres:// URLs; a keyword=value connection string needs the file): for a list kept in a variable, OUTBOX_DATABASES")
 	f.Int(&o.maxConnections, "max-connections", MaxConnectionsDefault,
 		"with --schemas or --databases-file: the most connections the relay opens to each database, its LISTEN session included, however many tenants are busy (at least 3)")
 	f.String(&o.destination, "destination", string(producer.DestinationDefault), "template",
@@ -63,6 +66,10 @@ func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, 
 	switch {
 	case o.databasesFile != "" && f.set("database-url"):
 		return usagef("%s and %s both name databases: give one", f.origin("database-url"), f.origin("databases-file"))
+	case o.databases != "" && f.set("database-url"):
+		return usagef("%s and %s both name databases: give one", f.origin("database-url"), f.origin("databases"))
+	case o.databases != "" && o.databasesFile != "":
+		return usagef("%s and %s both name databases: give one", f.origin("databases"), f.origin("databases-file"))
 	case f.set("schema"):
 		return usagef("%s and %s both name the outboxes: give one (--schemas relays every schema matching its pattern)", f.origin("schema"), f.origin("schemas"))
 	case !o.notify:
@@ -133,7 +140,7 @@ func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, 
 		Admin:       adminCfg,
 		StallTicks:  o.stallTicks,
 	}
-	if o.databasesFile != "" {
+	if o.databasesFile != "" || o.databases != "" {
 		return o.runDatabases(ctx, f, p, opts, logger, reg, keep)
 	}
 	// The LISTEN session is the budget's last connection.
@@ -164,7 +171,7 @@ func (o *runOptions) runDatabases(ctx context.Context, f *flags, p producer.Prod
 	reg prometheus.Registerer, keep func(string) bool) error {
 	d, err := fleet.NewDatabases(p, fleet.DatabasesOptions{
 		Fleet: opts,
-		URLs:  func() ([]string, error) { return readDatabasesFile(o.databasesFile) },
+		URLs:  o.databaseURLs,
 		PoolConfig: func(url string) (*pgxpool.Config, error) {
 			c := o.common
 			c.databaseURL = url
@@ -181,9 +188,13 @@ func (o *runOptions) runDatabases(ctx context.Context, f *flags, p producer.Prod
 	metrics.RegisterOutboxes(reg, d, keep)
 	// Every database's budget, summed: as many series as one database's.
 	metrics.RegisterPools(reg, d.Pools)
-	urls, err := readDatabasesFile(o.databasesFile)
+	urls, err := o.databaseURLs()
 	if err != nil {
-		return usagef("%s: %v", f.origin("databases-file"), err)
+		name := "databases-file"
+		if o.databases != "" {
+			name = "databases"
+		}
+		return usagef("%s: %v", f.origin(name), err)
 	}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -202,6 +213,19 @@ func (o *runOptions) runDatabases(ctx context.Context, f *flags, p producer.Prod
 	logger.Info("starting", "version", version(), "producer", o.name, "databases", len(urls), "databases_file", o.databasesFile,
 		"schemas", cmp.Or(o.schemas, "*"), "max_connections_per_database", o.maxConnections, "destination", o.destination)
 	return d.Run(ctx)
+}
+
+// databaseURLs returns the databases' connection strings: --databases', or
+// --databases-file's, read again at each call.
+func (o *fleetOptions) databaseURLs() ([]string, error) {
+	if o.databases == "" {
+		return readDatabasesFile(o.databasesFile)
+	}
+	urls := strings.Fields(o.databases)
+	if len(urls) == 0 {
+		return nil, errors.New("it lists no database: give connection URLs separated by spaces or newlines")
+	}
+	return urls, nil
 }
 
 // readDatabasesFile returns the connection strings of a --databases-file:
