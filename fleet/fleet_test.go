@@ -767,7 +767,7 @@ func TestFleetBusyTenantsCommitsStopNotifying(t *testing.T) {
 	waitParked(t, f, tbls)
 	ctx := context.Background()
 	holder := func() int32 { return awakeHolder(t, busy, name) }
-	count := notifications(t, busy)
+	count := dbtest.Notifications(t, busy)
 
 	var written, failed atomic.Int64
 	stop := make(chan struct{})
@@ -874,42 +874,4 @@ func distinct(p *memory.Producer) map[string]bool {
 		out[string(m.Payload)] = true
 	}
 	return out
-}
-
-// notifications returns a counter of the notifications naming tbl since its
-// last call: it calls marking (if not nil), sends a marker of its own,
-// committed after whatever came before, and reads up to it (Postgres
-// delivers notifications in commit order).
-func notifications(t *testing.T, tbl outbox.Table) func(marking func()) int {
-	t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dbtest.URL(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close(ctx) })
-	_, err = conn.Exec(ctx, "LISTEN "+outbox.NotifyChannel)
-	require.NoError(t, err)
-	markers := 0
-	return func(marking func()) int {
-		t.Helper()
-		markers++
-		marker := fmt.Sprintf("marker %d of %s", markers, tbl)
-		if marking != nil {
-			marking()
-		}
-		_, err := dbtest.Pool(t).Exec(ctx, "SELECT pg_notify($1, $2)", outbox.NotifyChannel, marker)
-		require.NoError(t, err)
-		n := 0
-		for {
-			waitCtx, cancel := context.WithTimeout(ctx, time.Minute)
-			note, err := conn.WaitForNotification(waitCtx)
-			cancel()
-			require.NoError(t, err, "waiting for the marker")
-			switch note.Payload {
-			case marker:
-				return n
-			case tbl.String():
-				n++
-			}
-		}
-	}
 }

@@ -84,7 +84,7 @@ func TestOneNotificationPerCommit(t *testing.T) {
 	t.Parallel()
 	tbl := dbtest.Table(t)
 	ctx := context.Background()
-	count := notificationCounter(t, tbl)
+	count := dbtest.Notifications(t, tbl)
 
 	// Postgres folds a transaction's identical notifications, so the count
 	// alone would not tell a row trigger from a statement one: ask the catalog
@@ -95,7 +95,7 @@ func TestOneNotificationPerCommit(t *testing.T) {
 	require.False(t, forEachRow, "the trigger must fire once per statement")
 
 	writeMessages(t, tbl, topicMessages("bulk", 1000)...) // COPY: one statement
-	require.Equal(t, 1, count(), "a 1,000-row write")
+	require.Equal(t, 1, count(nil), "a 1,000-row write")
 
 	w, err := outbox.NewWriter(tbl)
 	require.NoError(t, err)
@@ -108,50 +108,13 @@ func TestOneNotificationPerCommit(t *testing.T) {
 		}
 		return nil
 	}))
-	require.Equal(t, 1, count(), "three inserts in one transaction")
+	require.Equal(t, 1, count(nil), "three inserts in one transaction")
 
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	require.NoError(t, w.Write(ctx, tx, topicMessages("rolled-back", 1)...))
 	require.NoError(t, tx.Rollback(ctx))
-	require.Equal(t, 0, count(), "a rolled-back insert")
-}
-
-// notificationCounter listens on the outbox's channel and returns a function
-// that counts the notifications for tbl since its last call: it sends a marker
-// of its own on the channel, committed after whatever came before, and reads up
-// to it. Postgres delivers the notifications of different transactions in
-// commit order, so everything before the marker is in, however slow the
-// server, and nothing after it.
-func notificationCounter(t *testing.T, tbl outbox.Table) func() int {
-	t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dbtest.URL(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close(ctx) })
-	_, err = conn.Exec(ctx, "LISTEN "+outbox.NotifyChannel)
-	require.NoError(t, err)
-	markers := 0
-	return func() int {
-		t.Helper()
-		markers++
-		marker := fmt.Sprintf("marker %d of %s", markers, tbl)
-		_, err := dbtest.Pool(t).Exec(ctx, "SELECT pg_notify($1, $2)", outbox.NotifyChannel, marker)
-		require.NoError(t, err)
-		n := 0
-		for {
-			waitCtx, cancel := context.WithTimeout(ctx, patience)
-			note, err := conn.WaitForNotification(waitCtx)
-			cancel()
-			require.NoError(t, err, "waiting for the marker")
-			switch note.Payload {
-			case marker:
-				return n
-			case tbl.String():
-				n++
-			}
-		}
-	}
+	require.Equal(t, 0, count(nil), "a rolled-back insert")
 }
 
 // While a sweeper holds the awake lock (it is sweeping again and again on its
@@ -202,7 +165,7 @@ func commitsDoNotNotifyWhileAwake(t *testing.T, lock func(outbox.Table) outbox.A
 	tbl := dbtest.Table(t)
 	ctx := context.Background()
 	pool := dbtest.Pool(t)
-	count := notificationCounter(t, tbl)
+	count := dbtest.Notifications(t, tbl)
 	w, err := outbox.NewWriter(tbl)
 	require.NoError(t, err)
 
@@ -213,7 +176,7 @@ func commitsDoNotNotifyWhileAwake(t *testing.T, lock func(outbox.Table) outbox.A
 		"another outbox has a lock of its own")
 
 	writeMessages(t, tbl, topicMessages("quiet", 1)...)
-	require.Equal(t, 0, count(), "a commit while a sweeper is awake")
+	require.Equal(t, 0, count(nil), "a commit while a sweeper is awake")
 
 	// A writer that wrote while the lock was held, still running when it goes.
 	writer, err := pool.Begin(ctx)
@@ -239,10 +202,10 @@ func commitsDoNotNotifyWhileAwake(t *testing.T, lock func(outbox.Table) outbox.A
 	require.NoError(t, writer.Commit(ctx))
 	// Other transactions running at the release (other tests') end too.
 	dbtest.Eventually(t, patience, "settled once the writer has ended", func() bool { return awake.Settled(ctx, running) })
-	require.Equal(t, 0, count(), "its commit notified no one: the sweep after settling is what finds its row")
+	require.Equal(t, 0, count(nil), "its commit notified no one: the sweep after settling is what finds its row")
 
 	writeMessages(t, tbl, topicMessages("woken", 1)...)
-	require.Equal(t, 1, count(), "with no sweeper awake, a commit notifies again")
+	require.Equal(t, 1, count(nil), "with no sweeper awake, a commit notifies again")
 }
 
 // A listen connection that Postgres ends is opened again, and commits wake the
@@ -415,7 +378,7 @@ func TestAwakeSweeperLeavesNoRowForTheTick(t *testing.T) {
 	held := func() bool { return awakeHolder(t, tbl) != 0 }
 	w, err := outbox.NewWriter(tbl)
 	require.NoError(t, err)
-	count := notificationCounter(t, tbl)
+	count := dbtest.Notifications(t, tbl)
 	prod := memory.New(memory.Config{})
 	app := "awake-" + tbl.Schema
 	stop := dbtest.RunSweeper(t, newSweeper(t, dbtest.NamedPool(t, app), prod, outbox.Config{Table: tbl, Tick: time.Hour}))
@@ -450,7 +413,7 @@ func TestAwakeSweeperLeavesNoRowForTheTick(t *testing.T) {
 			require.NoError(t, straddler.Rollback(ctx))
 			continue
 		}
-		count() // what the pressing commits sent
+		count(nil) // what the pressing commits sent
 		dbtest.Eventually(t, patience, "the sweeper letting the lock go", func() bool { return !held() })
 		// The lock may also look free while an awake sweeper failed to take
 		// it; what shows that this one let it go and is waiting out the
@@ -462,7 +425,7 @@ func TestAwakeSweeperLeavesNoRowForTheTick(t *testing.T) {
 			return waiting
 		})
 		require.NoError(t, straddler.Commit(ctx))
-		if count() != 0 {
+		if count(nil) != 0 {
 			continue // it notified after all: sent, but not by the path under test
 		}
 		dbtest.Eventually(t, patience, "the row sent without a notification or a tick", func() bool { return sent(payload) })

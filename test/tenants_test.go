@@ -206,13 +206,7 @@ func TestSchemasRelayTenantsThroughRabbitMQAcrossKills(t *testing.T) {
 func TestDatabasesFileIsReadAgainOnSIGHUP(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	var urls []string
-	for range 3 {
-		u := dbtest.Database(t)
-		urls = append(urls, u)
-		code, out, errOut := runOnce(t, "migrate", "--database-url", u)
-		require.Equal(t, 0, code, "%s%s", out, errOut)
-	}
+	urls := migratedDatabases(t, 3)
 	list := filepath.Join(t.TempDir(), "tenants.txt")
 	require.NoError(t, os.WriteFile(list, []byte("# the tenants\n"+urls[0]+"\n"+urls[1]+"\n"), 0o600))
 	addr := fmt.Sprintf("127.0.0.1:%d", dbtest.FreePort(t))
@@ -369,13 +363,7 @@ func scrape(t *testing.T, addr string) string {
 func TestDatabasesVariableRelaysEachListed(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	var urls []string
-	for range 2 {
-		u := dbtest.Database(t)
-		urls = append(urls, u)
-		code, out, errOut := runOnce(t, "migrate", "--database-url", u)
-		require.Equal(t, 0, code, "%s%s", out, errOut)
-	}
+	urls := migratedDatabases(t, 2)
 	p := start(t, []string{"OUTBOX_DATABASES=" + urls[0] + "\n " + urls[1] + "\n"}, "run", "--producer", "stdout", "--admin-addr", "")
 	for i, u := range urls {
 		conn, err := pgx.Connect(ctx, u)
@@ -394,4 +382,18 @@ func TestDatabasesVariableRelaysEachListed(t *testing.T) {
 	})
 	require.Equal(t, 0, p.terminate(t, time.Minute))
 	require.Equal(t, 2, strings.Count(p.Stderr(), "database relayed"))
+}
+
+// migratedDatabases makes n databases, each with its outbox migrated by the
+// binary, and returns their URLs.
+func migratedDatabases(t *testing.T, n int) []string {
+	t.Helper()
+	var urls []string
+	for range n {
+		u := dbtest.Database(t)
+		code, out, errOut := runOnce(t, "migrate", "--database-url", u)
+		require.Equal(t, 0, code, "%s%s", out, errOut)
+		urls = append(urls, u)
+	}
+	return urls
 }
