@@ -297,29 +297,49 @@ func (l *Listener) AwakeLock(t Table) AwakeLock {
 }
 
 // sharedAwakeLock is an awake lock on a Listener's session. While the
-// session is down, it holds nothing (commits notify, and the listener's
-// reconnection makes the host look at every outbox).
+// session is down, it holds nothing: commits notify, and the listener's
+// reconnection makes the host look at every parked outbox.
+//
+// What needs care is that the session is shared and outlives the sweeper's
+// spells: a lock it holds that the sweeper does not know of would keep the
+// outbox's commits from notifying for as long as the session lives. So the
+// lock is taken only if the session does not hold it already (session locks
+// stack), and its release always runs, whatever its caller's context: an
+// unlock that fails ends the session, which frees it.
 type sharedAwakeLock struct {
 	l    *listener
 	key  int64
 	held bool
 	gen  uint64 // the session's connection that holds it
+	// spell says the lock was held since the last Release, on this
+	// connection or one that ended: commits may have skipped their
+	// notification, and the release must wait them out.
+	spell bool
+	// after is the list of transactions to wait out, read once the session
+	// is back when the release found it down (runningUnknown).
+	after string
 }
+
+// runningUnknown is the running list of a release that could not read it:
+// Settled reads it when the session is back.
+const runningUnknown = "unknown"
 
 func (a *sharedAwakeLock) Acquire(ctx context.Context) bool {
 	if a.held && a.current() {
 		return true
 	}
 	a.held = false
-	ctx, cancel := context.WithTimeout(ctx, awakeTimeout)
-	defer cancel()
 	var held bool
 	var gen uint64
-	err := a.l.do(ctx, func(ctx context.Context, conn *pgx.Conn, g uint64) error {
+	err := a.l.do(ctx, false, func(ctx context.Context, conn *pgx.Conn, g uint64) error {
 		gen = g
-		return conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", a.key).Scan(&held)
+		return conn.QueryRow(ctx, `SELECT CASE WHEN EXISTS (SELECT FROM pg_catalog.pg_locks
+				WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted AND objsubid = 1
+				  AND ((classid::bigint << 32) | objid::bigint) = $1)
+			THEN true ELSE pg_try_advisory_lock($1) END`, a.key).Scan(&held)
 	})
 	a.held, a.gen = err == nil && held, gen
+	a.spell = a.spell || a.held
 	return a.held
 }
 
@@ -332,43 +352,63 @@ func (a *sharedAwakeLock) current() bool {
 }
 
 func (a *sharedAwakeLock) Release(ctx context.Context) (running string, held bool) {
-	if !a.held {
+	if !a.spell {
 		return "", false
 	}
-	a.held = false
-	ctx, cancel := context.WithTimeout(ctx, awakeTimeout)
-	defer cancel()
-	heldOn := a.gen
-	err := a.l.do(ctx, func(ctx context.Context, conn *pgx.Conn, gen uint64) error {
-		if gen != heldOn {
-			return nil // the lock went with the connection that held it
+	heldOn, wasHeld := a.gen, a.held
+	a.held, a.spell, a.after = false, false, ""
+	err := a.l.do(ctx, true, func(ctx context.Context, conn *pgx.Conn, gen uint64) error {
+		if wasHeld && gen == heldOn {
+			// As awakeLock.Release: what the second statement reads must
+			// be after the unlock.
+			if _, err := conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", a.key); err != nil {
+				// The session may still hold it: end the session, which
+				// frees it (the listener connects again).
+				closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+				defer cancel()
+				_ = conn.Close(closeCtx)
+				return err
+			}
 		}
-		// As awakeLock.Release: what the second statement reads must be
-		// after the unlock.
-		if _, err := conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", a.key); err != nil {
-			return err
-		}
+		// On a connection that is not the one that held it, the lock went
+		// with that one; the transactions that skipped their notification
+		// meanwhile and still run are among those running now.
 		return conn.QueryRow(ctx, `SELECT coalesce(string_agg(backend_xid::text, ','), '')
 			FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()`).Scan(&running)
 	})
 	if err != nil {
-		// The session that held it failed or is failing: its end frees the
-		// lock, and its reconnection makes the host look at every outbox.
-		return "", true
+		// The session is down or failing: the list is read when it is back.
+		return runningUnknown, true
 	}
 	return running, true
 }
 
 func (a *sharedAwakeLock) Settled(ctx context.Context, running string) bool {
+	if running == runningUnknown {
+		if a.after == "" {
+			err := a.l.do(ctx, false, func(ctx context.Context, conn *pgx.Conn, _ uint64) error {
+				return conn.QueryRow(ctx, `SELECT coalesce(string_agg(backend_xid::text, ','), '')
+					FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()`).Scan(&a.after)
+			})
+			if err != nil {
+				return false // the session is still down: asked again at the next sweep
+			}
+			if a.after == "" {
+				return true
+			}
+		}
+		running = a.after
+	}
 	if running == "" {
 		return true
 	}
-	ctx, cancel := context.WithTimeout(ctx, awakeTimeout)
-	defer cancel()
 	var done bool
-	err := a.l.do(ctx, func(ctx context.Context, conn *pgx.Conn, _ uint64) error {
+	err := a.l.do(ctx, false, func(ctx context.Context, conn *pgx.Conn, _ uint64) error {
 		return conn.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity
 			WHERE backend_xid::text = ANY(string_to_array($1, ',')))`, running).Scan(&done)
 	})
+	if errors.Is(err, errNoSession) {
+		return false // asked again at the next sweep, once the session is back
+	}
 	return err != nil || done
 }

@@ -55,10 +55,17 @@ type listener struct {
 
 // sessionCall is work queued on the listener's session.
 type sessionCall struct {
-	ctx  context.Context
-	fn   func(ctx context.Context, conn *pgx.Conn, gen uint64) error
-	done chan error
+	ctx    context.Context
+	always bool // run even if ctx ended while it waited
+	fn     func(ctx context.Context, conn *pgx.Conn, gen uint64) error
+	done   chan error
 }
+
+// sessionCallTimeout bounds each call on the session, from when it runs: a
+// call that timed out while it waited for the session would otherwise have
+// no time left, and one cut short mid-statement ends the session (pgx closes
+// a connection whose statement it abandoned) and every outbox's lock with it.
+const sessionCallTimeout = 5 * time.Second
 
 // errNoSession is do's error while the session is down.
 var errNoSession = errors.New("the LISTEN session is not connected")
@@ -116,9 +123,13 @@ func (l *Listener) Run(ctx context.Context) { l.l.run(ctx) }
 
 // do runs fn on the session between two waits for notifications, and
 // returns its error; errNoSession at once while the session is down. gen
-// tells fn which connection of the session it runs on.
-func (l *listener) do(ctx context.Context, fn func(ctx context.Context, conn *pgx.Conn, gen uint64) error) error {
-	c := sessionCall{ctx: ctx, fn: fn, done: make(chan error, 1)}
+// tells fn which connection of the session it runs on. A call whose ctx
+// ends while it waits is not run, unless always: a release must run.
+//
+// do must not be called from the listener's own callbacks (notified,
+// connected): it waits for the goroutine that runs them.
+func (l *listener) do(ctx context.Context, always bool, fn func(ctx context.Context, conn *pgx.Conn, gen uint64) error) error {
+	c := sessionCall{ctx: ctx, always: always, fn: fn, done: make(chan error, 1)}
 	l.mu.Lock()
 	if !l.up {
 		l.mu.Unlock()
@@ -146,11 +157,24 @@ func (l *listener) serve(conn *pgx.Conn) bool {
 	l.queued = nil
 	l.mu.Unlock()
 	for _, c := range calls {
-		if c.ctx.Err() != nil {
+		if c.ctx.Err() != nil && !c.always {
 			c.done <- c.ctx.Err()
 			continue
 		}
-		c.done <- c.fn(c.ctx, conn, gen)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(c.ctx), sessionCallTimeout)
+		c.done <- c.fn(ctx, conn, gen)
+		cancel()
+	}
+	// Notifications that came during the calls wait in pgx's buffer; a
+	// wait with a context already done hands them out without reading.
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	for {
+		n, err := conn.WaitForNotification(done)
+		if err != nil {
+			break
+		}
+		l.notified(n.Payload)
 	}
 	return !conn.IsClosed()
 }

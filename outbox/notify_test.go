@@ -539,3 +539,30 @@ func TestAwakeLockWithoutADatabaseHoldsNothing(t *testing.T) {
 		})
 	}
 }
+
+// A Listener's session takes an awake lock it holds already without holding
+// it twice (session locks stack): a release that did not run, and the next
+// spell's acquire on top of it, would otherwise leave it held after that
+// spell's release, and the outbox's commits would notify no more for as long
+// as the session lives. Here two handles of one outbox on one session stand
+// for the lost release and the next spell.
+func TestAListenersAwakeLockDoesNotStack(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	ctx := context.Background()
+	l := outbox.NewListener(dbtest.Pool(t).Config().ConnConfig.Copy(), slog.New(slog.DiscardHandler), func(string) {}, func() {})
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); l.Run(runCtx) }()
+	defer func() { cancel(); <-done }()
+	dbtest.Eventually(t, patience, "the listener's session up", func() bool { return outbox.ListenerUp(l) })
+
+	lost, next := l.AwakeLock(tbl), l.AwakeLock(tbl)
+	require.True(t, lost.Acquire(ctx))
+	require.True(t, next.Acquire(ctx), "the session holds it")
+	_, held := next.Release(ctx)
+	require.True(t, held)
+	other := outbox.NewAwakeLock(dbtest.Pool(t).Config().ConnConfig.Copy(), tbl)
+	defer other.Close()
+	require.True(t, other.Acquire(ctx), "free once the next spell released it")
+}

@@ -240,6 +240,14 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		wake = host.Wake()
 		if ah, ok := host.(AwakeHost); ok {
 			awake, busy = ah.AwakeLock(), ah.Busy
+			// The host's session outlives this sweeper: a lock left held
+			// would keep the outbox's commits from notifying (a schema
+			// dropped and made again has the same key).
+			defer func() {
+				releaseCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), awakeTimeout)
+				defer cancel()
+				awake.Release(releaseCtx)
+			}()
 		}
 	} else if !s.cfg.DisableNotify {
 		var listening func(bool)
@@ -304,6 +312,10 @@ func (s *Sweeper) Run(ctx context.Context) error {
 			return nil
 		}
 		tick := reached && at.Equal(next) && !parked
+		// Whether the transactions to wait out have ended is asked before the
+		// sweep, so that the sweep sees whatever they wrote; and before its
+		// turn, so that a host's session slow to answer holds up no turn.
+		settled := awake == nil || st.settled(work, awake)
 		done := func(SweepResult) {}
 		if host != nil {
 			var err error
@@ -322,9 +334,6 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		if tick || parked {
 			due = s.cfg.Schedule.Next(start)
 		}
-		// Whether the transactions to wait out have ended is asked before the
-		// sweep, so that the sweep sees whatever they wrote.
-		settled := awake == nil || st.settled(work, awake)
 		var yield func(SweepResult) bool
 		if host != nil {
 			// Waiting for a turn is not being stuck: the stall watch sees
