@@ -117,6 +117,7 @@ func (a *awakeLock) Acquire(ctx context.Context) bool {
 			a.failed("connect to hold the lock", err)
 			return false
 		}
+		keepAlive(ctx, conn, a.logger)
 		a.conn = conn
 	}
 	if err := a.conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", a.key).Scan(&a.held); err != nil {

@@ -27,6 +27,22 @@ func ListenerUp(l *Listener) bool {
 	return l.l.up
 }
 
+// ListenerSetting reads setting on l's session.
+func ListenerSetting(ctx context.Context, l *Listener, setting string) (string, error) {
+	var v string
+	err := l.l.do(ctx, false, func(ctx context.Context, conn *pgx.Conn, _ uint64) error {
+		return conn.QueryRow(ctx, "SELECT current_setting($1)", setting).Scan(&v)
+	})
+	return v, err
+}
+
+// Setting reads setting on the own lock's session, once it has one.
+func (l OwnAwakeLock) Setting(ctx context.Context, setting string) (string, error) {
+	var v string
+	err := l.conn.QueryRow(ctx, "SELECT current_setting($1)", setting).Scan(&v)
+	return v, err
+}
+
 // AwakeKeyOf is the awake lock's key for t.
 func AwakeKeyOf(t Table) int64 { return awakeKey(t.WithDefaults()) }
 

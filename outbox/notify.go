@@ -265,6 +265,9 @@ func (l *listener) listen(ctx context.Context, connected func()) error {
 		defer cancel()
 		_ = conn.Close(closeCtx)
 	}()
+	// Before LISTEN, which stays the session's last statement in
+	// pg_stat_activity while it only listens: what an operator looks for.
+	keepAlive(connectCtx, conn, l.logger)
 	if _, err := conn.Exec(connectCtx, "LISTEN "+NotifyChannel); err != nil {
 		return err
 	}
@@ -302,5 +305,24 @@ func (l *listener) listen(ctx context.Context, connected func()) error {
 		default:
 			return err
 		}
+	}
+}
+
+// keepAliveSettings make the server probe a session's client when the
+// connection has been idle 10 s, and end the session after three probes 5 s
+// apart go unanswered. The sessions that LISTEN or hold an awake lock are
+// idle for long, and after a network partition the client has long given up
+// on them and connected again; without probes the server keeps the old
+// session, and the awake lock it holds (commits to that outbox then notify
+// no one), until the system's keepalive gives up: two hours by default.
+const keepAliveSettings = "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3"
+
+// keepAlive applies keepAliveSettings to conn's session. They are session
+// settings, rather than connection parameters, so that a pooler in session
+// mode that refuses unknown startup parameters lets them through; one that
+// refuses them costs only the probes (a Unix socket ignores them anyway).
+func keepAlive(ctx context.Context, conn *pgx.Conn, logger *slog.Logger) {
+	if _, err := conn.Exec(ctx, keepAliveSettings); err != nil {
+		logger.Debug("could not set TCP keepalives on a long-idle session; the server may keep it long after a network partition", "err", err)
 	}
 }

@@ -566,3 +566,33 @@ func TestAListenersAwakeLockDoesNotStack(t *testing.T) {
 	defer other.Close()
 	require.True(t, other.Acquire(ctx), "free once the next spell released it")
 }
+
+// The sessions that LISTEN and hold awake locks ask the server to probe them
+// when idle (TCP keepalives), so that after a network partition the server
+// ends the session the client gave up on, and its awake lock with it, within
+// half a minute rather than the system's two hours.
+func TestLongIdleSessionsAreProbed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg := dbtest.Pool(t).Config().ConnConfig.Copy()
+	if cfg.Host == "" || cfg.Host[0] == '/' {
+		t.Fatalf("the test database is reached over a Unix socket (%q), where keepalives do not apply: give a TCP address", cfg.Host)
+	}
+	l := outbox.NewListener(cfg, slog.New(slog.DiscardHandler), func(string) {}, func() {})
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); l.Run(runCtx) }()
+	defer func() { cancel(); <-done }()
+	dbtest.Eventually(t, patience, "the listener's session up", func() bool { return outbox.ListenerUp(l) })
+	own := outbox.NewAwakeLock(cfg, dbtest.Table(t))
+	defer own.Close()
+	require.True(t, own.Acquire(ctx))
+	for setting, want := range map[string]string{"tcp_keepalives_idle": "10", "tcp_keepalives_interval": "5", "tcp_keepalives_count": "3"} {
+		got, err := outbox.ListenerSetting(ctx, l, setting)
+		require.NoError(t, err)
+		require.Equal(t, want, got, "the listener's %s", setting)
+		got, err = own.Setting(ctx, setting)
+		require.NoError(t, err)
+		require.Equal(t, want, got, "the own awake lock's %s", setting)
+	}
+}
