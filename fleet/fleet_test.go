@@ -216,8 +216,9 @@ func TestFleetRelaysManyTenantsOnceEachUnderTheirNames(t *testing.T) {
 		last[m.Topic] = m.ID
 	}
 	require.Len(t, p.Messages(), want)
+	// The last pages' rows are delivered before those pages commit.
 	for _, tbl := range busy {
-		require.Zero(t, dbtest.Outstanding(t, tbl), tbl.String())
+		dbtest.Eventually(t, time.Minute, "every row of "+tbl.String()+" moved out", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
 	}
 	require.LessOrEqual(t, most.Load(), int64(6+1), "the fleet held more sessions than its budget")
 	require.Positive(t, most.Load())
@@ -319,7 +320,8 @@ func TestFleetKeepsEachTenantsTroubleItsOwn(t *testing.T) {
 		return slices.ContainsFunc(p.Messages(), func(m producer.Message) bool { return m.Topic == b.Schema+".mail" })
 	})
 	require.Zero(t, deadLetters(t, b))
-	require.Zero(t, dbtest.Outstanding(t, b))
+	// Delivered before its page commits: outstanding until then.
+	dbtest.Eventually(t, time.Minute, "b's mail moved out", func() bool { return dbtest.Outstanding(t, b) == 0 })
 }
 
 // tenantSeries scrapes the per-outbox series of src, keeping keep's: each
