@@ -148,8 +148,7 @@ func (a *awakeLock) Release(ctx context.Context) (running string, held bool) {
 		a.failed("release the lock", err)
 		return "", true
 	}
-	if err := a.conn.QueryRow(ctx, `SELECT coalesce(string_agg(backend_xid::text, ','), '')
-		FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()`).Scan(&running); err != nil {
+	if err := a.conn.QueryRow(ctx, runningSQL).Scan(&running); err != nil {
 		a.failed("read the transactions running after releasing the lock", err)
 		return "", true
 	}
@@ -166,8 +165,7 @@ func (a *awakeLock) Settled(ctx context.Context, running string) bool {
 	ctx, cancel := context.WithTimeout(ctx, awakeTimeout)
 	defer cancel()
 	var done bool
-	err := a.conn.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity
-		WHERE backend_xid::text = ANY(string_to_array($1, ',')))`, running).Scan(&done)
+	err := a.conn.QueryRow(ctx, settledSQL, running).Scan(&done)
 	if err != nil {
 		a.failed("check on the transactions running at the release", err)
 		return true
@@ -197,6 +195,18 @@ func (a *awakeLock) close() {
 		a.conn = nil
 	}
 }
+
+// runningSQL lists the transactions running now but the session's own, for
+// a release; settledSQL says whether every one of such a list ($1) has ended.
+// The list is read from pg_stat_activity rather than from a snapshot: a
+// snapshot does not list transactions whose ids are above the last one
+// completed, though they run.
+const (
+	runningSQL = `SELECT coalesce(string_agg(backend_xid::text, ','), '')
+		FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()`
+	settledSQL = `SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity
+		WHERE backend_xid::text = ANY(string_to_array($1, ',')))`
+)
 
 // Pacing of an awake sweeper (stayAwake).
 const (
@@ -374,8 +384,7 @@ func (a *sharedAwakeLock) Release(ctx context.Context) (running string, held boo
 		// On a connection that is not the one that held it, the lock went
 		// with that one; the transactions that skipped their notification
 		// meanwhile and still run are among those running now.
-		return conn.QueryRow(ctx, `SELECT coalesce(string_agg(backend_xid::text, ','), '')
-			FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()`).Scan(&running)
+		return conn.QueryRow(ctx, runningSQL).Scan(&running)
 	})
 	if err != nil {
 		// The session is down or failing: the list is read when it is back.
@@ -388,8 +397,7 @@ func (a *sharedAwakeLock) Settled(ctx context.Context, running string) bool {
 	if running == runningUnknown {
 		if a.after == "" {
 			err := a.l.do(ctx, false, func(ctx context.Context, conn *pgx.Conn, _ uint64) error {
-				return conn.QueryRow(ctx, `SELECT coalesce(string_agg(backend_xid::text, ','), '')
-					FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()`).Scan(&a.after)
+				return conn.QueryRow(ctx, runningSQL).Scan(&a.after)
 			})
 			if err != nil {
 				return false // the session is still down: asked again at the next sweep
@@ -405,8 +413,7 @@ func (a *sharedAwakeLock) Settled(ctx context.Context, running string) bool {
 	}
 	var done bool
 	err := a.l.do(ctx, false, func(ctx context.Context, conn *pgx.Conn, _ uint64) error {
-		return conn.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE backend_xid::text = ANY(string_to_array($1, ',')))`, running).Scan(&done)
+		return conn.QueryRow(ctx, settledSQL, running).Scan(&done)
 	})
 	if errors.Is(err, errNoSession) {
 		return false // asked again at the next sweep, once the session is back
