@@ -20,6 +20,9 @@ type Server struct {
 	bin  string // the directory holding initdb and pg_ctl
 	dir  string
 	port int
+	// settings are the server's command-line settings beyond where it
+	// listens.
+	settings string
 	// asPostgres runs the server's commands as the postgres user when the test
 	// runs as root, which initdb refuses.
 	asPostgres bool
@@ -30,6 +33,24 @@ type Server struct {
 // are missing: `bash .ci/run` installs them.
 func StartServer(t testing.TB) *Server {
 	t.Helper()
+	// fsync off: the tests that restart a server wait for its flushes
+	// otherwise, and prove nothing by it (Crash loses what was not written,
+	// flushed or not).
+	return startServer(t, "-c fsync=off -c max_connections=50")
+}
+
+// StartDefaultServer is StartServer with initdb's settings (fsync,
+// synchronous_commit and autovacuum on, shared_buffers 128MB,
+// max_connections 100), as a production server would have them: for the
+// benchmarks that measure latency or sustained load, which the shared
+// server's settings (autovacuum off) and its other databases would skew.
+func StartDefaultServer(t testing.TB) *Server {
+	t.Helper()
+	return startServer(t, "")
+}
+
+func startServer(t testing.TB, settings string) *Server {
+	t.Helper()
 	bin, err := serverBinDir()
 	if err != nil {
 		t.Fatalf("a test Postgres server: %v", err)
@@ -38,7 +59,7 @@ func StartServer(t testing.TB) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Server{t: t, bin: bin, dir: filepath.Join(dir, "data"), port: FreePort(t), asPostgres: os.Geteuid() == 0}
+	s := &Server{t: t, bin: bin, dir: filepath.Join(dir, "data"), port: FreePort(t), settings: settings, asPostgres: os.Geteuid() == 0}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	if s.asPostgres {
 		// The postgres user must be able to reach and own the data directory.
@@ -63,7 +84,7 @@ func (s *Server) URL() string {
 // Start starts the stopped server and waits until it accepts connections.
 func (s *Server) Start() {
 	s.t.Helper()
-	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=50", s.port, s.dir)
+	opts := strings.TrimSpace(fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 %s", s.port, s.dir, s.settings))
 	s.run("pg_ctl", "-D", s.dir, "-o", opts, "-l", filepath.Join(s.dir, "server.log"), "-w", "start")
 }
 

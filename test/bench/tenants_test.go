@@ -33,7 +33,9 @@ import (
 // outbox migrated by `sweeper migrate --schemas` (about 40 s on the 2-core
 // machine, once per go test: each benchmark run clones it, CREATE DATABASE
 // … TEMPLATE, in a few seconds). The databases live on the shared server,
-// beside the test database, and are dropped at the end.
+// beside the test database, and are dropped at the end; but the latency
+// benchmark's, under a drain's sustained load, is on a server of its own with
+// initdb's settings (ownTenantDatabase).
 const tenantCount = 1000
 
 var (
@@ -44,46 +46,58 @@ var (
 	adminURL           string // the test database's URL, to drop the databases from
 )
 
-// dbURL returns the test database's URL with its database replaced by name.
-func dbURL(tb testing.TB, name string) string {
-	u, err := url.Parse(dbtest.URL(tb))
+// withDatabase returns base, a server's URL, with its database replaced by
+// name.
+func withDatabase(tb testing.TB, base, name string) string {
+	u, err := url.Parse(base)
 	if err != nil || u.Scheme == "" {
-		tb.Fatalf("the tenant benchmarks need a URL for the test database, not %q: %v", dbtest.URL(tb), err)
+		tb.Fatalf("the tenant benchmarks need a URL for the database server, not %q: %v", base, err)
 	}
 	u.Path = "/" + name
 	return u.String()
 }
 
+// makeTenants creates database name on the server base is a URL of, and in
+// it the 1,000 tenant schemas, each an outbox migrated by the binary's
+// `migrate --schemas`.
+func makeTenants(tb testing.TB, bin, base, name string) error {
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, base)
+	if err != nil {
+		return err
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		return err
+	}
+	var sql strings.Builder
+	for i := range tenantCount {
+		fmt.Fprintf(&sql, "CREATE SCHEMA tenant_%04d;", i)
+	}
+	conn, err := pgx.Connect(ctx, withDatabase(tb, base, name))
+	if err == nil {
+		_, err = conn.Exec(ctx, sql.String())
+		conn.Close(ctx)
+	}
+	if err != nil {
+		return err
+	}
+	out, err := exec.Command(bin, "migrate", "--database-url", withDatabase(tb, base, name), "--schemas", "tenant_*").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("migrate --schemas: %v\n%s", err, lastLines(out, 5))
+	}
+	return nil
+}
+
 // tenantDatabase returns the URL of a fresh copy of the 1,000-tenant
-// database, dropped at cleanup.
+// database on the shared server, dropped at cleanup.
 func tenantDatabase(b *testing.B, bin string) string {
 	b.Helper()
 	tenantTemplateOnce.Do(func() {
 		adminURL = dbtest.URL(b)
 		name := fmt.Sprintf("outbox_bench_tenants_%d", os.Getpid())
-		ctx := context.Background()
-		if _, err := dbtest.Pool(b).Exec(ctx, "CREATE DATABASE "+name); err != nil {
-			tenantTemplateErr = err
-			return
-		}
-		tenantTemplate = name
-		var sql strings.Builder
-		for i := range tenantCount {
-			fmt.Fprintf(&sql, "CREATE SCHEMA tenant_%04d;", i)
-		}
-		conn, err := pgx.Connect(ctx, dbURL(b, name))
-		if err == nil {
-			_, err = conn.Exec(ctx, sql.String())
-			conn.Close(ctx)
-		}
-		if err != nil {
-			tenantTemplateErr = err
-			return
-		}
-		out, err := exec.Command(bin, "migrate", "--database-url", dbURL(b, name), "--schemas", "tenant_*").CombinedOutput()
-		if err != nil {
-			tenantTemplateErr = fmt.Errorf("migrate --schemas: %v\n%s", err, lastLines(out, 5))
-		}
+		tenantTemplate = name // dropped after the benchmarks, if it was made
+		tenantTemplateErr = makeTenants(b, bin, adminURL, name)
 	})
 	if tenantTemplateErr != nil {
 		b.Fatalf("the 1,000-tenant database: %v", tenantTemplateErr)
@@ -94,7 +108,20 @@ func tenantDatabase(b *testing.B, bin string) string {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { dropDatabase(name) })
-	return dbURL(b, name)
+	return withDatabase(b, adminURL, name)
+}
+
+// ownTenantDatabase returns the URL of a 1,000-tenant database on a
+// server of the benchmark's own, with initdb's settings, stopped at
+// cleanup: for figures under sustained load, which the shared server's
+// settings (autovacuum off) and its other databases would skew.
+func ownTenantDatabase(b *testing.B, bin string) string {
+	b.Helper()
+	srv := dbtest.StartDefaultServer(b)
+	if err := makeTenants(b, bin, srv.URL(), "tenants"); err != nil {
+		b.Fatalf("the 1,000-tenant database on a server of its own: %v", err)
+	}
+	return withDatabase(b, srv.URL(), "tenants")
 }
 
 // dropTenantTemplate drops the template database, if one was made; TestMain
@@ -403,12 +430,13 @@ func loadTenant(b *testing.B, pool *pgxpool.Pool, schema, prefix string, n int) 
 // has three times that, committed at once (loadTenant), and the benchmark
 // fails if it drains before the window ends. busy-rows-left says how far
 // the drain went beside the quiet tenants (the fleet paces it:
-// fleet/turns.go).
+// fleet/turns.go). It runs on a server of its own with initdb's settings
+// (autovacuum on, which the shared server has off), since 2026-11-27.
 func BenchmarkTenantsQuietLatency(b *testing.B) {
 	bin := build(b, "", "cmd/sweeper")
 	const backlog, window = 3_000_000, 30 * time.Second
 	for range b.N {
-		dbURL := tenantDatabase(b, bin)
+		dbURL := ownTenantDatabase(b, bin)
 		var quiet []outbox.Table
 		for i := 1; i <= 10; i++ {
 			quiet = append(quiet, outbox.Table{Schema: fmt.Sprintf("tenant_%04d", i), Name: "outbox"})
