@@ -746,12 +746,16 @@ type member struct {
 	// resumed says the sweep's turn is a resuming one (turns).
 	resumed    atomic.Bool
 	maintained time.Time
-	// notes counts the outbox's notifications; rateAt, rateNotes and rate
-	// are Busy's, its sweeper's goroutine's alone.
-	notes     atomic.Int64
-	rateAt    time.Time
-	rateNotes int64
-	rate      float64
+	// notes counts the outbox's notifications; the rest are Busy's, its
+	// sweeper's goroutine's alone: the sweeps that dispatched, and at the
+	// last reading of the rate, and whether Busy last said so.
+	notes      atomic.Int64
+	sweeps     int64
+	rateAt     time.Time
+	rateNotes  int64
+	rateSweeps int64
+	rate       float64
+	kept       bool
 	// inserted is the outbox table's insert count at the last
 	// reconciliation, counted whether there was one (under the fleet's mu).
 	inserted int64
@@ -772,16 +776,31 @@ func (m *member) Wake() <-chan struct{} { return m.wake }
 // on, and its commits stop notifying (outbox.AwakeHost).
 func (m *member) AwakeLock() outbox.AwakeLock { return m.awake }
 
-// Busy reports whether the outbox's notifications came at AwakeRate or
-// more, over the last tenth of a second at least that its sweeper asked:
-// a burst after a quiet spell keeps it asleep for a tenth of a second.
-func (m *member) Busy() bool {
+// Busy reports whether the outbox's commits come at AwakeRate or more, for
+// its sweeper to wake up, or at half of it, for an awake one to stay so: the
+// gap keeps a tenant at about AwakeRate from taking and letting go of its
+// lock over and over. The rate is the higher of the notifications' and the
+// dispatching sweeps' (dispatched) over the last tenth of a second at least
+// that its sweeper asked: asleep, each commit notifies; awake, none does,
+// and a sweep that found rows stands for at least one commit (an awake
+// sweeper polls every few milliseconds, so that at a few hundred commits a
+// second it counts most). A burst after a quiet spell keeps it asleep for a
+// tenth of a second.
+func (m *member) Busy(dispatched bool) bool {
+	if dispatched {
+		m.sweeps++
+	}
 	now, n := time.Now(), m.notes.Load()
 	if d := now.Sub(m.rateAt); d >= 100*time.Millisecond {
-		m.rate = float64(n-m.rateNotes) / d.Seconds()
-		m.rateAt, m.rateNotes = now, n
+		m.rate = float64(max(n-m.rateNotes, m.sweeps-m.rateSweeps)) / d.Seconds()
+		m.rateAt, m.rateNotes, m.rateSweeps = now, n, m.sweeps
 	}
-	return m.rate >= m.fleet.opts.AwakeRate
+	if m.kept {
+		m.kept = m.rate >= m.fleet.opts.AwakeRate/2
+	} else {
+		m.kept = m.rate >= m.fleet.opts.AwakeRate
+	}
+	return m.kept
 }
 
 var _ outbox.AwakeHost = (*member)(nil)

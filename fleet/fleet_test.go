@@ -835,6 +835,103 @@ func TestFleetBusyTenantsCommitsStopNotifying(t *testing.T) {
 	})
 }
 
+// A tenant kept awake by a burst of commits lets its lock go once they slow
+// to a steady trickle under half of Options.AwakeRate, though each comes
+// within lingerFor (50 ms) of the last: its sweeper would otherwise poll on
+// for as long as the trickle lasts. Its commits then notify again, every one.
+func TestFleetTenantSlowingDownLetsItsAwakeLockGo(t *testing.T) {
+	base := dbtest.Schema(t)
+	tbls := tenants(t, base, 1)
+	tbl := tbls[0]
+	p := memory.New(memory.Config{})
+	name := "fleet-" + base
+	// The burst's eight writers make a few hundred commits a second (450
+	// under -race beside a benchmark), well above 120; the trickle's one
+	// commit every 25 ms makes at most 5 in any tenth of a second, 50 a
+	// second, under 60, half of 120. A slower machine only slows the
+	// trickle. Its gaps are half of lingerFor: before the awake sweeper
+	// asked Busy, it let go only when the machine's hiccups made one longer
+	// (after 47 s in a run beside a benchmark; here, at once).
+	f, _ := newFleet(t, base+"_t*", p, name, fleet.Options{AwakeRate: 120})
+	waitParked(t, f, tbls)
+	ctx := context.Background()
+	holder := func() int32 { return awakeHolder(t, tbl, name) }
+	count := dbtest.Notifications(t, tbl)
+
+	var written, failed atomic.Int64
+	writeOne := func(payload []byte) bool {
+		wr, err := outbox.NewWriter(tbl)
+		if err == nil {
+			err = wr.Write(ctx, dbtest.Pool(t), outbox.Message{Topic: "orders", Payload: payload})
+		}
+		if err != nil {
+			t.Errorf("write %s: %v", payload, err)
+			failed.Add(1)
+			return false
+		}
+		written.Add(1)
+		return true
+	}
+	burst := make(chan struct{})
+	var writers sync.WaitGroup
+	for w := range 8 {
+		writers.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-burst:
+					return
+				default:
+				}
+				if !writeOne(fmt.Appendf(nil, "burst %d/%d", w, i)) {
+					return
+				}
+			}
+		})
+	}
+	stopBurst := sync.OnceFunc(func() { close(burst); writers.Wait() })
+	defer stopBurst()
+	dbtest.Eventually(t, time.Minute, "the awake lock held during the burst", func() bool { return holder() != 0 })
+	stopBurst()
+
+	trickle := make(chan struct{})
+	var trickling sync.WaitGroup
+	trickling.Go(func() {
+		// The writer's pace, not a wait for an event: it is the rate under
+		// test.
+		tick := time.NewTicker(25 * time.Millisecond)
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-trickle:
+				return
+			case <-tick.C:
+			}
+			if !writeOne(fmt.Appendf(nil, "trickle %d", i)) {
+				return
+			}
+		}
+	})
+	stopTrickle := sync.OnceFunc(func() { close(trickle); trickling.Wait() })
+	defer stopTrickle()
+	// Within a few tenths of a second (a rate is read over a tenth, and the
+	// lock goes after lingerFor): 10 s is a bound for a slow machine, not a
+	// pace, and shorter than the machine's hiccups took to let it go before.
+	dbtest.Eventually(t, 10*time.Second, "the lock let go while the trickle goes on", func() bool { return holder() == 0 })
+
+	// Asleep for good: every commit between the two markers notifies (one
+	// commit in flight at a time may fall on either side of the first).
+	count(nil)
+	from := written.Load()
+	dbtest.Eventually(t, time.Minute, "30 commits of the trickle more", func() bool { return written.Load() >= from+30 })
+	var to int64
+	notified := count(func() { to = written.Load() })
+	require.GreaterOrEqual(t, int64(notified), to-from-1, "commits of the trickle did not notify: the lock was taken again")
+	require.Zero(t, holder(), "the lock taken again during the trickle")
+	stopTrickle()
+	require.Zero(t, failed.Load(), "a writer failed")
+	dbtest.Eventually(t, time.Minute, "every row relayed", func() bool { return len(distinct(p)) == int(written.Load()) })
+}
+
 // awakeHolder returns the pid of the session named name that holds tbl's
 // awake lock, 0 for none.
 func awakeHolder(t *testing.T, tbl outbox.Table, name string) int32 {

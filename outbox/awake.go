@@ -269,16 +269,19 @@ func (st *stayAwake) settled(ctx context.Context, a AwakeLock) bool {
 }
 
 // swept moves the state on after a sweep: dispatched says whether it sent
-// rows, pressed whether commits notified while it ran, settled what
-// st.settled said before it began.
+// rows, pressed whether commits notified while it ran, busy whether they
+// come fast enough to be worth polling for (AwakeHost.Busy; always, for a
+// sweeper of its own), settled what st.settled said before it began.
 //
 // A sweeper wakes up for good only when pressed: at a rate where each commit
 // finds it asleep, notifying costs the commits little (nobody queues for the
-// lock), and polling would cost the database more than it saves them.
-func (st *stayAwake) swept(ctx context.Context, a AwakeLock, dispatched, pressed, settled bool) {
+// lock), and polling would cost the database more than it saves them. And it
+// stays awake only while busy: commits that slow to a steady trickle, each
+// within lingerFor of the last, would otherwise keep it polling for good.
+func (st *stayAwake) swept(ctx context.Context, a AwakeLock, dispatched, pressed, busy, settled bool) {
 	st.last = time.Now()
 	switch {
-	case dispatched && (st.awake || pressed):
+	case dispatched && busy && (st.awake || pressed):
 		// A wait under way is dropped: the list read when the lock goes
 		// next covers whatever is still running then, and the sweep after it
 		// what ended before.

@@ -93,13 +93,16 @@ type AwakeHost interface {
 	// AwakeLock returns the outbox's awake lock.
 	AwakeLock() AwakeLock
 	// Busy reports whether the outbox's commits come fast enough for its
-	// sweeper to stay awake when they press it (a commit notified during a
-	// sweep). A sweeper of its own stays awake whenever pressed; a host
-	// pays for every awake sweeper's polling (a sweep every few
-	// milliseconds, each in a turn), and ten tenants at 50 commits a second
-	// each, pressed now and then on a busy machine, polled more than their
-	// notifications cost.
-	Busy() bool
+	// sweeper to wake up when they press it (a commit notified during a
+	// sweep), or, awake, to stay so. A sweeper of its own stays awake
+	// whenever pressed; a host pays for every awake sweeper's polling (a
+	// sweep every few milliseconds, each in a turn), and ten tenants at 50
+	// commits a second each, pressed now and then on a busy machine, polled
+	// more than their notifications cost. The sweeper asks after each
+	// sweep; dispatched says that sweep sent rows: while the lock is held
+	// commits do not notify, and the sweeps that find rows are what tells
+	// their rate.
+	Busy(dispatched bool) bool
 }
 
 // Sweeper relays outstanding outbox rows to a producer.
@@ -233,7 +236,7 @@ func (s *Sweeper) Run(ctx context.Context) error {
 	var (
 		wake  <-chan struct{}
 		awake AwakeLock
-		busy  = func() bool { return true }
+		busy  = func(bool) bool { return true }
 	)
 	host := s.cfg.Host
 	if host != nil {
@@ -358,7 +361,8 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		if awake != nil {
 			// A notification that came during the sweep says commits come
 			// faster than sweeps: the rate at which notifying costs them.
-			st.swept(work, awake, res.Dispatched > 0 && err == nil, len(wake) > 0 && busy(), settled)
+			dispatched := res.Dispatched > 0 && err == nil
+			st.swept(work, awake, dispatched, len(wake) > 0, busy(dispatched), settled)
 		}
 		s.lastSweep.Store(time.Now().UnixNano())
 		s.busySince.Store(0)
