@@ -220,21 +220,26 @@ type fleetOutboxStatus struct {
 	Database string `json:"database,omitempty"`
 	Schema   string `json:"schema"`
 	Table    string `json:"table"`
-	pool     *pgxpool.Pool
 	// Parked: its last sweep found nothing outstanding.
 	Parked bool `json:"parked"`
+	// Backlog counts its outstanding rows, exactly up to
+	// FleetBacklogCounted, and takes Postgres's estimate above.
+	Backlog int64 `json:"backlog"`
 	// BacklogEstimate and DeadLettersEstimate are Postgres's statistics
 	// (live rows of the outbox and of its dead-letter table), seconds
-	// behind; GET /outboxes/{schema}/status counts them.
+	// behind, read for every outbox in one statement: the listing's order.
+	// The backlog's is wrong for small counts (FleetBacklogCounted says
+	// why); GET /outboxes/{schema}/status counts them.
 	BacklogEstimate     int64 `json:"backlog_estimate"`
 	DeadLettersEstimate int64 `json:"dead_letters_estimate"`
 	// OldestAgeSeconds is the age of its oldest outstanding row; null when
-	// it holds none (and for those beyond the listing's limit).
+	// it holds none.
 	OldestAgeSeconds *float64 `json:"oldest_age_seconds"`
 	TrippedTopics    []string `json:"tripped_topics"`
 	// SweepsFailing counts its sweeps that failed in a row (database errors).
 	SweepsFailing int    `json:"sweeps_failing"`
 	Path          string `json:"path"`
+	outbox        FleetOutbox
 }
 
 // fleetListLimitDefault is how many outboxes GET /outboxes lists unless
@@ -275,9 +280,9 @@ func (f *fleetAPI) list(w http.ResponseWriter, r *http.Request) {
 	list := make([]*fleetOutboxStatus, 0, len(outboxes))
 	for _, o := range outboxes {
 		t, k, tr := o.Config.Table, key{o.Config.Pool, o.Config.Table.Schema}, o.Trouble()
-		list = append(list, &fleetOutboxStatus{Name: tr.Name, Database: o.Database, Schema: t.Schema, Table: t.String(), pool: o.Config.Pool,
+		list = append(list, &fleetOutboxStatus{Name: tr.Name, Database: o.Database, Schema: t.Schema, Table: t.String(),
 			Parked: o.Parked, BacklogEstimate: backlog[k], DeadLettersEstimate: dead[k], TrippedTopics: tr.TrippedTopics,
-			SweepsFailing: tr.SweepsFailing, Path: "/outboxes/" + tr.Name + "/"})
+			SweepsFailing: tr.SweepsFailing, Path: "/outboxes/" + tr.Name + "/", outbox: o})
 	}
 	slices.SortFunc(list, func(a, b *fleetOutboxStatus) int {
 		return cmp.Or(-cmp.Compare(len(a.TrippedTopics), len(b.TrippedTopics)), -cmp.Compare(a.SweepsFailing, b.SweepsFailing),
@@ -286,9 +291,20 @@ func (f *fleetAPI) list(w http.ResponseWriter, r *http.Request) {
 	})
 	omitted := max(0, len(list)-limit)
 	list = list[:min(len(list), limit)]
-	if err := oldest(r.Context(), f.cfg.TableName, list); err != nil {
+	// The listed outboxes' backlogs are counted: the estimates read a tenant
+	// with nothing outstanding as holding a row or two.
+	listed := make([]FleetOutbox, len(list))
+	for i, st := range list {
+		listed[i] = st.outbox
+	}
+	counted, err := FleetBacklogs(r.Context(), f.cfg.TableName, listed)
+	if err != nil {
 		f.api.internal(w, r, err)
 		return
+	}
+	for _, st := range list {
+		b := counted[st.outbox.PathName()]
+		st.Backlog, st.OldestAgeSeconds = b.Rows, b.OldestAgeSeconds
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"outboxes": list, "total": len(outboxes), "omitted": omitted})
 }
@@ -401,54 +417,6 @@ func estimates(ctx context.Context, pool *pgxpool.Pool, tableName string) (backl
 		return nil, nil, fmt.Errorf("read the outboxes' row estimates: %w", err)
 	}
 	return backlog, dead, nil
-}
-
-// oldest fills in the age of the oldest outstanding row of the listed
-// outboxes that are not parked, in one statement (an index probe each).
-func oldest(ctx context.Context, tableName string, list []*fleetOutboxStatus) error {
-	byPool := map[*pgxpool.Pool][]*fleetOutboxStatus{}
-	for _, st := range list {
-		if !st.Parked {
-			byPool[st.pool] = append(byPool[st.pool], st)
-		}
-	}
-	for pool, sts := range byPool {
-		if err := oldestIn(ctx, pool, tableName, sts); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func oldestIn(ctx context.Context, pool *pgxpool.Pool, tableName string, list []*fleetOutboxStatus) error {
-	var q strings.Builder
-	var asked []*fleetOutboxStatus
-	for _, st := range list {
-		if len(asked) > 0 {
-			q.WriteString(" UNION ALL ")
-		}
-		fmt.Fprintf(&q, "(SELECT %d, extract(epoch FROM now() - created_at)::float8 FROM %s WHERE dispatched_at IS NULL ORDER BY id LIMIT 1)",
-			len(asked), pgx.Identifier{st.Schema, tableName}.Sanitize())
-		asked = append(asked, st)
-	}
-	if len(asked) == 0 {
-		return nil
-	}
-	rows, err := pool.Query(ctx, q.String(), pgx.QueryExecModeSimpleProtocol)
-	if err != nil {
-		return fmt.Errorf("read the outboxes' oldest rows: %w", err)
-	}
-	var i int
-	var age float64
-	_, err = pgx.ForEachRow(rows, []any{&i, &age}, func() error {
-		a := max(age, 0)
-		asked[i].OldestAgeSeconds = &a
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("read the outboxes' oldest rows: %w", err)
-	}
-	return nil
 }
 
 // StartFleet serves the admin API of a fleet on cfg.Base.Addr until ctx is

@@ -58,7 +58,7 @@ async function refresh() {
     cell(tr, "").appendChild(name);
     const trouble = o.tripped_topics.length > 0 || o.sweeps_failing > 0;
     cell(tr, trouble ? "in trouble" : o.parked ? "idle" : "sweeping", trouble ? "state degraded" : "state ok");
-    cell(tr, String(o.backlog_estimate));
+    cell(tr, String(o.backlog));
     cell(tr, age(o.oldest_age_seconds));
     cell(tr, String(o.dead_letters_estimate));
     cell(tr, o.tripped_topics.join(", "));
