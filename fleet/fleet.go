@@ -140,9 +140,10 @@ type Options struct {
 	// AwakeRate is the rate of commits, a second, above which a tenant
 	// whose commits press its sweeper (they notify during its sweeps) stays
 	// awake, holding its awake lock so that they stop notifying
-	// (outbox.AwakeHost). Below it each commit notifies: an awake sweeper
-	// polls its outbox every few milliseconds, and many slow tenants polling
-	// cost more than their notifications. Defaults to AwakeRateDefault.
+	// (outbox.AwakeHost), until they slow under half of it. Below it each
+	// commit notifies: an awake sweeper polls its outbox every few
+	// milliseconds, and many slow tenants polling cost more than their
+	// notifications. Defaults to AwakeRateDefault.
 	AwakeRate float64
 
 	// StallTicks is how many ticks an outbox's sweep may go without
@@ -747,15 +748,17 @@ type member struct {
 	resumed    atomic.Bool
 	maintained time.Time
 	// notes counts the outbox's notifications; the rest are Busy's, its
-	// sweeper's goroutine's alone: the sweeps that dispatched, and at the
-	// last reading of the rate, and whether Busy last said so.
-	notes      atomic.Int64
-	sweeps     int64
-	rateAt     time.Time
-	rateNotes  int64
-	rateSweeps int64
-	rate       float64
-	kept       bool
+	// sweeper's goroutine's alone: the rows its sweeps sent, both counts at
+	// the last reading of the rates, the rates, and whether Busy last said
+	// the tenant was busy.
+	notes     atomic.Int64
+	rows      int64
+	rateAt    time.Time
+	rateNotes int64
+	rateRows  int64
+	noteRate  float64
+	rowRate   float64
+	kept      bool
 	// inserted is the outbox table's insert count at the last
 	// reconciliation, counted whether there was one (under the fleet's mu).
 	inserted int64
@@ -779,26 +782,27 @@ func (m *member) AwakeLock() outbox.AwakeLock { return m.awake }
 // Busy reports whether the outbox's commits come at AwakeRate or more, for
 // its sweeper to wake up, or at half of it, for an awake one to stay so: the
 // gap keeps a tenant at about AwakeRate from taking and letting go of its
-// lock over and over. The rate is the higher of the notifications' and the
-// dispatching sweeps' (dispatched) over the last tenth of a second at least
-// that its sweeper asked: asleep, each commit notifies; awake, none does,
-// and a sweep that found rows stands for at least one commit (an awake
-// sweeper polls every few milliseconds, so that at a few hundred commits a
-// second it counts most). A burst after a quiet spell keeps it asleep for a
-// tenth of a second.
-func (m *member) Busy(dispatched bool) bool {
-	if dispatched {
-		m.sweeps++
-	}
+// lock over and over. Each rate is read over the last tenth of a second at
+// least that its sweeper asked: asleep, from the notifications, one a
+// commit; awake, when commits do not notify, from the rows its sweeps sent
+// (dispatched), at least one a commit. Sweeps would not do: a sweep finds
+// every commit since the last, and one that takes longer than two
+// AwakeRate-ths of a second (a slow broker, a wait for a turn, a drain's
+// pages) would read a tenant at any rate as slow. Rows read a trickle of
+// large transactions as busy, which costs only polling. A burst after a
+// quiet spell keeps it asleep for a tenth of a second.
+func (m *member) Busy(dispatched int) bool {
+	m.rows += int64(dispatched)
 	now, n := time.Now(), m.notes.Load()
 	if d := now.Sub(m.rateAt); d >= 100*time.Millisecond {
-		m.rate = float64(max(n-m.rateNotes, m.sweeps-m.rateSweeps)) / d.Seconds()
-		m.rateAt, m.rateNotes, m.rateSweeps = now, n, m.sweeps
+		m.noteRate = float64(n-m.rateNotes) / d.Seconds()
+		m.rowRate = float64(m.rows-m.rateRows) / d.Seconds()
+		m.rateAt, m.rateNotes, m.rateRows = now, n, m.rows
 	}
 	if m.kept {
-		m.kept = m.rate >= m.fleet.opts.AwakeRate/2
+		m.kept = m.rowRate >= m.fleet.opts.AwakeRate/2
 	} else {
-		m.kept = m.rate >= m.fleet.opts.AwakeRate
+		m.kept = m.noteRate >= m.fleet.opts.AwakeRate
 	}
 	return m.kept
 }

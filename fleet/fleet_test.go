@@ -777,32 +777,8 @@ func TestFleetBusyTenantsCommitsStopNotifying(t *testing.T) {
 	holder := func() int32 { return awakeHolder(t, busy, name) }
 	count := dbtest.Notifications(t, busy)
 
-	var written, failed atomic.Int64
-	stop := make(chan struct{})
-	var writers sync.WaitGroup
-	for w := range 8 {
-		writers.Go(func() {
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				payload := fmt.Appendf(nil, "%d/%d", w, i)
-				wr, err := outbox.NewWriter(busy)
-				if err == nil {
-					err = wr.Write(ctx, dbtest.Pool(t), outbox.Message{Topic: "orders", Payload: payload})
-				}
-				if err != nil {
-					failed.Add(1)
-					return
-				}
-				written.Add(1)
-			}
-		})
-	}
-	stopWriting := sync.OnceFunc(func() { close(stop); writers.Wait() })
-	defer stopWriting()
+	ws := startWriters(t, busy, "busy", 8)
+	written := &ws.written
 
 	began := time.Now()
 	dbtest.Eventually(t, time.Minute, "busy's awake lock held on the fleet's session", func() bool { return holder() != 0 })
@@ -827,8 +803,8 @@ func TestFleetBusyTenantsCommitsStopNotifying(t *testing.T) {
 		h := holder()
 		return h != 0 && h != pid
 	})
-	stopWriting()
-	require.Zero(t, failed.Load(), "a writer failed")
+	ws.stop()
+	require.False(t, t.Failed(), "a writer failed")
 
 	dbtest.Eventually(t, time.Minute, "every row relayed", func() bool { return len(distinct(p)) == int(written.Load()) })
 	dbtest.Eventually(t, time.Minute, "the lock let go once the commits stopped", func() bool { return holder() == 0 })
@@ -860,44 +836,11 @@ func TestFleetTenantSlowingDownLetsItsAwakeLockGo(t *testing.T) {
 	// (after 47 s in a run beside a benchmark; here, at once).
 	f, _ := newFleet(t, base+"_t*", p, name, fleet.Options{AwakeRate: 120})
 	waitParked(t, f, tbls)
-	ctx := context.Background()
 	holder := func() int32 { return awakeHolder(t, tbl, name) }
 	count := dbtest.Notifications(t, tbl)
 
-	var written, failed atomic.Int64
-	writeOne := func(payload []byte) bool {
-		wr, err := outbox.NewWriter(tbl)
-		if err == nil {
-			err = wr.Write(ctx, dbtest.Pool(t), outbox.Message{Topic: "orders", Payload: payload})
-		}
-		if err != nil {
-			t.Errorf("write %s: %v", payload, err)
-			failed.Add(1)
-			return false
-		}
-		written.Add(1)
-		return true
-	}
-	burst := make(chan struct{})
-	var writers sync.WaitGroup
-	for w := range 8 {
-		writers.Go(func() {
-			for i := 0; ; i++ {
-				select {
-				case <-burst:
-					return
-				default:
-				}
-				if !writeOne(fmt.Appendf(nil, "burst %d/%d", w, i)) {
-					return
-				}
-			}
-		})
-	}
-	stopBurst := sync.OnceFunc(func() { close(burst); writers.Wait() })
-	defer stopBurst()
+	ws := startWriters(t, tbl, "burst", 8)
 	dbtest.Eventually(t, time.Minute, "the awake lock held during the burst", func() bool { return holder() != 0 })
-	stopBurst()
 
 	trickle := make(chan struct{})
 	var trickling sync.WaitGroup
@@ -912,13 +855,16 @@ func TestFleetTenantSlowingDownLetsItsAwakeLockGo(t *testing.T) {
 				return
 			case <-tick.C:
 			}
-			if !writeOne(fmt.Appendf(nil, "trickle %d", i)) {
+			if !ws.write(t, tbl, fmt.Appendf(nil, "trickle %d", i)) {
 				return
 			}
 		}
 	})
 	stopTrickle := sync.OnceFunc(func() { close(trickle); trickling.Wait() })
 	defer stopTrickle()
+	// Stopped once the trickle runs: a gap between the two longer than
+	// lingerFor would let the lock go whatever the rate.
+	ws.stop()
 	// Within a few tenths of a second (a rate is read over a tenth, and the
 	// lock goes after lingerFor): 10 s is a bound for a slow machine, not a
 	// pace, and shorter than the machine's hiccups took to let it go before.
@@ -927,6 +873,7 @@ func TestFleetTenantSlowingDownLetsItsAwakeLockGo(t *testing.T) {
 	// Asleep for good: every commit between the two markers notifies (one
 	// commit in flight at a time may fall on either side of the first).
 	count(nil)
+	written := &ws.written
 	from := written.Load()
 	dbtest.Eventually(t, time.Minute, "30 commits of the trickle more", func() bool { return written.Load() >= from+30 })
 	var to int64
@@ -934,8 +881,92 @@ func TestFleetTenantSlowingDownLetsItsAwakeLockGo(t *testing.T) {
 	require.GreaterOrEqual(t, int64(notified), to-from-1, "commits of the trickle did not notify: the lock was taken again")
 	require.Zero(t, holder(), "the lock taken again during the trickle")
 	stopTrickle()
-	require.Zero(t, failed.Load(), "a writer failed")
+	require.False(t, t.Failed(), "a writer failed")
 	dbtest.Eventually(t, time.Minute, "every row relayed", func() bool { return len(distinct(p)) == int(written.Load()) })
+}
+
+// A busy tenant behind a slow broker stays awake: each of its sweeps finds
+// every commit since the last, and they take longer than a rate read from
+// the sweeps that found rows would allow (40 ms a batch: 25 sweeps a second
+// at most, under 30, half of Options.AwakeRate's 60). Its rate is read from
+// the rows sent; read from the sweeps, it let the lock go after a sweep or
+// two and took it again at the next notification, over and over.
+func TestFleetBusyTenantBehindASlowBrokerStaysAwake(t *testing.T) {
+	base := dbtest.Schema(t)
+	tbls := tenants(t, base, 1)
+	tbl := tbls[0]
+	p := memory.New(memory.Config{})
+	p.SetSendFunc(func(ctx context.Context, _ producer.Batch) error {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(40 * time.Millisecond): // the broker's pace
+			return nil
+		}
+	})
+	name := "fleet-" + base
+	f, _ := newFleet(t, base+"_t*", p, name, fleet.Options{AwakeRate: 60})
+	waitParked(t, f, tbls)
+	holder := func() int32 { return awakeHolder(t, tbl, name) }
+	count := dbtest.Notifications(t, tbl)
+
+	ws := startWriters(t, tbl, "busy", 8)
+	dbtest.Eventually(t, time.Minute, "the awake lock held", func() bool { return holder() != 0 })
+	count(nil)
+	from := ws.written.Load()
+	dbtest.Eventually(t, time.Minute, "200 commits more", func() bool { return ws.written.Load() >= from+200 })
+	var to int64
+	notified := count(func() { to = ws.written.Load() })
+	require.Less(t, int64(notified)*10, to-from, "the lock let go and taken again: %d notifications of %d commits", notified, to-from)
+	t.Logf("%d notifications of %d commits or more while the lock was held", notified, to-from)
+	ws.stop()
+	require.False(t, t.Failed(), "a writer failed")
+	dbtest.Eventually(t, time.Minute, "every row relayed", func() bool { return len(distinct(p)) == int(ws.written.Load()) })
+}
+
+// writers commits rows to tbl from n goroutines, one after another each,
+// until stop (which waits for them); written counts the commits, and a
+// failed write fails t.
+type writers struct {
+	written atomic.Int64
+	stop    func()
+}
+
+func startWriters(t *testing.T, tbl outbox.Table, prefix string, n int) *writers {
+	t.Helper()
+	w := &writers{}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			for j := 0; ; j++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				if !w.write(t, tbl, fmt.Appendf(nil, "%s %d/%d", prefix, i, j)) {
+					return
+				}
+			}
+		})
+	}
+	w.stop = sync.OnceFunc(func() { close(done); wg.Wait() })
+	t.Cleanup(w.stop)
+	return w
+}
+
+func (w *writers) write(t *testing.T, tbl outbox.Table, payload []byte) bool {
+	wr, err := outbox.NewWriter(tbl)
+	if err == nil {
+		err = wr.Write(context.Background(), dbtest.Pool(t), outbox.Message{Topic: "orders", Payload: payload})
+	}
+	if err != nil {
+		t.Errorf("write %s: %v", payload, err)
+		return false
+	}
+	w.written.Add(1)
+	return true
 }
 
 // awakeHolder returns the pid of the session named name that holds tbl's

@@ -99,10 +99,9 @@ type AwakeHost interface {
 	// sweep every few milliseconds, each in a turn), and ten tenants at 50
 	// commits a second each, pressed now and then on a busy machine, polled
 	// more than their notifications cost. The sweeper asks after each
-	// sweep; dispatched says that sweep sent rows: while the lock is held
-	// commits do not notify, and the sweeps that find rows are what tells
-	// their rate.
-	Busy(dispatched bool) bool
+	// sweep; dispatched is the rows that sweep sent: while the lock is held
+	// commits do not notify, and the rows sent are what tells their rate.
+	Busy(dispatched int) bool
 }
 
 // Sweeper relays outstanding outbox rows to a producer.
@@ -236,7 +235,7 @@ func (s *Sweeper) Run(ctx context.Context) error {
 	var (
 		wake  <-chan struct{}
 		awake AwakeLock
-		busy  = func(bool) bool { return true }
+		busy  = func(int) bool { return true }
 	)
 	host := s.cfg.Host
 	if host != nil {
@@ -361,8 +360,11 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		if awake != nil {
 			// A notification that came during the sweep says commits come
 			// faster than sweeps: the rate at which notifying costs them.
-			dispatched := res.Dispatched > 0 && err == nil
-			st.swept(work, awake, dispatched, len(wake) > 0, busy(dispatched), settled)
+			var sent int
+			if err == nil {
+				sent = res.Dispatched
+			}
+			st.swept(work, awake, sent > 0, len(wake) > 0, busy(sent), settled)
 		}
 		s.lastSweep.Store(time.Now().UnixNano())
 		s.busySince.Store(0)
