@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	_ "embed"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -223,7 +225,8 @@ type fleetOutboxStatus struct {
 	// Parked: its last sweep found nothing outstanding.
 	Parked bool `json:"parked"`
 	// Backlog counts its outstanding rows, exactly up to
-	// FleetBacklogCounted, and takes Postgres's estimate above.
+	// FleetBacklogCounted, and takes Postgres's estimate above; 0 for a
+	// parked outbox, whose last sweep found nothing.
 	Backlog int64 `json:"backlog"`
 	// BacklogEstimate and DeadLettersEstimate are Postgres's statistics
 	// (live rows of the outbox and of its dead-letter table), seconds
@@ -233,7 +236,7 @@ type fleetOutboxStatus struct {
 	BacklogEstimate     int64 `json:"backlog_estimate"`
 	DeadLettersEstimate int64 `json:"dead_letters_estimate"`
 	// OldestAgeSeconds is the age of its oldest outstanding row; null when
-	// it holds none.
+	// it holds none, or is parked.
 	OldestAgeSeconds *float64 `json:"oldest_age_seconds"`
 	TrippedTopics    []string `json:"tripped_topics"`
 	// SweepsFailing counts its sweeps that failed in a row (database errors).
@@ -291,13 +294,18 @@ func (f *fleetAPI) list(w http.ResponseWriter, r *http.Request) {
 	})
 	omitted := max(0, len(list)-limit)
 	list = list[:min(len(list), limit)]
-	// The listed outboxes' backlogs are counted: the estimates read a tenant
-	// with nothing outstanding as holding a row or two.
-	listed := make([]FleetOutbox, len(list))
-	for i, st := range list {
-		listed[i] = st.outbox
+	// The backlogs of the listed outboxes that are sweeping are counted: the
+	// estimates read a tenant with nothing outstanding as holding a row or
+	// two. A parked one found nothing at its last sweep, and a commit since
+	// wakes it; the console asks every few seconds for a thousand tenants,
+	// which counting all would cost a statement each a hundred of them.
+	var sweeping []FleetOutbox
+	for _, st := range list {
+		if !st.Parked {
+			sweeping = append(sweeping, st.outbox)
+		}
 	}
-	counted, err := FleetBacklogs(r.Context(), f.cfg.TableName, listed)
+	counted, err := FleetBacklogs(r.Context(), f.cfg.TableName, sweeping)
 	if err != nil {
 		f.api.internal(w, r, err)
 		return
@@ -333,11 +341,13 @@ type FleetBacklog struct {
 const FleetBacklogCounted = 10_000
 
 // FleetBacklogs reads the backlogs of outboxes, whose table is named
-// tableName in each schema, by their names: one statement a database (an
-// index probe and a count up to FleetBacklogCounted rows for each outbox),
-// and one more for the estimates if a count reached the cap. The per-outbox
-// series (metrics.RegisterOutboxes) read it at each scrape for the outboxes
-// they show.
+// tableName in each schema, by their names: a statement for every
+// fleetBacklogChunk outboxes of a database (an index probe and a count up to
+// FleetBacklogCounted rows for each), and one more for the estimates if a
+// count reached the cap. An outbox whose table is gone (its schema dropped
+// since the fleet last listed them) is left out. The per-outbox series
+// (metrics.RegisterOutboxes) read it at each scrape for the outboxes they
+// show, GET /outboxes for those it lists that are sweeping.
 func FleetBacklogs(ctx context.Context, tableName string, outboxes []FleetOutbox) (map[string]FleetBacklog, error) {
 	byPool := map[*pgxpool.Pool][]FleetOutbox{}
 	for _, o := range outboxes {
@@ -345,38 +355,26 @@ func FleetBacklogs(ctx context.Context, tableName string, outboxes []FleetOutbox
 	}
 	out := make(map[string]FleetBacklog, len(outboxes))
 	for pool, list := range byPool {
-		var q strings.Builder
-		for i, o := range list {
-			if i > 0 {
-				q.WriteString(" UNION ALL ")
-			}
-			t := pgx.Identifier{o.Config.Table.Schema, tableName}.Sanitize()
-			fmt.Fprintf(&q, `SELECT %d, (SELECT count(*) FROM (SELECT FROM %s WHERE dispatched_at IS NULL LIMIT %d) c),
-				(SELECT extract(epoch FROM now() - created_at)::float8 FROM %s WHERE dispatched_at IS NULL ORDER BY id LIMIT 1)`,
-				i, t, FleetBacklogCounted+1, t)
-		}
-		// Simple protocol: the text changes with the outboxes shown, so
-		// preparing it would only add a round trip and a statement kept.
-		rows, err := pool.Query(ctx, q.String(), pgx.QueryExecModeSimpleProtocol)
-		if err != nil {
-			return nil, fmt.Errorf("read the outboxes' backlogs: %w", err)
-		}
-		var i int
-		var n int64
-		var age *float64
 		capped := false
-		_, err = pgx.ForEachRow(rows, []any{&i, &n, &age}, func() error {
-			b := FleetBacklog{Rows: n}
-			if age != nil {
-				a := max(*age, 0)
-				b.OldestAgeSeconds = &a
+		for chunk := range slices.Chunk(list, fleetBacklogChunk) {
+			err := countBacklogs(ctx, pool, tableName, chunk, out, &capped)
+			if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == "42P01" {
+				// A table is gone: the others are asked one by one.
+				err = nil
+				for _, o := range chunk {
+					err = countBacklogs(ctx, pool, tableName, []FleetOutbox{o}, out, &capped)
+					if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == "42P01" {
+						err = nil
+						continue
+					}
+					if err != nil {
+						break
+					}
+				}
 			}
-			capped = capped || n > FleetBacklogCounted
-			out[list[i].PathName()] = b
-			return nil
-		})
-		if err != nil {
-			return nil, fmt.Errorf("read the outboxes' backlogs: %w", err)
+			if err != nil {
+				return nil, fmt.Errorf("read the outboxes' backlogs: %w", err)
+			}
 		}
 		if !capped {
 			continue
@@ -386,13 +384,53 @@ func FleetBacklogs(ctx context.Context, tableName string, outboxes []FleetOutbox
 			return nil, err
 		}
 		for _, o := range list {
-			if b := out[o.PathName()]; b.Rows > FleetBacklogCounted {
+			if b, ok := out[o.PathName()]; ok && b.Rows > FleetBacklogCounted {
 				b.Rows = max(b.Rows, est[o.Config.Table.Schema])
 				out[o.PathName()] = b
 			}
 		}
 	}
 	return out, nil
+}
+
+// fleetBacklogChunk is how many outboxes one statement of FleetBacklogs
+// asks about: planning a statement of a thousand subqueries costs more than
+// running it, and it would lock a thousand tables and their indexes at once.
+const fleetBacklogChunk = 100
+
+// countBacklogs reads the backlogs of list, all in pool's database, into out,
+// in one statement; capped is set if a count reached the cap.
+func countBacklogs(ctx context.Context, pool *pgxpool.Pool, tableName string, list []FleetOutbox, out map[string]FleetBacklog, capped *bool) error {
+	var q strings.Builder
+	for i, o := range list {
+		if i > 0 {
+			q.WriteString(" UNION ALL ")
+		}
+		t := pgx.Identifier{o.Config.Table.Schema, tableName}.Sanitize()
+		fmt.Fprintf(&q, `SELECT %d, (SELECT count(*) FROM (SELECT FROM %s WHERE dispatched_at IS NULL LIMIT %d) c),
+			(SELECT extract(epoch FROM now() - created_at)::float8 FROM %s WHERE dispatched_at IS NULL ORDER BY id LIMIT 1)`,
+			i, t, FleetBacklogCounted+1, t)
+	}
+	// Simple protocol: the text changes with the outboxes shown, so
+	// preparing it would only add a round trip and a statement kept.
+	rows, err := pool.Query(ctx, q.String(), pgx.QueryExecModeSimpleProtocol)
+	if err != nil {
+		return err
+	}
+	var i int
+	var n int64
+	var age *float64
+	_, err = pgx.ForEachRow(rows, []any{&i, &n, &age}, func() error {
+		b := FleetBacklog{Rows: n}
+		if age != nil {
+			a := max(*age, 0)
+			b.OldestAgeSeconds = &a
+		}
+		*capped = *capped || n > FleetBacklogCounted
+		out[list[i].PathName()] = b
+		return nil
+	})
+	return err
 }
 
 // estimates reads every outbox's and dead-letter table's live rows from
