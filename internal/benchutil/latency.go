@@ -50,6 +50,31 @@ type LatencyResult struct {
 	Duplicates int
 }
 
+// MergeLatency pools the rows of several runs, as if measured in one: the
+// quantiles of windows that bracket another, so that the machine's drift over
+// a run weighs on both sides of a ratio.
+func MergeLatency(rs ...LatencyResult) LatencyResult {
+	var out LatencyResult
+	var seconds float64
+	for _, r := range rs {
+		out.Rows += r.Rows
+		out.Duplicates += r.Duplicates
+		out.Latencies = append(out.Latencies, r.Latencies...)
+		out.FromAck = append(out.FromAck, r.FromAck...)
+		out.Commits = append(out.Commits, r.Commits...)
+		if r.WriteRate > 0 {
+			seconds += float64(r.Rows) / r.WriteRate
+		}
+	}
+	if seconds > 0 {
+		out.WriteRate = float64(out.Rows) / seconds
+	}
+	slices.Sort(out.Latencies)
+	slices.Sort(out.FromAck)
+	slices.Sort(out.Commits)
+	return out
+}
+
 // Quantile returns the q-quantile (0 < q ≤ 1) of the latencies.
 func (r LatencyResult) Quantile(q float64) time.Duration { return quantile(r.Latencies, q) }
 
