@@ -153,6 +153,147 @@ func postgresStoppedMidRun(t *testing.T, crash bool) {
 	require.Contains(t, stderr, "sweep failed; retrying")
 }
 
+// Postgres, a server of the test's own, restarts (or crashes) under a relay of
+// many outboxes (--schemas) while the application writes into every tenant:
+// /readyz reports the outage, a scrape of /metrics still answers (the tenants'
+// backlog series left out while the database does not), the fleet listens
+// again, and every row committed into any tenant is relayed, under that
+// tenant's name.
+func TestPostgresRestartedUnderManyOutboxesLosesNothing(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"restarted", "crashed"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			postgresStoppedUnderTenants(t, mode == "crashed")
+		})
+	}
+}
+
+func postgresStoppedUnderTenants(t *testing.T, crash bool) {
+	const tenants = 5
+	srv := dbtest.StartServer(t)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, srv.URL())
+	require.NoError(t, err)
+	defer pool.Close()
+	var tbls []outbox.Table
+	for i := range tenants {
+		tbl := outbox.Table{Schema: fmt.Sprintf("tenant_%d", i), Name: "outbox"}
+		_, err := pool.Exec(ctx, "CREATE SCHEMA "+tbl.Schema)
+		require.NoError(t, err)
+		tbls = append(tbls, tbl)
+	}
+	code, out, stderr := runOnce(t, "migrate", "--database-url", srv.URL(), "--schemas", "tenant_*")
+	require.Equal(t, 0, code, "migrate --schemas: %s%s", out, stderr)
+
+	addr := fmt.Sprintf("127.0.0.1:%d", dbtest.FreePort(t))
+	p := start(t, nil, "run", "--database-url", srv.URL(), "--schemas", "tenant_*", "--destination", "{schema}.{topic}",
+		"--tick", "100ms", "--page-size", "50", "--admin-addr", addr, "--metrics-outboxes", "tenant_0")
+	dbtest.Eventually(t, 2*time.Minute, "ready", func() bool { return readyz(addr) == http.StatusOK })
+
+	// The application writes 4 rows every 10ms, into each tenant in turn;
+	// writes fail while the server is down, and a commit cut off by the stop
+	// may or may not have landed: the rows to find are those in the tables
+	// at the end.
+	writers := make([]*outbox.Writer, tenants)
+	for i, tbl := range tbls {
+		writers[i], err = outbox.NewWriter(tbl)
+		require.NoError(t, err)
+	}
+	stopWriting := make(chan struct{})
+	var (
+		wg           sync.WaitGroup
+		stopOnce     sync.Once
+		failedWrites int
+	)
+	stopWriter := func() { stopOnce.Do(func() { close(stopWriting) }); wg.Wait() }
+	t.Cleanup(stopWriter)
+	wg.Go(func() {
+		for i := 0; ; i++ {
+			select { // paces the writes: the application writes throughout
+			case <-stopWriting:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			msgs := make([]outbox.Message, 4)
+			for j := range msgs {
+				msgs[j] = outbox.Message{Topic: fmt.Sprint("t", j%2), Payload: fmt.Appendf(nil, "%d-%d", i, j)}
+			}
+			writeCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			if err := writers[i%tenants].Write(writeCtx, pool, msgs...); err != nil {
+				failedWrites++
+			}
+			cancel()
+		}
+	})
+
+	dbtest.Eventually(t, 2*time.Minute, "rows relayed before the restart", func() bool { return len(p.Lines()) >= 200 })
+	if crash {
+		srv.Crash()
+	} else {
+		srv.Stop()
+	}
+	dbtest.Eventually(t, time.Minute, "/readyz reporting the outage", func() bool { return readyz(addr) == http.StatusServiceUnavailable })
+	failedSweeps := strings.Count(p.Stderr(), "sweep failed; retrying")
+	dbtest.Eventually(t, 2*time.Minute, "a later sweep failing on the outage", func() bool {
+		return strings.Count(p.Stderr(), "sweep failed; retrying") > failedSweeps
+	})
+	// The scrape answers without the series it cannot read; the named
+	// tenant's others are there.
+	body := scrape(t, addr)
+	require.Contains(t, body, `outbox_tenant_parked{outbox="tenant_0"}`)
+	require.NotContains(t, body, `outbox_tenant_backlog_messages{outbox="tenant_0"}`)
+	srv.Start()
+	dbtest.Eventually(t, 2*time.Minute, "/readyz ready again", func() bool { return readyz(addr) == http.StatusOK })
+	relayedBefore := len(p.Lines())
+	dbtest.Eventually(t, 2*time.Minute, "rows relayed after the restart", func() bool { return len(p.Lines()) >= relayedBefore+200 })
+	dbtest.Eventually(t, time.Minute, "the backlog series back", func() bool {
+		return strings.Contains(scrape(t, addr), `outbox_tenant_backlog_messages{outbox="tenant_0"}`)
+	})
+	stopWriter()
+
+	outstanding := func() int {
+		n := 0
+		for _, tbl := range tbls {
+			var c int
+			require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+tbl.Ident()+" WHERE dispatched_at IS NULL").Scan(&c))
+			n += c
+		}
+		return n
+	}
+	dbtest.Eventually(t, 2*time.Minute, "every row dispatched", func() bool { return outstanding() == 0 })
+	dbtest.Eventually(t, time.Minute, "the listen session back", func() bool {
+		return strings.Contains(p.Stderr(), "listening for commits again")
+	})
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	require.Equal(t, 0, p.wait(t, time.Minute))
+
+	// Each tenant's ids are its own sequence: a row is known by its tenant,
+	// which the destination names, and its id.
+	seen := map[string]int{}
+	for _, m := range parseLines(t, p.Lines()) {
+		schema, _, ok := strings.Cut(m.Topic, ".")
+		require.True(t, ok, "topic %q names no tenant", m.Topic)
+		seen[fmt.Sprintf("%s/%d", schema, m.ID)]++
+	}
+	committed := 0
+	for _, tbl := range tbls {
+		rows, err := pool.Query(ctx, "SELECT id FROM "+tbl.Ident()+" UNION ALL SELECT id FROM "+
+			pgx.Identifier{tbl.Schema, "outbox_history"}.Sanitize())
+		require.NoError(t, err)
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		require.NoError(t, err)
+		require.NotEmpty(t, ids, "%s got no row", tbl.Schema)
+		for _, id := range ids {
+			require.Positive(t, seen[fmt.Sprintf("%s/%d", tbl.Schema, id)], "%s's row %d was committed but never relayed under its name", tbl.Schema, id)
+		}
+		committed += len(ids)
+	}
+	require.Len(t, seen, committed, "a row relayed that no tenant holds, or under another's name")
+	t.Logf("%d rows committed into %d tenants, %d writes failed during the outage, %d lines relayed", committed, tenants, failedWrites, len(p.Lines()))
+	require.Positive(t, failedWrites, "the application must have seen the outage")
+}
+
 // A sweeper that freezes in the middle of a send (here: its stdout is a pipe
 // nobody reads, so a batch's write blocks for good, and then it is stopped with
 // SIGSTOP) holds its page's rows in an open transaction. Its keep-alive stops

@@ -352,9 +352,11 @@ func TestSchemasShareEachTenantsBreakerThroughRedis(t *testing.T) {
 // scrape returns the binary's /metrics at addr.
 func scrape(t *testing.T, addr string) string {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
+	client := http.Client{Timeout: 30 * time.Second} // only bounds a server that never answers
+	resp, err := client.Get("http://" + addr + "/metrics")
 	require.NoError(t, err)
 	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
 	body, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	return string(body)
