@@ -67,52 +67,19 @@ func postgresStoppedMidRun(t *testing.T, crash bool) {
 	// so the rows to find at the end are the ones in the table then.
 	w, err := outbox.NewWriter(tbl)
 	require.NoError(t, err)
-	stopWriting := make(chan struct{})
-	var (
-		wg           sync.WaitGroup
-		stopOnce     sync.Once
-		failedWrites int
-	)
-	stopWriter := func() { stopOnce.Do(func() { close(stopWriting) }); wg.Wait() }
-	t.Cleanup(stopWriter) // a test that fails midway must not leave the writer running
-	wg.Go(func() {
-		for i := 0; ; i++ {
-			select { // paces the writes: the application writes throughout
-			case <-stopWriting:
-				return
-			case <-time.After(10 * time.Millisecond):
-			}
-			msgs := make([]outbox.Message, 20)
-			for j := range msgs {
-				msgs[j] = outbox.Message{Topic: fmt.Sprint("t", j%4), Payload: fmt.Appendf(nil, "%d-%d", i, j)}
-			}
-			writeCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			if err := w.Write(writeCtx, pool, msgs...); err != nil {
-				failedWrites++
-			}
-			cancel()
+	stopWriter := pacedWriter(t, func(ctx context.Context, i int) error {
+		msgs := make([]outbox.Message, 20)
+		for j := range msgs {
+			msgs[j] = outbox.Message{Topic: fmt.Sprint("t", j%4), Payload: fmt.Appendf(nil, "%d-%d", i, j)}
 		}
+		return w.Write(ctx, pool, msgs...)
 	})
-
-	dbtest.Eventually(t, 2*time.Minute, "rows relayed before the restart", func() bool { return len(p.Lines()) >= 200 })
-	if crash {
-		srv.Crash()
-	} else {
-		srv.Stop()
-	}
-	dbtest.Eventually(t, time.Minute, "/readyz reporting the outage", func() bool { return readyz(addr) == http.StatusServiceUnavailable })
-	// The outage lasts: once the sweeper has failed a sweep more on it,
-	// /readyz still reports it.
-	failedSweeps := strings.Count(p.Stderr(), "sweep failed; retrying")
-	dbtest.Eventually(t, 2*time.Minute, "a later sweep failing on the outage", func() bool {
-		return strings.Count(p.Stderr(), "sweep failed; retrying") > failedSweeps
+	restartUnder(t, srv, p, addr, crash, func() {
+		// The outage lasts: once the sweeper has failed a sweep more on
+		// it, /readyz still reports it.
+		require.Equal(t, http.StatusServiceUnavailable, readyz(addr), "the outage lasts")
 	})
-	require.Equal(t, http.StatusServiceUnavailable, readyz(addr), "the outage lasts")
-	srv.Start()
-	dbtest.Eventually(t, 2*time.Minute, "/readyz ready again", func() bool { return readyz(addr) == http.StatusOK })
-	relayedBefore := len(p.Lines())
-	dbtest.Eventually(t, 2*time.Minute, "rows relayed after the restart", func() bool { return len(p.Lines()) >= relayedBefore+200 })
-	stopWriter()
+	failedWrites := stopWriter()
 
 	outstanding := func() int {
 		var n int
@@ -200,57 +167,24 @@ func postgresStoppedUnderTenants(t *testing.T, crash bool) {
 		writers[i], err = outbox.NewWriter(tbl)
 		require.NoError(t, err)
 	}
-	stopWriting := make(chan struct{})
-	var (
-		wg           sync.WaitGroup
-		stopOnce     sync.Once
-		failedWrites int
-	)
-	stopWriter := func() { stopOnce.Do(func() { close(stopWriting) }); wg.Wait() }
-	t.Cleanup(stopWriter)
-	wg.Go(func() {
-		for i := 0; ; i++ {
-			select { // paces the writes: the application writes throughout
-			case <-stopWriting:
-				return
-			case <-time.After(10 * time.Millisecond):
-			}
-			msgs := make([]outbox.Message, 4)
-			for j := range msgs {
-				msgs[j] = outbox.Message{Topic: fmt.Sprint("t", j%2), Payload: fmt.Appendf(nil, "%d-%d", i, j)}
-			}
-			writeCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			if err := writers[i%tenants].Write(writeCtx, pool, msgs...); err != nil {
-				failedWrites++
-			}
-			cancel()
+	stopWriter := pacedWriter(t, func(ctx context.Context, i int) error {
+		msgs := make([]outbox.Message, 4)
+		for j := range msgs {
+			msgs[j] = outbox.Message{Topic: fmt.Sprint("t", j%2), Payload: fmt.Appendf(nil, "%d-%d", i, j)}
 		}
+		return writers[i%tenants].Write(ctx, pool, msgs...)
 	})
-
-	dbtest.Eventually(t, 2*time.Minute, "rows relayed before the restart", func() bool { return len(p.Lines()) >= 200 })
-	if crash {
-		srv.Crash()
-	} else {
-		srv.Stop()
-	}
-	dbtest.Eventually(t, time.Minute, "/readyz reporting the outage", func() bool { return readyz(addr) == http.StatusServiceUnavailable })
-	failedSweeps := strings.Count(p.Stderr(), "sweep failed; retrying")
-	dbtest.Eventually(t, 2*time.Minute, "a later sweep failing on the outage", func() bool {
-		return strings.Count(p.Stderr(), "sweep failed; retrying") > failedSweeps
+	restartUnder(t, srv, p, addr, crash, func() {
+		// The scrape answers without the series it cannot read; the named
+		// tenant's others are there.
+		body := scrape(t, addr)
+		require.Contains(t, body, `outbox_tenant_parked{outbox="tenant_0"}`)
+		require.NotContains(t, body, `outbox_tenant_backlog_messages{outbox="tenant_0"}`)
 	})
-	// The scrape answers without the series it cannot read; the named
-	// tenant's others are there.
-	body := scrape(t, addr)
-	require.Contains(t, body, `outbox_tenant_parked{outbox="tenant_0"}`)
-	require.NotContains(t, body, `outbox_tenant_backlog_messages{outbox="tenant_0"}`)
-	srv.Start()
-	dbtest.Eventually(t, 2*time.Minute, "/readyz ready again", func() bool { return readyz(addr) == http.StatusOK })
-	relayedBefore := len(p.Lines())
-	dbtest.Eventually(t, 2*time.Minute, "rows relayed after the restart", func() bool { return len(p.Lines()) >= relayedBefore+200 })
 	dbtest.Eventually(t, time.Minute, "the backlog series back", func() bool {
 		return strings.Contains(scrape(t, addr), `outbox_tenant_backlog_messages{outbox="tenant_0"}`)
 	})
-	stopWriter()
+	failedWrites := stopWriter()
 
 	outstanding := func() int {
 		n := 0
@@ -292,6 +226,60 @@ func postgresStoppedUnderTenants(t *testing.T, crash bool) {
 	require.Len(t, seen, committed, "a row relayed that no tenant holds, or under another's name")
 	t.Logf("%d rows committed into %d tenants, %d writes failed during the outage, %d lines relayed", committed, tenants, failedWrites, len(p.Lines()))
 	require.Positive(t, failedWrites, "the application must have seen the outage")
+}
+
+// pacedWriter calls write every 10 ms (its i counting the calls), each with
+// 2 s to commit, until the returned stop, which waits for it and returns how
+// many calls failed: the application, writing throughout an outage.
+func pacedWriter(t *testing.T, write func(ctx context.Context, i int) error) (stop func() int) {
+	t.Helper()
+	done := make(chan struct{})
+	var (
+		wg     sync.WaitGroup
+		once   sync.Once
+		failed int
+	)
+	stop = func() int { once.Do(func() { close(done) }); wg.Wait(); return failed }
+	t.Cleanup(func() { stop() }) // a test that fails midway must not leave the writer running
+	wg.Go(func() {
+		for i := 0; ; i++ {
+			select { // paces the writes: the application writes throughout
+			case <-done:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			if err := write(ctx, i); err != nil {
+				failed++
+			}
+			cancel()
+		}
+	})
+	return stop
+}
+
+// restartUnder stops srv (or crashes it) once the binary p, whose admin API
+// is at addr, has relayed 200 rows; waits until /readyz reports the outage
+// and a sweep more has failed on it; calls during; starts srv again, and
+// waits until /readyz is ready and p has relayed 200 rows more.
+func restartUnder(t *testing.T, srv *dbtest.Server, p *proc, addr string, crash bool, during func()) {
+	t.Helper()
+	dbtest.Eventually(t, 2*time.Minute, "rows relayed before the restart", func() bool { return len(p.Lines()) >= 200 })
+	if crash {
+		srv.Crash()
+	} else {
+		srv.Stop()
+	}
+	dbtest.Eventually(t, time.Minute, "/readyz reporting the outage", func() bool { return readyz(addr) == http.StatusServiceUnavailable })
+	failedSweeps := strings.Count(p.Stderr(), "sweep failed; retrying")
+	dbtest.Eventually(t, 2*time.Minute, "a later sweep failing on the outage", func() bool {
+		return strings.Count(p.Stderr(), "sweep failed; retrying") > failedSweeps
+	})
+	during()
+	srv.Start()
+	dbtest.Eventually(t, 2*time.Minute, "/readyz ready again", func() bool { return readyz(addr) == http.StatusOK })
+	relayedBefore := len(p.Lines())
+	dbtest.Eventually(t, 2*time.Minute, "rows relayed after the restart", func() bool { return len(p.Lines()) >= relayedBefore+200 })
 }
 
 // A sweeper that freezes in the middle of a send (here: its stdout is a pipe
