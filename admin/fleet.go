@@ -305,7 +305,8 @@ func (f *fleetAPI) list(w http.ResponseWriter, r *http.Request) {
 			sweeping = append(sweeping, st.outbox)
 		}
 	}
-	counted, err := FleetBacklogs(r.Context(), f.cfg.TableName, sweeping)
+	// Past the cap, the estimate read above.
+	counted, err := countBacklogs(r.Context(), f.cfg.TableName, sweeping)
 	if err != nil {
 		f.api.internal(w, r, err)
 		return
@@ -313,6 +314,9 @@ func (f *fleetAPI) list(w http.ResponseWriter, r *http.Request) {
 	for _, st := range list {
 		b := counted[st.outbox.PathName()]
 		st.Backlog, st.OldestAgeSeconds = b.Rows, b.OldestAgeSeconds
+		if b.Rows > FleetBacklogCounted {
+			st.Backlog = max(b.Rows, st.BacklogEstimate)
+		}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"outboxes": list, "total": len(outboxes), "omitted": omitted})
 }
@@ -347,27 +351,54 @@ const FleetBacklogCounted = 10_000
 // count reached the cap. An outbox whose table is gone (its schema dropped
 // since the fleet last listed them) is left out. The per-outbox series
 // (metrics.RegisterOutboxes) read it at each scrape for the outboxes they
-// show, GET /outboxes for those it lists that are sweeping.
+// show.
 func FleetBacklogs(ctx context.Context, tableName string, outboxes []FleetOutbox) (map[string]FleetBacklog, error) {
+	out, err := countBacklogs(ctx, tableName, outboxes)
+	if err != nil {
+		return nil, err
+	}
+	estimated := map[*pgxpool.Pool]map[string]int64{}
+	for _, o := range outboxes {
+		b, ok := out[o.PathName()]
+		if !ok || b.Rows <= FleetBacklogCounted {
+			continue
+		}
+		pool := o.Config.Pool
+		if estimated[pool] == nil {
+			if estimated[pool], _, err = estimates(ctx, pool, tableName); err != nil {
+				return nil, err
+			}
+		}
+		b.Rows = max(b.Rows, estimated[pool][o.Config.Table.Schema])
+		out[o.PathName()] = b
+	}
+	return out, nil
+}
+
+// fleetBacklogChunk is how many outboxes one statement of countBacklogs
+// asks about: planning a statement of a thousand subqueries costs more than
+// running it, and it would lock a thousand tables and their indexes at once.
+const fleetBacklogChunk = 100
+
+// countBacklogs is FleetBacklogs without the estimates: a backlog past the
+// cap reads FleetBacklogCounted+1.
+func countBacklogs(ctx context.Context, tableName string, outboxes []FleetOutbox) (map[string]FleetBacklog, error) {
 	byPool := map[*pgxpool.Pool][]FleetOutbox{}
 	for _, o := range outboxes {
 		byPool[o.Config.Pool] = append(byPool[o.Config.Pool], o)
 	}
 	out := make(map[string]FleetBacklog, len(outboxes))
 	for pool, list := range byPool {
-		capped := false
 		for chunk := range slices.Chunk(list, fleetBacklogChunk) {
-			err := countBacklogs(ctx, pool, tableName, chunk, out, &capped)
-			if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == "42P01" {
-				// A table is gone: the others are asked one by one.
+			err := countChunk(ctx, pool, tableName, chunk, out)
+			if undefinedTable(err) {
+				// A table is gone, which fails the whole statement: the
+				// others are asked one by one.
 				err = nil
 				for _, o := range chunk {
-					err = countBacklogs(ctx, pool, tableName, []FleetOutbox{o}, out, &capped)
-					if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == "42P01" {
+					if err = countChunk(ctx, pool, tableName, []FleetOutbox{o}, out); undefinedTable(err) {
 						err = nil
-						continue
-					}
-					if err != nil {
+					} else if err != nil {
 						break
 					}
 				}
@@ -376,31 +407,18 @@ func FleetBacklogs(ctx context.Context, tableName string, outboxes []FleetOutbox
 				return nil, fmt.Errorf("read the outboxes' backlogs: %w", err)
 			}
 		}
-		if !capped {
-			continue
-		}
-		est, _, err := estimates(ctx, pool, tableName)
-		if err != nil {
-			return nil, err
-		}
-		for _, o := range list {
-			if b, ok := out[o.PathName()]; ok && b.Rows > FleetBacklogCounted {
-				b.Rows = max(b.Rows, est[o.Config.Table.Schema])
-				out[o.PathName()] = b
-			}
-		}
 	}
 	return out, nil
 }
 
-// fleetBacklogChunk is how many outboxes one statement of FleetBacklogs
-// asks about: planning a statement of a thousand subqueries costs more than
-// running it, and it would lock a thousand tables and their indexes at once.
-const fleetBacklogChunk = 100
+func undefinedTable(err error) bool {
+	pgErr, ok := errors.AsType[*pgconn.PgError](err)
+	return ok && pgErr.Code == "42P01"
+}
 
-// countBacklogs reads the backlogs of list, all in pool's database, into out,
-// in one statement; capped is set if a count reached the cap.
-func countBacklogs(ctx context.Context, pool *pgxpool.Pool, tableName string, list []FleetOutbox, out map[string]FleetBacklog, capped *bool) error {
+// countChunk reads the backlogs of list, all in pool's database, into out,
+// in one statement.
+func countChunk(ctx context.Context, pool *pgxpool.Pool, tableName string, list []FleetOutbox, out map[string]FleetBacklog) error {
 	var q strings.Builder
 	for i, o := range list {
 		if i > 0 {
@@ -426,7 +444,6 @@ func countBacklogs(ctx context.Context, pool *pgxpool.Pool, tableName string, li
 			a := max(*age, 0)
 			b.OldestAgeSeconds = &a
 		}
-		*capped = *capped || n > FleetBacklogCounted
 		out[list[i].PathName()] = b
 		return nil
 	})

@@ -762,20 +762,13 @@ func TestFleetStormAlertsNameTheirTenant(t *testing.T) {
 // lock goes with it, the fleet listens again, and no row is lost. Once the
 // commits stop the lock goes, and a commit notifies and is relayed again.
 func TestFleetBusyTenantsCommitsStopNotifying(t *testing.T) {
-	base := dbtest.Schema(t)
-	tbls := tenants(t, base, 2)
-	busy := tbls[0]
 	p := memory.New(memory.Config{})
-	name := "fleet-" + base
 	// Eight writers commit a few hundred times a second, fewer on a slow
 	// machine under -race: the rate that keeps a pressed tenant awake is set
 	// below what they reach anywhere (TestFleetSlowTenantsStayAsleep has the
 	// default's).
-	f, _ := newFleet(t, base+"_t*", p, name, fleet.Options{AwakeRate: 20})
-	waitParked(t, f, tbls)
+	busy, holder, count := awakeFleet(t, 2, p, fleet.Options{AwakeRate: 20})
 	ctx := context.Background()
-	holder := func() int32 { return awakeHolder(t, busy, name) }
-	count := dbtest.Notifications(t, busy)
 
 	ws := startWriters(t, busy, "busy", 8)
 	written := &ws.written
@@ -783,15 +776,8 @@ func TestFleetBusyTenantsCommitsStopNotifying(t *testing.T) {
 	began := time.Now()
 	dbtest.Eventually(t, time.Minute, "busy's awake lock held on the fleet's session", func() bool { return holder() != 0 })
 	t.Logf("%.0f commits a second", float64(written.Load())/time.Since(began).Seconds())
-	// Every commit counted between the two markers is between them: had
-	// each notified, as many notifications at least would be.
-	count(nil)
-	from := written.Load()
-	dbtest.Eventually(t, time.Minute, "200 commits more", func() bool { return written.Load() >= from+200 })
-	var to int64
-	notified := count(func() { to = written.Load() })
-	require.Less(t, int64(notified), to-from, "every commit notified while the lock was held")
-	t.Logf("%d notifications of %d commits or more while the lock was held", notified, to-from)
+	notified, commits := notifiedWhileHeld(t, count, written)
+	require.Less(t, notified, commits, "every commit notified while the lock was held")
 
 	// The session that holds the lock ends: the lock with it. The fleet
 	// listens again and looks at every outbox; the writers go on.
@@ -822,11 +808,6 @@ func TestFleetBusyTenantsCommitsStopNotifying(t *testing.T) {
 // within lingerFor (50 ms) of the last: its sweeper would otherwise poll on
 // for as long as the trickle lasts. Its commits then notify again, every one.
 func TestFleetTenantSlowingDownLetsItsAwakeLockGo(t *testing.T) {
-	base := dbtest.Schema(t)
-	tbls := tenants(t, base, 1)
-	tbl := tbls[0]
-	p := memory.New(memory.Config{})
-	name := "fleet-" + base
 	// The burst's eight writers make a few hundred commits a second (450
 	// under -race beside a benchmark), well above 120; the trickle's one
 	// commit every 25 ms makes at most 5 in any tenth of a second, 50 a
@@ -834,10 +815,8 @@ func TestFleetTenantSlowingDownLetsItsAwakeLockGo(t *testing.T) {
 	// trickle. Its gaps are half of lingerFor: before the awake sweeper
 	// asked Busy, it let go only when the machine's hiccups made one longer
 	// (after 47 s in a run beside a benchmark; here, at once).
-	f, _ := newFleet(t, base+"_t*", p, name, fleet.Options{AwakeRate: 120})
-	waitParked(t, f, tbls)
-	holder := func() int32 { return awakeHolder(t, tbl, name) }
-	count := dbtest.Notifications(t, tbl)
+	p := memory.New(memory.Config{})
+	tbl, holder, count := awakeFleet(t, 1, p, fleet.Options{AwakeRate: 120})
 
 	ws := startWriters(t, tbl, "burst", 8)
 	dbtest.Eventually(t, time.Minute, "the awake lock held during the burst", func() bool { return holder() != 0 })
@@ -892,9 +871,6 @@ func TestFleetTenantSlowingDownLetsItsAwakeLockGo(t *testing.T) {
 // the rows sent; read from the sweeps, it let the lock go after a sweep or
 // two and took it again at the next notification, over and over.
 func TestFleetBusyTenantBehindASlowBrokerStaysAwake(t *testing.T) {
-	base := dbtest.Schema(t)
-	tbls := tenants(t, base, 1)
-	tbl := tbls[0]
 	p := memory.New(memory.Config{})
 	p.SetSendFunc(func(ctx context.Context, _ producer.Batch) error {
 		select {
@@ -904,24 +880,44 @@ func TestFleetBusyTenantBehindASlowBrokerStaysAwake(t *testing.T) {
 			return nil
 		}
 	})
-	name := "fleet-" + base
-	f, _ := newFleet(t, base+"_t*", p, name, fleet.Options{AwakeRate: 60})
-	waitParked(t, f, tbls)
-	holder := func() int32 { return awakeHolder(t, tbl, name) }
-	count := dbtest.Notifications(t, tbl)
+	tbl, holder, count := awakeFleet(t, 1, p, fleet.Options{AwakeRate: 60})
 
 	ws := startWriters(t, tbl, "busy", 8)
 	dbtest.Eventually(t, time.Minute, "the awake lock held", func() bool { return holder() != 0 })
-	count(nil)
-	from := ws.written.Load()
-	dbtest.Eventually(t, time.Minute, "200 commits more", func() bool { return ws.written.Load() >= from+200 })
-	var to int64
-	notified := count(func() { to = ws.written.Load() })
-	require.Less(t, int64(notified)*10, to-from, "the lock let go and taken again: %d notifications of %d commits", notified, to-from)
-	t.Logf("%d notifications of %d commits or more while the lock was held", notified, to-from)
+	notified, commits := notifiedWhileHeld(t, count, &ws.written)
+	require.Less(t, notified*10, commits, "the lock let go and taken again: %d notifications of %d commits", notified, commits)
 	ws.stop()
 	require.False(t, t.Failed(), "a writer failed")
 	dbtest.Eventually(t, time.Minute, "every row relayed", func() bool { return len(distinct(p)) == int(ws.written.Load()) })
+}
+
+// awakeFleet starts a fleet with opts over n new tenants, relaying to p, and
+// waits until every sweeper has parked. It returns the first tenant, the pid
+// of the fleet's session holding that tenant's awake lock (0 for none), and
+// a counter of its notifications (dbtest.Notifications).
+func awakeFleet(t *testing.T, n int, p producer.Producer, opts fleet.Options) (outbox.Table, func() int32, func(func()) int) {
+	t.Helper()
+	base := dbtest.Schema(t)
+	tbls := tenants(t, base, n)
+	name := "fleet-" + base
+	f, _ := newFleet(t, base+"_t*", p, name, opts)
+	waitParked(t, f, tbls)
+	return tbls[0], func() int32 { return awakeHolder(t, tbls[0], name) }, dbtest.Notifications(t, tbls[0])
+}
+
+// notifiedWhileHeld counts, between two markers, the notifications and the
+// commits (written) of 200 commits or more. Every commit counted between the
+// markers is between them: had each notified, as many notifications at least
+// would be.
+func notifiedWhileHeld(t *testing.T, count func(func()) int, written *atomic.Int64) (notified, commits int64) {
+	t.Helper()
+	count(nil)
+	from := written.Load()
+	dbtest.Eventually(t, time.Minute, "200 commits more", func() bool { return written.Load() >= from+200 })
+	var to int64
+	notified = int64(count(func() { to = written.Load() }))
+	t.Logf("%d notifications of %d commits or more while the lock was held", notified, to-from)
+	return notified, to - from
 }
 
 // writers commits rows to tbl from n goroutines, one after another each,

@@ -219,10 +219,7 @@ func Schema(t testing.TB) string {
 func Database(t testing.TB) string {
 	t.Helper()
 	name := Schema(t) // a fresh name; no such schema is made
-	u, err := url.Parse(URL(t))
-	if err != nil || u.Scheme == "" {
-		t.Fatalf("a database of its own needs the test database as a URL, not %q: %v", URL(t), err)
-	}
+	dbURL := WithDatabase(t, URL(t), name)
 	ctx := context.Background()
 	if _, err := Pool(t).Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
 		t.Fatalf("create test database %s: %v", name, err)
@@ -232,6 +229,17 @@ func Database(t testing.TB) string {
 			t.Errorf("drop test database %s: %v", name, err)
 		}
 	})
+	return dbURL
+}
+
+// WithDatabase returns base, a server's URL, naming database name instead of
+// its own.
+func WithDatabase(t testing.TB, base, name string) string {
+	t.Helper()
+	u, err := url.Parse(base)
+	if err != nil || u.Scheme == "" {
+		t.Fatalf("another database on the server needs its URL as a URL (postgres://…), not %q: %v", base, err)
+	}
 	u.Path = "/" + name
 	return u.String()
 }

@@ -46,17 +46,6 @@ var (
 	adminURL           string // the test database's URL, to drop the databases from
 )
 
-// withDatabase returns base, a server's URL, with its database replaced by
-// name.
-func withDatabase(tb testing.TB, base, name string) string {
-	u, err := url.Parse(base)
-	if err != nil || u.Scheme == "" {
-		tb.Fatalf("the tenant benchmarks need a URL for the database server, not %q: %v", base, err)
-	}
-	u.Path = "/" + name
-	return u.String()
-}
-
 // makeTenants creates database name on the server base is a URL of, and in
 // it the 1,000 tenant schemas, each an outbox migrated by the binary's
 // `migrate --schemas`.
@@ -74,7 +63,7 @@ func makeTenants(tb testing.TB, bin, base, name string) error {
 	for i := range tenantCount {
 		fmt.Fprintf(&sql, "CREATE SCHEMA tenant_%04d;", i)
 	}
-	conn, err := pgx.Connect(ctx, withDatabase(tb, base, name))
+	conn, err := pgx.Connect(ctx, dbtest.WithDatabase(tb, base, name))
 	if err == nil {
 		_, err = conn.Exec(ctx, sql.String())
 		conn.Close(ctx)
@@ -82,7 +71,7 @@ func makeTenants(tb testing.TB, bin, base, name string) error {
 	if err != nil {
 		return err
 	}
-	out, err := exec.Command(bin, "migrate", "--database-url", withDatabase(tb, base, name), "--schemas", "tenant_*").CombinedOutput()
+	out, err := exec.Command(bin, "migrate", "--database-url", dbtest.WithDatabase(tb, base, name), "--schemas", "tenant_*").CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("migrate --schemas: %v\n%s", err, lastLines(out, 5))
 	}
@@ -108,7 +97,7 @@ func tenantDatabase(b *testing.B, bin string) string {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { dropDatabase(name) })
-	return withDatabase(b, adminURL, name)
+	return dbtest.WithDatabase(b, adminURL, name)
 }
 
 // ownTenantDatabase returns the URL of a 1,000-tenant database on a
@@ -121,7 +110,7 @@ func ownTenantDatabase(b *testing.B, bin string) string {
 	if err := makeTenants(b, bin, srv.URL(), "tenants"); err != nil {
 		b.Fatalf("the 1,000-tenant database on a server of its own: %v", err)
 	}
-	return withDatabase(b, srv.URL(), "tenants")
+	return dbtest.WithDatabase(b, srv.URL(), "tenants")
 }
 
 // dropTenantTemplate drops the template database, if one was made; TestMain
@@ -466,9 +455,8 @@ func BenchmarkTenantsQuietLatency(b *testing.B) {
 		topics := benchutil.Topics("quiet", 3)
 		// Each window starts from a checkpoint: what the server still had
 		// to write of the migration (1,000 tenants' tables) or of the
-		// backlog's load would otherwise fall in the window. In a first
-		// run without, the quiet tenants' p99 alone was 39.5 ms, against
-		// 11.9 ms in the next.
+		// backlog's load would otherwise fall in the window. Two runs
+		// without read 39.5 and 11.9 ms alone at p99.
 		checkpoint(b, pool)
 		before := benchutil.LatencyTables(b, pool, quiet, sub, topics, 500, window)
 
@@ -492,7 +480,8 @@ func BenchmarkTenantsQuietLatency(b *testing.B) {
 		}
 		// The window alone again, once the drain is done and its dead rows
 		// vacuumed: the machine's speed drifts over a run (a window alone's
-		// p99 ranged from 3 to 15.6 ms between runs of one binary), and the
+		// p99 ranged from 15 to 59 ms in runs of one binary, within a run as
+		// much as between runs), and the
 		// ratio's denominator pools the windows before and after the one
 		// beside, so that the drift weighs on both sides of it.
 		dbtest.Eventually(b, 10*time.Minute, "the busy tenant drained", func() bool {
