@@ -2,6 +2,10 @@ package admin_test
 
 import (
 	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -40,4 +44,39 @@ func TestFleetBacklogsLeaveOutADroppedTenant(t *testing.T) {
 	require.Nil(t, got[none.Schema].OldestAgeSeconds)
 	_, ok := got[gone.Schema]
 	require.False(t, ok)
+}
+
+// Past FleetBacklogCounted rows a backlog is not counted on: it reads
+// Postgres's estimate, in FleetBacklogs (the per-tenant series) and in GET
+// /outboxes alike.
+func TestFleetBacklogsPastTheCountTakeTheEstimate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	deep := dbtest.Table(t)
+	rows := admin.FleetBacklogCounted + 5
+	_, err := pool.Exec(ctx, "INSERT INTO "+deep.Ident()+" (topic, payload) SELECT 'a', '\\x00'::bytea FROM generate_series(1, $1::int)", rows)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "ANALYZE "+deep.Ident())
+	require.NoError(t, err)
+	outboxes := []admin.FleetOutbox{{Config: admin.Config{Pool: pool, Table: deep, Logger: slog.New(slog.DiscardHandler)}}}
+
+	got, err := admin.FleetBacklogs(ctx, "outbox", outboxes)
+	require.NoError(t, err)
+	require.EqualValues(t, rows, got[deep.Schema].Rows, "the estimate after ANALYZE")
+	require.NotNil(t, got[deep.Schema].OldestAgeSeconds)
+
+	srv := httptest.NewServer(admin.FleetHandler(admin.FleetConfig{Base: outboxes[0].Config, TableName: "outbox",
+		Outboxes: func() []admin.FleetOutbox { return outboxes }}))
+	defer srv.Close()
+	code, raw := fleetCall(t, srv, "/outboxes", "")
+	require.Equal(t, http.StatusOK, code, "%s", raw)
+	var body struct {
+		Outboxes []struct {
+			Backlog int64 `json:"backlog"`
+		} `json:"outboxes"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &body))
+	require.Len(t, body.Outboxes, 1)
+	require.EqualValues(t, rows, body.Outboxes[0].Backlog)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -180,6 +181,15 @@ func postgresStoppedUnderTenants(t *testing.T, crash bool) {
 		body := scrape(t, addr)
 		require.Contains(t, body, `outbox_tenant_parked{outbox="tenant_0"}`)
 		require.NotContains(t, body, `outbox_tenant_backlog_messages{outbox="tenant_0"}`)
+		// The tenants' list cannot be read: it says so, at once.
+		client := http.Client{Timeout: 30 * time.Second} // only bounds a server that never answers
+		resp, err := client.Get("http://" + addr + "/outboxes")
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		raw, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusInternalServerError, resp.StatusCode, "%s", raw)
+		require.Contains(t, string(raw), "see the sweeper's log")
 	})
 	dbtest.Eventually(t, time.Minute, "the backlog series back", func() bool {
 		return strings.Contains(scrape(t, addr), `outbox_tenant_backlog_messages{outbox="tenant_0"}`)
