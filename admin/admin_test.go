@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -668,4 +670,78 @@ func TestHealthzStaysOkWhileSweepsFailAgainstADeadDatabase(t *testing.T) {
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
+}
+
+// While the database cannot be reached, every call that reads it answers 503
+// at once, naming the database, with a Retry-After, and changes nothing: what
+// an operator at 3 a.m. can act on, where a 500 sends them to the log. A
+// statement that fails on a database that answers is still a 500.
+func TestCallsOnAnUnreachableDatabaseAnswer503NamingIt(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgxpool.ParseConfig("postgres://postgres@127.0.0.1:1/orders_db?connect_timeout=1")
+	require.NoError(t, err)
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	tbl := outbox.Table{}.WithDefaults()
+	d, err := outbox.NewDeadLetters(pool, tbl)
+	require.NoError(t, err)
+	logs := &syncbuf.Buffer{}
+	srv := httptest.NewServer(admin.Handler(admin.Config{Pool: pool, Table: tbl, Topics: breaker.New(breaker.Settings{}),
+		DeadLetters: d, Logger: slog.New(slog.NewJSONHandler(logs, nil))}))
+	defer srv.Close()
+	for _, call := range []struct{ method, path, body string }{
+		{"GET", "/status", ""},
+		{"GET", "/dlq", ""},
+		{"POST", "/dlq/replay", `{"topic":"orders"}`},
+		{"POST", "/dlq/purge", `{"topic":"orders","dry_run":true}`},
+	} {
+		req, err := http.NewRequest(call.method, srv.URL+call.path, strings.NewReader(call.body))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		raw, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%s %s: %s", call.method, call.path, raw)
+		require.Contains(t, string(raw), `database \"orders_db\" is unreachable: nothing was read or changed`, "%s %s", call.method, call.path)
+		require.Equal(t, "5", resp.Header.Get("Retry-After"))
+	}
+	require.Contains(t, logs.String(), "database unreachable")
+
+	// A database that answers, a statement that fails: the table is not
+	// there.
+	missing := outbox.Table{Schema: "no_such_schema", Name: "outbox"}
+	d, err = outbox.NewDeadLetters(dbtest.Pool(t), missing)
+	require.NoError(t, err)
+	srv2 := httptest.NewServer(admin.Handler(admin.Config{Pool: dbtest.Pool(t), Table: missing, Topics: breaker.New(breaker.Settings{}), DeadLetters: d}))
+	defer srv2.Close()
+	resp, err := http.Get(srv2.URL + "/dlq")
+	require.NoError(t, err)
+	raw, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	require.Equal(t, http.StatusInternalServerError, resp.StatusCode, "%s", raw)
+	require.Contains(t, string(raw), "internal error: see the sweeper's log")
+}
+
+func TestUnreachableTellsAnOutageFromAFailedStatement(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{&pgconn.PgError{Code: "57P01"}, true}, // admin_shutdown: the server stops
+		{&pgconn.PgError{Code: "57P03"}, true}, // cannot_connect_now: it starts
+		{&pgconn.PgError{Code: "08006"}, true}, // connection_failure
+		{fmt.Errorf("read the backlog: %w", io.ErrUnexpectedEOF), true},
+		{&net.OpError{Op: "dial", Err: errors.New("connection refused")}, true},
+		{&pgconn.PgError{Code: "42P01"}, false}, // undefined_table
+		{&pgconn.PgError{Code: "57014"}, false}, // query_canceled: a timeout, not an outage
+		{context.Canceled, false},
+		{errors.New("something else"), false},
+	} {
+		require.Equal(t, c.want, admin.Unreachable(c.err), "%v", c.err)
+	}
 }

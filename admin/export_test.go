@@ -35,3 +35,6 @@ func FleetRoutePatterns() []string {
 	}
 	return out
 }
+
+// Unreachable is unreachable, for its table of errors.
+var Unreachable = unreachable

@@ -273,7 +273,7 @@ func (f *fleetAPI) list(w http.ResponseWriter, r *http.Request) {
 	for pool := range pools {
 		b, d, err := estimates(r.Context(), pool, f.cfg.TableName)
 		if err != nil {
-			f.api.internal(w, r, err)
+			f.api.internal(w, r, onDatabase(pool, err))
 			return
 		}
 		for s, n := range b {
@@ -404,7 +404,7 @@ func countBacklogs(ctx context.Context, tableName string, outboxes []FleetOutbox
 				}
 			}
 			if err != nil {
-				return nil, fmt.Errorf("read the outboxes' backlogs: %w", err)
+				return nil, fmt.Errorf("read the outboxes' backlogs: %w", onDatabase(pool, err))
 			}
 		}
 	}

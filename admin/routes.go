@@ -184,8 +184,20 @@ func badRequest(w http.ResponseWriter, format string, args ...any) {
 	writeJSON(w, http.StatusBadRequest, errorBody{fmt.Sprintf(format, args...)})
 }
 
-// internal answers 500 without the cause, which goes to the log.
+// internal answers 500 without the cause, which goes to the log; or, when
+// the cause is that the database cannot be reached (a restart, a failover, a
+// network cut), 503 with the database's name, since the operator's next step
+// is then to wait for it or fix it, not to read a stack of errors: nothing
+// was read or changed, and the call can be made again as it was.
 func (a *api) internal(w http.ResponseWriter, r *http.Request, err error) {
+	if unreachable(err) {
+		name := databaseName(err, a.cfg.Pool)
+		a.cfg.Logger.Warn("admin API call failed: database unreachable", "method", r.Method, "path", r.URL.Path, "database", name, "err", err)
+		w.Header().Set("Retry-After", "5")
+		writeJSON(w, http.StatusServiceUnavailable, errorBody{fmt.Sprintf(
+			"database %s is unreachable: nothing was read or changed; call again once GET /readyz answers 200 (the sweeper's log says why it is down)", quoteShort(name))})
+		return
+	}
 	a.cfg.Logger.Error("admin API call failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	writeJSON(w, http.StatusInternalServerError, errorBody{"internal error: see the sweeper's log"})
 }

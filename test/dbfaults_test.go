@@ -79,6 +79,8 @@ func postgresStoppedMidRun(t *testing.T, crash bool) {
 		// The outage lasts: once the sweeper has failed a sweep more on
 		// it, /readyz still reports it.
 		require.Equal(t, http.StatusServiceUnavailable, readyz(addr), "the outage lasts")
+		requireUnreachable(t, addr, "/status")
+		requireUnreachable(t, addr, "/dlq")
 	})
 	failedWrites := stopWriter()
 
@@ -181,15 +183,10 @@ func postgresStoppedUnderTenants(t *testing.T, crash bool) {
 		body := scrape(t, addr)
 		require.Contains(t, body, `outbox_tenant_parked{outbox="tenant_0"}`)
 		require.NotContains(t, body, `outbox_tenant_backlog_messages{outbox="tenant_0"}`)
-		// The tenants' list cannot be read: it says so, at once.
-		client := http.Client{Timeout: 30 * time.Second} // only bounds a server that never answers
-		resp, err := client.Get("http://" + addr + "/outboxes")
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		raw, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		require.Equal(t, http.StatusInternalServerError, resp.StatusCode, "%s", raw)
-		require.Contains(t, string(raw), "see the sweeper's log")
+		// The tenants' list, and a tenant's status, cannot be read: each
+		// says so, at once, and names the database.
+		requireUnreachable(t, addr, "/outboxes")
+		requireUnreachable(t, addr, "/outboxes/tenant_0/status")
 	})
 	dbtest.Eventually(t, time.Minute, "the backlog series back", func() bool {
 		return strings.Contains(scrape(t, addr), `outbox_tenant_backlog_messages{outbox="tenant_0"}`)
@@ -266,6 +263,22 @@ func pacedWriter(t *testing.T, write func(ctx context.Context, i int) error) (st
 		}
 	})
 	return stop
+}
+
+// requireUnreachable calls the admin API at addr on path while the test's
+// database (named postgres) is down, and requires the answer an operator
+// can act on: 503 at once, naming the database, with a Retry-After.
+func requireUnreachable(t *testing.T, addr, path string) {
+	t.Helper()
+	client := http.Client{Timeout: 30 * time.Second} // only bounds a server that never answers
+	resp, err := client.Get("http://" + addr + path)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "GET %s: %s", path, raw)
+	require.Contains(t, string(raw), `database \"postgres\" is unreachable`, "GET %s", path)
+	require.Equal(t, "5", resp.Header.Get("Retry-After"), "GET %s", path)
 }
 
 // restartUnder stops srv (or crashes it) once the binary p, whose admin API

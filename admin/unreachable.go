@@ -1,0 +1,68 @@
+package admin
+
+import (
+	"errors"
+	"io"
+	"net"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// unreachable reports whether err says the database could not be reached,
+// rather than that a statement failed: no connection could be made, the
+// server is shutting down or starting up, or the connection broke under the
+// statement. These pass by themselves, or with the operator's fix of the
+// database; a statement's own failure is a bug to report.
+func unreachable(err error) bool {
+	var connect *pgconn.ConnectError
+	if errors.As(err, &connect) {
+		return true
+	}
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) {
+		// Class 08 is connection exceptions; 57P01 to 57P03 are
+		// admin_shutdown, crash_shutdown and cannot_connect_now.
+		return strings.HasPrefix(pg.Code, "08") || pg.Code == "57P01" || pg.Code == "57P02" || pg.Code == "57P03"
+	}
+	var netErr net.Error
+	return errors.As(err, &netErr) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed)
+}
+
+// databaseError is an error of a statement on one database, of the several a
+// fleet's call may read (onDatabase).
+type databaseError struct {
+	database string
+	err      error
+}
+
+func (e *databaseError) Error() string { return e.err.Error() }
+func (e *databaseError) Unwrap() error { return e.err }
+
+// onDatabase marks err as met on pool's database, so that a 503 names that
+// one; nil stays nil.
+func onDatabase(pool *pgxpool.Pool, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &databaseError{database: pool.Config().ConnConfig.Database, err: err}
+}
+
+// databaseName names the database err failed to reach: the one onDatabase
+// or its connection attempt named, else pool's. Only the name: the error's
+// host and user stay in the log.
+func databaseName(err error, pool *pgxpool.Pool) string {
+	var on *databaseError
+	if errors.As(err, &on) {
+		return on.database
+	}
+	var connect *pgconn.ConnectError
+	if errors.As(err, &connect) && connect.Config != nil && connect.Config.Database != "" {
+		return connect.Config.Database
+	}
+	if pool != nil {
+		return pool.Config().ConnConfig.Database
+	}
+	return ""
+}
