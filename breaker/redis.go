@@ -17,9 +17,10 @@ import (
 
 // Defaults for [RedisConfig].
 const (
-	LeaseDefault     = 10 * time.Second
-	TrialTTLDefault  = 30 * time.Second
-	OpTimeoutDefault = 500 * time.Millisecond
+	LeaseDefault      = 10 * time.Second
+	TrialTTLDefault   = 30 * time.Second
+	OpTimeoutDefault  = 500 * time.Millisecond
+	RetryEveryDefault = time.Second
 )
 
 // RedisConfig configures a [Redis] breaker.
@@ -44,6 +45,10 @@ type RedisConfig struct {
 	TrialTTL time.Duration
 	// OpTimeout bounds each Redis call. Defaults to OpTimeoutDefault.
 	OpTimeout time.Duration
+	// RetryEvery is how often a breaker working on local state tries Redis
+	// again by itself, whether or not its sweeper ticks (see retry).
+	// Defaults to RetryEveryDefault.
+	RetryEvery time.Duration
 	// OnRedisError is called once when Redis stops answering (the breaker then
 	// works on local state) and once with nil when it answers again.
 	OnRedisError func(err error)
@@ -72,7 +77,8 @@ type RedisConfig struct {
 // Every multi-key update runs as one Lua script, so instances never see half an
 // update. If Redis does not answer, the breaker works on local state: a [Topics]
 // that has received the same reports all along. It tries Redis again at the next
-// tick, and when it answers, copies the topics tripped locally meanwhile to Redis.
+// tick and every RetryEvery (whichever comes first), and when it answers, copies
+// the topics tripped locally meanwhile to Redis.
 // Redis never becomes a reason to stop relaying.
 type Redis struct {
 	cfg    RedisConfig
@@ -81,6 +87,8 @@ type Redis struct {
 
 	mu       sync.Mutex
 	degraded bool
+	// retrying says retry runs.
+	retrying bool
 	// planLocal says the last plan came from the local shadow, so its
 	// generations are the shadow's.
 	planLocal bool
@@ -115,6 +123,9 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 	}
 	if cfg.OpTimeout <= 0 {
 		cfg.OpTimeout = OpTimeoutDefault
+	}
+	if cfg.RetryEvery <= 0 {
+		cfg.RetryEvery = RetryEveryDefault
 	}
 	notify := cfg.Settings.OnStateChange
 	local := cfg.Settings
@@ -155,9 +166,40 @@ func (r *Redis) fail(err error) {
 	r.mu.Lock()
 	first := !r.degraded
 	r.degraded = true
+	idle := !r.retrying
+	r.retrying = true
 	r.mu.Unlock()
 	if first && r.cfg.OnRedisError != nil {
 		r.cfg.OnRedisError(err)
+	}
+	if idle {
+		go r.retry()
+	}
+}
+
+// retry tries Redis again every RetryEvery while the breaker works on local
+// state, and ends once Redis answers and what changed locally meanwhile is
+// copied there. A tick tries too (OnTick), but not every outbox ticks: a
+// relay of many outboxes parks an idle one, whose sweeper waits for a
+// commit, and a topic an operator tripped through this process during the
+// outage stayed in this process alone for as long as the outbox had nothing
+// to send, while the other instances, on Redis, would send the topic's next
+// rows. It also ends the local plans of an outbox that wakes long after
+// Redis came back, which would miss what other instances tripped since.
+func (r *Redis) retry() {
+	t := time.NewTicker(r.cfg.RetryEvery)
+	defer t.Stop()
+	for range t.C {
+		ctx, cancel := r.ctx()
+		err := r.reconcile(ctx)
+		cancel()
+		r.mu.Lock()
+		if err == nil && !r.degraded {
+			r.retrying = false
+			r.mu.Unlock()
+			return
+		}
+		r.mu.Unlock()
 	}
 }
 
@@ -345,16 +387,20 @@ func (r *Redis) reconcile(ctx context.Context) error {
 	}
 	r.mu.Lock()
 	// A trip or reset made while this ran is still local only: it stays
-	// pending, and the instance stays degraded until the next tick copies it.
+	// pending, and the instance stays degraded until a tick or retry copies
+	// it.
 	for topic, tripped := range pending {
 		if now, ok := r.pending[topic]; ok && now == tripped {
 			delete(r.pending, topic)
 		}
 	}
+	// A tick and retry may both get here: the one that ends the outage
+	// tells of it.
+	was := r.degraded
 	r.degraded = len(r.pending) > 0
-	degraded := r.degraded
+	back := was && !r.degraded
 	r.mu.Unlock()
-	if degraded {
+	if !back {
 		return nil
 	}
 	if r.cfg.OnRedisError != nil {

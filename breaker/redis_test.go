@@ -311,3 +311,41 @@ func TestRedisClosedTopicsLeaveNoGeneration(t *testing.T) {
 	one.Failure("a", stale, true, "late")
 	require.Equal(t, breaker.StateClosed, one.State("a"))
 }
+
+// A breaker on local state tries Redis again by itself, without a tick: an
+// outbox that a relay of many has parked does not tick, and a trip made
+// through it during the outage must still reach the other instances once
+// Redis answers. The outage's end is told once.
+func TestRedisOutageEndsWithoutATick(t *testing.T) {
+	t.Parallel()
+	url, stop, start := brokertest.StartRedis(t)
+	client := brokertest.RedisClient(t, url)
+	var mu sync.Mutex
+	var events []error
+	mk := func(instance string, onErr func(error)) *breaker.Redis {
+		b, err := breaker.NewRedis(breaker.RedisConfig{Client: client, Prefix: "untickled", Instance: instance,
+			OpTimeout: patientOp, RetryEvery: 20 * time.Millisecond, OnRedisError: onErr})
+		require.NoError(t, err)
+		return b
+	}
+	one := mk("one", func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		events = append(events, err)
+	})
+	two := mk("two", nil)
+	stop()
+	one.Trip("orders", "during the outage")
+	require.True(t, one.Degraded())
+	require.Equal(t, breaker.StateTripped, one.State("orders"), "tripped on local state")
+	start()
+	require.Eventually(t, func() bool { return two.State("orders") == breaker.StateTripped }, 60*time.Second, 10*time.Millisecond,
+		"the trip reached Redis with no tick")
+	require.Eventually(t, func() bool { return !one.Degraded() }, 60*time.Second, 10*time.Millisecond)
+	one.OnTick() // a tick after the retry: Redis is not told back twice
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, events, 2, "down once, back once: %v", events)
+	require.Error(t, events[0])
+	require.NoError(t, events[1])
+}

@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -21,6 +22,7 @@ import (
 	"github.com/outbox-sweeper/sweeper/internal/brokertest"
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
 	"github.com/outbox-sweeper/sweeper/outbox"
+	"github.com/outbox-sweeper/sweeper/test/tcpproxy"
 )
 
 // tenantSchemas creates n empty schemas base_t000 to base_t<n-1>, dropped at
@@ -304,33 +306,16 @@ func TestSchemasShareEachTenantsBreakerThroughRedis(t *testing.T) {
 	}
 	code, out, errOut = runOnce(t, "topics", "trip", "orders", "--outbox", a.Schema, "--admin-url", addrs[0], "--reason", "a test")
 	require.Equal(t, 0, code, "%s%s", out, errOut)
-	tripped := func(o outbox.Table, admin string) bool {
-		code, out, errOut := runOnce(t, "topics", "list", "--outbox", o.Schema, "--admin-url", admin)
-		require.Equal(t, 0, code, "%s%s", out, errOut)
-		return strings.Contains(out, "orders")
-	}
+	tripped := func(o outbox.Table, admin string) bool { return trippedIn(t, o, "orders", admin) }
 	require.True(t, tripped(a, addrs[1]), "the other process sees a's trip")
 	require.False(t, tripped(b, addrs[0]), "b's orders is not a's")
 	require.False(t, tripped(b, addrs[1]), "b's orders is not a's")
 
-	write := func(o outbox.Table, topic, payload string) {
-		w, err := outbox.NewWriter(o)
-		require.NoError(t, err)
-		require.NoError(t, w.Write(context.Background(), dbtest.Pool(t), outbox.Message{Topic: topic, Payload: []byte(payload)}))
-	}
+	write := func(o outbox.Table, topic, payload string) { writeTenant(t, o, topic, payload) }
+	printed := func(payload string) bool { return printedBy(t, procs, payload) }
 	write(a, "orders", "a-orders")
 	write(b, "orders", "b-orders")
 	write(a, "invoices", "a-invoices")
-	printed := func(payload string) bool {
-		for _, p := range procs {
-			for _, m := range parseLines(t, p.Lines()) {
-				if string(m.Payload) == payload {
-					return true
-				}
-			}
-		}
-		return false
-	}
 	dbtest.Eventually(t, time.Minute, "b's orders and a's invoices", func() bool { return printed("b-orders") && printed("a-invoices") })
 	// The sweep that sent a's invoices met a's orders row, written before
 	// them, and left it.
@@ -346,6 +331,149 @@ func TestSchemasShareEachTenantsBreakerThroughRedis(t *testing.T) {
 		require.Equal(t, 0, p.terminate(t, time.Minute))
 		require.NotContains(t, p.Stderr(), " ERR ")
 		require.NotContains(t, p.Stderr(), "redis does not answer")
+	}
+}
+
+// writeTenant commits one row of topic into the outbox o.
+func writeTenant(t *testing.T, o outbox.Table, topic, payload string) {
+	t.Helper()
+	w, err := outbox.NewWriter(o)
+	require.NoError(t, err)
+	require.NoError(t, w.Write(context.Background(), dbtest.Pool(t), outbox.Message{Topic: topic, Payload: []byte(payload)}))
+}
+
+// printedBy reports whether any of procs has printed a message of payload.
+func printedBy(t *testing.T, procs []*proc, payload string) bool {
+	t.Helper()
+	for _, p := range procs {
+		for _, m := range parseLines(t, p.Lines()) {
+			if string(m.Payload) == payload {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// trippedIn reports whether the process whose admin API is at admin lists
+// topic of the outbox o as tripped (`sweeper topics list`).
+func trippedIn(t *testing.T, o outbox.Table, topic, admin string) bool {
+	t.Helper()
+	code, out, errOut := runOnce(t, "topics", "list", "--outbox", o.Schema, "--admin-url", admin)
+	require.Equal(t, 0, code, "%s%s", out, errOut)
+	return strings.Contains(out, topic)
+}
+
+// parkedIn reports whether the process whose admin API is at admin lists the
+// outbox o as parked (GET /outboxes).
+func parkedIn(t *testing.T, o outbox.Table, admin string) bool {
+	t.Helper()
+	client := http.Client{Timeout: 30 * time.Second} // only bounds a server that never answers
+	resp, err := client.Get(admin + "/outboxes")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var body struct {
+		Outboxes []struct {
+			Name   string
+			Parked bool
+		}
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
+	for _, b := range body.Outboxes {
+		if b.Name == o.Schema {
+			return b.Parked
+		}
+	}
+	return false
+}
+
+// A Redis outage under --schemas --redis-url stops no tenant: the breakers
+// work on local state, every tenant's rows keep flowing and /readyz stays
+// ready. Once Redis answers again, a topic an operator tripped through one
+// process meanwhile reaches the other; and a tenant whose breaker met the
+// outage and then parked (an idle tenant's sweeper does not tick, and a tick
+// was where a breaker on local state tried Redis again) goes back to Redis
+// by itself, so that a trip made there since, through the other process,
+// holds its rows back in both.
+func TestSchemasRelayOnThroughARedisOutage(t *testing.T) {
+	t.Parallel()
+	base := dbtest.Schema(t)
+	tbls := tenantSchemas(t, base, 3)
+	a, b := tbls[0], tbls[1]
+	code, out, errOut := runOnce(t, "migrate", "--database-url", dbtest.URL(t), "--schemas", base+"_t*")
+	require.Equal(t, 0, code, "%s%s", out, errOut)
+	redisURL := brokertest.RedisURL(t)
+	proxy := tcpproxy.New(t, brokertest.HostPort(t, redisURL))
+	// The first process reaches Redis through the proxy, the second
+	// directly: it sees what reached Redis, and only that.
+	var procs []*proc
+	var addrs []string
+	for _, via := range []string{brokertest.WithHost(t, redisURL, proxy.Addr()), redisURL} {
+		addr := fmt.Sprintf("127.0.0.1:%d", dbtest.FreePort(t))
+		addrs = append(addrs, "http://"+addr)
+		procs = append(procs, start(t, nil, "run", "--database-url", dbtest.URL(t), "--schemas", base+"_t*",
+			"--producer", "stdout", "--admin-addr", addr, "--redis-url", via, "--tick", "100ms",
+			// The trips outlast the test.
+			"--topic-cooldown-ticks", "100000", "--topic-cooldown-max-ticks", "100000"))
+		dbtest.Eventually(t, 2*time.Minute, "ready", func() bool { return readyz(addr) == http.StatusOK })
+	}
+	printed := func(payload string) bool { return printedBy(t, procs, payload) }
+	flows := func(phase string) {
+		t.Helper()
+		for _, o := range tbls {
+			writeTenant(t, o, "invoices", o.Schema+"-"+phase)
+		}
+		dbtest.Eventually(t, time.Minute, "every tenant's row "+phase, func() bool {
+			for _, o := range tbls {
+				if !printed(o.Schema + "-" + phase) {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	// logged says the first process logged msg for the outbox o.
+	logged := func(o outbox.Table, msg string) bool {
+		for line := range strings.Lines(procs[0].Stderr()) {
+			if strings.Contains(line, msg) && strings.Contains(line, "outbox="+o.Schema+".outbox") {
+				return true
+			}
+		}
+		return false
+	}
+	flows("before")
+
+	proxy.Refuse(true)
+	proxy.Cut()
+	flows("during")
+	for _, o := range []outbox.Table{a, b} {
+		dbtest.Eventually(t, time.Minute, "the outage met in "+o.Schema, func() bool { return logged(o, "redis does not answer") })
+	}
+	code, out, errOut = runOnce(t, "topics", "trip", "orders", "--outbox", a.Schema, "--admin-url", addrs[0], "--reason", "during the outage")
+	require.Equal(t, 0, code, "%s%s", out, errOut)
+	require.True(t, trippedIn(t, a, "orders", addrs[0]), "tripped where it was made")
+	require.False(t, trippedIn(t, a, "orders", addrs[1]), "the other process cannot know yet")
+	require.Equal(t, http.StatusOK, readyz(strings.TrimPrefix(addrs[0], "http://")), "Redis is no reason to stop")
+	// Tenant b has nothing more to send: its sweeper parks, and ticks no
+	// more.
+	dbtest.Eventually(t, time.Minute, "tenant b parked", func() bool { return parkedIn(t, b, addrs[0]) })
+
+	proxy.Refuse(false)
+	dbtest.Eventually(t, time.Minute, "a's trip shared once Redis answers", func() bool { return trippedIn(t, a, "orders", addrs[1]) })
+	dbtest.Eventually(t, time.Minute, "b's breaker back on Redis", func() bool { return logged(b, "redis answers again") })
+	code, out, errOut = runOnce(t, "topics", "trip", "orders", "--outbox", b.Schema, "--admin-url", addrs[1], "--reason", "after the outage")
+	require.Equal(t, 0, code, "%s%s", out, errOut)
+	require.True(t, trippedIn(t, b, "orders", addrs[0]), "the first process reads b's trip from Redis")
+	for _, o := range []outbox.Table{a, b} {
+		writeTenant(t, o, "orders", o.Schema+"-orders")
+	}
+	flows("after")
+	for _, o := range []outbox.Table{a, b} {
+		dbtest.Eventually(t, time.Minute, o.Schema+"'s orders row alone outstanding", func() bool { return dbtest.Outstanding(t, o) == 1 })
+		require.False(t, printed(o.Schema+"-orders"), "%s's tripped orders was sent", o.Schema)
+	}
+	for _, p := range procs {
+		require.Equal(t, 0, p.terminate(t, time.Minute))
 	}
 }
 
