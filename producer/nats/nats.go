@@ -217,7 +217,7 @@ func (p *Producer) Batches(ctx context.Context, topic string, msgs []producer.Me
 	}
 	var rej producer.Rejections
 	valid := rej.Keep(msgs, func(m *producer.Message) (string, error) {
-		if _, reason, err := toMsg(m); err != nil {
+		if _, reason, err := toMsg(m, true); err != nil {
 			return reason, err
 		}
 		if n := sizeOf(m); limit > 0 && int64(n) > limit {
@@ -264,7 +264,7 @@ func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 	msgs := make([]*natsgo.Msg, len(b.Messages))
 	var rej producer.Rejections
 	for i := range b.Messages {
-		m, reason, err := toMsg(&b.Messages[i])
+		m, reason, err := toMsg(&b.Messages[i], false)
 		if err != nil {
 			rej.Add(b.Messages[i].ID, reason, err)
 			continue

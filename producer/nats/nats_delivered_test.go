@@ -239,9 +239,7 @@ func newGatedFixture(t *testing.T) *gatedFixture {
 	return g
 }
 
-// send sends msgs in a goroutine of its own. The batch holds a copy of the
-// rows: Send keeps the NATS message it builds on each (Message.Prepared),
-// which the test's reads of msgs would race with.
+// send sends msgs in a goroutine of its own, in a batch of its own.
 func (g *gatedFixture) send(ctx context.Context, msgs []producer.Message) <-chan error {
 	sent := make(chan error, 1)
 	b := producer.Batch{Topic: g.topic, Messages: slices.Clone(msgs)}

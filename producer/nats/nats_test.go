@@ -83,7 +83,11 @@ func TestSendMapsEveryField(t *testing.T) {
 		Headers: []byte(`{"tenant":"acme","n":2,"nested":{"a":1},"big":1234567890123456789}`), ContentType: "application/json",
 		CorrelationID: "req-1", PartitionKey: "order-42",
 	}
-	require.NoError(t, f.p.Send(context.Background(), producer.Batch{Topic: subj, Messages: []producer.Message{m}}))
+	batch := producer.Batch{Topic: subj, Messages: []producer.Message{m}}
+	require.NoError(t, f.p.Send(context.Background(), batch))
+	// The batch's messages are the caller's: Send builds its own without
+	// writing into them (only Batches sets Prepared).
+	require.Nil(t, batch.Messages[0].Prepared, "Send wrote into its caller's message")
 	got := f.stored(t, 1)[0]
 	require.Equal(t, subj, got.Subject())
 	require.Equal(t, m.Payload, got.Data())
