@@ -92,7 +92,7 @@ bench-tenants:
 
 bench-binary:
 	scripts/services.sh test
-	$(LOADENV) go test -run '^$$' -bench 'DrainBinary|Latency' -benchtime 1x -count 3 -timeout 30m ./test/bench/ | tee bench.out
+	$(LOADENV) go test -run '^$$' -bench '^Benchmark(DrainBinary|Latency)' -benchtime 1x -count 3 -timeout 30m ./test/bench/ | tee bench.out
 	go run $(BENCHSTAT) bench.out
 
 bench:
