@@ -3,6 +3,7 @@ package breaker_test
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"sync"
 	"syscall"
 	"testing"
@@ -162,16 +163,11 @@ func TestRedisOutageFallsBackAndReconciles(t *testing.T) {
 	t.Parallel()
 	url, stop, start := brokertest.StartRedis(t)
 	client := brokertest.RedisClient(t, url)
-	var mu sync.Mutex
-	var events []error
+	var told redisErrors
 	// Redis is stopped, not hung: calls fail at once, so the op timeout only
 	// has to outlast a busy machine while it is up.
 	b, err := breaker.NewRedis(breaker.RedisConfig{Client: client, Prefix: "outage", Instance: "one",
-		OpTimeout: patientOp, OnRedisError: func(err error) {
-			mu.Lock()
-			defer mu.Unlock()
-			events = append(events, err)
-		}})
+		OpTimeout: patientOp, OnRedisError: told.add})
 	require.NoError(t, err)
 
 	b.Trip("before", "tripped while Redis was up")
@@ -182,16 +178,14 @@ func TestRedisOutageFallsBackAndReconciles(t *testing.T) {
 	b.Failure("during", p.Gen("during"), false, "broker down")
 	b.OnTick() // Redis still down: stays local, and counts the cooldown locally
 	require.Contains(t, b.Plan().Excluded, "during")
-	mu.Lock()
+	events := told.list()
 	require.Len(t, events, 1, "logged once")
 	require.Error(t, events[0])
-	mu.Unlock()
 
 	start()
 	require.Eventually(t, func() bool { b.OnTick(); return !b.Degraded() }, 60*time.Second, 50*time.Millisecond)
-	mu.Lock()
+	events = told.list()
 	require.Nil(t, events[len(events)-1], "told that Redis is back")
-	mu.Unlock()
 	st := b.Tripped()
 	require.Len(t, st, 1, "only the trip made during the outage is copied")
 	require.Equal(t, "during", st[0].Topic)
@@ -320,19 +314,14 @@ func TestRedisOutageEndsWithoutATick(t *testing.T) {
 	t.Parallel()
 	url, stop, start := brokertest.StartRedis(t)
 	client := brokertest.RedisClient(t, url)
-	var mu sync.Mutex
-	var events []error
+	var told redisErrors
 	mk := func(instance string, onErr func(error)) *breaker.Redis {
 		b, err := breaker.NewRedis(breaker.RedisConfig{Client: client, Prefix: "untickled", Instance: instance,
 			OpTimeout: patientOp, RetryEvery: 20 * time.Millisecond, OnRedisError: onErr})
 		require.NoError(t, err)
 		return b
 	}
-	one := mk("one", func(err error) {
-		mu.Lock()
-		defer mu.Unlock()
-		events = append(events, err)
-	})
+	one := mk("one", told.add)
 	two := mk("two", nil)
 	stop()
 	one.Trip("orders", "during the outage")
@@ -343,9 +332,27 @@ func TestRedisOutageEndsWithoutATick(t *testing.T) {
 		"the trip reached Redis with no tick")
 	require.Eventually(t, func() bool { return !one.Degraded() }, 60*time.Second, 10*time.Millisecond)
 	one.OnTick() // a tick after the retry: Redis is not told back twice
-	mu.Lock()
-	defer mu.Unlock()
+	events := told.list()
 	require.Len(t, events, 2, "down once, back once: %v", events)
 	require.Error(t, events[0])
 	require.NoError(t, events[1])
+}
+
+// redisErrors records what a breaker's OnRedisError is told, from any
+// goroutine.
+type redisErrors struct {
+	mu     sync.Mutex
+	events []error
+}
+
+func (r *redisErrors) add(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, err)
+}
+
+func (r *redisErrors) list() []error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.events)
 }

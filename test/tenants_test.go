@@ -42,6 +42,20 @@ func tenantSchemas(t *testing.T, base string, n int) []outbox.Table {
 	return tbls
 }
 
+// migratedTenants creates n tenant schemas (tenantSchemas) and migrates them
+// with the binary's `migrate --schemas`, and returns the pattern that names
+// them and their outbox tables.
+func migratedTenants(t *testing.T, n int) (string, []outbox.Table) {
+	t.Helper()
+	base := dbtest.Schema(t)
+	tbls := tenantSchemas(t, base, n)
+	pattern := base + "_t*"
+	code, out, errOut := runOnce(t, "migrate", "--database-url", dbtest.URL(t), "--schemas", pattern)
+	require.Equal(t, 0, code, "migrate --schemas: %s%s", out, errOut)
+	require.Contains(t, out, fmt.Sprintf("%d schemas matching %q migrated", n, pattern))
+	return pattern, tbls
+}
+
 // Two processes of the binary relay 200 tenant schemas (migrated by `migrate
 // --schemas`) into RabbitMQ under {schema}.{topic}, while the application
 // writes into 20 of them and one process is killed with SIGKILL three times:
@@ -60,11 +74,7 @@ func TestSchemasRelayTenantsThroughRabbitMQAcrossKills(t *testing.T) {
 		writeTime = 15 * time.Second
 	)
 	ctx := context.Background()
-	base := dbtest.Schema(t)
-	tbls := tenantSchemas(t, base, tenants)
-	code, out, errOut := runOnce(t, "migrate", "--database-url", dbtest.URL(t), "--schemas", base+"_t*")
-	require.Equal(t, 0, code, "migrate --schemas: %s%s", out, errOut)
-	require.Contains(t, out, fmt.Sprintf("%d schemas matching %q migrated", tenants, base+"_t*"))
+	pattern, tbls := migratedTenants(t, tenants)
 
 	rng := rand.New(rand.NewPCG(5, 6))
 	busy := map[string]outbox.Table{}
@@ -84,14 +94,14 @@ func TestSchemasRelayTenantsThroughRabbitMQAcrossKills(t *testing.T) {
 	exchange := brokertest.Name("outbox_tenants")
 	rc := consumeRabbitMQ(t, url, exchange, destinations)
 
-	appName := "sweeper-" + base
+	appName := "sweeper-" + tbls[0].Schema // the test's own
 	dbURL := dbtest.URL(t)
 	if strings.Contains(dbURL, "?") {
 		dbURL += "&application_name=" + appName
 	} else {
 		dbURL += "?application_name=" + appName
 	}
-	args := []string{"run", "--database-url", dbURL, "--schemas", base + "_t*", "--producer", "rabbitmq",
+	args := []string{"run", "--database-url", dbURL, "--schemas", pattern, "--producer", "rabbitmq",
 		"--rabbitmq-url", url, "--rabbitmq-exchange", exchange, "--destination", "{schema}.{topic}",
 		"--max-connections", fmt.Sprint(budget), "--tick", "100ms", "--page-size", "200"}
 	procs := []*proc{start(t, nil, args...), start(t, nil, args...)}
@@ -259,12 +269,9 @@ func TestDatabasesFileIsReadAgainOnSIGHUP(t *testing.T) {
 // --metrics-outboxes names, and not for the other, healthy one.
 func TestSchemasExportTheBudgetsPool(t *testing.T) {
 	t.Parallel()
-	base := dbtest.Schema(t)
-	tbls := tenantSchemas(t, base, 2)
-	code, out, errOut := runOnce(t, "migrate", "--database-url", dbtest.URL(t), "--schemas", base+"_t*")
-	require.Equal(t, 0, code, "%s%s", out, errOut)
+	pattern, tbls := migratedTenants(t, 2)
 	addr := fmt.Sprintf("127.0.0.1:%d", dbtest.FreePort(t))
-	p := start(t, nil, "run", "--database-url", dbtest.URL(t), "--schemas", base+"_t*", "--max-connections", "6",
+	p := start(t, nil, "run", "--database-url", dbtest.URL(t), "--schemas", pattern, "--max-connections", "6",
 		"--producer", "stdout", "--admin-addr", addr, "--metrics-outboxes", tbls[0].Schema)
 	dbtest.Eventually(t, 2*time.Minute, "ready", func() bool { return readyz(addr) == http.StatusOK })
 	scrape := func() string { return scrape(t, addr) }
@@ -287,24 +294,21 @@ func TestSchemasExportTheBudgetsPool(t *testing.T) {
 // flows.
 func TestSchemasShareEachTenantsBreakerThroughRedis(t *testing.T) {
 	t.Parallel()
-	base := dbtest.Schema(t)
-	tbls := tenantSchemas(t, base, 2)
+	pattern, tbls := migratedTenants(t, 2)
 	a, b := tbls[0], tbls[1]
-	code, out, errOut := runOnce(t, "migrate", "--database-url", dbtest.URL(t), "--schemas", base+"_t*")
-	require.Equal(t, 0, code, "%s%s", out, errOut)
 	var procs []*proc
 	var addrs []string
 	for range 2 {
 		addr := fmt.Sprintf("127.0.0.1:%d", dbtest.FreePort(t))
 		addrs = append(addrs, "http://"+addr)
-		procs = append(procs, start(t, nil, "run", "--database-url", dbtest.URL(t), "--schemas", base+"_t*",
+		procs = append(procs, start(t, nil, "run", "--database-url", dbtest.URL(t), "--schemas", pattern,
 			"--producer", "stdout", "--admin-addr", addr, "--redis-url", brokertest.RedisURL(t), "--tick", "100ms",
 			// The trip outlasts the test: a cooldown that ran out would let
 			// the rows it holds back go.
 			"--topic-cooldown-ticks", "100000", "--topic-cooldown-max-ticks", "100000"))
 		dbtest.Eventually(t, 2*time.Minute, "ready", func() bool { return readyz(addr) == http.StatusOK })
 	}
-	code, out, errOut = runOnce(t, "topics", "trip", "orders", "--outbox", a.Schema, "--admin-url", addrs[0], "--reason", "a test")
+	code, out, errOut := runOnce(t, "topics", "trip", "orders", "--outbox", a.Schema, "--admin-url", addrs[0], "--reason", "a test")
 	require.Equal(t, 0, code, "%s%s", out, errOut)
 	tripped := func(o outbox.Table, admin string) bool { return trippedIn(t, o, "orders", admin) }
 	require.True(t, tripped(a, addrs[1]), "the other process sees a's trip")
@@ -397,11 +401,8 @@ func parkedIn(t *testing.T, o outbox.Table, admin string) bool {
 // holds its rows back in both.
 func TestSchemasRelayOnThroughARedisOutage(t *testing.T) {
 	t.Parallel()
-	base := dbtest.Schema(t)
-	tbls := tenantSchemas(t, base, 3)
+	pattern, tbls := migratedTenants(t, 3)
 	a, b := tbls[0], tbls[1]
-	code, out, errOut := runOnce(t, "migrate", "--database-url", dbtest.URL(t), "--schemas", base+"_t*")
-	require.Equal(t, 0, code, "%s%s", out, errOut)
 	redisURL := brokertest.RedisURL(t)
 	proxy := tcpproxy.New(t, brokertest.HostPort(t, redisURL))
 	// The first process reaches Redis through the proxy, the second
@@ -411,7 +412,7 @@ func TestSchemasRelayOnThroughARedisOutage(t *testing.T) {
 	for _, via := range []string{brokertest.WithHost(t, redisURL, proxy.Addr()), redisURL} {
 		addr := fmt.Sprintf("127.0.0.1:%d", dbtest.FreePort(t))
 		addrs = append(addrs, "http://"+addr)
-		procs = append(procs, start(t, nil, "run", "--database-url", dbtest.URL(t), "--schemas", base+"_t*",
+		procs = append(procs, start(t, nil, "run", "--database-url", dbtest.URL(t), "--schemas", pattern,
 			"--producer", "stdout", "--admin-addr", addr, "--redis-url", via, "--tick", "100ms",
 			// The trips outlast the test.
 			"--topic-cooldown-ticks", "100000", "--topic-cooldown-max-ticks", "100000"))
@@ -449,7 +450,7 @@ func TestSchemasRelayOnThroughARedisOutage(t *testing.T) {
 	for _, o := range []outbox.Table{a, b} {
 		dbtest.Eventually(t, time.Minute, "the outage met in "+o.Schema, func() bool { return logged(o, "redis does not answer") })
 	}
-	code, out, errOut = runOnce(t, "topics", "trip", "orders", "--outbox", a.Schema, "--admin-url", addrs[0], "--reason", "during the outage")
+	code, out, errOut := runOnce(t, "topics", "trip", "orders", "--outbox", a.Schema, "--admin-url", addrs[0], "--reason", "during the outage")
 	require.Equal(t, 0, code, "%s%s", out, errOut)
 	require.True(t, trippedIn(t, a, "orders", addrs[0]), "tripped where it was made")
 	require.False(t, trippedIn(t, a, "orders", addrs[1]), "the other process cannot know yet")
