@@ -46,8 +46,8 @@ type RedisConfig struct {
 	// OpTimeout bounds each Redis call. Defaults to OpTimeoutDefault.
 	OpTimeout time.Duration
 	// RetryEvery is how often a breaker working on local state tries Redis
-	// again by itself, whether or not its sweeper ticks (see retry).
-	// Defaults to RetryEveryDefault.
+	// again when asked for a plan or its list, whether or not its sweeper
+	// ticks (see degradedNow). Defaults to RetryEveryDefault.
 	RetryEvery time.Duration
 	// OnRedisError is called once when Redis stops answering (the breaker then
 	// works on local state) and once with nil when it answers again.
@@ -77,8 +77,8 @@ type RedisConfig struct {
 // Every multi-key update runs as one Lua script, so instances never see half an
 // update. If Redis does not answer, the breaker works on local state: a [Topics]
 // that has received the same reports all along. It tries Redis again at the next
-// tick and every RetryEvery (whichever comes first), and when it answers, copies
-// the topics tripped locally meanwhile to Redis.
+// tick, or at a plan or a list once RetryEvery has passed, and when it answers,
+// copies the topics tripped locally meanwhile to Redis.
 // Redis never becomes a reason to stop relaying.
 type Redis struct {
 	cfg    RedisConfig
@@ -87,8 +87,8 @@ type Redis struct {
 
 	mu       sync.Mutex
 	degraded bool
-	// retrying says retry runs.
-	retrying bool
+	// tried is when Redis was last tried while degraded (degradedNow).
+	tried time.Time
 	// planLocal says the last plan came from the local shadow, so its
 	// generations are the shadow's.
 	planLocal bool
@@ -166,41 +166,44 @@ func (r *Redis) fail(err error) {
 	r.mu.Lock()
 	first := !r.degraded
 	r.degraded = true
-	idle := !r.retrying
-	r.retrying = true
+	r.tried = time.Now()
 	r.mu.Unlock()
 	if first && r.cfg.OnRedisError != nil {
 		r.cfg.OnRedisError(err)
 	}
-	if idle {
-		go r.retry()
-	}
 }
 
-// retry tries Redis again every RetryEvery while the breaker works on local
-// state, and ends once Redis answers and what changed locally meanwhile is
-// copied there. A tick tries too (OnTick), but not every outbox ticks: a
-// relay of many outboxes parks an idle one, whose sweeper waits for a
-// commit, and a topic an operator tripped through this process during the
-// outage stayed in this process alone for as long as the outbox had nothing
-// to send, while the other instances, on Redis, would send the topic's next
-// rows. It also ends the local plans of an outbox that wakes long after
-// Redis came back, which would miss what other instances tripped since.
-func (r *Redis) retry() {
-	t := time.NewTicker(r.cfg.RetryEvery)
-	defer t.Stop()
-	for range t.C {
-		ctx, cancel := r.ctx()
-		err := r.reconcile(ctx)
-		cancel()
-		r.mu.Lock()
-		if err == nil && !r.degraded {
-			r.retrying = false
-			r.mu.Unlock()
-			return
-		}
-		r.mu.Unlock()
+// TryAgain tries Redis again, if the breaker works on local state and
+// RetryEvery has passed since the last try, and copies there what changed
+// locally meanwhile. A relay of many outboxes calls it for each, every
+// second: an outbox it has parked neither ticks nor plans, and a topic an
+// operator tripped through it during an outage would stay in this process
+// alone, while the other instances, on Redis, sent the topic's next rows.
+func (r *Redis) TryAgain() { r.degradedNow() }
+
+// degradedNow reports whether the breaker works on local state, having first
+// tried Redis again (and copied there what changed locally meanwhile) if
+// RetryEvery has passed since the last try. A tick tries too (OnTick), but
+// not every outbox ticks: a relay of many outboxes parks an idle one, whose
+// sweeper waits for a commit, and the first plan of such an outbox after
+// Redis came back, and its admin API's list, came from the local copy, blind
+// to what other instances had tripped since, for as long as it had parked.
+// Not in a goroutine of its own: the breaker has no end to stop one at.
+func (r *Redis) degradedNow() bool {
+	r.mu.Lock()
+	due := r.degraded && time.Since(r.tried) >= r.cfg.RetryEvery
+	if due {
+		r.tried = time.Now()
 	}
+	degraded := r.degraded
+	r.mu.Unlock()
+	if !due {
+		return degraded
+	}
+	ctx, cancel := r.ctx()
+	defer cancel()
+	_ = r.reconcile(ctx) // a failure keeps the local state, until the next try
+	return r.isDegraded()
 }
 
 // remote is a topic as the shared state holds it.
@@ -387,14 +390,14 @@ func (r *Redis) reconcile(ctx context.Context) error {
 	}
 	r.mu.Lock()
 	// A trip or reset made while this ran is still local only: it stays
-	// pending, and the instance stays degraded until a tick or retry copies
+	// pending, and the instance stays degraded until a later try copies
 	// it.
 	for topic, tripped := range pending {
 		if now, ok := r.pending[topic]; ok && now == tripped {
 			delete(r.pending, topic)
 		}
 	}
-	// A tick and retry may both get here: the one that ends the outage
+	// A tick and a plan may both get here: the one that ends the outage
 	// tells of it.
 	was := r.degraded
 	r.degraded = len(r.pending) > 0
@@ -440,7 +443,7 @@ func (r *Redis) load(ctx context.Context) (map[string]remote, map[string]uint64,
 // one round trip: a flood's topics come out of their cooldown together, and a
 // claim each would cost a round trip each.
 func (r *Redis) Plan() Plan {
-	if r.isDegraded() {
+	if r.degradedNow() {
 		return r.localPlan()
 	}
 	ctx, cancel := r.ctx()
@@ -628,7 +631,7 @@ func (r *Redis) Reset(topic string) {
 // Tripped lists the shared state's topics that are not closed, or the local
 // ones while Redis does not answer.
 func (r *Redis) Tripped() []TopicStatus {
-	if r.isDegraded() {
+	if r.degradedNow() {
 		return r.local.Tripped()
 	}
 	ctx, cancel := r.ctx()

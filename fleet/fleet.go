@@ -358,6 +358,7 @@ func (f *Fleet) follow(ctx context.Context) {
 			}
 			reconcile = time.Now().Add(f.opts.Reconcile)
 		}
+		f.breakersTryAgain()
 		wait := time.NewTimer(min(time.Until(discover), time.Until(reconcile), time.Second))
 		select {
 		case <-ctx.Done():
@@ -368,6 +369,32 @@ func (f *Fleet) follow(ctx context.Context) {
 		case <-wait.C:
 		}
 		wait.Stop()
+	}
+}
+
+// sharedBreaker is a topic breaker shared through Redis (breaker.Redis),
+// which works on local state while Redis does not answer.
+type sharedBreaker interface {
+	Degraded() bool
+	TryAgain()
+}
+
+// breakersTryAgain has every outbox's breaker that works on local state try
+// Redis again. A breaker tries at its outbox's ticks and plans, but a parked
+// outbox has neither: a trip an operator made through it during a Redis
+// outage would stay in this process until its next commit, whose sweep the
+// other instances, on Redis, may win, and send the tripped topic's rows.
+func (f *Fleet) breakersTryAgain() {
+	f.mu.Lock()
+	var degraded []sharedBreaker
+	for _, m := range f.members {
+		if b, ok := m.sweeper.TopicBreaker().(sharedBreaker); ok && b.Degraded() {
+			degraded = append(degraded, b)
+		}
+	}
+	f.mu.Unlock()
+	for _, b := range degraded {
+		b.TryAgain()
 	}
 }
 

@@ -461,6 +461,8 @@ func TestSchemasRelayOnThroughARedisOutage(t *testing.T) {
 
 	proxy.Refuse(false)
 	dbtest.Eventually(t, time.Minute, "a's trip shared once Redis answers", func() bool { return trippedIn(t, a, "orders", addrs[1]) })
+	// b's breaker is asked nothing (its sweeper parked, the test calls no
+	// API of the first process): the fleet has it try Redis again.
 	dbtest.Eventually(t, time.Minute, "b's breaker back on Redis", func() bool { return logged(b, "redis answers again") })
 	code, out, errOut = runOnce(t, "topics", "trip", "orders", "--outbox", b.Schema, "--admin-url", addrs[1], "--reason", "after the outage")
 	require.Equal(t, 0, code, "%s%s", out, errOut)
