@@ -179,7 +179,11 @@ func (r *Redis) fail(err error) {
 // second: an outbox it has parked neither ticks nor plans, and a topic an
 // operator tripped through it during an outage would stay in this process
 // alone, while the other instances, on Redis, sent the topic's next rows.
-func (r *Redis) TryAgain() { r.degradedNow() }
+// It reports whether it tried.
+func (r *Redis) TryAgain() bool {
+	tried, _ := r.tryAgain()
+	return tried
+}
 
 // degradedNow reports whether the breaker works on local state, having first
 // tried Redis again (and copied there what changed locally meanwhile) if
@@ -190,20 +194,26 @@ func (r *Redis) TryAgain() { r.degradedNow() }
 // to what other instances had tripped since, for as long as it had parked.
 // Not in a goroutine of its own: the breaker has no end to stop one at.
 func (r *Redis) degradedNow() bool {
+	_, degraded := r.tryAgain()
+	return degraded
+}
+
+// tryAgain is degradedNow, and says whether it tried.
+func (r *Redis) tryAgain() (tried, degraded bool) {
 	r.mu.Lock()
 	due := r.degraded && time.Since(r.tried) >= r.cfg.RetryEvery
 	if due {
 		r.tried = time.Now()
 	}
-	degraded := r.degraded
+	degraded = r.degraded
 	r.mu.Unlock()
 	if !due {
-		return degraded
+		return false, degraded
 	}
 	ctx, cancel := r.ctx()
 	defer cancel()
 	_ = r.reconcile(ctx) // a failure keeps the local state, until the next try
-	return r.isDegraded()
+	return true, r.isDegraded()
 }
 
 // remote is a topic as the shared state holds it.

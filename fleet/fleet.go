@@ -376,7 +376,7 @@ func (f *Fleet) follow(ctx context.Context) {
 // which works on local state while Redis does not answer.
 type sharedBreaker interface {
 	Degraded() bool
-	TryAgain()
+	TryAgain() (tried bool)
 }
 
 // breakersTryAgain has every outbox's breaker that works on local state try
@@ -384,6 +384,14 @@ type sharedBreaker interface {
 // outbox has neither: a trip an operator made through it during a Redis
 // outage would stay in this process until its next commit, whose sweep the
 // other instances, on Redis, may win, and send the tripped topic's rows.
+//
+// The breakers share one Redis: once one has tried and still works on local
+// state, Redis does not answer yet, and the others wait for the next pass
+// (one that tried a moment ago at its own tick or plan is not tried again).
+// A hung Redis then costs the pass one call's timeout, not one per outbox
+// (a thousand tenants' breakers tried in turn would hold up discovery and
+// reconciliation for minutes). The members come in the map's random order,
+// so no one outbox's failure keeps the others from their turn.
 func (f *Fleet) breakersTryAgain() {
 	f.mu.Lock()
 	var degraded []sharedBreaker
@@ -394,7 +402,9 @@ func (f *Fleet) breakersTryAgain() {
 	}
 	f.mu.Unlock()
 	for _, b := range degraded {
-		b.TryAgain()
+		if b.TryAgain() && b.Degraded() {
+			return
+		}
 	}
 }
 

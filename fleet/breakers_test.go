@@ -1,0 +1,71 @@
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outbox-sweeper/sweeper/breaker"
+	"github.com/outbox-sweeper/sweeper/outbox"
+	"github.com/outbox-sweeper/sweeper/producer/memory"
+)
+
+// sharedFake is a topic breaker shared through a Redis the test controls:
+// degraded until TryAgain finds Redis answering.
+type sharedFake struct {
+	*breaker.Topics
+	redis    *bool // whether Redis answers
+	degraded bool
+	tries    int
+}
+
+func (b *sharedFake) Degraded() bool { return b.degraded }
+
+func (b *sharedFake) TryAgain() bool {
+	b.tries++
+	b.degraded = !*b.redis
+	return true
+}
+
+// While Redis does not answer, a pass of the fleet tries one degraded
+// breaker, not every one: they share the Redis, and a hung one would cost
+// each its call's timeout, a thousand tenants' in turn. Once it answers,
+// one pass brings every one back.
+func TestDegradedBreakersTryRedisOneAPassWhileItIsDown(t *testing.T) {
+	pool, err := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:1/none") // never dialled
+	require.NoError(t, err)
+	defer pool.Close()
+	f := &Fleet{members: map[string]*member{}}
+	redis := false
+	var fakes []*sharedFake
+	for i := range 5 {
+		b := &sharedFake{Topics: breaker.New(breaker.Settings{}), redis: &redis, degraded: true}
+		tbl := outbox.Table{Schema: fmt.Sprint("tenant_", i), Name: "outbox"}
+		s, err := outbox.NewSweeper(pool, memory.New(memory.Config{}), outbox.Config{Table: tbl, TopicBreaker: b})
+		require.NoError(t, err)
+		f.members[tbl.String()] = &member{sweeper: s}
+		fakes = append(fakes, b)
+	}
+	tries := func() (n int) {
+		for _, b := range fakes {
+			n += b.tries
+		}
+		return n
+	}
+	f.breakersTryAgain()
+	require.Equal(t, 1, tries(), "Redis down: one breaker tried")
+	f.breakersTryAgain()
+	require.Equal(t, 2, tries())
+
+	redis = true
+	f.breakersTryAgain()
+	for i, b := range fakes {
+		require.False(t, b.Degraded(), "breaker %d still on local state", i)
+	}
+	before := tries()
+	f.breakersTryAgain()
+	require.Equal(t, before, tries(), "none degraded, none tried")
+}
