@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -740,6 +741,8 @@ func TestUnreachableTellsAnOutageFromAFailedStatement(t *testing.T) {
 		{&pgconn.PgError{Code: "42P01"}, false}, // undefined_table
 		{&pgconn.PgError{Code: "57014"}, false}, // query_canceled: a timeout, not an outage
 		{context.Canceled, false},
+		{fmt.Errorf("list dead letters: %w", context.DeadlineExceeded), false}, // a slow statement: no outage
+		{&net.OpError{Op: "read", Err: os.ErrDeadlineExceeded}, false},
 		{errors.New("something else"), false},
 	} {
 		require.Equal(t, c.want, admin.Unreachable(c.err), "%v", c.err)

@@ -193,9 +193,15 @@ func (a *api) internal(w http.ResponseWriter, r *http.Request, err error) {
 	if unreachable(err) {
 		name := databaseName(err, a.cfg.Pool)
 		a.cfg.Logger.Warn("admin API call failed: database unreachable", "method", r.Method, "path", r.URL.Path, "database", name, "err", err)
+		// A read changed nothing; a change whose connection broke after
+		// its statement went may have been made.
+		outcome := "nothing was read or changed; call again"
+		if r.Method != http.MethodGet && r.Method != http.MethodHead && !unsent(err) {
+			outcome = "the change may or may not have been made: look (GET) before calling again"
+		}
 		w.Header().Set("Retry-After", "5")
 		writeJSON(w, http.StatusServiceUnavailable, errorBody{fmt.Sprintf(
-			"database %s is unreachable: nothing was read or changed; call again once GET /readyz answers 200 (the sweeper's log says why it is down)", quoteShort(name))})
+			"database %s is unreachable: %s once GET /readyz answers 200 (the sweeper's log says why it is down)", quoteShort(name), outcome)})
 		return
 	}
 	a.cfg.Logger.Error("admin API call failed", "method", r.Method, "path", r.URL.Path, "err", err)

@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -16,6 +17,12 @@ import (
 // statement. These pass by themselves, or with the operator's fix of the
 // database; a statement's own failure is a bug to report.
 func unreachable(err error) bool {
+	// A deadline or a cancellation is the caller's, or a statement too slow
+	// for it: a database that answers slowly is no outage to wait out.
+	// (context.DeadlineExceeded is a net.Error too.)
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return false
+	}
 	var connect *pgconn.ConnectError
 	if errors.As(err, &connect) {
 		return true
@@ -27,7 +34,18 @@ func unreachable(err error) bool {
 		return strings.HasPrefix(pg.Code, "08") || pg.Code == "57P01" || pg.Code == "57P02" || pg.Code == "57P03"
 	}
 	var netErr net.Error
-	return errors.As(err, &netErr) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed)
+	if errors.As(err, &netErr) {
+		return !netErr.Timeout()
+	}
+	return errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed)
+}
+
+// unsent reports whether err came before anything reached the database (no
+// connection, or pgx knows the statement was not sent): a change asked for
+// was not made, and the call can be made again as it was.
+func unsent(err error) bool {
+	var connect *pgconn.ConnectError
+	return errors.As(err, &connect) || pgconn.SafeToRetry(err)
 }
 
 // databaseError is an error of a statement on one database, of the several a

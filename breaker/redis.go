@@ -46,7 +46,7 @@ type RedisConfig struct {
 	// OpTimeout bounds each Redis call. Defaults to OpTimeoutDefault.
 	OpTimeout time.Duration
 	// RetryEvery is how often a breaker working on local state tries Redis
-	// again when asked for a plan or its list, whether or not its sweeper
+	// again when asked for a plan or by TryAgain, whether or not its sweeper
 	// ticks (see degradedNow). Defaults to RetryEveryDefault.
 	RetryEvery time.Duration
 	// OnRedisError is called once when Redis stops answering (the breaker then
@@ -77,8 +77,8 @@ type RedisConfig struct {
 // Every multi-key update runs as one Lua script, so instances never see half an
 // update. If Redis does not answer, the breaker works on local state: a [Topics]
 // that has received the same reports all along. It tries Redis again at the next
-// tick, or at a plan or a list once RetryEvery has passed, and when it answers,
-// copies the topics tripped locally meanwhile to Redis.
+// tick, or at a plan or TryAgain once RetryEvery has passed, and when it
+// answers, copies the topics tripped locally meanwhile to Redis.
 // Redis never becomes a reason to stop relaying.
 type Redis struct {
 	cfg    RedisConfig
@@ -190,8 +190,8 @@ func (r *Redis) TryAgain() bool {
 // RetryEvery has passed since the last try. A tick tries too (OnTick), but
 // not every outbox ticks: a relay of many outboxes parks an idle one, whose
 // sweeper waits for a commit, and the first plan of such an outbox after
-// Redis came back, and its admin API's list, came from the local copy, blind
-// to what other instances had tripped since, for as long as it had parked.
+// Redis came back came from the local copy, blind to what other instances
+// had tripped since, for as long as it had parked.
 // Not in a goroutine of its own: the breaker has no end to stop one at.
 func (r *Redis) degradedNow() bool {
 	_, degraded := r.tryAgain()
@@ -359,7 +359,14 @@ func (r *Redis) OnTick() {
 	r.local.OnTick()
 	ctx, cancel := r.ctx()
 	defer cancel()
-	if r.isDegraded() {
+	r.mu.Lock()
+	degraded := r.degraded
+	if degraded {
+		// The sweep's plan, right after, need not try again.
+		r.tried = time.Now()
+	}
+	r.mu.Unlock()
+	if degraded {
 		if err := r.reconcile(ctx); err != nil {
 			return
 		}
@@ -641,7 +648,11 @@ func (r *Redis) Reset(topic string) {
 // Tripped lists the shared state's topics that are not closed, or the local
 // ones while Redis does not answer.
 func (r *Redis) Tripped() []TopicStatus {
-	if r.degradedNow() {
+	// Not degradedNow: the metrics and the admin API list every outbox's
+	// breaker, and against a hung Redis a try each would cost them a call's
+	// timeout per outbox. A relay of many has its parked outboxes' breakers
+	// try (TryAgain), one a pass while Redis does not answer.
+	if r.isDegraded() {
 		return r.local.Tripped()
 	}
 	ctx, cancel := r.ctx()
