@@ -748,3 +748,20 @@ func TestUnreachableTellsAnOutageFromAFailedStatement(t *testing.T) {
 		require.Equal(t, c.want, admin.Unreachable(c.err), "%v", c.err)
 	}
 }
+
+// A change whose connection broke after its statement went may have been
+// made: its 503 says to look before calling again, where a read's says to
+// call again as it was.
+func TestAChangeCutOffMidwaySaysItMayHaveBeenMade(t *testing.T) {
+	t.Parallel()
+	cut := fmt.Errorf("replay dead letters: %w", io.ErrUnexpectedEOF)
+	for _, c := range []struct{ method, want string }{
+		{http.MethodPost, "the change may or may not have been made: look (GET) before calling again"},
+		{http.MethodGet, "nothing was read or changed; call again"},
+	} {
+		w := httptest.NewRecorder()
+		admin.Internal(w, httptest.NewRequest(c.method, "/dlq/replay", nil), cut)
+		require.Equal(t, http.StatusServiceUnavailable, w.Code, c.method)
+		require.Contains(t, w.Body.String(), c.want, c.method)
+	}
+}

@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"log/slog"
 	"net/http"
 	"strings"
 
@@ -38,3 +39,8 @@ func FleetRoutePatterns() []string {
 
 // Unreachable is unreachable, for its table of errors.
 var Unreachable = unreachable
+
+// Internal answers err as the API answers a call that failed on it.
+func Internal(w http.ResponseWriter, r *http.Request, err error) {
+	(&api{cfg: Config{Logger: slog.New(slog.DiscardHandler)}}).internal(w, r, err)
+}

@@ -187,8 +187,9 @@ func badRequest(w http.ResponseWriter, format string, args ...any) {
 // internal answers 500 without the cause, which goes to the log; or, when
 // the cause is that the database cannot be reached (a restart, a failover, a
 // network cut), 503 with the database's name, since the operator's next step
-// is then to wait for it or fix it, not to read a stack of errors: nothing
-// was read or changed, and the call can be made again as it was.
+// is then to wait for it or fix it, not to read a stack of errors; and says
+// whether the call can be made again as it was (a read, or a change that
+// never reached the database) or should be looked at first.
 func (a *api) internal(w http.ResponseWriter, r *http.Request, err error) {
 	if unreachable(err) {
 		name := databaseName(err, a.cfg.Pool)

@@ -46,8 +46,8 @@ type RedisConfig struct {
 	// OpTimeout bounds each Redis call. Defaults to OpTimeoutDefault.
 	OpTimeout time.Duration
 	// RetryEvery is how often a breaker working on local state tries Redis
-	// again when asked for a plan or by TryAgain, whether or not its sweeper
-	// ticks (see degradedNow). Defaults to RetryEveryDefault.
+	// again at a plan or TryAgain (a tick always tries). Defaults to
+	// RetryEveryDefault.
 	RetryEvery time.Duration
 	// OnRedisError is called once when Redis stops answering (the breaker then
 	// works on local state) and once with nil when it answers again.
@@ -76,8 +76,8 @@ type RedisConfig struct {
 //
 // Every multi-key update runs as one Lua script, so instances never see half an
 // update. If Redis does not answer, the breaker works on local state: a [Topics]
-// that has received the same reports all along. It tries Redis again at the next
-// tick, or at a plan or TryAgain once RetryEvery has passed, and when it
+// that has received the same reports all along. It tries Redis again at every
+// tick, and at a plan or TryAgain once RetryEvery has passed, and when it
 // answers, copies the topics tripped locally meanwhile to Redis.
 // Redis never becomes a reason to stop relaying.
 type Redis struct {
@@ -87,7 +87,7 @@ type Redis struct {
 
 	mu       sync.Mutex
 	degraded bool
-	// tried is when Redis was last tried while degraded (degradedNow).
+	// tried is when Redis was last tried while degraded (TryAgain).
 	tried time.Time
 	// planLocal says the last plan came from the local shadow, so its
 	// generations are the shadow's.
@@ -175,45 +175,36 @@ func (r *Redis) fail(err error) {
 
 // TryAgain tries Redis again, if the breaker works on local state and
 // RetryEvery has passed since the last try, and copies there what changed
-// locally meanwhile. A relay of many outboxes calls it for each, every
-// second: an outbox it has parked neither ticks nor plans, and a topic an
+// locally meanwhile; it reports whether it tried. A plan calls it first (a
+// tick tries at every tick); so does a relay of many outboxes, every second,
+// for each outbox: one it has parked neither ticks nor plans, and a topic an
 // operator tripped through it during an outage would stay in this process
-// alone, while the other instances, on Redis, sent the topic's next rows.
-// It reports whether it tried.
+// alone, while the other instances, on Redis, sent the topic's next rows;
+// its first plan after Redis came back would come from the local copy, blind
+// to what they had tripped since. The pace bounds what a hung Redis costs a sweep's plan:
+// a call's timeout every RetryEvery. Not in a goroutine of its own: the
+// breaker has no end to stop one at.
 func (r *Redis) TryAgain() bool {
-	tried, _ := r.tryAgain()
+	tried, _ := r.try(false)
 	return tried
 }
 
-// degradedNow reports whether the breaker works on local state, having first
-// tried Redis again (and copied there what changed locally meanwhile) if
-// RetryEvery has passed since the last try. A tick tries too (OnTick), but
-// not every outbox ticks: a relay of many outboxes parks an idle one, whose
-// sweeper waits for a commit, and the first plan of such an outbox after
-// Redis came back came from the local copy, blind to what other instances
-// had tripped since, for as long as it had parked.
-// Not in a goroutine of its own: the breaker has no end to stop one at.
-func (r *Redis) degradedNow() bool {
-	_, degraded := r.tryAgain()
-	return degraded
-}
-
-// tryAgain is degradedNow, and says whether it tried.
-func (r *Redis) tryAgain() (tried, degraded bool) {
+// try tries Redis again while the breaker works on local state, when
+// RetryEvery has passed since the last try or always, and says whether it
+// tried and, if so, whether Redis answered.
+func (r *Redis) try(always bool) (tried bool, err error) {
 	r.mu.Lock()
-	due := r.degraded && time.Since(r.tried) >= r.cfg.RetryEvery
+	due := r.degraded && (always || time.Since(r.tried) >= r.cfg.RetryEvery)
 	if due {
 		r.tried = time.Now()
 	}
-	degraded = r.degraded
 	r.mu.Unlock()
 	if !due {
-		return false, degraded
+		return false, nil
 	}
 	ctx, cancel := r.ctx()
 	defer cancel()
-	_ = r.reconcile(ctx) // a failure keeps the local state, until the next try
-	return true, r.isDegraded()
+	return true, r.reconcile(ctx) // a failure keeps the local state, until the next try
 }
 
 // remote is a topic as the shared state holds it.
@@ -357,20 +348,14 @@ return ''
 // answer copies the local trips to Redis.
 func (r *Redis) OnTick() {
 	r.local.OnTick()
+	// At every tick, not at TryAgain's pace: the local shadow counts the
+	// cooldowns down meanwhile, and a trip that ran out there before Redis
+	// was tried again would never be copied.
+	if _, err := r.try(true); err != nil {
+		return
+	}
 	ctx, cancel := r.ctx()
 	defer cancel()
-	r.mu.Lock()
-	degraded := r.degraded
-	if degraded {
-		// The sweep's plan, right after, need not try again.
-		r.tried = time.Now()
-	}
-	r.mu.Unlock()
-	if degraded {
-		if err := r.reconcile(ctx); err != nil {
-			return
-		}
-	}
 	opened, err := tickScript.Run(ctx, r.cfg.Client, r.keys(), r.cfg.Prefix, r.cfg.Instance, r.cfg.Lease.Milliseconds()).StringSlice()
 	if err != nil {
 		r.fail(fmt.Errorf("topic breaker tick: %w", err))
@@ -460,7 +445,7 @@ func (r *Redis) load(ctx context.Context) (map[string]remote, map[string]uint64,
 // one round trip: a flood's topics come out of their cooldown together, and a
 // claim each would cost a round trip each.
 func (r *Redis) Plan() Plan {
-	if r.degradedNow() {
+	if r.TryAgain(); r.isDegraded() {
 		return r.localPlan()
 	}
 	ctx, cancel := r.ctx()
@@ -648,7 +633,7 @@ func (r *Redis) Reset(topic string) {
 // Tripped lists the shared state's topics that are not closed, or the local
 // ones while Redis does not answer.
 func (r *Redis) Tripped() []TopicStatus {
-	// Not degradedNow: the metrics and the admin API list every outbox's
+	// No TryAgain: the metrics and the admin API list every outbox's
 	// breaker, and against a hung Redis a try each would cost them a call's
 	// timeout per outbox. A relay of many has its parked outboxes' breakers
 	// try (TryAgain), one a pass while Redis does not answer.
