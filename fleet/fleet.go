@@ -828,16 +828,25 @@ func (m *member) AwakeLock() outbox.AwakeLock { return m.awake }
 // pages) would read a tenant at any rate as slow. Rows read a trickle of
 // large transactions as busy, which costs only polling. A burst after a
 // quiet spell keeps it asleep for a tenth of a second.
-func (m *member) Busy(dispatched int) bool {
+//
+// Staying awake takes either rate: the rates last read may be of a tenth of
+// a second when the sweeper was asleep (it woke up on their notifications;
+// its slow sweeps had sent fewer rows than were committed), and by the time
+// they are read again, commits have stopped notifying. Judged on the rows
+// alone, that first tenth would put a tenant it has just woken up back to
+// sleep while its rows pour in.
+func (m *member) Busy(dispatched int) bool { return m.busy(time.Now(), dispatched) }
+
+func (m *member) busy(now time.Time, dispatched int) bool {
 	m.rows += int64(dispatched)
-	now, n := time.Now(), m.notes.Load()
+	n := m.notes.Load()
 	if d := now.Sub(m.rateAt); d >= 100*time.Millisecond {
 		m.noteRate = float64(n-m.rateNotes) / d.Seconds()
 		m.rowRate = float64(m.rows-m.rateRows) / d.Seconds()
 		m.rateAt, m.rateNotes, m.rateRows = now, n, m.rows
 	}
 	if m.kept {
-		m.kept = m.rowRate >= m.fleet.opts.AwakeRate/2
+		m.kept = max(m.noteRate, m.rowRate) >= m.fleet.opts.AwakeRate/2
 	} else {
 		m.kept = m.noteRate >= m.fleet.opts.AwakeRate
 	}
