@@ -13,6 +13,7 @@ import (
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
 	"github.com/outbox-sweeper/sweeper/outbox"
 	"github.com/outbox-sweeper/sweeper/producer/memory"
+	outboxsql "github.com/outbox-sweeper/sweeper/sql"
 )
 
 // delivered reports whether p has accepted a message with payload body.
@@ -261,4 +262,72 @@ func TestCursorForgetsItsFloorsOnlyForARowPutBackBelowThem(t *testing.T) {
 	_, err := pool.Exec(ctx, "INSERT INTO "+name+" (id, topic, payload) OVERRIDING SYSTEM VALUE VALUES (1, 'a', 'back')")
 	require.NoError(t, err)
 	dbtest.Eventually(t, time.Minute, "the row put back sent", func() bool { return delivered(prod, "back") })
+}
+
+// The check of the floors reads each topic with outstanding rows once, by a
+// seek to its lowest one, however deep its backlog: a tripped topic's rows
+// stay below the discovery floor once the listing has passed them, and the
+// check's first form walked every one of them, filtered out, to look for
+// rows of other topics there (a tripped topic of 3,000,000 rows made it a
+// 1.2 s statement once a minute, per outbox: issue 33's benchmark). Its
+// answers are checked too: a row of a known topic at or below the topic's
+// floor, or of a topic not known at or below the discovery floor, is found,
+// and nothing else is.
+func TestTheFloorCheckReadsATopicOnceHoweverDeepItsBacklog(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tbl := dbtest.Table(t)
+	pool := dbtest.Pool(t)
+	name := ident(tbl)
+	insert := func(sql string, args ...any) int64 {
+		t.Helper()
+		var last int64
+		require.NoError(t, pool.QueryRow(ctx, "WITH i AS ("+sql+" RETURNING id) SELECT max(id) FROM i", args...).Scan(&last))
+		return last
+	}
+	// A tripped topic's backlog, then a few rows of five others.
+	insert("INSERT INTO " + name + " (topic, payload) SELECT 'tripped', '\\x00' FROM generate_series(1, 30000)")
+	last := insert("INSERT INTO " + name + " (topic, payload) SELECT 'topic-' || (g % 5), '\\x00' FROM generate_series(1, 25) g")
+	_, err := pool.Exec(ctx, "ANALYZE "+name)
+	require.NoError(t, err)
+
+	topics := []string{"tripped", "topic-0", "topic-1", "topic-2", "topic-3", "topic-4"}
+	floors := make([]int64, len(topics)) // each below its topic's rows
+	check := outboxsql.Statement("below_floors", outboxsql.Tables{Outbox: name})
+	below := func(topics []string, floors []int64, discovery int64) bool {
+		t.Helper()
+		var b bool
+		require.NoError(t, pool.QueryRow(ctx, check, topics, floors, discovery).Scan(&b))
+		return b
+	}
+	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+		p := explain(t, pool, mode, check, topics, floors, last)
+		p.noneOf(t, "Seq Scan", "Sort", "Bitmap Heap Scan")
+		// A seek is three or four blocks; the walk of the 30,000 rows was
+		// over 500.
+		t.Logf("%s: %d blocks", mode, p.buffers)
+		require.Less(t, p.buffers, 100, "the check read more than a seek per topic (%s):\n%s", mode, p.text)
+	}
+	require.False(t, below(topics, floors, last), "every row lies above its topic's floor")
+
+	// A known topic's row at its floor.
+	var first int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT min(id) FROM "+name+" WHERE topic = 'topic-3'").Scan(&first))
+	floors[4] = first
+	require.True(t, below(topics, floors, last), "a row of topic-3 at its floor")
+	floors[4] = first - 1
+	require.False(t, below(topics, floors, last))
+
+	// A topic not known: found at or below the discovery floor only.
+	late := insert("INSERT INTO " + name + " (topic, payload) VALUES ('late', '\\x00')")
+	require.False(t, below(topics, floors, late-1), "a row of a topic not known, above the discovery floor")
+	require.True(t, below(topics, floors, late), "a row of a topic not known, at the discovery floor")
+	require.True(t, below(nil, nil, late), "no topic known: every row at or below the discovery floor counts")
+	require.True(t, below(append(topics, "late"), append(floors, late), 0), "a known topic's floor, not the discovery floor, holds for it")
+	require.False(t, below(append(topics, "late"), append(floors, late-1), late), "every row above its topic's floor")
+
+	// Rows sent are not outstanding, wherever they lie.
+	_, err = pool.Exec(ctx, "UPDATE "+name+" SET dispatched_at = now() WHERE topic = 'late'")
+	require.NoError(t, err)
+	require.False(t, below(topics, floors, late), "a dispatched row counted")
 }
