@@ -39,10 +39,11 @@ const (
 // issue 33's latency benchmark (2 cores, 10 tenants committing 500 rows a
 // second beside one draining), their p99 was 14 to 18 times their p99
 // alone, whether the drain waited only for a free turn or also for no
-// starting sweep to run; with quiet and hold as they are, 0.95 to 1.65
-// times (median 1.01 over three runs, windows alone and beside taking
-// turns), the drain slowed from 60,000 to about 7,000 rows a second while
-// the quiet tenants wrote (ADR 0002). With no quiet tenant about, drains
+// starting sweep to run; with quiet and hold as they are, 0.61 to 2.07
+// times (median 1.36 over twelve runs, windows alone and beside taking
+// turns; 1.05 to 1.86 in the five a quiet machine gave), the drain slowed
+// from 60,000 to about 8,000 rows a second while the quiet tenants wrote
+// (ADR 0002). A hold of 100 ms, which halves that, did no better. With no quiet tenant about, drains
 // share the turns at full pace.
 type turns struct {
 	quiet, hold time.Duration
