@@ -31,9 +31,9 @@ func TestBusyStaysAwakeOnTheRatesItWokeUpOn(t *testing.T) {
 	require.True(t, m.busy(now, 50), "put back to sleep on the rows it sent while asleep")
 
 	// A tenth of a second after the first: no notification since, and rows
-	// sent at 500 a second.
+	// sent at 1,000 a second.
 	later(60 * time.Millisecond)
-	require.True(t, m.busy(now, 50), "awake at 500 rows a second")
+	require.True(t, m.busy(now, 50), "awake at 1,000 rows a second")
 
 	// Commits stop: the rates fall to nothing and it goes to sleep, and stays
 	// so while neither notifications nor rows come.

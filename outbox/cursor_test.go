@@ -317,6 +317,8 @@ func TestTheFloorCheckReadsATopicOnceHoweverDeepItsBacklog(t *testing.T) {
 	require.True(t, below(topics, floors, last), "a row of topic-3 at its floor")
 	floors[4] = first - 1
 	require.False(t, below(topics, floors, last))
+	require.True(t, below(append(topics, "topic-3"), append(floors, first), last),
+		"a topic named twice, its row at the higher of its floors")
 
 	// A topic not known: found at or below the discovery floor only.
 	late := insert("INSERT INTO " + name + " (topic, payload) VALUES ('late', '\\x00')")

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -100,6 +102,9 @@ func TestAHeldHorizonsStatisticsDoNotMisleadTheSweep(t *testing.T) {
 	require.Equal(t, seen, still, "the report's snapshot was held all along")
 }
 
+// explained numbers explain's prepared statements.
+var explained atomic.Int64
+
 // plan is what EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) said of a statement.
 type plan struct {
 	root    map[string]any
@@ -109,6 +114,12 @@ type plan struct {
 
 // explain runs sql with args under the page's planner settings and plan_cache_mode
 // mode, in a transaction it rolls back, and returns its plan.
+//
+// The statement is prepared and its plan is that of EXECUTE, as pgx's
+// statements are: an EXPLAIN of the statement given its arguments would plan
+// them as constants, a custom plan whatever mode says. The arguments go as
+// literals (the simple protocol), which EXECUTE casts to the statement's
+// parameter types.
 func explain(t *testing.T, pool interface {
 	Begin(context.Context) (pgx.Tx, error)
 }, mode, sql string, args ...any) plan {
@@ -121,13 +132,25 @@ func explain(t *testing.T, pool interface {
 	require.NoError(t, err)
 	_, err = tx.Exec(ctx, "SET LOCAL plan_cache_mode = "+mode)
 	require.NoError(t, err)
+	name := fmt.Sprintf("explained_%d", explained.Add(1))
+	_, err = tx.Exec(ctx, "PREPARE "+name+" AS "+sql)
+	require.NoError(t, err)
+	defer func() { _, _ = tx.Exec(ctx, "DEALLOCATE "+name) }() // PREPARE outlives the transaction
+	params := make([]string, len(args))
+	for i := range args {
+		params[i] = fmt.Sprintf("$%d", i+1)
+	}
 	var out []byte
-	require.NoError(t, tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, args...).Scan(&out))
+	require.NoError(t, tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE "+name+"("+strings.Join(params, ", ")+")",
+		append([]any{pgx.QueryExecModeSimpleProtocol}, args...)...).Scan(&out))
 	var doc []struct {
 		Plan map[string]any `json:"Plan"`
 	}
 	require.NoError(t, json.Unmarshal(out, &doc))
 	p := plan{root: doc[0].Plan, text: string(out)}
+	var generic, custom int
+	require.NoError(t, tx.QueryRow(ctx, "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = $1", name).Scan(&generic, &custom))
+	require.Equal(t, mode == "force_generic_plan", generic > 0 && custom == 0, "%s, yet %d generic plans and %d custom", mode, generic, custom)
 	p.buffers = int(num(p.root["Shared Hit Blocks"]) + num(p.root["Shared Read Blocks"]))
 	return p
 }
