@@ -747,6 +747,25 @@ func TestUnreachableTellsAnOutageFromAFailedStatement(t *testing.T) {
 	} {
 		require.Equal(t, c.want, admin.Unreachable(c.err), "%v", c.err)
 	}
+
+	// A server that accepts connections and never answers (hung, or a
+	// failover in progress): pgx's connect error wraps the deadline, and is
+	// an outage all the same.
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer silent.Close()
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // held open, never answered
+		}
+	}()
+	_, err = pgx.Connect(context.Background(), "postgres://postgres@"+silent.Addr().String()+"/postgres?sslmode=disable&connect_timeout=1")
+	require.ErrorIs(t, err, context.DeadlineExceeded, "the control: the connect timed out")
+	require.True(t, admin.Unreachable(err), "a connect timeout: %v", err)
 }
 
 // A change whose connection broke after its statement went may have been

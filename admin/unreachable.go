@@ -17,15 +17,18 @@ import (
 // statement. These pass by themselves, or with the operator's fix of the
 // database; a statement's own failure is a bug to report.
 func unreachable(err error) bool {
+	// First: a connection that could not be made is an outage however it
+	// failed, a connect timeout included (a hung server, a failover in
+	// progress), though pgx wraps that in context.DeadlineExceeded.
+	var connect *pgconn.ConnectError
+	if errors.As(err, &connect) {
+		return true
+	}
 	// A deadline or a cancellation is the caller's, or a statement too slow
 	// for it: a database that answers slowly is no outage to wait out.
 	// (context.DeadlineExceeded is a net.Error too.)
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 		return false
-	}
-	var connect *pgconn.ConnectError
-	if errors.As(err, &connect) {
-		return true
 	}
 	var pg *pgconn.PgError
 	if errors.As(err, &pg) {
