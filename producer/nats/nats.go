@@ -217,9 +217,11 @@ func (p *Producer) Batches(ctx context.Context, topic string, msgs []producer.Me
 	}
 	var rej producer.Rejections
 	valid := rej.Keep(msgs, func(m *producer.Message) (string, error) {
-		if _, reason, err := toMsg(m, true); err != nil {
+		msg, reason, err := toMsg(m)
+		if err != nil {
 			return reason, err
 		}
+		m.Prepared = msg // Send takes it as it is
 		if n := sizeOf(m); limit > 0 && int64(n) > limit {
 			return producer.ReasonMessageTooLarge, fmt.Errorf(
 				"row %d: message of about %d bytes is over the NATS server's max_payload of %d", m.ID, n, limit)
@@ -264,7 +266,7 @@ func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 	msgs := make([]*natsgo.Msg, len(b.Messages))
 	var rej producer.Rejections
 	for i := range b.Messages {
-		m, reason, err := toMsg(&b.Messages[i], false)
+		m, reason, err := toMsg(&b.Messages[i])
 		if err != nil {
 			rej.Add(b.Messages[i].ID, reason, err)
 			continue

@@ -72,12 +72,12 @@ func subjectError(s string) error {
 // toMsg maps a message onto a NATS message, or says why it can never be
 // published: a reason (a producer.Reason constant) and an error naming the
 // row, the field and the rule. Batches and Send both call it, so both judge a
-// row the same way; the message Batches built is kept in m.Prepared (keep),
-// and Send takes it from there rather than decode the row's headers again.
-// Send does not keep what it builds: the messages are its caller's, whose
-// reads of them would race with the write (producer.Message.Prepared is
-// Batches's to set).
-func toMsg(m *producer.Message, keep bool) (*natsgo.Msg, string, error) {
+// row the same way. Batches keeps the message in m.Prepared, and Send takes
+// it from there rather than decode the row's headers again; toMsg writes
+// nothing into m, since Send's messages are its caller's, whose reads of
+// them would race with the write (producer.Message.Prepared is Batches's to
+// set).
+func toMsg(m *producer.Message) (*natsgo.Msg, string, error) {
 	if msg, ok := m.Prepared.(*natsgo.Msg); ok {
 		return msg, "", nil
 	}
@@ -114,9 +114,6 @@ func toMsg(m *producer.Message, keep bool) (*natsgo.Msg, string, error) {
 		if f.value != "" && f.header != "Nats-Msg-Id" { // jetstream.WithMsgID sets that one
 			msg.Header.Set(f.header, f.value)
 		}
-	}
-	if keep {
-		m.Prepared = msg // Batches built it: Send takes it as it is
 	}
 	return msg, "", nil
 }
