@@ -57,8 +57,10 @@ type Message struct {
 	// say), which Batches may set on the messages it is given, having built
 	// it to measure or check the message: the sweeper hands Send the
 	// messages of a batch, or some of them, as Batches left them, so Send
-	// need not build it again. Send builds it when it is nil. Only the
-	// producer that set it reads it.
+	// need not build it again. Send builds it when it is nil, for itself:
+	// Send writes nothing into the messages it is given, whose caller may
+	// read them while it sends (the conformance suite's
+	// send-writes-nothing). Only the producer that set it reads it.
 	Prepared any
 }
 

@@ -187,10 +187,11 @@ func (p *Producer) Batches(_ context.Context, topic string, msgs []producer.Mess
 	limit, known := p.knownLimit(name)
 	var rej producer.Rejections
 	valid := rej.Keep(msgs, func(m *producer.Message) (string, error) {
-		r, reason, err := toRecord(name, m) // kept in m.Prepared, for Send
+		r, reason, err := toRecord(name, m)
 		if err != nil {
 			return reason, err
 		}
+		m.Prepared = r // Send takes it from there
 		if known {
 			return tooLarge(m.ID, r, name, limit)
 		}

@@ -65,11 +65,12 @@ func topicError(s string) error {
 // the producer sets, strings as they are and other JSON values as their JSON
 // text.
 //
-// It returns the record Batches built (m.Prepared) when there is one, and
-// keeps the one it builds there: a row's headers are decoded once a send.
-// The caller must not give the same record to two produce calls: franz-go
-// keeps a produce's state in it (its context among them); Send produces a
-// copy.
+// It returns the record Batches built (m.Prepared) when there is one, so
+// that a row's headers are decoded once a send; it writes nothing into m:
+// Send's messages are its caller's, whose reads of them would race with the
+// write (producer.Message.Prepared is Batches's to set). The caller must not
+// give the same record to two produce calls: franz-go keeps a produce's
+// state in it (its context among them); Send produces a copy.
 func toRecord(topic string, m *producer.Message) (*kgo.Record, string, error) {
 	if r, ok := m.Prepared.(*kgo.Record); ok && r.Topic == topic {
 		return r, "", nil
@@ -106,7 +107,6 @@ func toRecord(topic string, m *producer.Message) (*kgo.Record, string, error) {
 	if err != nil {
 		return nil, producer.ReasonInvalidMessage, err
 	}
-	m.Prepared = r
 	return r, "", nil
 }
 

@@ -47,10 +47,15 @@ const (
 	// (producer.Delivered); sending the rest again, as the sweeper does,
 	// delivers every other message exactly once, in order.
 	CaseRefusedMidBatch = "refused-mid-batch"
+	// CaseSendWritesNothing: Send writes nothing into the messages of the
+	// batch it is given (their Prepared among them, which is Batches's to
+	// set): they are its caller's, who may read them while it sends.
+	CaseSendWritesNothing = "send-writes-nothing"
 )
 
 // Cases lists every case, in the order Run runs them.
-var Cases = []string{CaseRoundTrip, CaseOrder, CaseTooLarge, CaseUnknownDestination, CaseBrokerDown, CaseCloseDuringSend, CaseAllOrNothing, CaseRefusedMidBatch}
+var Cases = []string{CaseRoundTrip, CaseOrder, CaseTooLarge, CaseUnknownDestination, CaseBrokerDown, CaseCloseDuringSend, CaseAllOrNothing, CaseRefusedMidBatch,
+	CaseSendWritesNothing}
 
 // Received is a message as a consumer of the broker got it, mapped back to
 // the outbox's fields by the harness.
@@ -114,6 +119,7 @@ var cases = map[string]func(*testing.T, Harness){
 	CaseCloseDuringSend:    closeDuringSend,
 	CaseAllOrNothing:       allOrNothing,
 	CaseRefusedMidBatch:    refusedMidBatch,
+	CaseSendWritesNothing:  sendWritesNothing,
 }
 
 func newProducer(t *testing.T, h Harness) producer.Producer {
@@ -318,6 +324,42 @@ func refusedMidBatch(t *testing.T, h Harness) {
 	}
 	require.Equal(t, []string{msgs[0].MessageID, msgs[1].MessageID, msgs[3].MessageID, msgs[4].MessageID, marker.MessageID}, ids,
 		"every good message exactly once, in order (delivered before the failure: %v)", delivered)
+}
+
+func sendWritesNothing(t *testing.T, h Harness) {
+	topic := h.Topic(t)
+	p := newProducer(t, h)
+	// A batch the caller built, whose messages Batches never saw: Send
+	// builds each message's own form for itself.
+	msgs := []producer.Message{message(topic, 1), message(topic, 2)}
+	was := slices.Clone(msgs)
+	require.NoError(t, p.Send(sendCtx(t), producer.Batch{Topic: topic, Messages: msgs}))
+	require.Equal(t, was, msgs, "Send wrote into the messages of the batch it was given")
+	// A batch Batches cut: Send takes what Batches left on its messages,
+	// and leaves it there.
+	more := []producer.Message{message(topic, 3), message(topic, 4)}
+	batches, err := p.Batches(sendCtx(t), topic, more)
+	require.NoError(t, err)
+	for _, b := range batches {
+		kept := make([]any, len(b.Messages))
+		for i, m := range b.Messages {
+			kept[i] = m.Prepared
+		}
+		require.NoError(t, p.Send(sendCtx(t), b))
+		for i, m := range b.Messages {
+			if kept[i] == nil {
+				require.Nil(t, m.Prepared, "Send wrote into row %d", m.ID)
+				continue
+			}
+			require.Same(t, kept[i], m.Prepared, "Send replaced what Batches left on row %d", m.ID)
+		}
+	}
+	got := h.Receive(t, topic, 4)
+	var ids []string
+	for _, r := range got {
+		ids = append(ids, r.MessageID)
+	}
+	require.Equal(t, []string{msgs[0].MessageID, msgs[1].MessageID, more[0].MessageID, more[1].MessageID}, ids)
 }
 
 // HeaderText turns a row's headers column into Received.Headers' form, for

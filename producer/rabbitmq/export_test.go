@@ -32,9 +32,9 @@ func FrameMax(p *Producer) int { return p.frameMax() }
 // HeaderFrameSize returns the size of the content header frame m would be
 // published with, however large.
 func HeaderFrameSize(m producer.Message) int {
-	pub, _, err := publishing(&m, 1<<30, 1<<30)
+	pre, _, err := publishing(&m, 1<<30, 1<<30)
 	if err != nil {
 		panic(err)
 	}
-	return headerFrameSize(&pub)
+	return headerFrameSize(&pre.pub)
 }

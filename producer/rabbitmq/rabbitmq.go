@@ -280,8 +280,12 @@ func (p *Producer) Batches(_ context.Context, topic string, msgs []producer.Mess
 	frameMax := p.frameMax()
 	var rej producer.Rejections
 	valid := rej.Keep(msgs, func(m *producer.Message) (string, error) {
-		_, reason, err := publishing(m, p.cfg.MaxMessageBytes, frameMax)
-		return reason, err
+		pre, reason, err := publishing(m, p.cfg.MaxMessageBytes, frameMax)
+		if err != nil {
+			return reason, err
+		}
+		m.Prepared = pre // Send takes it from there
+		return "", nil
 	})
 	out, _, _ := producer.Split(topic, valid, producer.Limits{Messages: p.cfg.MaxBatch, Bytes: p.cfg.MaxBatchBytes})
 	return out, rej.Err()
@@ -332,11 +336,12 @@ func (p *Producer) publishings(b producer.Batch, frameMax int) ([]amqp.Publishin
 	var rej producer.Rejections
 	now := time.Now()
 	for i := range b.Messages {
-		pub, reason, err := publishing(&b.Messages[i], p.cfg.MaxMessageBytes, frameMax)
+		pre, reason, err := publishing(&b.Messages[i], p.cfg.MaxMessageBytes, frameMax)
 		if err != nil {
 			rej.Add(b.Messages[i].ID, reason, err)
 			continue
 		}
+		pub := pre.pub
 		// The row's deadline travels as the time left (RabbitMQ drops the
 		// message from its queues once it passes).
 		pub.Expiration = expiration(b.Messages[i].ExpiresAt, now)

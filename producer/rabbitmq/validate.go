@@ -56,20 +56,24 @@ func (p *Producer) frameMax() int {
 // publishing maps a message onto an AMQP publishing, or says why it can never
 // be published: a reason (a producer.Reason constant) and an error naming the
 // row, the field, its size and the limit. Batches and Send both call it, so
-// both judge a row the same way.
-func publishing(m *producer.Message, maxMessageBytes, frameMax int) (amqp.Publishing, string, error) {
+// both judge a row the same way. It returns what Batches built (m.Prepared)
+// when there is one, and writes nothing into m: Send's messages are its
+// caller's, whose reads of them would race with the write
+// (producer.Message.Prepared is Batches's to set). The publishing returned
+// is the caller's to change, but for its headers' table, which it shares.
+func publishing(m *producer.Message, maxMessageBytes, frameMax int) (*prepared, string, error) {
 	// What Batches built, checked against the frame size of its time: a
 	// connection made since may allow smaller frames.
 	if pre, ok := m.Prepared.(*prepared); ok && pre.headerFrame <= frameMax {
-		return pre.pub, "", nil
+		return pre, "", nil
 	}
 	if len(m.Payload) > maxMessageBytes {
-		return amqp.Publishing{}, producer.ReasonMessageTooLarge, fmt.Errorf(
+		return nil, producer.ReasonMessageTooLarge, fmt.Errorf(
 			"row %d: payload of %d bytes is over RabbitMQ's limit of %d (max_message_size)", m.ID, len(m.Payload), maxMessageBytes)
 	}
 	headers, err := m.DecodeHeaders()
 	if err != nil {
-		return amqp.Publishing{}, producer.ReasonInvalidMessage, err
+		return nil, producer.ReasonInvalidMessage, err
 	}
 	for _, f := range []struct{ name, value string }{
 		{"message_id", m.MessageID},
@@ -77,7 +81,7 @@ func publishing(m *producer.Message, maxMessageBytes, frameMax int) (amqp.Publis
 		{"content_type", m.ContentType},
 	} {
 		if len(f.value) > shortStringMax {
-			return amqp.Publishing{}, producer.ReasonInvalidMessage, fmt.Errorf(
+			return nil, producer.ReasonInvalidMessage, fmt.Errorf(
 				"row %d: %s of %d bytes is over AMQP's short-string limit of %d bytes", m.ID, f.name, len(f.value), shortStringMax)
 		}
 	}
@@ -89,7 +93,7 @@ func publishing(m *producer.Message, maxMessageBytes, frameMax int) (amqp.Publis
 		table["partition_key"] = m.PartitionKey
 	}
 	if err := checkKeys(table, nil); err != nil {
-		return amqp.Publishing{}, producer.ReasonInvalidMessage, fmt.Errorf("row %d: %w", m.ID, err)
+		return nil, producer.ReasonInvalidMessage, fmt.Errorf("row %d: %w", m.ID, err)
 	}
 	for _, k := range []string{"CC", "BCC"} {
 		// Sender-selected distribution: RabbitMQ routes a copy to each
@@ -98,13 +102,13 @@ func publishing(m *producer.Message, maxMessageBytes, frameMax int) (amqp.Publis
 		// other type.
 		if v, ok := table[k]; ok {
 			if _, isArray := v.([]any); !isArray {
-				return amqp.Publishing{}, producer.ReasonInvalidMessage, fmt.Errorf(
+				return nil, producer.ReasonInvalidMessage, fmt.Errorf(
 					"row %d: header %q is a %s: RabbitMQ takes it as a list of extra routing keys and accepts only an array", m.ID, k, jsonType(v))
 			}
 		}
 	}
 	if err := table.Validate(); err != nil {
-		return amqp.Publishing{}, producer.ReasonInvalidMessage, fmt.Errorf("row %d: headers are not a valid AMQP table: %w", m.ID, err)
+		return nil, producer.ReasonInvalidMessage, fmt.Errorf("row %d: headers are not a valid AMQP table: %w", m.ID, err)
 	}
 	pub := amqp.Publishing{
 		Headers:       table,
@@ -122,13 +126,12 @@ func publishing(m *producer.Message, maxMessageBytes, frameMax int) (amqp.Publis
 	size := headerFrameSize(&pub)
 	pub.Expiration = ""
 	if size > frameMax {
-		return amqp.Publishing{}, producer.ReasonMessageTooLarge, fmt.Errorf(
+		return nil, producer.ReasonMessageTooLarge, fmt.Errorf(
 			"row %d: headers of %d bytes make a content header frame of %d bytes, over the connection's frame_max of %d bytes "+
 				"(AMQP sends the headers in one frame; RabbitMQ would close the connection with FRAME_ERROR)",
 			m.ID, len(m.Headers), size, frameMax)
 	}
-	m.Prepared = &prepared{pub: pub, headerFrame: size}
-	return pub, "", nil
+	return &prepared{pub: pub, headerFrame: size}, "", nil
 }
 
 // prepared is a row's publishing as Batches built it (producer.Message's

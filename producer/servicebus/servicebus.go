@@ -245,10 +245,13 @@ func (p *Producer) Batches(ctx context.Context, topic string, msgs []producer.Me
 				m.ID, producer.Quote(topic))
 		}
 		sb, reason, err := toMessage(m)
-		if err == nil {
-			mapped[m.ID] = sb
+		if err != nil {
+			return reason, err
 		}
-		return reason, err
+		m.Prepared = sb // Send takes a copy of it from there
+		c := *sb        // the SDK's batch gets its own
+		mapped[m.ID] = &c
+		return "", nil
 	})
 	var out []producer.Batch
 	for _, part := range parts(valid, state.mode) {

@@ -63,6 +63,10 @@ func checkEntity(topic string) error {
 // toMessage maps an outbox message onto a Service Bus message, or says why it
 // can never be sent: a reason (a producer.Reason constant) and an error naming
 // the row, the field, its size and the limit. Batches and Send both call it.
+// The message returned is the caller's to change: a copy of what Batches
+// built (m.Prepared) when there is one. It writes nothing into m: Send's
+// messages are its caller's, whose reads of them would race with the write
+// (producer.Message.Prepared is Batches's to set).
 func toMessage(m *producer.Message) (*azservicebus.Message, string, error) {
 	if pm, ok := m.Prepared.(*azservicebus.Message); ok {
 		c := *pm // what Batches built; a send sets its own time to live
@@ -153,9 +157,7 @@ func toMessage(m *producer.Message) (*azservicebus.Message, string, error) {
 		SessionID:    optional(m.PartitionKey),
 		PartitionKey: optional(m.PartitionKey),
 	}
-	m.Prepared = sb // Batches built it: Send takes a copy
-	c := *sb
-	return &c, "", nil
+	return sb, "", nil
 }
 
 // propertySize is an application property's size as encoded: its key and
