@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -252,6 +253,52 @@ func TestHungRedisCostsOnlyTheTimeout(t *testing.T) {
 	require.Less(t, time.Since(start), 2*time.Minute, "a hung Redis must not hold the sweeper beyond OpTimeout per call")
 	require.True(t, b.Degraded())
 	require.Contains(t, b.Plan().Excluded, "A")
+}
+
+// A breaker on local state asks Redis again at most once per RetryEvery:
+// plans within it, and TryAgain, send Redis nothing (against a hung Redis
+// each call would cost OpTimeout, at every sweep of every outbox); a tick
+// tries at once.
+func TestRedisPlansWithinRetryEveryAskRedisNothing(t *testing.T) {
+	t.Parallel()
+	url, stop, _ := brokertest.StartRedis(t)
+	client := brokertest.RedisClient(t, url)
+	var calls atomic.Int64
+	client.AddHook(countCalls{&calls})
+	b, err := breaker.NewRedis(breaker.RedisConfig{Client: client, Prefix: "pace", OpTimeout: patientOp, RetryEvery: time.Hour})
+	require.NoError(t, err)
+	b.Trip("A", "tripped while Redis was up")
+	stop()
+	require.Contains(t, b.Plan().Excluded, "A", "the plan that found Redis gone, from local state")
+	require.True(t, b.Degraded())
+	before := calls.Load()
+	for range 5 {
+		require.Contains(t, b.Plan().Excluded, "A")
+		require.False(t, b.TryAgain(), "tried within RetryEvery")
+	}
+	require.Equal(t, before, calls.Load(), "plans within RetryEvery of the last try called Redis")
+	b.OnTick()
+	require.Greater(t, calls.Load(), before, "a tick tries Redis at once")
+}
+
+// countCalls counts the commands and pipelines a go-redis client sends, or
+// tries to.
+type countCalls struct{ n *atomic.Int64 }
+
+func (c countCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c countCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (c countCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.n.Add(1)
+		return next(ctx, cmds)
+	}
 }
 
 // An operator's trip or reset reports the state the topic really left, as the
