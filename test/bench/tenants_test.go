@@ -441,7 +441,13 @@ func loadTenant(b *testing.B, pool *pgxpool.Pool, tbl outbox.Table, prefix strin
 // drained-beside-rows/s says how fast the fleet let it drain beside the
 // quiet tenants (fleet/turns.go paces it). It runs on a server of its own
 // with initdb's settings (autovacuum on, which the shared server has off),
-// each window from a checkpoint.
+// each window from a checkpoint. The harness LISTENs beside the relay and
+// counts the notifications of each side's windows against its rows
+// (*-notifications-per-row; 1.004 when every commit notifies, a window's 30
+// warm-up rows included): at 50 commits a second a quiet tenant is under
+// the fleet's AwakeRate and each of its commits notifies, queueing behind
+// the notify lock (migration 6), so a drain that lengthens the database's
+// flushes lengthens that queue.
 func BenchmarkTenantsQuietLatency(b *testing.B) {
 	bin := build(b, "", "cmd/sweeper")
 	const backlog, window, pairs = 3_000_000, 15 * time.Second, 3
@@ -474,6 +480,7 @@ func BenchmarkTenantsQuietLatency(b *testing.B) {
 			return func() { arrived.Store(nil) }
 		}
 		pool := tenantPool(b, dbURL)
+		notes := countNotifications(b, dbURL)
 		topics := benchutil.Topics("quiet", 3)
 		// The backlog comes at once, 1.5 GB in one transaction, which no
 		// drain's neighbours see in production: a backlog grows over the
@@ -494,6 +501,7 @@ func BenchmarkTenantsQuietLatency(b *testing.B) {
 
 		ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 		var alone, beside []benchutil.LatencyResult
+		notified := map[string][2]int64{} // a side's notifications and rows
 		var drained int64
 		var drainedFor time.Duration
 		measure := func(name string) benchutil.LatencyResult {
@@ -502,9 +510,13 @@ func BenchmarkTenantsQuietLatency(b *testing.B) {
 			// the backlog's load would otherwise fall in it. Two runs
 			// without read 39.5 and 11.9 ms alone at p99.
 			checkpoint(b, pool)
+			from := notes.Load()
 			res := benchutil.LatencyTables(b, pool, quiet, sub, topics, 500, window)
-			b.Logf("%-6s p50 %5.1f ms, p99 %5.1f ms (commit p99 %5.1f, from ack %5.1f)", name, ms(res.Quantile(0.5)),
-				ms(res.Quantile(0.99)), ms(res.QuantileCommit(0.99)), ms(res.QuantileFromAck(0.99)))
+			n := notes.Load() - from
+			b.Logf("%-6s p50 %5.1f ms, p99 %5.1f ms (commit p99 %5.1f, from ack %5.1f), %d notifications of %d commits", name, ms(res.Quantile(0.5)),
+				ms(res.Quantile(0.99)), ms(res.QuantileCommit(0.99)), ms(res.QuantileFromAck(0.99)), n, res.Rows)
+			side := notified[name]
+			notified[name] = [2]int64{side[0] + n, side[1] + int64(res.Rows)}
 			return res
 		}
 		for i := range pairs {
@@ -563,11 +575,53 @@ func BenchmarkTenantsQuietLatency(b *testing.B) {
 		b.ReportMetric(ms(next.QuantileCommit(0.99)), "beside-busy-commit-p99-ms")
 		b.ReportMetric(ms(all.QuantileFromAck(0.99)), "alone-from-ack-p99-ms")
 		b.ReportMetric(ms(next.QuantileFromAck(0.99)), "beside-busy-from-ack-p99-ms")
+		// Whether the quiet tenants' commits notified (each one that does
+		// takes Postgres's notify queue lock, held through its commit's WAL
+		// flush, so notifying commits of all tenants commit one at a time)
+		// or found their sweepers awake.
+		for _, side := range []string{"alone", "beside"} {
+			if c := notified[side]; c[1] > 0 {
+				b.ReportMetric(float64(c[0])/float64(c[1]), side+"-notifications-per-row")
+			}
+		}
 		b.ReportMetric(float64(drained)/drainedFor.Seconds(), "drained-beside-rows/s")
 		b.ReportMetric(float64(left), "busy-rows-left")
 		b.ReportMetric(next.WriteRate, "quiet-commits/s")
 	}
 	b.ReportMetric(0, "ns/op")
+}
+
+// countNotifications LISTENs on dbURL to the outboxes' channel for the rest of
+// the benchmark and counts the notifications.
+func countNotifications(b *testing.B, dbURL string) *atomic.Int64 {
+	b.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		cancel()
+		b.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "LISTEN "+outbox.NotifyChannel); err != nil {
+		cancel()
+		b.Fatal(err)
+	}
+	var n atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			if _, err := conn.WaitForNotification(ctx); err != nil {
+				return
+			}
+			n.Add(1)
+		}
+	}()
+	b.Cleanup(func() {
+		cancel()
+		<-done
+		_ = conn.Close(context.Background())
+	})
+	return &n
 }
 
 func vacuum(b *testing.B, pool *pgxpool.Pool, t outbox.Table) {
