@@ -65,8 +65,18 @@ func newProducer(t *testing.T, c *kfake.Cluster, cfg kafka.Config) *kafka.Produc
 	return p
 }
 
-// consume reads n records of topic from its start, with a client of its own.
+// consume reads n records of topic from its start, with a client of its own,
+// and fails t if the topic holds more by then.
 func consume(t *testing.T, c *kfake.Cluster, topic string, n int, opts ...kgo.Opt) []*kgo.Record {
+	t.Helper()
+	recs := consumeAtLeast(t, c, topic, n, opts...)
+	require.Len(t, recs, n)
+	return recs
+}
+
+// consumeAtLeast reads records of topic from its start, with a client of its
+// own, until it has n or more, and returns them all.
+func consumeAtLeast(t *testing.T, c *kfake.Cluster, topic string, n int, opts ...kgo.Opt) []*kgo.Record {
 	t.Helper()
 	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}, opts...)...)
@@ -81,7 +91,6 @@ func consume(t *testing.T, c *kfake.Cluster, topic string, n int, opts ...kgo.Op
 		fs.EachError(func(_ string, _ int32, err error) { require.NoError(t, err) })
 		recs = append(recs, fs.Records()...)
 	}
-	require.Len(t, recs, n)
 	return recs
 }
 
