@@ -146,7 +146,7 @@ func toMessage(m *producer.Message) (*azservicebus.Message, string, error) {
 			m.ID, header, maxHeaderBytes-headerReserve, headerReserve)
 	}
 	sb := &azservicebus.Message{
-		MessageID:             &m.MessageID,
+		MessageID:             new(m.MessageID), // not &m.MessageID: the message outlives m's slice, which its caller may reuse
 		Body:                  m.Payload,
 		ApplicationProperties: props,
 		ContentType:           optional(m.ContentType),
