@@ -207,7 +207,6 @@ func latency(b *testing.B, bin, broker string) {
 	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	res := benchutil.Latency(b, tbl, sub, topics, 1000, 20*time.Second)
 	_ = cmd.Process.Signal(syscall.SIGTERM)
-	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	b.ReportMetric(ms(res.Quantile(0.5)), "p50-ms")
 	b.ReportMetric(ms(res.Quantile(0.99)), "p99-ms")
 	b.ReportMetric(ms(res.Quantile(1)), "max-ms")
@@ -250,3 +249,7 @@ func BenchmarkPeakRSSBacklog(b *testing.B) {
 		b.ReportMetric(0, "ns/op")
 	}
 }
+
+// ms is d in milliseconds, to the microsecond, as the latency figures are
+// reported.
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

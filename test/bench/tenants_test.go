@@ -499,7 +499,6 @@ func BenchmarkTenantsQuietLatency(b *testing.B) {
 		loadTenant(b, pool, paused, "busy", backlog)
 		vacuum(b, pool, paused)
 
-		ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 		var alone, beside []benchutil.LatencyResult
 		notified := map[string][2]int64{} // a side's notifications and rows
 		var drained int64
