@@ -58,9 +58,10 @@ type Message struct {
 	// it to measure or check the message: the sweeper hands Send the
 	// messages of a batch, or some of them, as Batches left them, so Send
 	// need not build it again. Send builds it when it is nil, for itself:
-	// Send writes nothing into the messages it is given, whose caller may
-	// read them while it sends (the conformance suite's
-	// send-writes-nothing). Only the producer that set it reads it.
+	// Send writes nothing into the messages it is given, nor into what
+	// Batches built, since its caller may read them, or send them again,
+	// while it sends (the conformance suite's send-writes-nothing). Only
+	// the producer that set it reads it.
 	Prepared any
 }
 

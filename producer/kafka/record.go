@@ -66,9 +66,8 @@ func topicError(s string) error {
 // text.
 //
 // It returns the record Batches built (m.Prepared) when there is one, so
-// that a row's headers are decoded once a send; it writes nothing into m:
-// Send's messages are its caller's, whose reads of them would race with the
-// write (producer.Message.Prepared is Batches's to set). The caller must not
+// that a row's headers are decoded once a send, and writes nothing into m
+// (producer.Message.Prepared). The caller must not
 // give the same record to two produce calls: franz-go keeps a produce's
 // state in it (its context among them); Send produces a copy.
 func toRecord(topic string, m *producer.Message) (*kgo.Record, string, error) {

@@ -28,7 +28,6 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -250,19 +249,6 @@ func (p *Producer) CheckTopic(ctx context.Context, topic string) error {
 	return p.streams.check(ctx, js, topic)
 }
 
-// sendable returns a copy of m for one send to subject: JetStream writes the
-// message id into the header it publishes and keeps the message for its
-// retries, and m may be what Batches built, shared by every send of the row
-// (a send again, while the client still holds the first).
-func sendable(m *natsgo.Msg, subject string) *natsgo.Msg {
-	c := natsgo.NewMsg(subject)
-	c.Data = m.Data
-	for k, v := range m.Header {
-		c.Header[k] = slices.Clone(v)
-	}
-	return c
-}
-
 // sizeOf is about a message's size as max_payload counts it: the payload and
 // the header block, whose size this overestimates a little.
 func sizeOf(m *producer.Message) int {
@@ -285,7 +271,8 @@ func (p *Producer) Send(ctx context.Context, b producer.Batch) error {
 			rej.Add(b.Messages[i].ID, reason, err)
 			continue
 		}
-		msgs[i] = sendable(m, b.Topic)
+		m.Subject = b.Topic
+		msgs[i] = m
 	}
 	if err := rej.Err(); err != nil {
 		return err

@@ -2,6 +2,7 @@ package nats
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -73,12 +74,18 @@ func subjectError(s string) error {
 // published: a reason (a producer.Reason constant) and an error naming the
 // row, the field and the rule. Batches and Send both call it, so both judge a
 // row the same way. Batches keeps the message in m.Prepared, and Send takes
-// it from there rather than decode the row's headers again; toMsg writes
-// nothing into m, since Send's messages are its caller's, whose reads of
-// them would race with the write (producer.Message.Prepared is Batches's to
-// set).
+// a copy of it from there rather than decode the row's headers again: the
+// message returned is the caller's to change (JetStream writes the message
+// id into the header it publishes, and keeps the message for its retries,
+// while a send again of the row may be under way). It writes nothing into m
+// (producer.Message.Prepared).
 func toMsg(m *producer.Message) (*natsgo.Msg, string, error) {
-	if msg, ok := m.Prepared.(*natsgo.Msg); ok {
+	if pm, ok := m.Prepared.(*natsgo.Msg); ok {
+		msg := natsgo.NewMsg(pm.Subject)
+		msg.Data = pm.Data
+		for k, v := range pm.Header {
+			msg.Header[k] = slices.Clone(v)
+		}
 		return msg, "", nil
 	}
 	msg := natsgo.NewMsg(m.Topic)

@@ -57,10 +57,9 @@ func (p *Producer) frameMax() int {
 // be published: a reason (a producer.Reason constant) and an error naming the
 // row, the field, its size and the limit. Batches and Send both call it, so
 // both judge a row the same way. It returns what Batches built (m.Prepared)
-// when there is one, and writes nothing into m: Send's messages are its
-// caller's, whose reads of them would race with the write
-// (producer.Message.Prepared is Batches's to set). The publishing returned
-// is the caller's to change, but for its headers' table, which it shares.
+// when there is one, and writes nothing into m (producer.Message.Prepared):
+// a copy of its publishing is the caller's to change, but for its headers'
+// table, which every copy shares.
 func publishing(m *producer.Message, maxMessageBytes, frameMax int) (*prepared, string, error) {
 	// What Batches built, checked against the frame size of its time: a
 	// connection made since may allow smaller frames.

@@ -64,9 +64,8 @@ func checkEntity(topic string) error {
 // can never be sent: a reason (a producer.Reason constant) and an error naming
 // the row, the field, its size and the limit. Batches and Send both call it.
 // The message returned is the caller's to change: a copy of what Batches
-// built (m.Prepared) when there is one. It writes nothing into m: Send's
-// messages are its caller's, whose reads of them would race with the write
-// (producer.Message.Prepared is Batches's to set).
+// built (m.Prepared) when there is one. It writes nothing into m
+// (producer.Message.Prepared).
 func toMessage(m *producer.Message) (*azservicebus.Message, string, error) {
 	if pm, ok := m.Prepared.(*azservicebus.Message); ok {
 		c := *pm // what Batches built; a send sets its own time to live
