@@ -43,8 +43,8 @@ const (
 // times (median 1.36 over twelve runs, windows alone and beside taking
 // turns; 1.05 to 1.86 in the five a quiet machine gave), the drain slowed
 // from 60,000 to about 8,000 rows a second while the quiet tenants wrote
-// (ADR 0002). A hold of 100 ms, which halves that, did no better. With no quiet tenant about, drains
-// share the turns at full pace.
+// (ADR 0002). A hold of 100 ms, which halves that, did no better. With no
+// quiet tenant about, drains share the turns at full pace.
 type turns struct {
 	quiet, hold time.Duration
 

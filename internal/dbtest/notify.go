@@ -20,32 +20,44 @@ import (
 // before the marker is in, however slow the server, and nothing after it.
 func Notifications(t *testing.T, tbl outbox.Table) func(marking func()) int {
 	t.Helper()
+	return NotificationsOn(t, URL(t), func(payload string) bool { return payload == tbl.String() })
+}
+
+// NotificationsOn is Notifications for the database at url, counting the
+// notifications whose payload (the outbox they name) counted accepts. The
+// connection lasts as long as tb.
+func NotificationsOn(tb testing.TB, url string, counted func(payload string) bool) func(marking func()) int {
+	tb.Helper()
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, URL(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close(ctx) })
+	conn, err := pgx.Connect(ctx, url)
+	require.NoError(tb, err)
+	tb.Cleanup(func() { _ = conn.Close(ctx) })
 	_, err = conn.Exec(ctx, "LISTEN "+outbox.NotifyChannel)
-	require.NoError(t, err)
+	require.NoError(tb, err)
 	markers := 0
 	return func(marking func()) int {
-		t.Helper()
+		tb.Helper()
 		markers++
-		marker := fmt.Sprintf("marker %d of %s", markers, tbl)
+		// Its own: other counters, of other tests, send theirs on the
+		// same channel.
+		marker := fmt.Sprintf("marker %d of the listener %d", markers, conn.PgConn().PID())
 		if marking != nil {
 			marking()
 		}
-		_, err := Pool(t).Exec(ctx, "SELECT pg_notify($1, $2)", outbox.NotifyChannel, marker)
-		require.NoError(t, err)
+		// From the listening session itself: it gets its own notifications,
+		// in commit order with everyone's.
+		_, err := conn.Exec(ctx, "SELECT pg_notify($1, $2)", outbox.NotifyChannel, marker)
+		require.NoError(tb, err)
 		n := 0
 		for {
 			waitCtx, cancel := context.WithTimeout(ctx, time.Minute)
 			note, err := conn.WaitForNotification(waitCtx)
 			cancel()
-			require.NoError(t, err, "waiting for the marker")
-			switch note.Payload {
-			case marker:
+			require.NoError(tb, err, "waiting for the marker")
+			switch {
+			case note.Payload == marker:
 				return n
-			case tbl.String():
+			case counted(note.Payload):
 				n++
 			}
 		}

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -480,7 +481,9 @@ func BenchmarkTenantsQuietLatency(b *testing.B) {
 			return func() { arrived.Store(nil) }
 		}
 		pool := tenantPool(b, dbURL)
-		notes := countNotifications(b, dbURL)
+		notes := dbtest.NotificationsOn(b, dbURL, func(payload string) bool {
+			return slices.ContainsFunc(quiet, func(t outbox.Table) bool { return t.String() == payload })
+		})
 		topics := benchutil.Topics("quiet", 3)
 		// The backlog comes at once, 1.5 GB in one transaction, which no
 		// drain's neighbours see in production: a backlog grows over the
@@ -509,9 +512,9 @@ func BenchmarkTenantsQuietLatency(b *testing.B) {
 			// the backlog's load would otherwise fall in it. Two runs
 			// without read 39.5 and 11.9 ms alone at p99.
 			checkpoint(b, pool)
-			from := notes.Load()
+			notes(nil)
 			res := benchutil.LatencyTables(b, pool, quiet, sub, topics, 500, window)
-			n := notes.Load() - from
+			n := int64(notes(nil))
 			b.Logf("%-6s p50 %5.1f ms, p99 %5.1f ms (commit p99 %5.1f, from ack %5.1f), %d notifications of %d commits", name, ms(res.Quantile(0.5)),
 				ms(res.Quantile(0.99)), ms(res.QuantileCommit(0.99)), ms(res.QuantileFromAck(0.99)), n, res.Rows)
 			side := notified[name]
@@ -588,39 +591,6 @@ func BenchmarkTenantsQuietLatency(b *testing.B) {
 		b.ReportMetric(next.WriteRate, "quiet-commits/s")
 	}
 	b.ReportMetric(0, "ns/op")
-}
-
-// countNotifications LISTENs on dbURL to the outboxes' channel for the rest of
-// the benchmark and counts the notifications.
-func countNotifications(b *testing.B, dbURL string) *atomic.Int64 {
-	b.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	conn, err := pgx.Connect(ctx, dbURL)
-	if err != nil {
-		cancel()
-		b.Fatal(err)
-	}
-	if _, err := conn.Exec(ctx, "LISTEN "+outbox.NotifyChannel); err != nil {
-		cancel()
-		b.Fatal(err)
-	}
-	var n atomic.Int64
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			if _, err := conn.WaitForNotification(ctx); err != nil {
-				return
-			}
-			n.Add(1)
-		}
-	}()
-	b.Cleanup(func() {
-		cancel()
-		<-done
-		_ = conn.Close(context.Background())
-	})
-	return &n
 }
 
 func vacuum(b *testing.B, pool *pgxpool.Pool, t outbox.Table) {
