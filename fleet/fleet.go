@@ -143,7 +143,10 @@ type Options struct {
 	// (outbox.AwakeHost), until they slow under half of it. Below it each
 	// commit notifies: an awake sweeper polls its outbox every few
 	// milliseconds, and many slow tenants polling cost more than their
-	// notifications. Defaults to AwakeRateDefault.
+	// notifications. Every notifying commit of the server waits for
+	// Postgres's notify lock, though: a lower rate keeps slow tenants awake,
+	// for the application's commits' sake (the binary's --awake-rate).
+	// Defaults to AwakeRateDefault.
 	AwakeRate float64
 
 	// StallTicks is how many ticks an outbox's sweep may go without

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,6 +23,7 @@ import (
 	"github.com/outbox-sweeper/sweeper/internal/brokertest"
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
 	"github.com/outbox-sweeper/sweeper/outbox"
+	"github.com/outbox-sweeper/sweeper/outbox/writer"
 	"github.com/outbox-sweeper/sweeper/test/tcpproxy"
 )
 
@@ -284,6 +286,72 @@ func TestSchemasExportTheBudgetsPool(t *testing.T) {
 	require.Contains(t, body, `outbox_tenant_backlog_messages{outbox="`+tbls[0].Schema+`"} 0`)
 	require.Contains(t, body, `outbox_tenant_oldest_message_age_seconds{outbox="`+tbls[0].Schema+`"} 0`)
 	require.NotContains(t, body, `outbox="`+tbls[1].Schema+`"`, "a healthy tenant not named has no series")
+	require.Equal(t, 0, p.terminate(t, time.Minute))
+}
+
+// --awake-rate reaches the fleet: a tenant committing at most 40 times a
+// second, which the default (100) leaves asleep, each commit notifying, is
+// kept awake under --awake-rate 1: the relay's session holds its awake lock
+// while the commits come, so that they stop notifying, and lets it go once
+// they stop. Every row is relayed.
+func TestSchemasAwakeRateKeepsSlowTenantsAwake(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pattern, tbls := migratedTenants(t, 1)
+	name := "awake-rate-" + tbls[0].Schema
+	u, err := url.Parse(dbtest.URL(t))
+	require.NoError(t, err)
+	q := u.Query()
+	q.Set("application_name", name)
+	u.RawQuery = q.Encode()
+	addr := fmt.Sprintf("127.0.0.1:%d", dbtest.FreePort(t))
+	p := start(t, nil, "run", "--database-url", u.String(), "--schemas", pattern, "--awake-rate", "1",
+		"--producer", "stdout", "--admin-addr", addr)
+	dbtest.Eventually(t, 2*time.Minute, "ready", func() bool { return readyz(addr) == http.StatusOK })
+	holder := func() int32 {
+		var pid int32
+		require.NoError(t, dbtest.Pool(t).QueryRow(ctx, `SELECT coalesce(max(l.pid), 0) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+			WHERE l.locktype = 'advisory' AND l.granted AND ((l.classid::bigint << 32) | l.objid::bigint) = $1 AND a.application_name = $2`,
+			writer.AdvisoryKey("outbox-sweeper awake "+tbls[0].String()), name).Scan(&pid))
+		return pid
+	}
+
+	w, err := outbox.NewWriter(tbls[0])
+	require.NoError(t, err)
+	stop := make(chan struct{})
+	var written atomic.Int64
+	var writing sync.WaitGroup
+	writing.Go(func() {
+		// The writer's pace, not a wait for an event: it is the rate under
+		// test. A ticker drops the ticks a slow machine misses, so the rate
+		// never passes 40 a second.
+		tick := time.NewTicker(25 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			if err := w.Write(ctx, dbtest.Pool(t), outbox.Message{Topic: "orders", Payload: fmt.Appendf(nil, "%d", written.Load())}); err != nil {
+				t.Error(err)
+				return
+			}
+			written.Add(1)
+		}
+	})
+	dbtest.Eventually(t, time.Minute, "the tenant's awake lock held by the relay", func() bool { return holder() != 0 })
+	close(stop)
+	writing.Wait()
+	require.False(t, t.Failed(), "the writer failed")
+	dbtest.Eventually(t, time.Minute, "every row relayed", func() bool {
+		seen := map[string]bool{}
+		for _, m := range parseLines(t, p.Lines()) {
+			seen[string(m.Payload)] = true
+		}
+		return len(seen) == int(written.Load())
+	})
+	dbtest.Eventually(t, time.Minute, "the lock let go once the commits stopped", func() bool { return holder() == 0 })
 	require.Equal(t, 0, p.terminate(t, time.Minute))
 }
 

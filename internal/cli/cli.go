@@ -373,7 +373,7 @@ func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Wri
 		tick = cfg.Schedule.Next(now).Sub(now)
 	}
 	if o.schemas == "" && o.databasesFile == "" && o.databases == "" {
-		for _, name := range []string{"max-connections", "destination", "reconcile", "metrics-outboxes"} {
+		for _, name := range []string{"max-connections", "destination", "reconcile", "metrics-outboxes", "awake-rate"} {
 			switch {
 			case !f.set(name):
 			case name == "max-connections":

@@ -40,6 +40,7 @@ type fleetOptions struct {
 	destination    string
 	reconcile      time.Duration
 	metricsOutbox  string
+	awakeRate      int
 }
 
 func (o *fleetOptions) register(f *flags) {
@@ -55,6 +56,8 @@ func (o *fleetOptions) register(f *flags) {
 		"with --schemas: the name each tenant's topic is sent under; {schema}.{topic} puts the tenant's schema before the topic when tenants share a broker's namespace")
 	f.String(&o.metricsOutbox, "metrics-outboxes", "", "pattern",
 		"with --schemas: the outboxes (by their admin API name, tenant_*) whose per-outbox series are exported always; others have them only while in trouble (a tripped topic, failing sweeps)")
+	f.Int(&o.awakeRate, "awake-rate", fleet.AwakeRateDefault,
+		"with --schemas or --databases-file: the commits a second above which a tenant's sweeper stays awake, polling every few milliseconds, so that its commits stop notifying; below it each commit notifies, and every notifying commit of the server queues for Postgres's notify lock, one disk flush each. Lower it (1: every tenant that commits) when many tenants together notify hundreds of times a second and the application's commit latency matters more than the relay's median and CPU")
 	f.Duration(&o.reconcile, "reconcile", fleet.ReconcileDefault,
 		"with --schemas: how often the idle tenants' outboxes are checked for rows whose notification was lost (the tables' insert counters in one statement; then one statement per 100 tenants asked: those whose counter moved, and a tenth of the others in turn)")
 }
@@ -78,6 +81,8 @@ func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, 
 		return usagef("%s is %d: it must be at least 3 (the LISTEN session, a sweep's page transaction and expiry pass)", f.origin("max-connections"), o.maxConnections)
 	case o.reconcile < time.Second:
 		return usagef("%s is %s: it must be at least 1s", f.origin("reconcile"), o.reconcile)
+	case o.awakeRate < 1:
+		return usagef("%s is %d: it must be at least 1 (commits a second)", f.origin("awake-rate"), o.awakeRate)
 	}
 	if err := producer.Destination(o.destination).Validate(); err != nil {
 		return usagef("%s: %v", f.origin("destination"), err)
@@ -136,6 +141,7 @@ func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, 
 		Maintenance: maintenance,
 		Destination: producer.Destination(o.destination),
 		Reconcile:   o.reconcile,
+		AwakeRate:   float64(o.awakeRate),
 		Logger:      logger,
 		Admin:       adminCfg,
 		StallTicks:  o.stallTicks,

@@ -30,6 +30,8 @@ func TestFleetFlagsRefuseWhatCannotWork(t *testing.T) {
 		{[]string{"run", "--schemas", "tenant_*", "--notify=false"}, "--notify does not work with --schemas"},
 		{[]string{"run", "--schemas", "tenant_*", "--redis-url", "http://x", "--admin-addr", ""}, `invalid value "http://x" for --redis-url`},
 		{[]string{"run", "--schemas", "tenant_*", "--max-connections", "2"}, "--max-connections is 2: it must be at least 3"},
+		{[]string{"run", "--awake-rate", "20"}, "--awake-rate works with --schemas or --databases-file only"},
+		{[]string{"run", "--schemas", "tenant_*", "--awake-rate", "0"}, "--awake-rate is 0: it must be at least 1"},
 		{[]string{"run", "--schemas", "tenant_*", "--destination", "{tenant}.{topic}"}, "names {tenant}: the placeholders are {schema} and {topic}"},
 		{[]string{"run", "--schemas", "tenant_*", "--destination", "{schema}"}, "does not contain {topic}"},
 		{[]string{"run", "--schemas", "[", "--admin-addr", ""}, "it is not a valid pattern"},
