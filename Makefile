@@ -85,7 +85,8 @@ test-under-load:
 # The tenant benchmarks (issue 33): 1,000 tenant schemas relayed by one binary
 # (--schemas): idle cost, a quiet tenant's latency beside a busy one, and 100
 # tenants draining at once, each against the single-table binary in the same
-# run. About 10 minutes; make bench runs them too.
+# run; and slow tenants notifying against kept awake (--awake-rate). About 15
+# minutes; make bench runs them too.
 bench-tenants:
 	scripts/services.sh test
 	$(LOADENV) go test -run '^$$' -bench '^BenchmarkTenants' -benchtime 1x -count 1 -timeout 30m ./test/bench/ | tee bench.out

@@ -24,6 +24,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-sweeper/sweeper/fleet"
 	"github.com/outbox-sweeper/sweeper/internal/benchutil"
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
 	"github.com/outbox-sweeper/sweeper/outbox"
@@ -300,17 +301,6 @@ func (r *relay) measure(b *testing.B, db string, window time.Duration) cost {
 	b.Helper()
 	ctx := context.Background()
 	pool := dbtest.Pool(b)
-	sessions := func() []int {
-		rows, err := pool.Query(ctx, "SELECT pid FROM pg_stat_activity WHERE application_name = $1", r.app)
-		if err != nil {
-			b.Fatal(err)
-		}
-		pids, err := pgx.CollectRows(rows, pgx.RowTo[int])
-		if err != nil {
-			b.Fatal(err)
-		}
-		return pids
-	}
 	xacts := func() float64 {
 		var n float64
 		if err := pool.QueryRow(ctx, "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = $1", db).Scan(&n); err != nil {
@@ -325,19 +315,43 @@ func (r *relay) measure(b *testing.B, db string, window time.Duration) cost {
 	// start-up's last transactions, which the window's end then counts:
 	// 13 transactions a second for a fleet that ran a few in the window.
 	time.Sleep(statsReported)
+	spent, x0, t0 := r.cpuFrom(b, pool), xacts(), time.Now()
+	// The figure is a rate over a window of time: the window's length is
+	// what it divides by (the elapsed time measured, not the one asked).
+	time.Sleep(window)
+	c := spent()
+	c.xacts, c.window = xacts()-x0, time.Since(t0)
+	return c
+}
+
+// cpuFrom starts counting the CPU r spends, in its process and in its
+// sessions of the server pool is on, and returns what reads it: the cost
+// so far (its window and transactions left to the caller).
+func (r *relay) cpuFrom(b *testing.B, pool *pgxpool.Pool) func() cost {
+	b.Helper()
+	sessions := func() []int {
+		rows, err := pool.Query(context.Background(), "SELECT pid FROM pg_stat_activity WHERE application_name = $1", r.app)
+		if err != nil {
+			b.Fatal(err)
+		}
+		pids, err := pgx.CollectRows(rows, pgx.RowTo[int])
+		if err != nil {
+			b.Fatal(err)
+		}
+		return pids
+	}
 	before := map[int]float64{}
 	for _, pid := range sessions() {
 		before[pid] = cpuSeconds(pid)
 	}
-	proc0, x0, t0 := cpuSeconds(r.cmd.Process.Pid), xacts(), time.Now()
-	// The figure is a rate over a window of time: the window's length is
-	// what it divides by (the elapsed time measured, not the one asked).
-	time.Sleep(window)
-	c := cost{procCPU: cpuSeconds(r.cmd.Process.Pid) - proc0, xacts: xacts() - x0, window: time.Since(t0)}
-	for _, pid := range sessions() {
-		c.dbCPU += cpuSeconds(pid) - before[pid] // a session opened in the window counts from 0
+	proc0 := cpuSeconds(r.cmd.Process.Pid)
+	return func() cost {
+		c := cost{procCPU: cpuSeconds(r.cmd.Process.Pid) - proc0}
+		for _, pid := range sessions() {
+			c.dbCPU += cpuSeconds(pid) - before[pid] // a session opened in the window counts from 0
+		}
+		return c
 	}
-	return c
 }
 
 // idleWindow is how long an idle relay is watched. A fleet is watched once
@@ -378,6 +392,69 @@ func BenchmarkTenantsIdle(b *testing.B) {
 		b.ReportMetric(fc.xactsPerSecond()/sc.xactsPerSecond(), "xacts-fleet/single")
 		b.ReportMetric(1000*fc.dbCPU/fc.window.Seconds(), "fleet-db-cpu-ms/s")
 		b.ReportMetric(1000*sc.dbCPU/sc.window.Seconds(), "single-db-cpu-ms/s")
+	}
+	b.ReportMetric(0, "ns/op")
+}
+
+// BenchmarkTenantsAwakeRate measures what --awake-rate trades, among 1,000
+// tenants relayed by one binary: 10, then 20 tenants each committing 50
+// single-row transactions a second, under the default (100 a second: each
+// of their commits notifies) and under --awake-rate 1 (each kept awake,
+// polling, its commits notifying nothing). A commit that notifies takes
+// Postgres's notify lock, which every notifying commit of the server
+// queues for, one disk flush each (migration 6); an awake tenant's sweeper
+// polls every few milliseconds instead. Reported for each: the tenants'
+// commit-to-arrival p50 and p99, their commits' own p99 (what the
+// application sees), notifications a row, and the CPU of the relay's
+// process and sessions, in cores.
+func BenchmarkTenantsAwakeRate(b *testing.B) {
+	bin := build(b, "", "cmd/sweeper")
+	const window = 15 * time.Second
+	for range b.N {
+		dbURL := ownTenantDatabase(b, bin)
+		pool := tenantPool(b, dbURL)
+		topics := benchutil.Topics("slow", 3)
+		for _, rate := range []string{strconv.Itoa(fleet.AwakeRateDefault), "1"} {
+			var arrived atomic.Pointer[func(body []byte)]
+			r := startRelay(b, bin, dbURL, func(line []byte) {
+				if f := arrived.Load(); f != nil {
+					var m struct{ Payload []byte }
+					if err := json.Unmarshal(line, &m); err == nil {
+						(*f)(m.Payload)
+					}
+				}
+			}, "--schemas", "tenant_*", "--awake-rate", rate)
+			r.waitParked(b, tenantCount, 5*time.Minute)
+			sub := func(tb testing.TB, f func(body []byte)) func() {
+				arrived.Store(&f)
+				return func() { arrived.Store(nil) }
+			}
+			for _, n := range []int{10, 20} {
+				var slow []outbox.Table
+				for i := 1; i <= n; i++ {
+					slow = append(slow, outbox.Table{Schema: fmt.Sprintf("tenant_%04d", i), Name: "outbox"})
+				}
+				notes := dbtest.NotificationsOn(b, dbURL, func(payload string) bool {
+					return slices.ContainsFunc(slow, func(t outbox.Table) bool { return t.String() == payload })
+				})
+				checkpoint(b, pool)
+				notes(nil)
+				spent, began := r.cpuFrom(b, pool), time.Now()
+				res := benchutil.LatencyTables(b, pool, slow, sub, topics, 50*n, window)
+				c := spent()
+				c.window = time.Since(began)
+				k := notes(nil)
+				name := fmt.Sprintf("awake%s-%dx50", rate, n)
+				b.Logf("--awake-rate %3s, %d tenants at 50 commits/s: p50 %5.1f ms, p99 %5.1f ms, commit p99 %5.1f ms, %.3f notifications a row, relay %.2f cores (%.0f commits/s)",
+					rate, n, ms(res.Quantile(0.5)), ms(res.Quantile(0.99)), ms(res.QuantileCommit(0.99)), float64(k)/float64(res.Rows), c.cpuPerSecond(), res.WriteRate)
+				b.ReportMetric(ms(res.Quantile(0.5)), name+"-p50-ms")
+				b.ReportMetric(ms(res.Quantile(0.99)), name+"-p99-ms")
+				b.ReportMetric(ms(res.QuantileCommit(0.99)), name+"-commit-p99-ms")
+				b.ReportMetric(float64(k)/float64(res.Rows), name+"-notifications-per-row")
+				b.ReportMetric(c.cpuPerSecond(), name+"-relay-cores")
+			}
+			r.stop(b)
+		}
 	}
 	b.ReportMetric(0, "ns/op")
 }
