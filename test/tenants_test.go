@@ -289,11 +289,11 @@ func TestSchemasExportTheBudgetsPool(t *testing.T) {
 	require.Equal(t, 0, p.terminate(t, time.Minute))
 }
 
-// --awake-rate reaches the fleet: a tenant committing at most 40 times a
-// second, which the default (100) leaves asleep, each commit notifying, is
-// kept awake under --awake-rate 1: the relay's session holds its awake lock
-// while the commits come, so that they stop notifying, and lets it go once
-// they stop. Every row is relayed.
+// --awake-rate reaches the fleet: a tenant committing 40 times a second,
+// which the default (100) leaves asleep, each commit notifying, is kept awake
+// under --awake-rate 1: the relay's session holds its awake lock while the
+// commits come, and they stop notifying; it lets the lock go once they stop.
+// Every row is relayed.
 func TestSchemasAwakeRateKeepsSlowTenantsAwake(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -315,17 +315,21 @@ func TestSchemasAwakeRateKeepsSlowTenantsAwake(t *testing.T) {
 			writer.AdvisoryKey("outbox-sweeper awake "+tbls[0].String()), name).Scan(&pid))
 		return pid
 	}
+	count := dbtest.Notifications(t, tbls[0])
 
 	w, err := outbox.NewWriter(tbls[0])
 	require.NoError(t, err)
+	pool := dbtest.Pool(t)
 	stop := make(chan struct{})
 	var written atomic.Int64
 	var writing sync.WaitGroup
 	writing.Go(func() {
 		// The writer's pace, not a wait for an event: it is the rate under
-		// test. A ticker drops the ticks a slow machine misses, so the rate
-		// never passes 40 a second.
-		tick := time.NewTicker(25 * time.Millisecond)
+		// test. Two commits back to back every 50 ms, so that the second
+		// notifies while the first's sweep runs (a sweeper wakes up for
+		// good only when pressed so); a ticker drops the ticks a slow
+		// machine misses, so the rate never passes 40 a second.
+		tick := time.NewTicker(50 * time.Millisecond)
 		defer tick.Stop()
 		for {
 			select {
@@ -333,16 +337,30 @@ func TestSchemasAwakeRateKeepsSlowTenantsAwake(t *testing.T) {
 				return
 			case <-tick.C:
 			}
-			if err := w.Write(ctx, dbtest.Pool(t), outbox.Message{Topic: "orders", Payload: fmt.Appendf(nil, "%d", written.Load())}); err != nil {
-				t.Error(err)
-				return
+			for range 2 {
+				if err := w.Write(ctx, pool, outbox.Message{Topic: "orders", Payload: fmt.Appendf(nil, "%d", written.Load())}); err != nil {
+					t.Error(err)
+					return
+				}
+				written.Add(1)
 			}
-			written.Add(1)
 		}
 	})
+	var stopOnce sync.Once
+	stopWriting := func() {
+		stopOnce.Do(func() { close(stop) })
+		writing.Wait()
+	}
+	t.Cleanup(stopWriting) // before the schema's drop, whatever fails first
+
 	dbtest.Eventually(t, time.Minute, "the tenant's awake lock held by the relay", func() bool { return holder() != 0 })
-	close(stop)
-	writing.Wait()
+	count(nil)
+	from := written.Load()
+	dbtest.Eventually(t, time.Minute, "40 commits more", func() bool { return written.Load() >= from+40 })
+	notified, commits := count(nil), written.Load()-from
+	require.Less(t, int64(notified), commits, "every commit notified while the tenant was awake")
+	t.Logf("%d notifications for %d commits while awake", notified, commits)
+	stopWriting()
 	require.False(t, t.Failed(), "the writer failed")
 	dbtest.Eventually(t, time.Minute, "every row relayed", func() bool {
 		seen := map[string]bool{}
