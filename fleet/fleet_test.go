@@ -29,7 +29,6 @@ import (
 	"github.com/outbox-sweeper/sweeper/internal/syncbuf"
 	"github.com/outbox-sweeper/sweeper/metrics"
 	"github.com/outbox-sweeper/sweeper/outbox"
-	"github.com/outbox-sweeper/sweeper/outbox/writer"
 	"github.com/outbox-sweeper/sweeper/producer"
 	"github.com/outbox-sweeper/sweeper/producer/memory"
 )
@@ -902,7 +901,7 @@ func awakeFleet(t *testing.T, n int, p producer.Producer, opts fleet.Options) (o
 	name := "fleet-" + base
 	f, _ := newFleet(t, base+"_t*", p, name, opts)
 	waitParked(t, f, tbls)
-	return tbls[0], func() int32 { return awakeHolder(t, tbls[0], name) }, dbtest.Notifications(t, tbls[0])
+	return tbls[0], func() int32 { return dbtest.AwakeHolder(t, tbls[0], name) }, dbtest.Notifications(t, tbls[0])
 }
 
 // notifiedWhileHeld counts, between two markers, the notifications and the
@@ -965,18 +964,6 @@ func (w *writers) write(t *testing.T, tbl outbox.Table, payload []byte) bool {
 	return true
 }
 
-// awakeHolder returns the pid of the session named name that holds tbl's
-// awake lock, 0 for none.
-func awakeHolder(t *testing.T, tbl outbox.Table, name string) int32 {
-	t.Helper()
-	var pid int32
-	err := dbtest.Pool(t).QueryRow(context.Background(), `SELECT coalesce(max(l.pid), 0) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
-		WHERE l.locktype = 'advisory' AND l.granted AND ((l.classid::bigint << 32) | l.objid::bigint) = $1 AND a.application_name = $2`,
-		writer.AdvisoryKey("outbox-sweeper awake "+tbl.String()), name).Scan(&pid)
-	require.NoError(t, err)
-	return pid
-}
-
 // A tenant whose commits press its sweeper (two back to back: the second
 // notifies during the sweep of the first) but come at 20 a second, below
 // Options.AwakeRate, does not keep it awake: each commit notifies, and no
@@ -993,7 +980,7 @@ func TestFleetSlowTenantsStayAsleep(t *testing.T) {
 		for j := range 2 {
 			write(t, tbls[0], outbox.Message{Topic: "orders", Payload: fmt.Appendf(nil, "%d/%d", i, j)})
 		}
-		require.Zero(t, awakeHolder(t, tbls[0], name), "the awake lock taken at 20 commits a second (pair %d)", i)
+		require.Zero(t, dbtest.AwakeHolder(t, tbls[0], name), "the awake lock taken at 20 commits a second (pair %d)", i)
 		// The writer's pace, not a wait for an event: it bounds the rate at 20
 		// commits a second, below AwakeRate on any machine (a slower one only
 		// commits more slowly), and the assertion above holds at any rate

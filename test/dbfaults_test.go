@@ -317,14 +317,8 @@ func TestFrozenInstanceRowsArePickedUpWithinTheBound(t *testing.T) {
 	tbl := migrated(t)
 	insertRows(t, tbl, "frozen", 3000)
 	const sendTimeout = time.Second
-	url := dbtest.URL(t)
-	sep := "?"
-	if strings.Contains(url, "?") {
-		sep = "&"
-	}
 	app := "frozen-" + tbl.Schema
-
-	frozen := exec.Command(sweeperBin, "run", "--database-url", url+sep+"application_name="+app, "--schema", tbl.Schema,
+	frozen := exec.Command(sweeperBin, "run", "--database-url", dbtest.NamedURL(t, dbtest.URL(t), app), "--schema", tbl.Schema,
 		"--send-timeout", sendTimeout.String(), "--notify=false")
 	frozen.Env = []string{"PATH=" + os.Getenv("PATH"), "OUTBOX_ADMIN_ADDR="}
 	_, err := frozen.StdoutPipe() // never read: a batch's writes block once the pipe is full
@@ -413,7 +407,7 @@ func TestFrozenInstanceRowsArePickedUpWithinTheBound(t *testing.T) {
 	require.Less(t, heldFor, bound+5*time.Second, "the frozen batch held its rows past the bound")
 
 	// Another instance relays them.
-	p := start(t, nil, "run", "--database-url", url, "--schema", tbl.Schema, "--tick", "100ms")
+	p := start(t, nil, "run", "--database-url", dbtest.URL(t), "--schema", tbl.Schema, "--tick", "100ms")
 	dbtest.Eventually(t, 2*time.Minute, "every row dispatched by the other instance", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
 	dbtest.Eventually(t, time.Minute, "every outstanding row relayed", func() bool { return len(p.Lines()) >= held })
 }

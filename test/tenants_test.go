@@ -7,7 +7,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,7 +22,6 @@ import (
 	"github.com/outbox-sweeper/sweeper/internal/brokertest"
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
 	"github.com/outbox-sweeper/sweeper/outbox"
-	"github.com/outbox-sweeper/sweeper/outbox/writer"
 	"github.com/outbox-sweeper/sweeper/test/tcpproxy"
 )
 
@@ -97,12 +95,7 @@ func TestSchemasRelayTenantsThroughRabbitMQAcrossKills(t *testing.T) {
 	rc := consumeRabbitMQ(t, url, exchange, destinations)
 
 	appName := "sweeper-" + tbls[0].Schema // the test's own
-	dbURL := dbtest.URL(t)
-	if strings.Contains(dbURL, "?") {
-		dbURL += "&application_name=" + appName
-	} else {
-		dbURL += "?application_name=" + appName
-	}
+	dbURL := dbtest.NamedURL(t, dbtest.URL(t), appName)
 	args := []string{"run", "--database-url", dbURL, "--schemas", pattern, "--producer", "rabbitmq",
 		"--rabbitmq-url", url, "--rabbitmq-exchange", exchange, "--destination", "{schema}.{topic}",
 		"--max-connections", fmt.Sprint(budget), "--tick", "100ms", "--page-size", "200"}
@@ -299,22 +292,11 @@ func TestSchemasAwakeRateKeepsSlowTenantsAwake(t *testing.T) {
 	ctx := context.Background()
 	pattern, tbls := migratedTenants(t, 1)
 	name := "awake-rate-" + tbls[0].Schema
-	u, err := url.Parse(dbtest.URL(t))
-	require.NoError(t, err)
-	q := u.Query()
-	q.Set("application_name", name)
-	u.RawQuery = q.Encode()
 	addr := fmt.Sprintf("127.0.0.1:%d", dbtest.FreePort(t))
-	p := start(t, nil, "run", "--database-url", u.String(), "--schemas", pattern, "--awake-rate", "1",
+	p := start(t, nil, "run", "--database-url", dbtest.NamedURL(t, dbtest.URL(t), name), "--schemas", pattern, "--awake-rate", "1",
 		"--producer", "stdout", "--admin-addr", addr)
 	dbtest.Eventually(t, 2*time.Minute, "ready", func() bool { return readyz(addr) == http.StatusOK })
-	holder := func() int32 {
-		var pid int32
-		require.NoError(t, dbtest.Pool(t).QueryRow(ctx, `SELECT coalesce(max(l.pid), 0) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
-			WHERE l.locktype = 'advisory' AND l.granted AND ((l.classid::bigint << 32) | l.objid::bigint) = $1 AND a.application_name = $2`,
-			writer.AdvisoryKey("outbox-sweeper awake "+tbls[0].String()), name).Scan(&pid))
-		return pid
-	}
+	holder := func() int32 { return dbtest.AwakeHolder(t, tbls[0], name) }
 	count := dbtest.Notifications(t, tbls[0])
 
 	w, err := outbox.NewWriter(tbls[0])

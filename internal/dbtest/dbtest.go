@@ -180,6 +180,21 @@ func NamedPool(t testing.TB, name string) *pgxpool.Pool {
 	return newPool(t, 6, name)
 }
 
+// NamedURL returns the connection URL u with application_name name: for a
+// binary a test starts, whose sessions it then finds in pg_stat_activity
+// among those of the tests running alongside, as NamedPool's.
+func NamedURL(t testing.TB, u, name string) string {
+	t.Helper()
+	parsed, err := url.Parse(u)
+	if err != nil {
+		t.Fatalf("name the sessions of %q: %v", u, err)
+	}
+	q := parsed.Query()
+	q.Set("application_name", name)
+	parsed.RawQuery = q.Encode()
+	return parsed.String()
+}
+
 func newPool(t testing.TB, maxConns int32, name string) *pgxpool.Pool {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(URL(t))

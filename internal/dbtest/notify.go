@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-sweeper/sweeper/outbox"
+	"github.com/outbox-sweeper/sweeper/outbox/writer"
 )
 
 // Notifications listens on the outboxes' channel and returns a function that
@@ -62,4 +63,18 @@ func NotificationsOn(tb testing.TB, url string, counted func(payload string) boo
 			}
 		}
 	}
+}
+
+// AwakeHolder returns the pid of the session named app (its
+// application_name) that holds tbl's awake lock (outbox/awake.go), 0 for
+// none: whether a sweeper, or a fleet's LISTEN session, keeps tbl awake, so
+// that its commits do not notify.
+func AwakeHolder(t *testing.T, tbl outbox.Table, app string) int32 {
+	t.Helper()
+	var pid int32
+	err := Pool(t).QueryRow(context.Background(), `SELECT coalesce(max(l.pid), 0) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+		WHERE l.locktype = 'advisory' AND l.granted AND ((l.classid::bigint << 32) | l.objid::bigint) = $1 AND a.application_name = $2`,
+		writer.AdvisoryKey("outbox-sweeper awake "+tbl.String()), app).Scan(&pid)
+	require.NoError(t, err)
+	return pid
 }

@@ -67,9 +67,9 @@ func topicError(s string) error {
 //
 // It returns the record Batches built (m.Prepared) when there is one, so
 // that a row's headers are decoded once a send, and writes nothing into m
-// (producer.Message.Prepared). The caller must not
-// give the same record to two produce calls: franz-go keeps a produce's
-// state in it (its context among them); Send produces a copy.
+// (producer.Message.Prepared). The caller must not give the same record to
+// two produce calls: franz-go keeps a produce's state in it (its context
+// among them); Send produces a copy.
 func toRecord(topic string, m *producer.Message) (*kgo.Record, string, error) {
 	if r, ok := m.Prepared.(*kgo.Record); ok && r.Topic == topic {
 		return r, "", nil

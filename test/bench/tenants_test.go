@@ -160,13 +160,9 @@ func startRelay(b *testing.B, bin, dbURL string, onLine func([]byte), args ...st
 	b.Helper()
 	r := &relay{app: fmt.Sprintf("bench-relay-%d-%d", os.Getpid(), tenantSeq.Add(1)), onLine: onLine,
 		admin: fmt.Sprintf("127.0.0.1:%d", dbtest.FreePort(b))}
-	u, _ := url.Parse(dbURL)
-	q := u.Query()
-	q.Set("application_name", r.app)
-	u.RawQuery = q.Encode()
 	// The admin API, which nothing calls while a figure is taken, says when
 	// a fleet's outboxes have all parked (waitParked).
-	r.cmd = exec.Command(bin, append([]string{"run", "--database-url", u.String(), "--admin-addr", r.admin, "--producer", "stdout"}, args...)...)
+	r.cmd = exec.Command(bin, append([]string{"run", "--database-url", dbtest.NamedURL(b, dbURL, r.app), "--admin-addr", r.admin, "--producer", "stdout"}, args...)...)
 	r.cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
 	r.cmd.Stderr = writerFunc(func(p []byte) (int, error) {
 		r.mu.Lock()
@@ -415,36 +411,20 @@ func BenchmarkTenantsAwakeRate(b *testing.B) {
 		pool := tenantPool(b, dbURL)
 		topics := benchutil.Topics("slow", 3)
 		const most = 20
-		var slowest []outbox.Table
-		for i := 1; i <= most; i++ {
-			slowest = append(slowest, outbox.Table{Schema: fmt.Sprintf("tenant_%04d", i), Name: "outbox"})
-		}
+		slowest := tenantTables(1, most)
 		// One listener for every phase: a counter left unread keeps its
 		// session's queue growing, which notifying commits would pay for.
-		notes := dbtest.NotificationsOn(b, dbURL, func(payload string) bool {
-			return slices.ContainsFunc(slowest, func(t outbox.Table) bool { return t.String() == payload })
-		})
+		notes := notificationsOf(b, dbURL, slowest)
 		for _, rate := range []string{strconv.Itoa(fleet.AwakeRateDefault), "1"} {
-			var arrived atomic.Pointer[func(body []byte)]
-			r := startRelay(b, bin, dbURL, func(line []byte) {
-				if f := arrived.Load(); f != nil {
-					var m struct{ Payload []byte }
-					if err := json.Unmarshal(line, &m); err == nil {
-						(*f)(m.Payload)
-					}
-				}
-			}, "--schemas", "tenant_*", "--awake-rate", rate)
+			var feed payloadFeed
+			r := startRelay(b, bin, dbURL, feed.line, "--schemas", "tenant_*", "--awake-rate", rate)
 			r.waitParked(b, tenantCount, 5*time.Minute)
-			sub := func(tb testing.TB, f func(body []byte)) func() {
-				arrived.Store(&f)
-				return func() { arrived.Store(nil) }
-			}
 			for _, n := range []int{10, most} {
 				slow := slowest[:n]
 				checkpoint(b, pool)
 				notes(nil)
 				spent, began := r.cpuFrom(b, pool), time.Now()
-				res := benchutil.LatencyTables(b, pool, slow, sub, topics, 50*n, window)
+				res := benchutil.LatencyTables(b, pool, slow, feed.sub, topics, 50*n, window)
 				c := spent()
 				c.window = time.Since(began)
 				// The harness's warm-up rows (a row a topic and tenant, which
@@ -463,6 +443,44 @@ func BenchmarkTenantsAwakeRate(b *testing.B) {
 		}
 	}
 	b.ReportMetric(0, "ns/op")
+}
+
+// tenantTables returns the outbox tables of tenant_<from> to tenant_<to>.
+func tenantTables(from, to int) []outbox.Table {
+	var tbls []outbox.Table
+	for i := from; i <= to; i++ {
+		tbls = append(tbls, outbox.Table{Schema: fmt.Sprintf("tenant_%04d", i), Name: "outbox"})
+	}
+	return tbls
+}
+
+// notificationsOf counts the notifications naming any of tbls in the
+// database at dbURL (dbtest.NotificationsOn).
+func notificationsOf(b *testing.B, dbURL string, tbls []outbox.Table) func(marking func()) int {
+	return dbtest.NotificationsOn(b, dbURL, func(payload string) bool {
+		return slices.ContainsFunc(tbls, func(t outbox.Table) bool { return t.String() == payload })
+	})
+}
+
+// payloadFeed hands the payload of each line a relay prints (line, its
+// startRelay's onLine) to the function benchutil.LatencyTables subscribes
+// (sub, a benchutil.Subscriber) while one is subscribed.
+type payloadFeed struct {
+	arrived atomic.Pointer[func(body []byte)]
+}
+
+func (p *payloadFeed) line(line []byte) {
+	if f := p.arrived.Load(); f != nil {
+		var m struct{ Payload []byte }
+		if err := json.Unmarshal(line, &m); err == nil {
+			(*f)(m.Payload)
+		}
+	}
+}
+
+func (p *payloadFeed) sub(_ testing.TB, f func(body []byte)) func() {
+	p.arrived.Store(&f)
+	return func() { p.arrived.Store(nil) }
 }
 
 // loadTenant writes n rows of 512 bytes over 10 topics named prefix.topic-i
@@ -537,36 +555,22 @@ func BenchmarkTenantsQuietLatency(b *testing.B) {
 	const backlog, window, pairs = 3_000_000, 15 * time.Second, 3
 	for range b.N {
 		dbURL := ownTenantDatabase(b, bin)
-		var quiet []outbox.Table
-		for i := 1; i <= 10; i++ {
-			quiet = append(quiet, outbox.Table{Schema: fmt.Sprintf("tenant_%04d", i), Name: "outbox"})
-		}
-		var arrived atomic.Pointer[func(body []byte)]
+		quiet := tenantTables(1, 10)
+		var feed payloadFeed
 		var busyLines atomic.Int64
 		r := startRelay(b, bin, dbURL, func(line []byte) {
 			if !bytes.Contains(line, []byte(`"topic":"quiet.`)) {
 				busyLines.Add(1)
 				return
 			}
-			if f := arrived.Load(); f != nil {
-				var m struct{ Payload []byte }
-				if err := json.Unmarshal(line, &m); err == nil {
-					(*f)(m.Payload)
-				}
-			}
+			feed.line(line)
 		}, "--schemas", "tenant_*")
 		// Every outbox's first sweeps come right after the relay starts: a
 		// window alone that opened then measured them too (its p99 was 64
 		// and 73 ms in two runs; 46 and 48 ms in two after a 10 s wait).
 		r.waitParked(b, tenantCount, 5*time.Minute)
-		sub := func(tb testing.TB, f func(body []byte)) func() {
-			arrived.Store(&f)
-			return func() { arrived.Store(nil) }
-		}
 		pool := tenantPool(b, dbURL)
-		notes := dbtest.NotificationsOn(b, dbURL, func(payload string) bool {
-			return slices.ContainsFunc(quiet, func(t outbox.Table) bool { return t.String() == payload })
-		})
+		notes := notificationsOf(b, dbURL, quiet)
 		topics := benchutil.Topics("quiet", 3)
 		// The backlog comes at once, 1.5 GB in one transaction, which no
 		// drain's neighbours see in production: a backlog grows over the
@@ -596,7 +600,7 @@ func BenchmarkTenantsQuietLatency(b *testing.B) {
 			// without read 39.5 and 11.9 ms alone at p99.
 			checkpoint(b, pool)
 			notes(nil)
-			res := benchutil.LatencyTables(b, pool, quiet, sub, topics, 500, window)
+			res := benchutil.LatencyTables(b, pool, quiet, feed.sub, topics, 500, window)
 			n := int64(notes(nil))
 			b.Logf("%-6s p50 %5.1f ms, p99 %5.1f ms (commit p99 %5.1f, from ack %5.1f), %d notifications of %d commits", name, ms(res.Quantile(0.5)),
 				ms(res.Quantile(0.99)), ms(res.QuantileCommit(0.99)), ms(res.QuantileFromAck(0.99)), n, res.Rows)
