@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-sweeper/sweeper/internal/brokertest"
@@ -282,26 +283,58 @@ func TestSchemasExportTheBudgetsPool(t *testing.T) {
 	require.Equal(t, 0, p.terminate(t, time.Minute))
 }
 
-// --awake-rate reaches the fleet: a tenant committing 40 times a second,
-// which the default (100) leaves asleep, each commit notifying, is kept awake
-// under --awake-rate 1: the relay's session holds its awake lock while the
-// commits come, and they stop notifying; it lets the lock go once they stop.
-// Every row is relayed.
-func TestSchemasAwakeRateKeepsSlowTenantsAwake(t *testing.T) {
+// --awake-rate reaches the fleet, of the database --schemas names and of
+// each database --databases lists: a tenant committing 40 times a second,
+// which the default (100) leaves asleep, each commit notifying, is kept
+// awake under --awake-rate 1: the relay's session holds its awake lock while
+// the commits come, and they stop notifying; it lets the lock go once they
+// stop. Every row is relayed.
+func TestAwakeRateKeepsSlowTenantsAwake(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	pattern, tbls := migratedTenants(t, 1)
-	name := "awake-rate-" + tbls[0].Schema
-	addr := fmt.Sprintf("127.0.0.1:%d", dbtest.FreePort(t))
-	p := start(t, nil, "run", "--database-url", dbtest.NamedURL(t, dbtest.URL(t), name), "--schemas", pattern, "--awake-rate", "1",
-		"--producer", "stdout", "--admin-addr", addr)
-	dbtest.Eventually(t, 2*time.Minute, "ready", func() bool { return readyz(addr) == http.StatusOK })
-	holder := func() int32 { return dbtest.AwakeHolder(t, tbls[0], name) }
-	count := dbtest.Notifications(t, tbls[0])
+	for _, source := range []string{"schemas", "databases"} {
+		t.Run(source, func(t *testing.T) {
+			t.Parallel()
+			var (
+				tbl   outbox.Table
+				dbURL string
+				args  []string
+			)
+			switch source {
+			case "schemas":
+				pattern, tbls := migratedTenants(t, 1)
+				tbl, dbURL = tbls[0], dbtest.URL(t)
+				args = []string{"--schemas", pattern}
+			case "databases":
+				tbl, dbURL = outbox.Table{Schema: "public", Name: "outbox"}, migratedDatabases(t, 1)[0]
+			}
+			// The relay's sessions, by a name of this test's own: its
+			// tenant's table may have the same name as another test's, in
+			// another database.
+			name := "awake-rate-" + dbtest.Schema(t)
+			if source == "schemas" {
+				args = append([]string{"--database-url", dbtest.NamedURL(t, dbURL, name)}, args...)
+			} else {
+				args = []string{"--databases", dbtest.NamedURL(t, dbURL, name)}
+			}
+			awakeRateKeepsATenantAwake(t, tbl, dbURL, name, args)
+		})
+	}
+}
 
-	w, err := outbox.NewWriter(tbls[0])
+func awakeRateKeepsATenantAwake(t *testing.T, tbl outbox.Table, dbURL, name string, args []string) {
+	ctx := context.Background()
+	addr := fmt.Sprintf("127.0.0.1:%d", dbtest.FreePort(t))
+	p := start(t, nil, append(append([]string{"run"}, args...), "--awake-rate", "1",
+		"--producer", "stdout", "--admin-addr", addr)...)
+	dbtest.Eventually(t, 2*time.Minute, "ready", func() bool { return readyz(addr) == http.StatusOK })
+	holder := func() int32 { return dbtest.AwakeHolder(t, tbl, name) }
+	count := dbtest.NotificationsOn(t, dbURL, func(payload string) bool { return payload == tbl.String() })
+
+	w, err := outbox.NewWriter(tbl)
 	require.NoError(t, err)
-	pool := dbtest.Pool(t)
+	pool, err := pgxpool.New(ctx, dbURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
 	stop := make(chan struct{})
 	var written atomic.Int64
 	var writing sync.WaitGroup
@@ -333,7 +366,7 @@ func TestSchemasAwakeRateKeepsSlowTenantsAwake(t *testing.T) {
 		stopOnce.Do(func() { close(stop) })
 		writing.Wait()
 	}
-	t.Cleanup(stopWriting) // before the schema's drop, whatever fails first
+	t.Cleanup(stopWriting) // before the pool's close and the tenant's drop, whatever fails first
 
 	dbtest.Eventually(t, time.Minute, "the tenant's awake lock held by the relay", func() bool { return holder() != 0 })
 	count(nil)
