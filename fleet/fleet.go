@@ -871,6 +871,7 @@ func (m *member) Take(ctx context.Context, resume bool) (func(outbox.SweepResult
 // cursor's rereads after it, a reconciliation's false alarm) would otherwise
 // run retention and the probe of a thousand idle tenants at once.
 func (m *member) done(resume bool, res outbox.SweepResult) {
+	m.fleet.turns.swept(resume, res.Dispatched)
 	m.fleet.turns.release(resume)
 	if res.Dispatched > 0 || res.DeadLettered > 0 || res.FailedBatches > 0 {
 		m.touched.Store(true)
@@ -878,3 +879,8 @@ func (m *member) done(resume bool, res outbox.SweepResult) {
 }
 
 func (m *member) Waiting() bool { return m.fleet.turns.busy(m.resumed.Load()) }
+
+// PageLimit keeps a drain's pages short while quiet outboxes sweep (turns).
+func (m *member) PageLimit() int { return m.fleet.turns.pageLimit() }
+
+var _ outbox.PagingHost = (*member)(nil)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -19,6 +20,23 @@ const (
 	// page per hold (10,000 rows a second at the default page size) rather
 	// than none.
 	resumeHoldDefault = 50 * time.Millisecond
+
+	// quietPage is the most rows a page reads, and quietHold the longest a
+	// resuming sweep waits while a turn is free, within quietSpell of a
+	// quiet sweep's end: a starting sweep that sent rows, fewer than
+	// quietPage. A drain's page is a burst of work for both the database
+	// and the process (its claim, its sends, its move to history), and a
+	// quiet outbox's sweep that starts during one waits on the machine
+	// until it ends. Beside quiet outboxes sweeping ten times a second or
+	// more, a drain sends a page of 100 per 12 ms (8,300 rows a second at
+	// most) rather than one of 500 per 50 ms (10,000): about as much, in
+	// bursts a fifth as long (ADR 0002). Drains beside sparser quiet sweeps
+	// read whole pages most of the time, and so do drains whose sweeps start
+	// with a page or more (many outboxes draining at once, after a broker's
+	// outage).
+	quietPage  = 100
+	quietHold  = 12 * time.Millisecond
+	quietSpell = 100 * time.Millisecond
 )
 
 // turns bounds the sweeps at once (outbox.Host's Take) and chooses who goes
@@ -43,10 +61,19 @@ const (
 // times (median 1.36 over twelve runs, windows alone and beside taking
 // turns; 1.05 to 1.86 in the five a quiet machine gave), the drain slowed
 // from 60,000 to about 8,000 rows a second while the quiet tenants wrote
-// (ADR 0002). A hold of 100 ms, which halves that, did no better. With no
-// quiet tenant about, drains share the turns at full pace.
+// (ADR 0002). A hold of 100 ms, which halves that, did no better. Beside
+// quiet outboxes' sweeps a drain's pages are also shorter (pageLimit): in
+// alternate runs on a quiet machine, their p99 beside it after its first
+// window went from 3.9 ms (mean; 2-3 ms alone) to 3.2, for a fifth of the
+// drain. With no quiet tenant about, drains share the turns at full pace.
 type turns struct {
 	quiet, hold time.Duration
+	// quietHold, quietSpell and quietPage: see their defaults.
+	quietHold, quietSpell time.Duration
+	quietPage             int
+	// quietAt is when a quiet sweep last ended (unix nanoseconds; 0: none
+	// yet), read at every page's claim (pageLimit).
+	quietAt atomic.Int64
 
 	mu        sync.Mutex
 	free      int       // turns not held
@@ -65,7 +92,32 @@ type waiter struct {
 }
 
 func newTurns(n int) *turns {
-	return &turns{free: n, quiet: resumeQuietDefault, hold: resumeHoldDefault}
+	return &turns{free: n, quiet: resumeQuietDefault, hold: resumeHoldDefault,
+		quietHold: quietHold, quietSpell: quietSpell, quietPage: quietPage}
+}
+
+// swept records the end of a sweep's turn taken by take(ctx, resume) that
+// sent sent rows in it: a starting sweep of a few rows is a quiet outbox's.
+func (t *turns) swept(resume bool, sent int) {
+	if !resume && sent > 0 && sent < t.quietPage {
+		t.quietAt.Store(time.Now().UnixNano())
+	}
+}
+
+// quietNow reports whether a quiet sweep ended within quietSpell.
+func (t *turns) quietNow() bool {
+	at := t.quietAt.Load()
+	return at != 0 && time.Since(time.Unix(0, at)) < t.quietSpell
+}
+
+// pageLimit is outbox.PagingHost's PageLimit for every outbox of the fleet:
+// quietPage while quiet outboxes sweep, else none. A quiet outbox's own pages
+// hold its few rows whatever the limit.
+func (t *turns) pageLimit() int {
+	if t.quietNow() {
+		return t.quietPage
+	}
+	return 0
 }
 
 // take waits for a turn: a starting sweep's, or (resume) a resuming one's.
@@ -88,7 +140,11 @@ func (t *turns) take(ctx context.Context, resume bool) error {
 
 	var overdue <-chan time.Time
 	if resume {
-		timer := time.NewTimer(t.hold)
+		hold := t.hold
+		if t.quietNow() {
+			hold = t.quietHold
+		}
+		timer := time.NewTimer(hold)
 		defer timer.Stop()
 		overdue = timer.C
 	}

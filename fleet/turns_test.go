@@ -171,3 +171,30 @@ func TestTurnsResumingSweepWaitsForALull(t *testing.T) {
 	granted(t, resumed, "the resuming sweep after the lull")
 	require.False(t, tr.busy(true), "the drain alone in a lull goes on")
 }
+
+// A quiet sweep (a starting one that sent a few rows) limits every page to
+// quietPage for quietSpell, and shortens a resuming sweep's hold to
+// quietHold: a drain beside quiet outboxes sends short pages, about as many
+// rows a second. A drain's own start, a sweep that found nothing and a
+// resuming sweep's last few rows limit nothing.
+func TestTurnsQuietSweepsShortenADrainsPages(t *testing.T) {
+	tr := newTurns(2)
+	// The spell outlasts the test, however slow the machine: only the
+	// stored time ends it.
+	tr.hold, tr.quietHold, tr.quietSpell = time.Hour, 20*time.Millisecond, time.Hour
+	ctx := context.Background()
+	require.Zero(t, tr.pageLimit(), "no sweep yet")
+	tr.swept(false, 500)
+	tr.swept(false, 0)
+	tr.swept(true, 3)
+	require.Zero(t, tr.pageLimit(), "a drain's start, an empty sweep and a drain's end are not quiet")
+
+	tr.swept(false, 3)
+	require.Equal(t, quietPage, tr.pageLimit(), "a quiet sweep ended a moment ago")
+	require.NoError(t, tr.take(ctx, false)) // quiet outboxes keep starting
+	resumed := takeAsync(ctx, tr, true)
+	granted(t, resumed, "the resuming sweep after the quiet hold, not the hour")
+
+	tr.quietAt.Store(time.Now().Add(-2 * tr.quietSpell).UnixNano())
+	require.Zero(t, tr.pageLimit(), "the last quiet sweep ended longer than quietSpell ago")
+}

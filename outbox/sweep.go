@@ -504,11 +504,26 @@ type aheadPage struct {
 // are more), so the page size bounds memory however many topics there are;
 // topics beyond it wait their turn at the back of the queue.
 func (s *Sweeper) window(live int) (window, share int) {
-	window = min(live, s.cfg.PageSize)
+	return s.windowOf(live, s.pageSize())
+}
+
+func (s *Sweeper) windowOf(live, size int) (window, share int) {
+	window = min(live, size)
 	if s.store.topicLocks {
 		window = min(window, maxLockedTopics)
 	}
-	return window, (s.cfg.PageSize + window - 1) / window
+	return window, (size + window - 1) / window
+}
+
+// pageSize is the most rows the next page reads: PageSize, or less while a
+// PagingHost limits pages.
+func (s *Sweeper) pageSize() int {
+	if h, ok := s.cfg.Host.(PagingHost); ok {
+		if n := h.PageLimit(); n > 0 && n < s.cfg.PageSize {
+			return n
+		}
+	}
+	return s.cfg.PageSize
 }
 
 // aheadWindow returns how many of live topics the page claimed ahead in a
@@ -521,7 +536,8 @@ func (s *Sweeper) aheadWindow(live []string, read map[string]bool) (window, shar
 	if len(live) == 0 {
 		return 0, 0
 	}
-	window, share = s.window(len(live))
+	size := s.pageSize()
+	window, share = s.windowOf(len(live), size)
 	if !s.store.topicLocks {
 		return window, share
 	}
@@ -531,7 +547,7 @@ func (s *Sweeper) aheadWindow(live []string, read map[string]bool) (window, shar
 			continue
 		}
 		if budget == 0 {
-			return i, (s.cfg.PageSize + i - 1) / max(i, 1)
+			return i, (size + i - 1) / max(i, 1)
 		}
 		budget--
 	}

@@ -83,6 +83,19 @@ type Host interface {
 	Waiting() bool
 }
 
+// PagingHost is a Host that reads smaller pages than Config.PageSize at
+// times: a drain's page is a burst of work for the database and the process
+// (its claim, its sends, its move to history), and the host's other outboxes'
+// sweeps that run beside it wait on the machine for as long as it lasts. A
+// host whose quiet outboxes sweep beside a drain keeps those bursts short
+// (ADR 0002).
+type PagingHost interface {
+	Host
+	// PageLimit returns the most rows the next page may read, or 0 for
+	// Config.PageSize. The sweeper asks before each page it claims.
+	PageLimit() int
+}
+
 // AwakeHost is a Host that keeps its outboxes' awake locks on a session of
 // its own, the one it LISTENs on (Listener.AwakeLock): a sweeper of its own
 // opens a connection for its lock, which a host of a thousand outboxes could

@@ -551,6 +551,34 @@ func TestSweepDrainsABacklogPageAfterPage(t *testing.T) {
 	require.Zero(t, dbtest.Outstanding(t, tbl))
 }
 
+// A PagingHost's limit bounds each page below PageSize, whatever it is
+// asked for (a drain's pages beside quiet outboxes' sweeps, in a fleet); a
+// limit of 0 or above PageSize leaves PageSize.
+func TestSweepReadsPagesAPagingHostLimits(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ limit, pages int }{{100, 11}, {0, 3}, {1000, 3}} {
+		tbl := dbtest.Table(t)
+		writeMessages(t, tbl, topicMessages("A", 1050)...)
+		prod := memory.New(memory.Config{})
+		host := pagingHost{limit: c.limit}
+		res, err := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, PageSize: 500, Host: host}).Sweep(context.Background())
+		require.NoError(t, err)
+		require.Equal(t, 1050, res.Dispatched, "limit %d", c.limit)
+		require.Equal(t, c.pages, res.Pages, "limit %d", c.limit)
+		require.Zero(t, dbtest.Outstanding(t, tbl))
+	}
+}
+
+// pagingHost is an outbox.PagingHost whose sweeps never wait for a turn.
+type pagingHost struct{ limit int }
+
+func (pagingHost) Wake() <-chan struct{} { return nil }
+func (pagingHost) Take(context.Context, bool) (func(outbox.SweepResult), error) {
+	return func(outbox.SweepResult) {}, nil
+}
+func (pagingHost) Waiting() bool    { return false }
+func (h pagingHost) PageLimit() int { return h.limit }
+
 func TestSweepExplainsAMissingTable(t *testing.T) {
 	t.Parallel()
 	tbl := outbox.Table{Schema: "public", Name: "no_such_outbox"}
