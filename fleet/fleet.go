@@ -871,7 +871,7 @@ func (m *member) Take(ctx context.Context, resume bool) (func(outbox.SweepResult
 // cursor's rereads after it, a reconciliation's false alarm) would otherwise
 // run retention and the probe of a thousand idle tenants at once.
 func (m *member) done(resume bool, res outbox.SweepResult) {
-	m.fleet.turns.swept(resume, res.Dispatched)
+	m.fleet.turns.swept(resume, res.Dispatched, res.More())
 	m.fleet.turns.release(resume)
 	if res.Dispatched > 0 || res.DeadLettered > 0 || res.FailedBatches > 0 {
 		m.touched.Store(true)

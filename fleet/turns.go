@@ -24,15 +24,16 @@ const (
 	// quietPage is the most rows a page reads, and quietHold the longest a
 	// resuming sweep waits while a turn is free, within quietSpell of a
 	// quiet sweep's end: a starting sweep that sent rows, fewer than
-	// quietPage. A drain's page is a burst of work for both the database
-	// and the process (its claim, its sends, its move to history), and a
-	// quiet outbox's sweep that starts during one waits on the machine
+	// quietPage, and ended with none left (not a drain's first page, given
+	// at its yield). A drain's page is a burst of work for both the
+	// database and the process (its claim, its sends, its move to history),
+	// and a quiet outbox's sweep that starts during one waits on the machine
 	// until it ends. Beside quiet outboxes sweeping ten times a second or
-	// more, a drain sends a page of 100 per 12 ms (8,300 rows a second at
-	// most) rather than one of 500 per 50 ms (10,000): about as much, in
-	// bursts a fifth as long (ADR 0002). Drains beside sparser quiet sweeps
-	// read whole pages most of the time, and so do drains whose sweeps start
-	// with a page or more (many outboxes draining at once, after a broker's
+	// more, a drain waits at most 12 ms for each page of 100 while sweeps
+	// keep starting, rather than 50 ms for each of 500: bursts a fifth as
+	// long, for four fifths of the rows a second (ADR 0002). Drains beside
+	// sparser quiet sweeps read whole pages most of the time, and so do
+	// drains alone (many outboxes draining at once, after a broker's
 	// outage).
 	quietPage  = 100
 	quietHold  = 12 * time.Millisecond
@@ -71,9 +72,12 @@ type turns struct {
 	// quietHold, quietSpell and quietPage: see their defaults.
 	quietHold, quietSpell time.Duration
 	quietPage             int
-	// quietAt is when a quiet sweep last ended (unix nanoseconds; 0: none
-	// yet), read at every page's claim (pageLimit).
+	// quietAt is when a quiet sweep last ended, in nanoseconds since born
+	// plus one (0: none yet), read at every page's claim (pageLimit): the
+	// monotonic clock's, so that a step of the wall clock neither starts
+	// nor prolongs a spell.
 	quietAt atomic.Int64
+	born    time.Time
 
 	mu        sync.Mutex
 	free      int       // turns not held
@@ -93,21 +97,23 @@ type waiter struct {
 
 func newTurns(n int) *turns {
 	return &turns{free: n, quiet: resumeQuietDefault, hold: resumeHoldDefault,
-		quietHold: quietHold, quietSpell: quietSpell, quietPage: quietPage}
+		quietHold: quietHold, quietSpell: quietSpell, quietPage: quietPage, born: time.Now()}
 }
 
 // swept records the end of a sweep's turn taken by take(ctx, resume) that
-// sent sent rows in it: a starting sweep of a few rows is a quiet outbox's.
-func (t *turns) swept(resume bool, sent int) {
-	if !resume && sent > 0 && sent < t.quietPage {
-		t.quietAt.Store(time.Now().UnixNano())
+// sent sent rows in it, more saying rows are left (outbox.SweepResult's
+// More): a starting sweep that sent a few rows and has none left is a quiet
+// outbox's.
+func (t *turns) swept(resume bool, sent int, more bool) {
+	if !resume && !more && sent > 0 && sent < t.quietPage {
+		t.quietAt.Store(int64(time.Since(t.born)) + 1)
 	}
 }
 
 // quietNow reports whether a quiet sweep ended within quietSpell.
 func (t *turns) quietNow() bool {
 	at := t.quietAt.Load()
-	return at != 0 && time.Since(time.Unix(0, at)) < t.quietSpell
+	return at != 0 && time.Since(t.born)-time.Duration(at-1) < t.quietSpell
 }
 
 // pageLimit is outbox.PagingHost's PageLimit for every outbox of the fleet:

@@ -184,17 +184,19 @@ func TestTurnsQuietSweepsShortenADrainsPages(t *testing.T) {
 	tr.hold, tr.quietHold, tr.quietSpell = time.Hour, 20*time.Millisecond, time.Hour
 	ctx := context.Background()
 	require.Zero(t, tr.pageLimit(), "no sweep yet")
-	tr.swept(false, 500)
-	tr.swept(false, 0)
-	tr.swept(true, 3)
-	require.Zero(t, tr.pageLimit(), "a drain's start, an empty sweep and a drain's end are not quiet")
+	tr.swept(false, 500, true)
+	tr.swept(false, 19, true) // a drain's first page, of short topics, at its yield
+	tr.swept(false, quietPage, false)
+	tr.swept(false, 0, false)
+	tr.swept(true, 3, false)
+	require.Zero(t, tr.pageLimit(), "a drain's start, a page's worth, an empty sweep and a drain's end are not quiet")
 
-	tr.swept(false, 3)
+	tr.swept(false, quietPage-1, false)
 	require.Equal(t, quietPage, tr.pageLimit(), "a quiet sweep ended a moment ago")
 	require.NoError(t, tr.take(ctx, false)) // quiet outboxes keep starting
 	resumed := takeAsync(ctx, tr, true)
 	granted(t, resumed, "the resuming sweep after the quiet hold, not the hour")
 
-	tr.quietAt.Store(time.Now().Add(-2 * tr.quietSpell).UnixNano())
+	tr.born = tr.born.Add(-2 * tr.quietSpell) // as if it had ended two spells ago
 	require.Zero(t, tr.pageLimit(), "the last quiet sweep ended longer than quietSpell ago")
 }

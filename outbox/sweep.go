@@ -392,7 +392,9 @@ func (s *Sweeper) pageLane(st *sweepState, ticks *sweepTicks, marks *sweepMarks,
 				// it is: ending it would list the topics again, and run a
 				// tick's expiry pass, at every page of a busy tenant. A
 				// sweep with nothing left ends instead, its turn given back.
-				if st.yield == nil || !st.yield(*res) {
+				sofar := *res
+				sofar.more = true
+				if st.yield == nil || !st.yield(sofar) {
 					break
 				}
 			}
@@ -641,8 +643,9 @@ func (s *Sweeper) trialClaim(ctx context.Context, live []string, after []int64, 
 	// Each claim is counted in res (see account), which leaves out the rows
 	// of topics done.
 	claim := func(i int) (*page, []producer.Message, error) {
-		pg := &aheadPage{window: 1, share: s.cfg.PageSize}
-		p, msgs, found, err := claimPage(ctx, s.store, live[i:i+1], after[i:i+1], s.cfg.PageSize)
+		size := s.pageSize()
+		pg := &aheadPage{window: 1, share: size}
+		p, msgs, found, err := claimPage(ctx, s.store, live[i:i+1], after[i:i+1], size)
 		if err != nil {
 			return nil, nil, err
 		}

@@ -48,8 +48,16 @@ type SweepResult struct {
 	due time.Time
 	// more says the sweep ended with topics still holding rows to read: its
 	// span ran out mid-drain. The next sweep resumes the drain (Host.Take).
+	// A result given at a yield (Host.Take's done, between pages) has it set
+	// too.
 	more bool
 }
+
+// More reports whether the sweep left rows to read: it gave its turn back
+// between pages with more to send (the result given to Host.Take's done
+// then), or its span ran out mid-drain. A host tells a drain's first page
+// from a quiet outbox's few rows by it.
+func (r SweepResult) More() bool { return r.more }
 
 // Host is what a sweeper gets from a process that runs the sweepers of many
 // outboxes on one database (package fleet implements it). Such a process

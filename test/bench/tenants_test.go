@@ -497,10 +497,17 @@ func autovacuumOf(b *testing.B, dbURL string) func() string {
 			}
 		}
 	})
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			sampling.Wait()
+			_ = conn.Close(context.Background())
+		})
+	}
+	b.Cleanup(stop) // a window that fails leaves no sampler behind
 	return func() string {
-		cancel()
-		sampling.Wait()
-		_ = conn.Close(context.Background())
+		stop()
 		var out []string
 		for q, n := range seen {
 			out = append(out, fmt.Sprintf("%s %.1fs", q, float64(n)*0.05))
