@@ -317,7 +317,7 @@ func (s *Sweeper) pageLane(st *sweepState, ticks *sweepTicks, marks *sweepMarks,
 			if live, after = withoutHalted(live, after, halted); len(live) == 0 {
 				break
 			}
-			window, share := s.window(len(live))
+			window, share := s.window(len(live), s.pageSize())
 			cur = &aheadPage{window: window, share: share}
 			if p, cur.msgs, cur.found, err = claimPage(work, s.store, live[:window], after[:window], share); err != nil {
 				return err
@@ -501,15 +501,11 @@ type aheadPage struct {
 	found         map[string]pageTopic
 }
 
-// window returns how many of live topics the next page reads, and the share of
-// each. A page reads at most PageSize topics (a share of one each when there
-// are more), so the page size bounds memory however many topics there are;
-// topics beyond it wait their turn at the back of the queue.
-func (s *Sweeper) window(live int) (window, share int) {
-	return s.windowOf(live, s.pageSize())
-}
-
-func (s *Sweeper) windowOf(live, size int) (window, share int) {
+// window returns how many of live topics a page of size rows (pageSize)
+// reads, and the share of each. A page reads at most size topics (a share of
+// one each when there are more), so the page size bounds memory however many
+// topics there are; topics beyond it wait their turn at the back of the queue.
+func (s *Sweeper) window(live, size int) (window, share int) {
 	window = min(live, size)
 	if s.store.topicLocks {
 		window = min(window, maxLockedTopics)
@@ -539,7 +535,7 @@ func (s *Sweeper) aheadWindow(live []string, read map[string]bool) (window, shar
 		return 0, 0
 	}
 	size := s.pageSize()
-	window, share = s.windowOf(len(live), size)
+	window, share = s.window(len(live), size)
 	if !s.store.topicLocks {
 		return window, share
 	}

@@ -294,6 +294,10 @@ func TestAwakeRateKeepsSlowTenantsAwake(t *testing.T) {
 	for _, source := range []string{"schemas", "databases"} {
 		t.Run(source, func(t *testing.T) {
 			t.Parallel()
+			// The relay's sessions, by a name of this test's own: its
+			// tenant's table may have the same name as another test's, in
+			// another database.
+			name := "awake-rate-" + dbtest.Schema(t)
 			var (
 				tbl   outbox.Table
 				dbURL string
@@ -303,17 +307,9 @@ func TestAwakeRateKeepsSlowTenantsAwake(t *testing.T) {
 			case "schemas":
 				pattern, tbls := migratedTenants(t, 1)
 				tbl, dbURL = tbls[0], dbtest.URL(t)
-				args = []string{"--schemas", pattern}
+				args = []string{"--database-url", dbtest.NamedURL(t, dbURL, name), "--schemas", pattern}
 			case "databases":
 				tbl, dbURL = outbox.Table{Schema: "public", Name: "outbox"}, migratedDatabases(t, 1)[0]
-			}
-			// The relay's sessions, by a name of this test's own: its
-			// tenant's table may have the same name as another test's, in
-			// another database.
-			name := "awake-rate-" + dbtest.Schema(t)
-			if source == "schemas" {
-				args = append([]string{"--database-url", dbtest.NamedURL(t, dbURL, name)}, args...)
-			} else {
 				args = []string{"--databases", dbtest.NamedURL(t, dbURL, name)}
 			}
 			awakeRateKeepsATenantAwake(t, tbl, dbURL, name, args)
