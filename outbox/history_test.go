@@ -178,6 +178,59 @@ func TestRetentionDropsWholeHistoryPartitionsAndNeverAnOutstandingRow(t *testing
 	require.Contains(t, partitions(t, tbl), tbl.Name+"_history_default")
 }
 
+// The partitions the sweeper creates take no autovacuum, nor does their
+// TOAST table (a partition only takes inserts and is dropped whole; its
+// insert-triggered vacuums ran for seconds beside a drain's neighbours,
+// ADR 0001); the DEFAULT partition, which retention deletes rows from, keeps
+// the server's settings.
+func TestHistoryPartitionsTakeNoAutovacuumButDefaultDoes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tbl := dbtest.Table(t)
+	pool := dbtest.Pool(t)
+	r, err := outbox.NewRetention(pool, outbox.RetentionConfig{Table: tbl, Dispatched: 7 * 24 * time.Hour})
+	require.NoError(t, err)
+	require.NoError(t, r.Prepare(ctx))
+
+	rows, err := pool.Query(ctx, `
+		SELECT c.relname::text, coalesce(c.reloptions, '{}'), coalesce(toast.reloptions, '{}'), c.reltoastrelid <> 0
+		FROM pg_inherits i
+		JOIN pg_class c ON c.oid = i.inhrelid
+		LEFT JOIN pg_class toast ON toast.oid = c.reltoastrelid
+		WHERE i.inhparent = $1::text::regclass
+		ORDER BY 1`, historyIdent(tbl))
+	require.NoError(t, err)
+	type partition struct {
+		name          string
+		opts, toast   []string
+		hasToastTable bool
+	}
+	parts, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (partition, error) {
+		var p partition
+		return p, row.Scan(&p.name, &p.opts, &p.toast, &p.hasToastTable)
+	})
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(parts), 1+3, "DEFAULT, the current partition and two ahead")
+	for _, p := range parts {
+		if p.name == tbl.Name+"_history_default" {
+			require.Empty(t, p.opts, "DEFAULT keeps the server's autovacuum: retention deletes from it")
+			continue
+		}
+		require.Equal(t, []string{"autovacuum_enabled=false"}, p.opts, "partition %s", p.name)
+		require.True(t, p.hasToastTable, "partition %s: payloads and headers are TOASTable", p.name)
+		require.Equal(t, []string{"autovacuum_enabled=false"}, p.toast, "partition %s's TOAST table", p.name)
+	}
+
+	// Rows still move into them, and retention still runs over them.
+	writeMessages(t, tbl, topicMessages("sent", 3)...)
+	_, err = newSweeper(t, pool, memory.New(memory.Config{}), outbox.Config{Table: tbl}).Sweep(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 3, count(t, "SELECT count(*) FROM "+historyIdent(tbl)+" WHERE topic = 'sent'"))
+	require.Zero(t, count(t, "SELECT count(*) FROM "+pgx.Identifier{tbl.Schema, tbl.Name + "_history_default"}.Sanitize()))
+	_, err = r.RunOnce(ctx)
+	require.NoError(t, err)
+}
+
 func payloads(t *testing.T, query string) []string {
 	t.Helper()
 	rows, err := dbtest.Pool(t).Query(context.Background(), query)

@@ -39,6 +39,19 @@ import (
 // ready.
 const historyAhead = 2
 
+// partitionStorage is the storage of the partitions the sweeper creates:
+// autovacuum off, for the table and its TOAST table. A partition only takes
+// the moves' inserts, nothing reads it, and retention drops it whole, so no
+// vacuum has dead rows to remove and no query wants its statistics; an
+// insert-only table is still vacuumed at every fifth of its rows (Postgres
+// 13's autovacuum_vacuum_insert_scale_factor, to set its pages all-visible),
+// which while a drain runs is seconds of reads and writes a visit beside the
+// application's commits (ADR 0001, "History partitions without
+// autovacuum"). Postgres still vacuums a partition old enough to need
+// freezing (autovacuum_freeze_max_age), whatever this says. The DEFAULT
+// partition, which retention deletes from, keeps autovacuum.
+const partitionStorage = "WITH (autovacuum_enabled = false, toast.autovacuum_enabled = false)"
+
 // partitionLockTimeout bounds how long creating or dropping a partition waits
 // for its lock (and so how long moves queue behind it).
 const partitionLockTimeout = "500ms"
@@ -141,7 +154,7 @@ func (r *Retention) ensurePartitions(ctx context.Context, conn *pgx.Conn) (int, 
 		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 			for _, stmt := range []string{
 				"SET LOCAL lock_timeout = '" + partitionLockTimeout + "'",
-				"CREATE TABLE " + name + " (LIKE " + historyIdent(r.cfg.Table) + " INCLUDING DEFAULTS INCLUDING CONSTRAINTS)",
+				"CREATE TABLE " + name + " (LIKE " + historyIdent(r.cfg.Table) + " INCLUDING DEFAULTS INCLUDING CONSTRAINTS) " + partitionStorage,
 				"ALTER TABLE " + historyIdent(r.cfg.Table) + " ATTACH PARTITION " + name +
 					" FOR VALUES FROM ('" + rg[0].UTC().Format(time.RFC3339Nano) + "') TO ('" + rg[1].UTC().Format(time.RFC3339Nano) + "')",
 			} {
