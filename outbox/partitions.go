@@ -41,8 +41,9 @@ const historyAhead = 2
 
 // partitionStorage is the storage of the partitions the sweeper creates:
 // autovacuum off, for the table and its TOAST table. A partition only takes
-// the moves' inserts, nothing reads it, and retention drops it whole, so no
-// vacuum has dead rows to remove and no query wants its statistics; an
+// the moves' inserts, the relay never reads it, and retention drops it
+// whole, so vacuum has no dead row to remove and the relay no use for its
+// statistics; an
 // insert-only table is still vacuumed at every fifth of its rows (Postgres
 // 13's autovacuum_vacuum_insert_scale_factor, to set its pages all-visible),
 // which while a drain runs is seconds of reads and writes a visit beside the
