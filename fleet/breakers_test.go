@@ -38,7 +38,7 @@ func TestDegradedBreakersTryRedisOneAPassWhileItIsDown(t *testing.T) {
 	pool, err := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:1/none") // never dialled
 	require.NoError(t, err)
 	defer pool.Close()
-	f := &Fleet{members: map[string]*member{}}
+	f := &Fleet{members: map[string]*member{}, shared: map[string]sharedBreaker{}}
 	redis := false
 	var fakes []*sharedFake
 	for i := range 5 {
@@ -47,6 +47,7 @@ func TestDegradedBreakersTryRedisOneAPassWhileItIsDown(t *testing.T) {
 		s, err := outbox.NewSweeper(pool, memory.New(memory.Config{}), outbox.Config{Table: tbl, TopicBreaker: b})
 		require.NoError(t, err)
 		f.members[tbl.String()] = &member{sweeper: s}
+		f.shared[tbl.String()] = b
 		fakes = append(fakes, b)
 	}
 	tries := func() (n int) {
@@ -55,7 +56,7 @@ func TestDegradedBreakersTryRedisOneAPassWhileItIsDown(t *testing.T) {
 		}
 		return n
 	}
-	f.breakersTryAgain()
+	require.True(t, f.breakersTryAgain(), "shared breakers: the fleet looks again in a second")
 	require.Equal(t, 1, tries(), "Redis down: one breaker tried")
 	f.breakersTryAgain()
 	require.Equal(t, 2, tries())
@@ -68,4 +69,10 @@ func TestDegradedBreakersTryRedisOneAPassWhileItIsDown(t *testing.T) {
 	before := tries()
 	f.breakersTryAgain()
 	require.Equal(t, before, tries(), "none degraded, none tried")
+
+	// A fleet without Redis has no breaker to try, and no reason to wake
+	// every second.
+	local := &Fleet{members: f.members}
+	require.False(t, local.breakersTryAgain())
+	require.Equal(t, before, tries())
 }
