@@ -48,9 +48,10 @@ const historyAhead = 2
 // 13's autovacuum_vacuum_insert_scale_factor, to set its pages all-visible),
 // which while a drain runs is seconds of reads and writes a visit beside the
 // application's commits (ADR 0001, "History partitions without
-// autovacuum"). Postgres still vacuums a partition old enough to need
-// freezing (autovacuum_freeze_max_age), whatever this says. The DEFAULT
-// partition, which retention deletes from, keeps autovacuum.
+// autovacuum"). Postgres still vacuums a partition whose relfrozenxid,
+// set when it is created, is older than autovacuum_freeze_max_age, whatever
+// this says. The DEFAULT partition, which retention deletes from, keeps
+// autovacuum.
 const partitionStorage = "WITH (autovacuum_enabled = false, toast.autovacuum_enabled = false)"
 
 // partitionLockTimeout bounds how long creating or dropping a partition waits
