@@ -1,16 +1,12 @@
 package fleet
 
 import (
-	"context"
 	"fmt"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-sweeper/sweeper/breaker"
-	"github.com/outbox-sweeper/sweeper/outbox"
-	"github.com/outbox-sweeper/sweeper/producer/memory"
 )
 
 // sharedFake is a topic breaker shared through a Redis the test controls:
@@ -35,19 +31,16 @@ func (b *sharedFake) TryAgain() bool {
 // each its call's timeout, a thousand tenants' in turn. Once it answers,
 // one pass brings every one back.
 func TestDegradedBreakersTryRedisOneAPassWhileItIsDown(t *testing.T) {
-	pool, err := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:1/none") // never dialled
-	require.NoError(t, err)
-	defer pool.Close()
+	// The shared breakers as Fleet.add keeps them apart (the end-to-end
+	// path: test/tenants_test.go's TestSchemasRelayOnThroughARedisOutage).
 	f := &Fleet{members: map[string]*member{}, shared: map[string]sharedBreaker{}}
 	redis := false
 	var fakes []*sharedFake
 	for i := range 5 {
 		b := &sharedFake{Topics: breaker.New(breaker.Settings{}), redis: &redis, degraded: true}
-		tbl := outbox.Table{Schema: fmt.Sprint("tenant_", i), Name: "outbox"}
-		s, err := outbox.NewSweeper(pool, memory.New(memory.Config{}), outbox.Config{Table: tbl, TopicBreaker: b})
-		require.NoError(t, err)
-		f.members[tbl.String()] = &member{sweeper: s}
-		f.shared[tbl.String()] = b
+		key := fmt.Sprintf("tenant_%d.outbox", i)
+		f.members[key] = &member{}
+		f.shared[key] = b
 		fakes = append(fakes, b)
 	}
 	tries := func() (n int) {

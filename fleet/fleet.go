@@ -206,6 +206,9 @@ type Fleet struct {
 	running     sync.WaitGroup // the sweepers' Runs, stopped ones too
 	discoverNow chan struct{}
 	reconcileAt atomic.Int64 // Unix nanoseconds of a full reconciliation asked for sooner; 0: none
+	// reconcileNow wakes follow for reconcileAt: it otherwise sleeps until
+	// the next listing or reconciliation is due.
+	reconcileNow chan struct{}
 }
 
 // New returns a fleet relaying pool's outboxes to p. The pool's size is the
@@ -238,19 +241,25 @@ func New(pool *pgxpool.Pool, p producer.Producer, opts Options) (*Fleet, error) 
 		return nil, errors.New("fleet: Probe.Alerter is required")
 	}
 	f := &Fleet{
-		opts:        opts,
-		pool:        pool,
-		producer:    p,
-		turns:       newTurns(sweepsAtOnce(int(pool.Config().MaxConns))),
-		members:     map[string]*member{},
-		refused:     map[string]bool{},
-		waiting:     map[string]bool{},
-		discoverNow: make(chan struct{}, 1),
+		opts:         opts,
+		pool:         pool,
+		producer:     p,
+		turns:        newTurns(sweepsAtOnce(int(pool.Config().MaxConns))),
+		members:      map[string]*member{},
+		shared:       map[string]sharedBreaker{},
+		refused:      map[string]bool{},
+		waiting:      map[string]bool{},
+		discoverNow:  make(chan struct{}, 1),
+		reconcileNow: make(chan struct{}, 1),
 	}
 	f.listener = outbox.NewListener(pool.Config().ConnConfig.Copy(), opts.Logger, f.notified, func() {
 		// What was committed while no one listened, or while the session
 		// held an awake lock it lost, notified no one.
 		f.reconcileAt.Store(time.Now().UnixNano())
+		select {
+		case f.reconcileNow <- struct{}{}:
+		default:
+		}
 	})
 	return f, nil
 }
@@ -340,7 +349,8 @@ func (f *Fleet) matches(schema string) bool {
 }
 
 // follow lists the schemas every Discover (or at once when a notification
-// names a new one) and reconciles every Reconcile, until ctx is done.
+// names a new one) and reconciles every Reconcile (or at once when the
+// LISTEN session comes back), until ctx is done.
 func (f *Fleet) follow(ctx context.Context) {
 	discover := time.Now()
 	reconcile := time.Now().Add(f.opts.Reconcile)
@@ -378,6 +388,7 @@ func (f *Fleet) follow(ctx context.Context) {
 			return
 		case <-f.discoverNow:
 			discover = time.Now()
+		case <-f.reconcileNow:
 		case <-wait.C:
 		}
 		wait.Stop()
@@ -581,9 +592,6 @@ func (f *Fleet) add(ctx context.Context, t outbox.Table) error {
 	f.mu.Lock()
 	f.members[t.String()] = m
 	if b, ok := cfg.TopicBreaker.(sharedBreaker); ok {
-		if f.shared == nil {
-			f.shared = map[string]sharedBreaker{}
-		}
 		f.shared[t.String()] = b
 	}
 	f.mu.Unlock()

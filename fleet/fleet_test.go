@@ -672,7 +672,9 @@ func TestFleetReconcilesEveryOutboxWhenItsListenSessionComesBack(t *testing.T) {
 	tbls := tenants(t, base, 2)
 	p := memory.New(memory.Config{})
 	name := "fleet-" + base
-	f, _ := newFleet(t, base+"_t*", p, name, fleet.Options{Reconcile: time.Hour})
+	// Neither the reconciliation's pace nor the listing's wakes the fleet
+	// in the test's time: the reconnection must.
+	f, _ := newFleet(t, base+"_t*", p, name, fleet.Options{Reconcile: time.Hour, Discover: time.Hour})
 	dbtest.Eventually(t, time.Minute, "both tenants parked", func() bool {
 		for _, tbl := range tbls {
 			if s, ok := f.Sweeper(tbl); !ok || !s.Parked() {

@@ -43,15 +43,14 @@ const historyAhead = 2
 // autovacuum off, for the table and its TOAST table. A partition only takes
 // the moves' inserts, the relay never reads it, and retention drops it
 // whole, so vacuum has no dead row to remove and the relay no use for its
-// statistics; an
-// insert-only table is still vacuumed at every fifth of its rows (Postgres
-// 13's autovacuum_vacuum_insert_scale_factor, to set its pages all-visible),
-// which while a drain runs is seconds of reads and writes a visit beside the
-// application's commits (ADR 0001, "History partitions without
-// autovacuum"). Postgres still vacuums a partition whose relfrozenxid,
-// set when it is created, is older than autovacuum_freeze_max_age, whatever
-// this says. The DEFAULT partition, which retention deletes from, keeps
-// autovacuum.
+// statistics; an insert-only table is still vacuumed at every fifth of its
+// rows (Postgres 13's autovacuum_vacuum_insert_scale_factor, to set its pages
+// all-visible), which while a drain runs is seconds of reads and writes a
+// visit beside the application's commits (ADR 0001, "History partitions
+// without autovacuum"). Postgres still vacuums a partition whose
+// relfrozenxid, set when it is created, is older than
+// autovacuum_freeze_max_age, whatever this says. The DEFAULT partition, which
+// retention deletes from, keeps autovacuum.
 const partitionStorage = "WITH (autovacuum_enabled = false, toast.autovacuum_enabled = false)"
 
 // partitionLockTimeout bounds how long creating or dropping a partition waits
