@@ -84,6 +84,7 @@ func (f *fleetAPI) routes() []route {
 		})},
 		{"/outboxes/{name}/", http.HandlerFunc(f.outbox)},
 	}
+	rs = append(rs, f.api.profiles()...)
 	if base.Metrics != nil {
 		rs = append(rs, route{"GET /metrics", base.Metrics})
 	}

@@ -104,3 +104,24 @@ func TestFleetOpenAPIDescribesItsAPI(t *testing.T) {
 	code, _ = fleetCall(t, srv, list.Outboxes[0].Path+"status", "tok")
 	require.Equal(t, http.StatusOK, code)
 }
+
+// A fleet serves Go's profiles at its root, behind the token, as a relay of
+// one outbox does: profiling a thousand tenants' relay should not need a
+// tenant's name in the path.
+func TestFleetServesProfilesBehindTheToken(t *testing.T) {
+	t.Parallel()
+	srv := fleetServer(t)
+	for _, path := range []string{"/debug/pprof/", "/debug/pprof/goroutine?debug=1", "/debug/pprof/cmdline"} {
+		for _, tok := range []string{"", "wrong"} {
+			code, raw := fleetCall(t, srv, path, tok)
+			require.Equal(t, http.StatusUnauthorized, code, "%s with token %q", path, tok)
+			require.Contains(t, string(raw), "bearer token")
+		}
+	}
+	code, raw := fleetCall(t, srv, "/debug/pprof/goroutine?debug=1", "tok")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, string(raw), "goroutine profile:")
+	code, raw = fleetCall(t, srv, "/debug/pprof/", "tok")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, string(raw), "goroutine", "the index lists the profiles")
+}

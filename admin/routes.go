@@ -37,16 +37,8 @@ func (a *api) routes() []route {
 		guarded("POST /topics/trip", a.trip),
 		guarded("POST /topics/{topic}/reset", a.reset),
 		guarded("POST /topics/{topic}/trip", a.trip),
-		// Go's profiles, for finding where a slow relay spends its time
-		// (go tool pprof 'http://127.0.0.1:7488/debug/pprof/profile?seconds=20').
-		// Behind the token: a profile names functions and a heap dump holds
-		// data. Shorter than the server's 30 s write timeout.
-		guarded("GET /debug/pprof/", pprof.Index),
-		guarded("GET /debug/pprof/cmdline", pprof.Cmdline),
-		guarded("GET /debug/pprof/profile", pprof.Profile),
-		guarded("GET /debug/pprof/symbol", pprof.Symbol),
-		guarded("GET /debug/pprof/trace", pprof.Trace),
 	}
+	rs = append(rs, a.profiles()...)
 	if a.cfg.Metrics != nil {
 		rs = append(rs, route{"GET /metrics", a.cfg.Metrics})
 	}
@@ -61,6 +53,22 @@ func (a *api) routes() []route {
 			route{"GET /ui/style.css", page("style.css", "text/css; charset=utf-8")})
 	}
 	return rs
+}
+
+// profiles are Go's profiles, for finding where a slow relay spends its
+// time (go tool pprof 'http://127.0.0.1:7488/debug/pprof/profile?seconds=20').
+// Behind the token: a profile names functions and a heap dump holds data. A
+// fleet serves them at its root too (fleet.go): they are the process's.
+// Shorter than the server's 30 s write timeout.
+func (a *api) profiles() []route {
+	guarded := func(pattern string, h http.HandlerFunc) route { return route{pattern, a.auth(h)} }
+	return []route{
+		guarded("GET /debug/pprof/", pprof.Index),
+		guarded("GET /debug/pprof/cmdline", pprof.Cmdline),
+		guarded("GET /debug/pprof/profile", pprof.Profile),
+		guarded("GET /debug/pprof/symbol", pprof.Symbol),
+		guarded("GET /debug/pprof/trace", pprof.Trace),
+	}
 }
 
 //go:embed ui
