@@ -25,6 +25,7 @@ import (
 	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/fleet"
 	"github.com/outbox-sweeper/sweeper/internal/alerttest"
+	"github.com/outbox-sweeper/sweeper/internal/brokertest"
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
 	"github.com/outbox-sweeper/sweeper/internal/syncbuf"
 	"github.com/outbox-sweeper/sweeper/metrics"
@@ -999,4 +1000,42 @@ func distinct(p *memory.Producer) map[string]bool {
 		out[string(m.Payload)] = true
 	}
 	return out
+}
+
+// A tenant whose topic breaker is shared through Redis leaves with its
+// breaker when its schema is dropped: the fleet no longer looks at it every
+// second nor keeps its state for the life of the process, logs no error for
+// it, and the other tenant's breaker stays shared, its trip kept, its rows
+// flowing.
+func TestFleetLetsADroppedTenantsSharedBreakerGo(t *testing.T) {
+	base := dbtest.Schema(t)
+	tbls := tenants(t, base, 2)
+	a, b := tbls[0], tbls[1]
+	client := brokertest.RedisClient(t, brokertest.RedisURL(t))
+	p := memory.New(memory.Config{})
+	f, l := newFleet(t, base+"_t*", p, "fleet-"+base, fleet.Options{
+		TopicBreaker: func(tbl outbox.Table, name string, _ *slog.Logger) (breaker.Breaker, error) {
+			return breaker.NewRedis(breaker.RedisConfig{Client: client, Prefix: "test:" + base + ":" + name, Instance: base,
+				Settings: breaker.Settings{CooldownTicks: 100000, MaxCooldownTicks: 100000}}) // trips outlast the test
+		},
+	})
+	dbtest.Eventually(t, time.Minute, "both tenants relayed", func() bool { return len(f.Outboxes()) == 2 })
+	require.Equal(t, []string{a.String(), b.String()}, f.SharedBreakers())
+	sb, _ := f.Sweeper(b)
+	sb.TopicBreaker().Trip("orders", "by the test")
+	write(t, a, outbox.Message{Topic: "mail", Payload: []byte("a-mail")})
+	dbtest.Eventually(t, time.Minute, "a's mail delivered", func() bool { return distinct(p)["a-mail"] })
+
+	_, err := dbtest.Pool(t).Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{a.Schema}.Sanitize()+" CASCADE")
+	require.NoError(t, err)
+	dbtest.Eventually(t, time.Minute, "a let go", func() bool { return slices.Equal(f.Outboxes(), []outbox.Table{b}) })
+	require.Equal(t, []string{b.String()}, f.SharedBreakers(), "a's breaker left with it")
+
+	write(t, b, outbox.Message{Topic: "orders", Payload: []byte("b-orders")}, outbox.Message{Topic: "mail", Payload: []byte("b-mail")})
+	dbtest.Eventually(t, time.Minute, "b's mail delivered", func() bool { return distinct(p)["b-mail"] })
+	require.Equal(t, breaker.StateTripped, sb.TopicBreaker().State("orders"), "b's trip is kept in Redis")
+	require.False(t, distinct(p)["b-orders"], "b's tripped topic sent")
+	for line := range strings.Lines(l.String()) {
+		require.False(t, strings.Contains(line, "level=ERROR") && strings.Contains(line, a.Schema), "an error for the dropped tenant: %s", line)
+	}
 }
