@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -484,6 +485,50 @@ func TestHalfOpenBrokerBreakerGetsOneBatchAlone(t *testing.T) {
 	require.Equal(t, breaker.DependencyClosed, guarded.State())
 	require.Equal(t, 12, res.Dispatched)
 	require.Zero(t, dbtest.Outstanding(t, tbl))
+}
+
+// Under a host's page limit (a fleet's drain while quiet tenants sweep) the
+// half-open broker breaker's trial is a page of that limit too; the tried
+// topic sits out the rest of that sweep (it had its batch), and the next
+// sends the rest, in order, in pages of the limit.
+func TestHalfOpenTrialKeepsToTheHostsPageLimit(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("a", 10)...)
+	prod := memory.New(memory.Config{})
+	var mu sync.Mutex
+	var sent [][]int64
+	prod.SetSendFunc(func(_ context.Context, b producer.Batch) error {
+		mu.Lock()
+		defer mu.Unlock()
+		sent = append(sent, b.IDs())
+		return nil
+	})
+	guarded := brokerBreaker(t, breaker.DependencyConfig{Failures: 1, OpenDuration: openWindow})
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, PageSize: 500, Host: pagingHost{limit: 3},
+		BrokerBreaker: guarded, Retry: once})
+	failBroker(t, guarded, 1)
+	dbtest.Eventually(t, openWindow+patience, "the breaker half-open", func() bool { return guarded.State() == breaker.DependencyHalfOpen })
+
+	res, err := s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, breaker.DependencyClosed, guarded.State(), "the trial closed the breaker")
+	require.Equal(t, 3, res.Dispatched, "the trial's page alone")
+	res, err = s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 7, res.Dispatched)
+	require.Zero(t, dbtest.Outstanding(t, tbl))
+	mu.Lock()
+	defer mu.Unlock()
+	require.NotEmpty(t, sent)
+	require.Len(t, sent[0], 3, "the trial's page keeps to the limit")
+	var ids []int64
+	for _, b := range sent {
+		require.LessOrEqual(t, len(b), 3, "a page over the limit: %v", sent)
+		ids = append(ids, b...)
+	}
+	require.True(t, slices.IsSorted(ids), "sent out of order: %v", sent)
+	require.Len(t, ids, 10)
 }
 
 // unreachableBatches cannot cut batches of some topics, as a producer that
