@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
@@ -111,7 +112,14 @@ func TestFleetOpenAPIDescribesItsAPI(t *testing.T) {
 func TestFleetServesProfilesBehindTheToken(t *testing.T) {
 	t.Parallel()
 	srv := fleetServer(t)
-	for _, path := range []string{"/debug/pprof/", "/debug/pprof/goroutine?debug=1", "/debug/pprof/cmdline"} {
+	paths := []string{"/debug/pprof/heap", "/debug/pprof/goroutine?debug=1"}
+	for _, p := range admin.FleetRoutePatterns() {
+		if path, ok := strings.CutPrefix(p, "GET /debug/pprof"); ok {
+			paths = append(paths, "/debug/pprof"+path)
+		}
+	}
+	require.Len(t, paths, 7, "the five routes and two profiles under the index")
+	for _, path := range paths {
 		for _, tok := range []string{"", "wrong"} {
 			code, raw := fleetCall(t, srv, path, tok)
 			require.Equal(t, http.StatusUnauthorized, code, "%s with token %q", path, tok)

@@ -56,10 +56,10 @@ func (a *api) routes() []route {
 }
 
 // profiles are Go's profiles, for finding where a slow relay spends its
-// time (go tool pprof 'http://127.0.0.1:7488/debug/pprof/profile?seconds=20').
+// time ('http://127.0.0.1:7488/debug/pprof/profile?seconds=20'; pprof moves
+// the server's 30 s write deadline out by the duration asked for).
 // Behind the token: a profile names functions and a heap dump holds data. A
 // fleet serves them at its root too (fleet.go): they are the process's.
-// Shorter than the server's 30 s write timeout.
 func (a *api) profiles() []route {
 	guarded := func(pattern string, h http.HandlerFunc) route { return route{pattern, a.auth(h)} }
 	return []route{

@@ -1012,10 +1012,17 @@ func TestFleetLetsADroppedTenantsSharedBreakerGo(t *testing.T) {
 	tbls := tenants(t, base, 2)
 	a, b := tbls[0], tbls[1]
 	client := brokertest.RedisClient(t, brokertest.RedisURL(t))
+	prefix := brokertest.Name("outbox-fleet-test")
+	t.Cleanup(func() {
+		keys, _ := client.Keys(context.Background(), prefix+":*").Result()
+		if len(keys) > 0 {
+			client.Del(context.Background(), keys...)
+		}
+	})
 	p := memory.New(memory.Config{})
 	f, l := newFleet(t, base+"_t*", p, "fleet-"+base, fleet.Options{
 		TopicBreaker: func(tbl outbox.Table, name string, _ *slog.Logger) (breaker.Breaker, error) {
-			return breaker.NewRedis(breaker.RedisConfig{Client: client, Prefix: "test:" + base + ":" + name, Instance: base,
+			return breaker.NewRedis(breaker.RedisConfig{Client: client, Prefix: prefix + ":" + name, Instance: base,
 				Settings: breaker.Settings{CooldownTicks: 100000, MaxCooldownTicks: 100000}}) // trips outlast the test
 		},
 	})
@@ -1033,9 +1040,16 @@ func TestFleetLetsADroppedTenantsSharedBreakerGo(t *testing.T) {
 
 	write(t, b, outbox.Message{Topic: "orders", Payload: []byte("b-orders")}, outbox.Message{Topic: "mail", Payload: []byte("b-mail")})
 	dbtest.Eventually(t, time.Minute, "b's mail delivered", func() bool { return distinct(p)["b-mail"] })
-	require.Equal(t, breaker.StateTripped, sb.TopicBreaker().State("orders"), "b's trip is kept in Redis")
+	// A sweep's topics go out side by side: a row written after the mail
+	// arrived is sent by a later sweep, one that began after the first
+	// ended, so by then a lost trip would have sent the orders row.
+	write(t, b, outbox.Message{Topic: "mail", Payload: []byte("b-mail-2")})
+	dbtest.Eventually(t, time.Minute, "b's second mail delivered and moved out", func() bool {
+		return distinct(p)["b-mail-2"] && dbtest.Outstanding(t, b) == 1
+	})
 	require.False(t, distinct(p)["b-orders"], "b's tripped topic sent")
-	for line := range strings.Lines(l.String()) {
-		require.False(t, strings.Contains(line, "level=ERROR") && strings.Contains(line, a.Schema), "an error for the dropped tenant: %s", line)
-	}
+	shared := sb.TopicBreaker().(interface{ Degraded() bool })
+	require.False(t, shared.Degraded(), "b's breaker on its local state, not Redis's")
+	require.Equal(t, breaker.StateTripped, sb.TopicBreaker().State("orders"), "b's trip is kept in Redis")
+	require.NotContains(t, l.String(), "level=ERROR", "the fleet logged errors")
 }

@@ -568,8 +568,9 @@ func loadTenant(b *testing.B, pool *pgxpool.Pool, tbl outbox.Table, prefix strin
 // single-row transactions a second each, in windows of 15 s that take turns:
 // alone (no other tenant busy), then beside tenant_0000 draining a backlog of
 // 3,000,000 rows, alone again, and so on, four windows alone and three
-// beside, after one alone that is not counted (settle, below). Issue 33's goal: the quiet tenants' p99 beside the busy one within
-// 1.5 times their p99 alone, each side the rows of its windows pooled.
+// beside, after one alone that is not counted (settle, below). Issue 33's
+// goal: the quiet tenants' p99 beside the busy one within 1.5 times their
+// p99 alone, each side the rows of its windows pooled.
 //
 // Why windows that take turns: with one window beside between two alone
 // (2026-11-27), a window alone's own p99 ranged from 15 to 59 ms between
@@ -674,9 +675,10 @@ func BenchmarkTenantsQuietLatency(b *testing.B) {
 		}
 		// A window first that is not counted: in seven runs of the binary
 		// on one machine (2026-11-28, tenth), the run's first window was
-		// its worst in four, commits' p99 up to 68 ms where the later
-		// windows' read 1 to 2 ms, and the first beside after it stalled
-		// with it: the server writing back what the setup left (1,000
+		// the worst window alone in four (the worst of the run in three),
+		// commits' p99 up to 68 ms where most later windows' read 1 to 2
+		// ms, its stall running on into the first window beside: the
+		// server writing back what the setup left (1,000
 		// tenants, the backlog's load and vacuum), which falls on the
 		// first window alone and so on the baseline. Its figures are
 		// logged: in the first three runs with it, 4.9, 6.3 and 21.4 ms
