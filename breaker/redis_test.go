@@ -35,13 +35,7 @@ func sharedPair(t *testing.T, s breaker.Settings, lease time.Duration) (*breaker
 func sharedPairOn(t *testing.T, s breaker.Settings, lease time.Duration) (one, two *breaker.Redis, client *redis.Client, prefix string) {
 	t.Helper()
 	client = brokertest.RedisClient(t, brokertest.RedisURL(t))
-	prefix = brokertest.Name("outbox-breaker-test")
-	t.Cleanup(func() {
-		keys, _ := client.Keys(context.Background(), prefix+":*").Result()
-		if len(keys) > 0 {
-			client.Del(context.Background(), keys...)
-		}
-	})
+	prefix = brokertest.RedisPrefix(t, client, "outbox-breaker-test")
 	mk := func(instance string) *breaker.Redis {
 		b, err := breaker.NewRedis(breaker.RedisConfig{Client: client, Prefix: prefix, Instance: instance, Settings: s, Lease: lease,
 			OpTimeout: patientOp})

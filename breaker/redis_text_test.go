@@ -29,13 +29,7 @@ func TestRedisTopicThatIsNotUTF8ReachesConsumersAsIs(t *testing.T) {
 	const topic = "orders\xff\xfe"
 	ctx := context.Background()
 	client := brokertest.RedisClient(t, brokertest.RedisURL(t))
-	prefix := brokertest.Name("outbox-breaker-test")
-	t.Cleanup(func() {
-		keys, _ := client.Keys(context.Background(), prefix+":*").Result()
-		if len(keys) > 0 {
-			client.Del(context.Background(), keys...)
-		}
-	})
+	prefix := brokertest.RedisPrefix(t, client, "outbox-breaker-test")
 	require.NoError(t, client.HSet(ctx, prefix+":topics", topic,
 		"{\"state\":\"tripped\",\"ticks_left\":0,\"cooldown\":1,\"trips\":1,\"tripped_at\":0,\"last_error\":\"bad\xffbytes\"}").Err())
 

@@ -1012,13 +1012,7 @@ func TestFleetLetsADroppedTenantsSharedBreakerGo(t *testing.T) {
 	tbls := tenants(t, base, 2)
 	a, b := tbls[0], tbls[1]
 	client := brokertest.RedisClient(t, brokertest.RedisURL(t))
-	prefix := brokertest.Name("outbox-fleet-test")
-	t.Cleanup(func() {
-		keys, _ := client.Keys(context.Background(), prefix+":*").Result()
-		if len(keys) > 0 {
-			client.Del(context.Background(), keys...)
-		}
-	})
+	prefix := brokertest.RedisPrefix(t, client, "outbox-fleet-test")
 	p := memory.New(memory.Config{})
 	f, l := newFleet(t, base+"_t*", p, "fleet-"+base, fleet.Options{
 		TopicBreaker: func(tbl outbox.Table, name string, _ *slog.Logger) (breaker.Breaker, error) {

@@ -220,6 +220,20 @@ func RedisPID(t testing.TB, url string) int {
 	return pid.(int)
 }
 
+// RedisPrefix returns a key prefix of the test's own, name's, and deletes
+// every key under it when the test ends.
+func RedisPrefix(t testing.TB, client *redis.Client, name string) string {
+	t.Helper()
+	prefix := Name(name)
+	t.Cleanup(func() {
+		keys, _ := client.Keys(context.Background(), prefix+":*").Result()
+		if len(keys) > 0 {
+			client.Del(context.Background(), keys...)
+		}
+	})
+	return prefix
+}
+
 // RedisClient returns a client on url, closed at cleanup, configured as the
 // sweeper configures its own: context deadlines bound every call (go-redis
 // ignores them otherwise) and a failed call is retried once.
