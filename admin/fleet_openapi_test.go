@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -132,4 +133,22 @@ func TestFleetServesProfilesBehindTheToken(t *testing.T) {
 	code, raw = fleetCall(t, srv, "/debug/pprof/", "tok")
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, string(raw), "goroutine", "the index lists the profiles")
+
+	// The fleet's description of the routes is a copy of the outbox's:
+	// held to it, so that the two do not drift.
+	profiles := func(path string) map[string]any {
+		code, raw := fleetCall(t, srv, path, "tok")
+		require.Equal(t, http.StatusOK, code, path)
+		var doc struct{ Paths map[string]any }
+		require.NoError(t, json.Unmarshal(raw, &doc))
+		maps.DeleteFunc(doc.Paths, func(p string, _ any) bool { return !strings.HasPrefix(p, "/debug/pprof") })
+		return doc.Paths
+	}
+	fleetDoc := profiles("/openapi.json")
+	require.Len(t, fleetDoc, 5)
+	_, raw = fleetCall(t, srv, "/outboxes", "tok")
+	var list struct{ Outboxes []struct{ Path string } }
+	require.NoError(t, json.Unmarshal(raw, &list))
+	require.Len(t, list.Outboxes, 1)
+	require.Equal(t, profiles(list.Outboxes[0].Path+"openapi.json"), fleetDoc)
 }
