@@ -120,15 +120,12 @@ func TestConsoleRefusesOtherSitesAndStillActs(t *testing.T) {
 		defer cancel()
 		require.NoError(t, chromedp.Do(sctx, actions...), "%s; sweeper stderr:\n%s", what, p.Stderr())
 	}
-	wait := func(expr string) chromedp.Action[chromedp.Void] {
-		return chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingTimeout(2*time.Minute))
-	}
 	js := func(expr string) chromedp.Action[chromedp.Void] { return chromedp.Evaluate[chromedp.Void](expr) }
 
 	// The no-cors calls were answered (opaquely: the answers are refusals);
 	// the preflighted one and the read were stopped by the browser.
-	step("the attacker's page runs its calls to the end", chromedp.Navigate(attacker.URL+"/"), wait(`document.title.startsWith("done")`),
-		wait(`document.title === "done fulfilled,fulfilled,fulfilled,fulfilled,fulfilled,rejected,rejected"`))
+	step("the attacker's page runs its calls to the end", chromedp.Navigate(attacker.URL+"/"), until(`document.title.startsWith("done")`),
+		until(`document.title === "done fulfilled,fulfilled,fulfilled,fulfilled,fulfilled,rejected,rejected"`))
 
 	require.Equal(t, map[string]int{"x": 2, " x ": 1, "orders": 1}, deadByTopic(), "nothing purged or replayed")
 	code, body = get("/breaker", "")
@@ -151,25 +148,25 @@ func TestConsoleRefusesOtherSitesAndStillActs(t *testing.T) {
 		return fmt.Sprintf(`Array.from(document.querySelectorAll("#topics tr")).find(tr => tr.querySelector("td.topic").textContent === %q)`, topic)
 	}
 	message := func(text string) chromedp.Action[chromedp.Void] {
-		return wait(fmt.Sprintf(`document.getElementById("message").textContent.includes(%q)`, text))
+		return until(fmt.Sprintf(`document.getElementById("message").textContent.includes(%q)`, text))
 	}
 	step("list the group of topic \" x \": its one letter, not those of \"x\"",
-		chromedp.Navigate(base+"/"), wait(group+` !== undefined`),
+		chromedp.Navigate(base+"/"), until(group+` !== undefined`),
 		js(group+`.querySelector("button").click()`),
-		wait(`document.getElementById("f-topic").value === " x "`),
-		wait(`(() => { const rs = Array.from(document.querySelectorAll("#dead-letters tr")); `+
+		until(`document.getElementById("f-topic").value === " x "`),
+		until(`(() => { const rs = Array.from(document.querySelectorAll("#dead-letters tr")); `+
 			`return rs.length === 1 && rs[0].querySelector("td.topic").textContent === " x "; })()`))
 	step("purge what the filter matches: the question counts 1, and names the topic quoted",
 		chromedp.Click("#dlq-purge-matching"),
-		wait(`!document.getElementById("ask").hidden && document.getElementById("ask-text").textContent.includes('Delete 1 dead letters (the dead letters matching topic " x "')`),
+		until(`!document.getElementById("ask").hidden && document.getElementById("ask-text").textContent.includes('Delete 1 dead letters (the dead letters matching topic " x "')`),
 		chromedp.Click("#ask-ok"), message("1 dead letters purged"))
 	require.Equal(t, map[string]int{"x": 2, "orders": 1}, deadByTopic(), "only the letter of topic \" x \" purged")
 
 	step("trip the topic \".\" from the page",
 		chromedp.SetValue("#trip-topic", "."), chromedp.Click(`#trip-form button[type="submit"]`),
-		wait(`!document.getElementById("ask").hidden && document.getElementById("ask-text").textContent.includes("Trip topic .?")`),
+		until(`!document.getElementById("ask").hidden && document.getElementById("ask-text").textContent.includes("Trip topic .?")`),
 		chromedp.Click("#ask-ok"), message("topic . was closed, is tripped"),
-		wait(row(".")+` !== undefined && `+row(".")+`.querySelector("button").textContent === "Reset"`))
+		until(row(".")+` !== undefined && `+row(".")+`.querySelector("button").textContent === "Reset"`))
 	code, body = get("/topics/tripped", "")
 	require.Equal(t, 200, code)
 	require.Contains(t, body, `"topic":"."`)

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 	"github.com/jackc/pgx/v5"
@@ -44,6 +45,19 @@ func newBrowser(t *testing.T, chromium string) context.Context {
 	t.Cleanup(func() { cancelBrowser(); cancelAlloc() })
 	require.NoError(t, chromedp.Do(browser))
 	return browser
+}
+
+// until polls the page until expr holds, for up to 2 minutes. Its error
+// names expr: a step of several polls then says which one did not hold.
+func until(expr string) chromedp.Action[chromedp.Void] {
+	poll := chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingTimeout(2*time.Minute))
+	return func(ctx context.Context, t *chromedp.Target) (chromedp.Void, error) {
+		v, err := poll(ctx, t)
+		if err != nil {
+			return v, fmt.Errorf("waiting for %s: %w", expr, err)
+		}
+		return v, nil
+	}
 }
 
 // postAdmin posts body to the admin API at url with the tests' token, and
@@ -116,9 +130,6 @@ func TestConsoleInABrowser(t *testing.T) {
 		}
 		require.NoError(t, err, "%s (dialogs opened: %d); sweeper stderr:\n%s", what, dialogs.Load(), p.Stderr())
 	}
-	wait := func(expr string) chromedp.Action[chromedp.Void] {
-		return chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingTimeout(2*time.Minute))
-	}
 	js := func(expr string) chromedp.Action[chromedp.Void] { return chromedp.Evaluate[chromedp.Void](expr) }
 	shot := func(name string) {
 		dir := os.Getenv("OUTBOX_TEST_SCREENSHOTS")
@@ -136,63 +147,63 @@ func TestConsoleInABrowser(t *testing.T) {
 		return fmt.Sprintf(`Array.from(document.querySelectorAll("#topics tr")).find(tr => tr.querySelector("td.topic").textContent === %q)`, topic)
 	}
 	message := func(text string) chromedp.Action[chromedp.Void] {
-		return wait(fmt.Sprintf(`document.getElementById("message").textContent.includes(%q)`, text))
+		return until(fmt.Sprintf(`document.getElementById("message").textContent.includes(%q)`, text))
 	}
 
 	step("sign in", chromedp.Navigate(base+"/"), chromedp.WaitVisible("#signin-form"),
 		chromedp.SendKeys("#token", "t0ken"), chromedp.Click(`#signin-form button[type="submit"]`),
-		wait(row(xss)+` !== undefined`),
-		wait(fmt.Sprintf(`document.querySelector('input.pick[value="%d"]') !== null`, pay1)))
+		until(row(xss)+` !== undefined`),
+		until(fmt.Sprintf(`document.querySelector('input.pick[value="%d"]') !== null`, pay1)))
 	shot("console.png")
 	step("the tripped topic, its name and reason as text",
-		wait(row(xss)+`.querySelector("td.state").textContent.startsWith("tripped")`),
-		wait(row(xss)+`.querySelector("td.error-text").textContent === "<b>not bold</b>"`),
-		wait(`document.querySelectorAll("img, b").length === 0`),
-		wait(`document.getElementById("health-state").textContent === "degraded" && document.getElementById("health-reasons").textContent.includes("1 topics tripped or half-open")`))
+		until(row(xss)+`.querySelector("td.state").textContent.startsWith("tripped")`),
+		until(row(xss)+`.querySelector("td.error-text").textContent === "<b>not bold</b>"`),
+		until(`document.querySelectorAll("img, b").length === 0`),
+		until(`document.getElementById("health-state").textContent === "degraded" && document.getElementById("health-reasons").textContent.includes("1 topics tripped or half-open")`))
 
-	step("reset it from the page", wait(row(xss)+`.querySelector("button").textContent === "Reset"`),
+	step("reset it from the page", until(row(xss)+`.querySelector("button").textContent === "Reset"`),
 		js(row(xss)+`.querySelector("button").click()`),
 		message("was tripped, is closed"),
 		// Closed, its row is sent by the sweeper, and the topic shows what
 		// was sent in the last minute.
-		wait(`(() => { const r = `+row(xss)+`; return r !== undefined && r.querySelector("td.state").textContent.startsWith("closed") && r.querySelector('td[data-label="Sent, last min"]').textContent === "1"; })()`),
-		wait(`document.getElementById("health-state").textContent === "ok"`))
+		until(`(() => { const r = `+row(xss)+`; return r !== undefined && r.querySelector("td.state").textContent.startsWith("closed") && r.querySelector('td[data-label="Sent, last min"]').textContent === "1"; })()`),
+		until(`document.getElementById("health-state").textContent === "ok"`))
 
 	step("trip a topic from the page, with a reason asked in the page",
 		chromedp.SetValue("#trip-topic", "shipping"), chromedp.Click(`#trip-form button[type="submit"]`),
-		wait(`!document.getElementById("ask").hidden && document.getElementById("ask-text").textContent.includes("Trip topic shipping?")`),
+		until(`!document.getElementById("ask").hidden && document.getElementById("ask-text").textContent.includes("Trip topic shipping?")`),
 		chromedp.SendKeys("#ask-reason", "warehouse migration"), chromedp.Click("#ask-ok"),
 		message("topic shipping was closed, is tripped"),
-		wait(row("shipping")+` !== undefined && `+row("shipping")+`.querySelector("td.error-text").textContent === "warehouse migration"`))
+		until(row("shipping")+` !== undefined && `+row("shipping")+`.querySelector("td.error-text").textContent === "warehouse migration"`))
 
 	payBtn := fmt.Sprintf(`document.querySelector('#dead-letters tr[data-id="%d"] button')`, pay1)
 	step("a payload is shown only on request, as text",
-		wait(`!document.body.textContent.includes('"amount":42')`),
-		wait(payBtn+` !== null`), js(payBtn+`.click()`),
-		wait(`(() => { const p = document.querySelector("pre.payload"); return p !== null && p.textContent.includes('{"amount":42,"note":"<script>alert(2)</script>"}'); })()`),
-		wait(`document.querySelectorAll("#dead-letters script").length === 0`))
+		until(`!document.body.textContent.includes('"amount":42')`),
+		until(payBtn+` !== null`), js(payBtn+`.click()`),
+		until(`(() => { const p = document.querySelector("pre.payload"); return p !== null && p.textContent.includes('{"amount":42,"note":"<script>alert(2)</script>"}'); })()`),
+		until(`document.querySelectorAll("#dead-letters script").length === 0`))
 
 	pick := fmt.Sprintf(`document.querySelector('input.pick[value="%d"]')`, deadID)
-	step("replay the dead letter from the page", wait(pick+` !== null`),
+	step("replay the dead letter from the page", until(pick+` !== null`),
 		js(pick+`.click()`),
 		chromedp.Click("#dlq-replay"),
-		wait(pick+` === null`),
+		until(pick+` === null`),
 		message("1 dead letters replayed"))
 	shot("console-after.png")
 
 	step("replay all that a filter matches, after a confirmation that counts them",
 		chromedp.SetValue("#f-topic", "payments"), chromedp.Click(`#dlq-filter button[type="submit"]`),
 		chromedp.Click("#dlq-replay-matching"),
-		wait(`!document.getElementById("ask").hidden && document.getElementById("ask-text").textContent.includes("Replay 2 dead letters (the dead letters matching topic payments)")`),
+		until(`!document.getElementById("ask").hidden && document.getElementById("ask-text").textContent.includes("Replay 2 dead letters (the dead letters matching topic payments)")`),
 		chromedp.Click("#ask-ok"),
 		message("2 dead letters replayed"),
-		wait(`document.querySelectorAll("#dead-letters tr").length === 0`))
+		until(`document.querySelectorAll("#dead-letters tr").length === 0`))
 
 	step("a phone's width: rows become cards, nothing scrolls sideways",
 		chromedp.EmulateViewport(390, 844, chromedp.EmulateMobile),
-		wait(`document.querySelector("thead").offsetParent === null`), // headers hidden, cells labelled
-		wait(row("shipping")+`.querySelector("td.state").getBoundingClientRect().right <= window.innerWidth`),
-		wait(`document.documentElement.scrollWidth <= window.innerWidth`))
+		until(`document.querySelector("thead").offsetParent === null`), // headers hidden, cells labelled
+		until(row("shipping")+`.querySelector("td.state").getBoundingClientRect().right <= window.innerWidth`),
+		until(`document.documentElement.scrollWidth <= window.innerWidth`))
 	shot("console-phone.png")
 
 	require.Zero(t, dialogs.Load(), "no dialog opened: neither the topic's tag nor the payload's script ran, and the page asks in the page")
@@ -229,9 +240,6 @@ func TestFleetConsoleInABrowser(t *testing.T) {
 	postAdmin(t, "http://"+addr+"/outboxes/"+troubled.Schema+"/topics/"+url.PathEscape(xss)+"/trip", `{"reason":"by the test"}`)
 
 	browser := newBrowser(t, chromium)
-	wait := func(expr string) chromedp.Action[chromedp.Void] {
-		return chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingTimeout(2*time.Minute))
-	}
 	step := func(what string, actions ...chromedp.Action[chromedp.Void]) {
 		t.Helper()
 		sctx, cancel := context.WithTimeout(browser, 3*time.Minute)
@@ -240,15 +248,95 @@ func TestFleetConsoleInABrowser(t *testing.T) {
 	}
 	step("sign in to the list of outboxes", chromedp.Navigate("http://"+addr+"/"), chromedp.WaitVisible("#signin-form"),
 		chromedp.SendKeys("#token", "t0ken"), chromedp.Click(`#signin-form button[type="submit"]`),
-		wait(`document.querySelectorAll("#outboxes tr").length === 3`),
-		wait(fmt.Sprintf(`document.querySelector("#outboxes tr td a").textContent === %q`, troubled.Schema)),
-		wait(fmt.Sprintf(`document.querySelector("#outboxes tr").cells[5].textContent === %q`, xss)),
-		wait(`document.querySelectorAll("#outboxes img").length === 0`),
-		wait(fmt.Sprintf(`document.querySelector("#outboxes tr td a").href === %q`, "http://"+addr+"/outboxes/"+troubled.Schema+"/")))
+		until(`document.querySelectorAll("#outboxes tr").length === 3`),
+		until(fmt.Sprintf(`document.querySelector("#outboxes tr td a").textContent === %q`, troubled.Schema)),
+		until(fmt.Sprintf(`document.querySelector("#outboxes tr").cells[5].textContent === %q`, xss)),
+		until(`document.querySelectorAll("#outboxes img").length === 0`),
+		until(fmt.Sprintf(`document.querySelector("#outboxes tr td a").href === %q`, "http://"+addr+"/outboxes/"+troubled.Schema+"/")))
 	// The link is followed as the browser would, by its address: a click
 	// navigates away under chromedp's running action.
 	step("the tenant's own console, at the link's address",
 		chromedp.Navigate("http://"+addr+"/outboxes/"+troubled.Schema+"/"),
-		wait(fmt.Sprintf(`Array.from(document.querySelectorAll("#topics tr td.topic")).some(td => td.textContent === %q)`, xss)),
-		wait(`document.getElementById("health-state").textContent === "degraded"`))
+		until(fmt.Sprintf(`Array.from(document.querySelectorAll("#topics tr td.topic")).some(td => td.textContent === %q)`, xss)),
+		until(`document.getElementById("health-state").textContent === "degraded"`))
+}
+
+// heldListing wraps the page's fetch before the console's script runs: the
+// unfiltered listing of dead letters (the one the page starts on load) is
+// answered only once a filtered listing's answer has been shown, and sets
+// window.staleAnswered once the console has had it. Answers that come back
+// out of order, made to happen every time.
+const heldListing = `(() => {
+  const realFetch = window.fetch;
+  let filteredShown;
+  const filtered = new Promise((resolve) => { filteredShown = resolve; });
+  window.fetch = async (url, opts) => {
+    const resp = await realFetch(url, opts);
+    if (!new URL(url, location.href).pathname.endsWith("/dlq")) return resp;
+    const data = await resp.json();
+    // after runs once the console's code after its await has run: a task
+    // queued behind it.
+    const answer = (after) => ({ status: resp.status, ok: resp.ok, statusText: resp.statusText,
+      json: async () => { setTimeout(after, 0); return data; } });
+    if (new URL(url, location.href).searchParams.has("topic")) return answer(filteredShown);
+    await filtered;
+    return answer(() => { window.staleAnswered = true; });
+  };
+})();`
+
+// A group's List clicked while the page's first listing is still in flight
+// shows that group's dead letters, and keeps showing them when the first
+// listing's answer comes back after: an earlier answer is stale. (It once
+// came back last now and then, and the console listed every dead letter
+// under a filter naming one topic.)
+func TestConsoleShowsTheListingLastAskedFor(t *testing.T) {
+	t.Parallel()
+	chromium := chromiumPath(t)
+
+	tbl := migrated(t)
+	prod := memory.New(memory.Config{})
+	for _, topic := range []string{"a", "b", "b"} {
+		prod.FailMessage(writeOne(t, tbl, outbox.Message{Topic: topic, Payload: []byte("x")}),
+			producer.NewMessageError(producer.ReasonInvalidMessage, nil, errors.New("refused by the test")))
+	}
+	s, err := outbox.NewSweeper(dbtest.Pool(t), prod, outbox.Config{Table: tbl})
+	require.NoError(t, err)
+	_, err = s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Len(t, deadLetterReasons(t, tbl), 3)
+
+	// Loopback and no token: the console opens without signing in, and
+	// lists the dead letters at once.
+	addr := fmt.Sprintf("127.0.0.1:%d", dbtest.FreePort(t))
+	p := start(t, []string{"OUTBOX_ADMIN_ADDR=" + addr}, "run", "--database-url", dbtest.URL(t), "--schema", tbl.Schema)
+	base := "http://" + addr
+	dbtest.Eventually(t, 2*time.Minute, "ready", func() bool {
+		resp, err := http.Get(base + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
+
+	browser := newBrowser(t, chromium)
+	group := `Array.from(document.querySelectorAll("#dead-groups tr")).find(tr => tr.querySelector("td.topic").textContent === "a")`
+	letters := `Array.from(document.querySelectorAll("#dead-letters tr")).map(tr => tr.querySelector("td.topic").textContent).join(",")`
+	ctx, cancel := context.WithTimeout(browser, 3*time.Minute)
+	defer cancel()
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Func(func(ctx context.Context, tgt *chromedp.Target) error {
+			_, err := cdp.Call(ctx, tgt, page.AddScriptToEvaluateOnNewDocument, page.AddScriptToEvaluateOnNewDocumentParams{Source: heldListing})
+			return err
+		}),
+		chromedp.Navigate(base+"/"), until(group+` !== undefined`),
+		chromedp.Evaluate[chromedp.Void](group+`.querySelector("button").click()`),
+		until(`window.staleAnswered === true`),
+	), "sweeper stderr:\n%s", p.Stderr())
+	shown, err := chromedp.Run(ctx, chromedp.Evaluate[string](letters))
+	require.NoError(t, err)
+	require.Equal(t, "a", shown, "the listing of topic a, which the filter names, not the page's first listing of every topic")
+	topic, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("f-topic").value`))
+	require.NoError(t, err)
+	require.Equal(t, "a", topic)
 }

@@ -10,6 +10,11 @@
 
 const refreshEvery = 3000;
 let cursor = null;
+// The dead-letter listing last asked for. Listings can be in flight side by
+// side (the one the page starts on load, and a group's List clicked at once),
+// and their answers come back in any order: an answer to an earlier one is
+// stale, and shown it would list what the filter above no longer says.
+let listing = 0;
 
 const $ = (id) => document.getElementById(id);
 
@@ -281,10 +286,14 @@ function filter() {
 }
 
 async function listDeadLetters(more) {
+  // A page more continues the listing it was asked of; a new listing
+  // replaces whatever is in flight.
+  const mine = more ? listing : ++listing;
   const q = new URLSearchParams({ limit: "50", ...filter() });
   if (more && cursor) q.set("cursor", cursor);
   try {
     const r = await api("GET", "/dlq?" + q.toString());
+    if (mine !== listing) return;
     const body = $("dead-letters");
     if (!more) body.replaceChildren();
     for (const d of r.dead_letters) body.appendChild(deadLetterRow(d));
@@ -292,7 +301,7 @@ async function listDeadLetters(more) {
     $("dlq-more").hidden = !cursor;
     $("no-letters").hidden = body.children.length > 0;
   } catch (e) {
-    if (e.message !== "unauthorized") say("Could not list the dead letters: " + e.message, true);
+    if (mine === listing && e.message !== "unauthorized") say("Could not list the dead letters: " + e.message, true);
   }
 }
 
