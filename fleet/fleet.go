@@ -913,3 +913,14 @@ func (m *member) Waiting() bool { return m.fleet.turns.busy(m.resumed.Load()) }
 func (m *member) PageLimit() int { return m.fleet.turns.pageLimit() }
 
 var _ outbox.PagingHost = (*member)(nil)
+
+// Gone lists the schemas again at once: the outbox's sweep found its table
+// dropped, and the listing stops its sweeper (outbox.ListingHost).
+func (m *member) Gone() {
+	select {
+	case m.fleet.discoverNow <- struct{}{}:
+	default:
+	}
+}
+
+var _ outbox.ListingHost = (*member)(nil)

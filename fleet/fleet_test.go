@@ -1002,6 +1002,36 @@ func distinct(p *memory.Producer) map[string]bool {
 	return out
 }
 
+// A tenant dropped while its sweeper is awake (or due to read its cursor
+// again, or woken by a commit in flight) is let go at once, and no ERROR
+// says to migrate it: its sweep that finds no table has the fleet list the
+// schemas again. Before, that sweep logged an ERROR that said to run
+// migrate, again at each retry until the next listing (CI, 2026-11-28).
+func TestFleetLetsATenantGoWhenItsSweepFindsItDropped(t *testing.T) {
+	base := dbtest.Schema(t)
+	tbls := tenants(t, base, 2)
+	a, b := tbls[0], tbls[1]
+	p := memory.New(memory.Config{})
+	// Listings and reconciliations an hour apart: only the failed sweep
+	// can have the fleet look again in time.
+	f, l := newFleet(t, base+"_t*", p, "fleet-"+base, fleet.Options{Discover: time.Hour, Reconcile: time.Hour})
+	dbtest.Eventually(t, time.Minute, "both tenants relayed", func() bool { return len(f.Outboxes()) == 2 })
+
+	ctx := context.Background()
+	_, err := dbtest.Pool(t).Exec(ctx, "DROP SCHEMA "+pgx.Identifier{a.Schema}.Sanitize()+" CASCADE")
+	require.NoError(t, err)
+	// A notification naming a wakes its sweeper, as a commit in flight
+	// would.
+	_, err = dbtest.Pool(t).Exec(ctx, "SELECT pg_notify('outbox_sweeper', $1)", a.String())
+	require.NoError(t, err)
+	dbtest.Eventually(t, time.Minute, "a let go", func() bool { return slices.Equal(f.Outboxes(), []outbox.Table{b}) })
+	require.Contains(t, l.String(), "outbox table not found", "a's sweep did not find its table")
+	require.NotContains(t, l.String(), "level=ERROR", "the fleet logged errors")
+
+	write(t, b, outbox.Message{Topic: "mail", Payload: []byte("b-mail")})
+	dbtest.Eventually(t, time.Minute, "b's mail delivered", func() bool { return distinct(p)["b-mail"] })
+}
+
 // A tenant whose topic breaker is shared through Redis leaves with its
 // breaker when its schema is dropped: the fleet no longer looks at it every
 // second nor keeps its state for the life of the process, logs no error for

@@ -232,6 +232,24 @@ func deref(s *string) string {
 	return *s
 }
 
+// gone reports whether err, a sweep's, says a relation or schema does not
+// exist and the outbox table is indeed not there (to_regclass, which asks
+// the catalog as of now). A missing dead-letter or history table, or a
+// failed look, is an ordinary failure: false.
+func (s *store) gone(ctx context.Context, err error) bool {
+	pgErr, ok := errors.AsType[*pgconn.PgError](err)
+	if !ok || (pgErr.Code != "42P01" && pgErr.Code != "3F000") { // undefined_table, invalid_schema_name
+		return false
+	}
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var missing bool
+	if err := s.pool.QueryRow(qctx, "SELECT to_regclass($1) IS NULL", s.table.Ident()).Scan(&missing); err != nil {
+		return false
+	}
+	return missing
+}
+
 // explain adds what to do to errors an operator can fix.
 func (s *store) explain(err error) error {
 	var pgErr *pgconn.PgError

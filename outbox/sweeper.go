@@ -104,6 +104,20 @@ type PagingHost interface {
 	PageLimit() int
 }
 
+// ListingHost is a Host that finds its outboxes by listing them (the tenant
+// schemas of a fleet), so that one can be dropped while its sweeper runs:
+// between a drop and the host's next listing, a sweep that was awake (or due
+// to read its cursor again, or woken by a commit in flight) finds no table.
+// That sweep tells the host, which lists again at once and stops the
+// sweeper, and the failure is logged as what it is: not an ERROR that asks
+// an operator to migrate the tenant they have just dropped, again at each
+// retry until the next listing.
+type ListingHost interface {
+	Host
+	// Gone says a sweep failed because the outbox table no longer exists.
+	Gone()
+}
+
 // AwakeHost is a Host that keeps its outboxes' awake locks on a session of
 // its own, the one it LISTENs on (Listener.AwakeLock): a sweeper of its own
 // opens a connection for its lock, which a host of a thousand outboxes could
@@ -400,7 +414,13 @@ func (s *Sweeper) Run(ctx context.Context) error {
 			failing++
 			s.sweepFailed(failing, start, err)
 			delay := retry.NextBackOff()
-			s.logger.Error("sweep failed; retrying", "err", err, "retry_in", delay.Round(time.Millisecond), "failures_in_a_row", failing)
+			if lh, ok := host.(ListingHost); ok && s.store.gone(ctx, err) {
+				lh.Gone()
+				s.logger.Info("outbox table not found (its schema or table was dropped); its host lists the outboxes again",
+					"err", err, "retry_in", delay.Round(time.Millisecond))
+			} else {
+				s.logger.Error("sweep failed; retrying", "err", err, "retry_in", delay.Round(time.Millisecond), "failures_in_a_row", failing)
+			}
 			next = time.Now().Add(delay)
 			continue
 		}
