@@ -48,8 +48,9 @@ func writeTo(t *testing.T, dbURL, schema string, msgs ...outbox.Message) {
 	require.NoError(t, w.Write(context.Background(), conn, msgs...))
 }
 
-// Five databases of two tenants each, four listed at start: rows of every
-// tenant of every listed database arrive once, under their tenant's name; a
+// Five databases of two tenants each (schemas a and b in every one), four
+// listed at start: rows of every tenant of every listed database arrive
+// once, under their database's and tenant's name ({database}.{schema}); a
 // database added to the list is relayed on Reload, one taken off is let go,
 // and the admin API names each outbox by database and schema.
 func TestDatabasesRelayEveryListedDatabase(t *testing.T) {
@@ -62,7 +63,7 @@ func TestDatabasesRelayEveryListedDatabase(t *testing.T) {
 	logger := slogText(l)
 	addr := fmt.Sprintf("127.0.0.1:%d", dbtest.FreePort(t))
 	d, err := fleet.NewDatabases(p, fleet.DatabasesOptions{
-		Fleet: fleet.Options{Destination: "{schema}.{topic}", Logger: logger, Probe: outbox.ProbeConfig{Alerter: alert.Log{Logger: logger}},
+		Fleet: fleet.Options{Destination: "{database}.{schema}.{topic}", Logger: logger, Probe: outbox.ProbeConfig{Alerter: alert.Log{Logger: logger}},
 			Discover: 200 * time.Millisecond, Admin: admin.Config{Addr: addr}},
 		URLs: func() ([]string, error) {
 			mu.Lock()
@@ -97,9 +98,11 @@ func TestDatabasesRelayEveryListedDatabase(t *testing.T) {
 			dbtest.Eventually(t, time.Minute, "the row of "+name(u)+"."+s, delivered(name(u)+"/"+s))
 		}
 	}
+	// Each database holds schemas a and b: {database} keeps db1's tenant a
+	// apart from db2's.
 	for _, m := range p.Messages() {
-		_, schema, _ := strings.Cut(string(m.Payload), "/")
-		require.Equal(t, schema+".orders", m.Topic, "row %q sent under another tenant's name", m.Payload)
+		db, schema, _ := strings.Cut(string(m.Payload), "/")
+		require.Equal(t, db+"."+schema+".orders", m.Topic, "row %q sent under another tenant's name", m.Payload)
 	}
 	require.Len(t, p.Messages(), 8, "every row once")
 

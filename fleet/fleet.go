@@ -115,7 +115,8 @@ type Options struct {
 	IdleMaintenance time.Duration
 
 	// Destination names the destination of each outbox's topics at the
-	// broker. Defaults to producer.DestinationDefault, the topic alone.
+	// broker; its {database} is Database, or else the pool's database.
+	// Defaults to producer.DestinationDefault, the topic alone.
 	Destination producer.Destination
 
 	// Discover is how often the schemas are listed again, to relay new
@@ -556,7 +557,9 @@ func (f *Fleet) add(ctx context.Context, t outbox.Table) error {
 	}
 	p := f.producer
 	if f.opts.Destination != producer.DestinationDefault {
-		p = producer.Renamed(p, f.opts.Destination.For(t.Schema))
+		// {database} is the database's name as its URL gives it, in a list
+		// of databases or not.
+		p = producer.Renamed(p, f.opts.Destination.For(cmp.Or(f.opts.Database, f.pool.Config().ConnConfig.Database), t.Schema))
 	}
 	if m.sweeper, err = outbox.NewSweeper(f.pool, p, cfg); err != nil {
 		return err

@@ -8,20 +8,25 @@ import (
 
 // Destination is a template of the name a row's topic is sent under when
 // many outboxes share one broker: "{topic}" (the topic as the row spells it),
-// "{schema}.{topic}" (the tenant's schema before it), or any text around
-// those two placeholders. "{topic}" must appear, so that two topics of one
-// outbox never go to one destination.
+// "{schema}.{topic}" (the tenant's schema before it), "{database}.{topic}"
+// (the tenant's database before it, for a database per tenant whose outboxes
+// all sit in one schema, public), or any text around those placeholders.
+// "{topic}" must appear, so that two topics of one outbox never go to one
+// destination.
 type Destination string
 
 // DestinationDefault sends each topic under its own name.
 const DestinationDefault Destination = "{topic}"
 
+// placeholders are the names a Destination may hold, as its errors list them.
+const placeholders = "{database}, {schema} and {topic}"
+
 // Validate reports a template that does not name the topic, or names a
-// placeholder other than {schema} and {topic}.
+// placeholder other than {database}, {schema} and {topic}.
 func (d Destination) Validate() error {
 	rest := string(d)
 	if !strings.Contains(rest, "{topic}") {
-		return fmt.Errorf("destination template %q does not contain {topic}: write it as {topic}, or {schema}.{topic} to put the tenant's schema before it", string(d))
+		return fmt.Errorf("destination template %q does not contain {topic}: write it as {topic}, or {schema}.{topic} to put the tenant's schema before it ({database}.{topic} for a database per tenant)", string(d))
 	}
 	for {
 		i := strings.IndexByte(rest, '{')
@@ -30,23 +35,30 @@ func (d Destination) Validate() error {
 		}
 		j := strings.IndexByte(rest[i:], '}')
 		if j < 0 {
-			return fmt.Errorf("destination template %q has an unclosed {: the placeholders are {schema} and {topic}", string(d))
+			return fmt.Errorf("destination template %q has an unclosed {: the placeholders are %s", string(d), placeholders)
 		}
-		if p := rest[i : i+j+1]; p != "{schema}" && p != "{topic}" {
-			return fmt.Errorf("destination template %q names %s: the placeholders are {schema} and {topic}", string(d), p)
+		if p := rest[i : i+j+1]; p != "{database}" && p != "{schema}" && p != "{topic}" {
+			return fmt.Errorf("destination template %q names %s: the placeholders are %s", string(d), p, placeholders)
 		}
 		rest = rest[i+j+1:]
 	}
 }
 
 // For returns the function that names topic's destination for the outbox in
-// schema.
-func (d Destination) For(schema string) func(topic string) string {
+// schema of database. The placeholders are filled in one pass, so a
+// database or schema whose name holds "{topic}" stays as it is.
+func (d Destination) For(database, schema string) func(topic string) string {
 	if d == "" || d == DestinationDefault {
 		return func(topic string) string { return topic }
 	}
-	withSchema := strings.ReplaceAll(string(d), "{schema}", schema)
-	return func(topic string) string { return strings.ReplaceAll(withSchema, "{topic}", topic) }
+	// The template split at {topic}, the other placeholders filled in each
+	// part.
+	parts := strings.Split(string(d), "{topic}")
+	fill := strings.NewReplacer("{database}", database, "{schema}", schema)
+	for i := range parts {
+		parts[i] = fill.Replace(parts[i])
+	}
+	return func(topic string) string { return strings.Join(parts, topic) }
 }
 
 // Renamed returns p sending each topic under name(topic). The sweeper above

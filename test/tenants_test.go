@@ -208,9 +208,10 @@ func TestSchemasRelayTenantsThroughRabbitMQAcrossKills(t *testing.T) {
 }
 
 // The binary with --databases-file relays the databases the file lists, and
-// on SIGHUP the ones added to it. Its connection budgets are exported summed
-// (outbox_db_pool_*): each database's --max-connections less its LISTEN
-// session.
+// on SIGHUP the ones added to it, each database's rows under its name
+// (--destination '{database}.{topic}': every outbox is in public). Its
+// connection budgets are exported summed (outbox_db_pool_*): each database's
+// --max-connections less its LISTEN session.
 func TestDatabasesFileIsReadAgainOnSIGHUP(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -218,7 +219,8 @@ func TestDatabasesFileIsReadAgainOnSIGHUP(t *testing.T) {
 	list := filepath.Join(t.TempDir(), "tenants.txt")
 	require.NoError(t, os.WriteFile(list, []byte("# the tenants\n"+urls[0]+"\n"+urls[1]+"\n"), 0o600))
 	addr := fmt.Sprintf("127.0.0.1:%d", dbtest.FreePort(t))
-	p := start(t, nil, "run", "--databases-file", list, "--producer", "stdout", "--admin-addr", addr, "--max-connections", "4")
+	p := start(t, nil, "run", "--databases-file", list, "--producer", "stdout", "--admin-addr", addr, "--max-connections", "4",
+		"--destination", "{database}.{topic}")
 	budget := func(n int) func() bool {
 		return func() bool {
 			return strings.Contains(scrape(t, addr), fmt.Sprintf("\noutbox_db_pool_max_connections %d\n", n))
@@ -232,10 +234,15 @@ func TestDatabasesFileIsReadAgainOnSIGHUP(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, w.Write(ctx, conn, outbox.Message{Topic: "orders", Payload: []byte(payload)}))
 	}
-	printed := func(payload string) func() bool {
+	// printed reports whether payload was printed, under the name of the
+	// database at u.
+	printed := func(u, payload string) func() bool {
+		cfg, err := pgx.ParseConfig(u)
+		require.NoError(t, err)
 		return func() bool {
 			for _, m := range parseLines(t, p.Lines()) {
 				if string(m.Payload) == payload {
+					require.Equal(t, cfg.Database+".orders", m.Topic, "row %q sent under another database's name", payload)
 					return true
 				}
 			}
@@ -244,7 +251,7 @@ func TestDatabasesFileIsReadAgainOnSIGHUP(t *testing.T) {
 	}
 	write(urls[0], "first")
 	write(urls[1], "second")
-	dbtest.Eventually(t, time.Minute, "the listed databases' rows", func() bool { return printed("first")() && printed("second")() })
+	dbtest.Eventually(t, time.Minute, "the listed databases' rows", func() bool { return printed(urls[0], "first")() && printed(urls[1], "second")() })
 	dbtest.Eventually(t, time.Minute, "two databases' budgets", budget(2*3))
 
 	require.NoError(t, os.WriteFile(list, []byte(urls[0]+"\n"+urls[1]+"\n"+urls[2]+"\n"), 0o600))
@@ -253,7 +260,7 @@ func TestDatabasesFileIsReadAgainOnSIGHUP(t *testing.T) {
 		return strings.Count(p.Stderr(), "database relayed") == 3
 	})
 	write(urls[2], "third")
-	dbtest.Eventually(t, time.Minute, "the added database's row", printed("third"))
+	dbtest.Eventually(t, time.Minute, "the added database's row", printed(urls[2], "third"))
 	dbtest.Eventually(t, time.Minute, "three databases' budgets", budget(3*3))
 	require.Equal(t, 0, p.terminate(t, time.Minute))
 	require.NotContains(t, p.Stderr(), " ERR ")

@@ -53,7 +53,7 @@ func (o *fleetOptions) register(f *flags) {
 	f.Int(&o.maxConnections, "max-connections", MaxConnectionsDefault,
 		"with --schemas or --databases-file: the most connections the relay opens to each database, its LISTEN session included, however many tenants are busy (at least 3)")
 	f.String(&o.destination, "destination", string(producer.DestinationDefault), "template",
-		"with --schemas: the name each tenant's topic is sent under; {schema}.{topic} puts the tenant's schema before the topic when tenants share a broker's namespace")
+		"with --schemas, --databases-file or --databases: the name each tenant's topic is sent under; {schema}.{topic} puts the tenant's schema before the topic when tenants share a broker's namespace, {database}.{topic} the database's name (a database per tenant, every outbox in public)")
 	f.String(&o.metricsOutbox, "metrics-outboxes", "", "pattern",
 		"with --schemas: the outboxes (by their admin API name, tenant_*) whose per-outbox series are exported always; others have them only while in trouble (a tripped topic, failing sweeps)")
 	f.Int(&o.awakeRate, "awake-rate", fleet.AwakeRateDefault,

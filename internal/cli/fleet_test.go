@@ -32,7 +32,7 @@ func TestFleetFlagsRefuseWhatCannotWork(t *testing.T) {
 		{[]string{"run", "--schemas", "tenant_*", "--max-connections", "2"}, "--max-connections is 2: it must be at least 3"},
 		{[]string{"run", "--awake-rate", "20"}, "--awake-rate works with --schemas or --databases-file only"},
 		{[]string{"run", "--schemas", "tenant_*", "--awake-rate", "0"}, "--awake-rate is 0: it must be at least 1"},
-		{[]string{"run", "--schemas", "tenant_*", "--destination", "{tenant}.{topic}"}, "names {tenant}: the placeholders are {schema} and {topic}"},
+		{[]string{"run", "--schemas", "tenant_*", "--destination", "{tenant}.{topic}"}, "names {tenant}: the placeholders are {database}, {schema} and {topic}"},
 		{[]string{"run", "--schemas", "tenant_*", "--destination", "{schema}"}, "does not contain {topic}"},
 		{[]string{"run", "--schemas", "[", "--admin-addr", ""}, "it is not a valid pattern"},
 		{[]string{"run", "--databases-file", empty, "--database-url", "postgres://x/y"}, "--database-url and --databases-file both name databases"},
