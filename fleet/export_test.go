@@ -5,6 +5,9 @@ import (
 	"slices"
 )
 
+// ReconcilePasses is how many reconciliation passes are done.
+func (f *Fleet) ReconcilePasses() int64 { return f.passes.Load() }
+
 // SharedBreakers lists the outboxes whose topic breaker the fleet keeps
 // apart as shared through Redis (the ones breakersTryAgain looks at).
 func (f *Fleet) SharedBreakers() []string {

@@ -80,8 +80,18 @@ type Options struct {
 	// Table.Name names the outbox table in each schema (Table.Schema is the
 	// schema's); Logger, Host and TopicBreaker are the fleet's to set, and
 	// TopicBreaker must be nil (see TopicBreaker). BrokerBreaker and Observer,
-	// when set, are shared by every outbox.
+	// when set, are shared by every outbox (see Observe).
 	Sweeper outbox.Config
+
+	// Observe, when set, returns the Observer of the outbox named name (as
+	// in the admin API: schema, or database.schema), in place of
+	// Sweeper.Observer, and of the LISTEN session (name: Database, "" for a
+	// fleet of one database), which has it told whether it listens
+	// (outbox.ListenObserver). Gauges that every outbox would set over the
+	// others' need one Observer each (metrics.Source). An Observer with a
+	// Forget method has it called once its outbox is let go, or its session
+	// ends.
+	Observe func(name string) outbox.Observer
 
 	// TopicBreaker returns the topic breaker of outbox t, which logs to
 	// logger; name is the outbox's name in the admin API and in alerts,
@@ -206,6 +216,9 @@ type Fleet struct {
 
 	running     sync.WaitGroup // the sweepers' Runs, stopped ones too
 	discoverNow chan struct{}
+	// passes counts the reconciliation passes done (follow's alone writes
+	// it; tests read it).
+	passes      atomic.Int64
 	reconcileAt atomic.Int64 // Unix nanoseconds of a full reconciliation asked for sooner; 0: none
 	// reconcileNow wakes follow for reconcileAt: it otherwise sleeps until
 	// the next listing or reconciliation is due.
@@ -313,7 +326,17 @@ func (f *Fleet) Run(ctx context.Context) error {
 		f.opts.Logger.Info("admin API listening", "addr", base.Addr, "token", base.Token != "", "outboxes_at", "/outboxes/{schema}/")
 	}
 	var wg sync.WaitGroup
-	wg.Go(func() { f.listener.Run(ctx) })
+	wg.Go(func() {
+		var obs outbox.Observer
+		if f.opts.Observe != nil {
+			obs = f.opts.Observe(f.opts.Database)
+		}
+		if o, ok := obs.(outbox.ListenObserver); ok {
+			f.listener.OnListening(o.Listening)
+		}
+		f.listener.Run(ctx)
+		forget(obs)
+	})
 	wg.Go(func() { f.maintain(ctx) })
 	f.follow(ctx)
 	wg.Wait()
@@ -356,7 +379,6 @@ func (f *Fleet) follow(ctx context.Context) {
 	discover := time.Now()
 	reconcile := time.Now().Add(f.opts.Reconcile)
 	failing := false
-	passes := 0
 	for {
 		if !time.Now().Before(discover) {
 			err := f.discover(ctx)
@@ -372,10 +394,11 @@ func (f *Fleet) follow(ctx context.Context) {
 			discover = time.Now().Add(f.opts.Discover)
 		}
 		if at := f.reconcileAt.Swap(0); at != 0 || !time.Now().Before(reconcile) {
-			passes++
-			if err := f.reconcile(ctx, at != 0, passes%fullReconcile); err != nil && ctx.Err() == nil {
+			passes := f.passes.Load() + 1
+			if err := f.reconcile(ctx, at != 0, int(passes%fullReconcile)); err != nil && ctx.Err() == nil {
 				f.opts.Logger.Warn("reconciliation failed; it is tried again at its next time", "err", err)
 			}
+			f.passes.Store(passes)
 			reconcile = time.Now().Add(f.opts.Reconcile)
 		}
 		next := min(time.Until(discover), time.Until(reconcile))
@@ -545,6 +568,9 @@ func (f *Fleet) add(ctx context.Context, t outbox.Table) error {
 	}
 	cfg := f.opts.Sweeper
 	cfg.Table, cfg.Logger, cfg.Host = t, logger, m
+	if f.opts.Observe != nil {
+		cfg.Observer = f.opts.Observe(m.name)
+	}
 	if cfg.Alerter != nil {
 		cfg.Alerter = alert.Outbox{Alerter: cfg.Alerter, Name: m.name}
 	}
@@ -598,7 +624,10 @@ func (f *Fleet) add(ctx context.Context, t outbox.Table) error {
 		f.shared[t.String()] = b
 	}
 	f.mu.Unlock()
-	f.running.Go(func() { _ = m.sweeper.Run(runCtx) })
+	f.running.Go(func() {
+		_ = m.sweeper.Run(runCtx)
+		forget(cfg.Observer)
+	})
 	logger.Debug("outbox relayed")
 	return nil
 }
@@ -800,6 +829,15 @@ type unfinishedError struct{ err error }
 
 func (e *unfinishedError) Error() string { return e.err.Error() }
 func (e *unfinishedError) Unwrap() error { return e.err }
+
+// forget tells an Observer that keeps state per outbox or session
+// (metrics.Source) that its source is gone: a dropped tenant's trips and
+// failures, a database's lost session, stop counting.
+func forget(obs outbox.Observer) {
+	if f, ok := obs.(interface{ Forget() }); ok {
+		f.Forget()
+	}
+}
 
 // member is one outbox of the fleet, and the outbox.Host its sweeper runs in.
 type member struct {

@@ -57,6 +57,8 @@ type Metrics struct {
 	topics          *topicLabels
 	maxTopics       int
 	sweepsFailing   prometheus.Gauge
+	// sources: the shared gauges' state in a relay of many (Source).
+	sources sources
 }
 
 var (
@@ -74,6 +76,7 @@ func New(reg prometheus.Registerer) *Metrics { return NewWithConfig(reg, Config{
 func NewWithConfig(reg prometheus.Registerer, cfg Config) *Metrics {
 	cfg = cfg.withDefaults()
 	m := &Metrics{maxTopics: cfg.MaxTopics,
+		sources: sources{tripped: map[string]map[string]struct{}{}, failing: map[string]int{}, listening: map[string]bool{}},
 		dispatched: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_messages_dispatched_total",
 			Help: "Messages the broker accepted."}, []string{"topic"}),
 		batches: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_batches_total",
@@ -245,12 +248,7 @@ func (m *Metrics) OnTopicChange(topic string, from, to breaker.State, _ string) 
 	l := m.topics.of(topic)
 	m.topicChanges.WithLabelValues(l, label(to.String())).Inc()
 	if l == OtherTopic {
-		switch {
-		case from == breaker.StateClosed && to != breaker.StateClosed:
-			m.tripped.WithLabelValues(OtherTopic).Inc()
-		case from != breaker.StateClosed && to == breaker.StateClosed:
-			m.tripped.WithLabelValues(OtherTopic).Dec()
-		}
+		m.otherTopicChange(from, to)
 		return
 	}
 	v := 0.0
@@ -258,6 +256,17 @@ func (m *Metrics) OnTopicChange(topic string, from, to breaker.State, _ string) 
 		v = 1
 	}
 	m.tripped.WithLabelValues(l).Set(v)
+}
+
+// otherTopicChange moves the count of tripped topics without series of
+// their own (topic="_other") by one topic's change.
+func (m *Metrics) otherTopicChange(from, to breaker.State) {
+	switch {
+	case from == breaker.StateClosed && to != breaker.StateClosed:
+		m.tripped.WithLabelValues(OtherTopic).Inc()
+	case from != breaker.StateClosed && to == breaker.StateClosed:
+		m.tripped.WithLabelValues(OtherTopic).Dec()
+	}
 }
 
 // OnDependencyChange fits breaker.DependencyConfig.OnStateChange.

@@ -160,7 +160,11 @@ func (s *Sweeper) expireLeftOut(ctx context.Context, leftOut []string, due time.
 		if err != nil {
 			// Logged, not the sweep's error: a pass that fails must not stop
 			// the topics that send. A database that is down fails the sweep
-			// anyway, at its next statement.
+			// anyway, at its next statement. A table dropped from under a host
+			// of many fails it too, and the sweep's failure says so.
+			if s.dropped(ctx, err) {
+				return nil
+			}
 			s.logger.Error("expiring rows past their deadline failed; they will be tried at the next tick, and rows a page claims are still checked",
 				"table", s.cfg.Table.String(), "err", err)
 			return nil

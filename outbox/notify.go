@@ -121,6 +121,14 @@ func NewListener(connConfig *pgx.ConnConfig, logger *slog.Logger, notified func(
 // Run listens until ctx is done, as Listen does.
 func (l *Listener) Run(ctx context.Context) { l.l.run(ctx) }
 
+// OnListening has Run call f with true each time its session listens, and
+// with false each time it is lost (ListenObserver). Call it before Run.
+func (l *Listener) OnListening(f func(up bool)) {
+	if f != nil {
+		l.l.listening = f
+	}
+}
+
 // do runs fn on the session between two waits for notifications, and
 // returns its error; errNoSession at once while the session is down. gen
 // tells fn which connection of the session it runs on. A call whose ctx

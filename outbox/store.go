@@ -232,16 +232,20 @@ func deref(s *string) string {
 	return *s
 }
 
-// gone reports whether err, a sweep's, says a relation or schema does not
-// exist and the outbox table is indeed not there (to_regclass, which asks
-// the catalog as of now). A missing dead-letter or history table, or a
-// failed look, is an ordinary failure: false.
+// gone reports whether err, a statement's that the server refused, came as
+// the outbox table went: the table is not there now (to_regclass, which
+// asks the catalog as of now). A drop fails the statements after it with
+// undefined_table, and one that runs beside it now and then with a
+// deadlock (DROP SCHEMA … CASCADE locks the tables in its own order). A
+// missing dead-letter or history table, a connection lost, or a failed
+// look is an ordinary failure: false.
 func (s *store) gone(ctx context.Context, err error) bool {
-	pgErr, ok := errors.AsType[*pgconn.PgError](err)
-	if !ok || (pgErr.Code != "42P01" && pgErr.Code != "3F000") { // undefined_table, invalid_schema_name
+	if _, ok := errors.AsType[*pgconn.PgError](err); !ok {
 		return false
 	}
-	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	// Not ctx's end: the host may be stopping the sweeper for the very
+	// drop, and a look cut short would log its failure as an error.
+	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	var missing bool
 	if err := s.pool.QueryRow(qctx, "SELECT to_regclass($1) IS NULL", s.table.Ident()).Scan(&missing); err != nil {

@@ -414,11 +414,7 @@ func (s *Sweeper) Run(ctx context.Context) error {
 			failing++
 			s.sweepFailed(failing, start, err)
 			delay := retry.NextBackOff()
-			if lh, ok := host.(ListingHost); ok && s.store.gone(ctx, err) {
-				lh.Gone()
-				s.logger.Info("outbox table not found (its schema or table was dropped); its host lists the outboxes again",
-					"err", err, "retry_in", delay.Round(time.Millisecond))
-			} else {
+			if !s.dropped(ctx, err) {
 				s.logger.Error("sweep failed; retrying", "err", err, "retry_in", delay.Round(time.Millisecond), "failures_in_a_row", failing)
 			}
 			next = time.Now().Add(delay)
@@ -470,6 +466,21 @@ type SweepFailure struct {
 	Consecutive int
 	Since       time.Time
 	Err         string
+}
+
+// dropped reports whether err, a sweep's or its expiry pass's, says the
+// outbox table is gone from under a host that lists its outboxes (a
+// tenant's schema dropped), and then tells the host (ListingHost) and logs
+// it at INFO: the failure is the host's news, not an operator's error. A
+// sweep that fails so is tried again as any other, until the host stops it.
+func (s *Sweeper) dropped(ctx context.Context, err error) bool {
+	lh, ok := s.cfg.Host.(ListingHost)
+	if !ok || !s.store.gone(ctx, err) {
+		return false
+	}
+	s.logger.Info("outbox table not found (its schema or table was dropped); its host lists the outboxes again", "err", err)
+	lh.Gone()
+	return true
 }
 
 // maxSweepErrorText bounds the error Failing reports: the status page shows

@@ -269,7 +269,11 @@ func TestDatabasesFileIsReadAgainOnSIGHUP(t *testing.T) {
 // With --schemas, the connection budget's pool is exported as a relay of
 // one exports its own (outbox_db_pool_*): its size is --max-connections
 // less the LISTEN session. The per-tenant series are there for the tenant
-// --metrics-outboxes names, and not for the other, healthy one.
+// --metrics-outboxes names, and not for the other, healthy one. The gauges
+// every tenant shares count them all: a topic tripped in both tenants and
+// reset in one is still tripped (one tenant's reset cleared it for both
+// before), and the relay says it listens; the table's gauges, which only a
+// relay of one refreshes, are not exported (they read 0 for good before).
 func TestSchemasExportTheBudgetsPool(t *testing.T) {
 	t.Parallel()
 	pattern, tbls := migratedTenants(t, 2)
@@ -287,6 +291,26 @@ func TestSchemasExportTheBudgetsPool(t *testing.T) {
 	require.Contains(t, body, `outbox_tenant_backlog_messages{outbox="`+tbls[0].Schema+`"} 0`)
 	require.Contains(t, body, `outbox_tenant_oldest_message_age_seconds{outbox="`+tbls[0].Schema+`"} 0`)
 	require.NotContains(t, body, `outbox="`+tbls[1].Schema+`"`, "a healthy tenant not named has no series")
+	dbtest.Eventually(t, time.Minute, "the relay listening", func() bool { return strings.Contains(scrape(), "\noutbox_listening 1\n") })
+	require.NotContains(t, body, "\noutbox_outstanding_messages ", "a gauge no relay of many refreshes")
+	require.NotContains(t, body, "\noutbox_dead_letter_messages ", "a gauge no relay of many refreshes")
+
+	post := func(path string) {
+		resp, err := http.Post("http://"+addr+path, "application/json", strings.NewReader(`{"topic":"orders","reason":"by the test"}`))
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode, path)
+	}
+	for _, tbl := range tbls {
+		post("/outboxes/" + tbl.Schema + "/topics/trip")
+	}
+	dbtest.Eventually(t, time.Minute, "orders tripped in both tenants", func() bool {
+		return strings.Contains(scrape(), "\noutbox_topic_tripped{topic=\"orders\"} 2\n")
+	})
+	post("/outboxes/" + tbls[1].Schema + "/topics/reset")
+	dbtest.Eventually(t, time.Minute, "orders reset in one tenant", func() bool {
+		return strings.Contains(scrape(), "\noutbox_topic_tripped{topic=\"orders\"} 1\n")
+	})
 	require.Equal(t, 0, p.terminate(t, time.Minute))
 }
 

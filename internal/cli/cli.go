@@ -386,7 +386,7 @@ func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Wri
 		adminCfg.Metrics = promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 		return o.runFleet(ctx, f, cfg, adminCfg, poolCfg, logger, reg, m, alerter, syncAlerter, tick, out)
 	}
-	if cfg.TopicBreaker, err = o.topicBreakerOptions.build(f, logger, alerter, m, tbl.String(), tick, o.sendTimeout); err != nil {
+	if cfg.TopicBreaker, err = o.topicBreakerOptions.build(f, logger, alerter, m.OnTopicChange, tbl.String(), tick, o.sendTimeout); err != nil {
 		return err
 	}
 

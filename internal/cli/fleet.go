@@ -111,6 +111,8 @@ func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, 
 	next := ropts.RetentionSchedule.Next(time.Now())
 	maintenance := ropts.RetentionSchedule.Next(next).Sub(next)
 
+	// The table's gauges are a relay of one's: no fleet refreshes them.
+	m.ForMany(reg)
 	p, dep, retry, err := o.producerOptions.buildGuarded(ctx, f, out, logger, alerter, m)
 	if err != nil {
 		return err
@@ -134,8 +136,12 @@ func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, 
 			// name is the schema, or database.schema: with the table's name,
 			// the key a relay of that table alone uses, the database first
 			// where there are several.
-			return o.topicBreakerOptions.build(f, logger, alert.Outbox{Alerter: alerter, Name: name}, m, name+"."+t.Name, tick, o.sendTimeout)
+			return o.topicBreakerOptions.build(f, logger, alert.Outbox{Alerter: alerter, Name: name}, m.Source(name).OnTopicChange, name+"."+t.Name, tick, o.sendTimeout)
 		},
+		// Each outbox and each database's LISTEN session its own view of
+		// the metrics: the gauges they share (a topic tripped, sweeps
+		// failing, listening) count them all, none set over the others.
+		Observe:     func(name string) outbox.Observer { return m.Source(name) },
 		Retention:   ropts.Retention,
 		Probe:       ropts.Probe,
 		Maintenance: maintenance,

@@ -13,7 +13,6 @@ import (
 
 	"github.com/outbox-sweeper/sweeper/alert"
 	"github.com/outbox-sweeper/sweeper/breaker"
-	"github.com/outbox-sweeper/sweeper/metrics"
 	"github.com/outbox-sweeper/sweeper/outbox"
 )
 
@@ -50,7 +49,10 @@ func (o *topicBreakerOptions) register(f *flags) {
 // key names the outbox's state in Redis: its table's schema-qualified name, so
 // that every relay of that table shares it (a relay of many outboxes of several
 // databases puts the database's name first).
-func (o *topicBreakerOptions) build(f *flags, logger *slog.Logger, alerter alert.Alerter, m *metrics.Metrics, key string, tick, sendTimeout time.Duration) (breaker.Breaker, error) {
+// build makes a topic breaker from the flags; onChange is the metrics' hook
+// (metrics.Metrics.OnTopicChange, or a Source's for one outbox of many).
+func (o *topicBreakerOptions) build(f *flags, logger *slog.Logger, alerter alert.Alerter, onChange func(topic string, from, to breaker.State, reason string),
+	key string, tick, sendTimeout time.Duration) (breaker.Breaker, error) {
 	positive := func(v int, name string) error {
 		if v < 1 {
 			return usagef("%s is %d: it must be at least 1", f.origin(name), v)
@@ -93,7 +95,7 @@ func (o *topicBreakerOptions) build(f *flags, logger *slog.Logger, alerter alert
 		FailureWindow:    o.failureWindow,
 		MaxCooldownTicks: o.cooldownMaxTicks,
 		MaxTrials:        o.maxTrials,
-		OnStateChange:    alertTopicChanges(outbox.LogTopicStateChange(logger), alerter, m.OnTopicChange),
+		OnStateChange:    alertTopicChanges(outbox.LogTopicStateChange(logger), alerter, onChange),
 	}
 	if o.redisURL == "" {
 		return breaker.New(settings), nil
