@@ -357,6 +357,14 @@ func (f *Fleet) notified(payload string) {
 		return
 	}
 	if schema, table, ok := strings.Cut(payload, "."); ok && table == f.opts.Sweeper.Table.Name && f.matches(schema) {
+		// A schema left out for its name is looked at again only once it
+		// is dropped and made again: its commits list nothing.
+		f.mu.Lock()
+		refused := f.refused[schema]
+		f.mu.Unlock()
+		if refused {
+			return
+		}
 		select {
 		case f.discoverNow <- struct{}{}:
 		default:
@@ -379,8 +387,10 @@ func (f *Fleet) follow(ctx context.Context) {
 	discover := time.Now()
 	reconcile := time.Now().Add(f.opts.Reconcile)
 	failing := false
+	var listed time.Time // when the last listing began
 	for {
 		if !time.Now().Before(discover) {
+			listed = time.Now()
 			err := f.discover(ctx)
 			switch {
 			case ctx.Err() != nil:
@@ -411,7 +421,15 @@ func (f *Fleet) follow(ctx context.Context) {
 			wait.Stop()
 			return
 		case <-f.discoverNow:
+			// At once, but not more than once a second: every commit of a
+			// tenant that waits for its migration (a binary upgraded before
+			// `sweeper migrate`, a thousand tenants) names a schema the fleet
+			// does not relay, and each listing reads the schema version of
+			// every such tenant.
 			discover = time.Now()
+			if soonest := listed.Add(time.Second); soonest.After(discover) {
+				discover = soonest
+			}
 		case <-f.reconcileNow:
 		case <-wait.C:
 		}
@@ -549,7 +567,11 @@ func (f *Fleet) discover(ctx context.Context) error {
 // table), whose sent rows could never be recorded as sent.
 func (f *Fleet) add(ctx context.Context, t outbox.Table) error {
 	if err := t.Validate(); err != nil {
-		return err
+		// A name --schema would refuse (Postgres allows more); the message
+		// is about the schema found, not a flag.
+		return fmt.Errorf("schema %q matches %q, but this relay takes only schema names of lower-case letters, digits and _ "+
+			"(starting with a letter or _, at most 63 bytes): its outbox is not relayed; rename the schema, or narrow the pattern to leave it out",
+			t.Schema, cmp.Or(f.opts.Schemas, "*"))
 	}
 	vctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	version, err := outbox.CurrentSchemaVersion(vctx, f.pool, t)

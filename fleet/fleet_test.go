@@ -1035,6 +1035,41 @@ func TestFleetLetsATenantGoWhenItsSweepFindsItDropped(t *testing.T) {
 	dbtest.Eventually(t, time.Minute, "b's mail delivered", func() bool { return distinct(p)["b-mail"] })
 }
 
+// A schema whose name the relay does not take (Postgres allows a hyphen or a
+// capital; --schema does not) is left out with an ERROR that names it, the
+// pattern it matched, and what to do (it named the flag --schema, which the
+// fleet was not given), and its commits change nothing. The other tenant
+// flows.
+func TestFleetLeavesOutASchemaItCannotName(t *testing.T) {
+	base := dbtest.Schema(t)
+	tbls := tenants(t, base, 1)
+	odd := base + "_tX-1"
+	ctx := context.Background()
+	_, err := dbtest.Pool(t).Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{odd}.Sanitize()+"; CREATE TABLE "+pgx.Identifier{odd, "outbox"}.Sanitize()+" (id bigint)")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = dbtest.Pool(t).Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{odd}.Sanitize()+" CASCADE")
+	})
+	p := memory.New(memory.Config{})
+	f, l := newFleet(t, base+"_t*", p, "fleet-"+base, fleet.Options{Discover: time.Hour, Reconcile: time.Hour})
+	dbtest.Eventually(t, time.Minute, "the odd schema left out", func() bool { return strings.Contains(l.String(), "an outbox is left out") })
+	require.Contains(t, l.String(), fmt.Sprintf(`schema \"%s\" matches \"%s_t*\", but this relay takes only schema names of lower-case letters`, odd, base))
+	require.Contains(t, l.String(), "rename the schema, or narrow the pattern to leave it out")
+	require.NotContains(t, l.String(), "--schema", "the message names a flag the fleet was not given")
+	require.Equal(t, []outbox.Table{tbls[0]}, f.Outboxes())
+
+	for range 20 {
+		_, err := dbtest.Pool(t).Exec(ctx, "SELECT pg_notify('outbox_sweeper', $1)", odd+".outbox")
+		require.NoError(t, err)
+	}
+	// The tenant's row, notified after the odd schema's, is delivered once
+	// the fleet has had them all (one LISTEN session, in order).
+	write(t, tbls[0], outbox.Message{Topic: "mail", Payload: []byte("mail")})
+	dbtest.Eventually(t, time.Minute, "the tenant's mail delivered", func() bool { return distinct(p)["mail"] })
+	require.Equal(t, 1, strings.Count(l.String(), "an outbox is left out"), "logged once")
+	require.Equal(t, []outbox.Table{tbls[0]}, f.Outboxes())
+}
+
 // A tenant whose topic breaker is shared through Redis leaves with its
 // breaker when its schema is dropped: the fleet no longer looks at it every
 // second nor keeps its state for the life of the process, logs no error for
