@@ -377,9 +377,9 @@ func runCommand(ctx context.Context, o *runOptions, f *flags, out, errOut io.Wri
 			switch {
 			case !f.set(name):
 			case name == "max-connections":
-				return usagef("%s works with --schemas only (a relay of many outboxes); a relay of one uses %d connections", f.origin(name), poolSize+2)
+				return usagef("%s works with --schemas, --databases-file or --databases only (a relay of many outboxes); a relay of one uses %d connections", f.origin(name), poolSize+2)
 			default:
-				return usagef("%s works with --schemas or --databases-file only (a relay of many outboxes): leave it out", f.origin(name))
+				return usagef("%s works with --schemas, --databases-file or --databases only (a relay of many outboxes): leave it out", f.origin(name))
 			}
 		}
 	} else {

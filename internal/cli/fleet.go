@@ -187,7 +187,11 @@ func (o *runOptions) runDatabases(ctx context.Context, f *flags, p producer.Prod
 		PoolConfig: func(url string) (*pgxpool.Config, error) {
 			c := o.common
 			c.databaseURL = url
-			cfg, err := c.poolConfig("a URL of " + f.origin("databases-file"))
+			source := f.origin("databases-file")
+			if o.databases != "" {
+				source = f.origin("databases")
+			}
+			cfg, err := c.poolConfig("a URL of " + source)
 			if err == nil {
 				cfg.MaxConns = int32(o.maxConnections - 1) // the LISTEN session is the last
 			}

@@ -22,15 +22,15 @@ func TestFleetFlagsRefuseWhatCannotWork(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"run", "--max-connections", "5"}, "--max-connections works with --schemas only"},
-		{[]string{"run", "--destination", "{schema}.{topic}"}, "--destination works with --schemas or --databases-file only"},
-		{[]string{"run", "--metrics-outboxes", "tenant_*"}, "--metrics-outboxes works with --schemas or --databases-file only"},
+		{[]string{"run", "--max-connections", "5"}, "--max-connections works with --schemas, --databases-file or --databases only"},
+		{[]string{"run", "--destination", "{schema}.{topic}"}, "--destination works with --schemas, --databases-file or --databases only"},
+		{[]string{"run", "--metrics-outboxes", "tenant_*"}, "--metrics-outboxes works with --schemas, --databases-file or --databases only"},
 		{[]string{"run", "--schemas", "tenant_*", "--metrics-outboxes", "["}, `invalid pattern "[" for --metrics-outboxes`},
 		{[]string{"run", "--schemas", "tenant_*", "--schema", "app"}, "--schema and --schemas both name the outboxes"},
 		{[]string{"run", "--schemas", "tenant_*", "--notify=false"}, "--notify does not work with --schemas"},
 		{[]string{"run", "--schemas", "tenant_*", "--redis-url", "http://x", "--admin-addr", ""}, `invalid value "http://x" for --redis-url`},
 		{[]string{"run", "--schemas", "tenant_*", "--max-connections", "2"}, "--max-connections is 2: it must be at least 3"},
-		{[]string{"run", "--awake-rate", "20"}, "--awake-rate works with --schemas or --databases-file only"},
+		{[]string{"run", "--awake-rate", "20"}, "--awake-rate works with --schemas, --databases-file or --databases only"},
 		{[]string{"run", "--schemas", "tenant_*", "--awake-rate", "0"}, "--awake-rate is 0: it must be at least 1"},
 		{[]string{"run", "--schemas", "tenant_*", "--destination", "{tenant}.{topic}"}, "names {tenant}: the placeholders are {database}, {schema} and {topic}"},
 		{[]string{"run", "--schemas", "tenant_*", "--destination", "{schema}"}, "does not contain {topic}"},
