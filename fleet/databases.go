@@ -167,27 +167,19 @@ func (d *Databases) Run(ctx context.Context) error {
 	}
 }
 
-// sync starts a fleet for each database listed and not relayed, and stops
-// those no longer listed.
+// sync stops the fleets of the databases no longer listed, then starts a
+// fleet for each database listed and not relayed. In that order: a database
+// listed again under another URL (its password rotated, a parameter added)
+// is the same database, and its old fleet, still running, would make its
+// name taken.
 func (d *Databases) sync(ctx context.Context) error {
 	urls, err := d.opts.URLs()
 	if err != nil {
 		return err
 	}
 	listed := map[string]bool{}
-	var errs []error
 	for _, u := range urls {
 		listed[u] = true
-		d.mu.Lock()
-		_, running := d.fleets[u]
-		d.mu.Unlock()
-		if running {
-			continue
-		}
-		if err := d.start(ctx, u); err != nil {
-			errs = append(errs, err)
-			listed[u] = false
-		}
 	}
 	d.mu.Lock()
 	var gone []*database
@@ -199,8 +191,20 @@ func (d *Databases) sync(ctx context.Context) error {
 	}
 	d.mu.Unlock()
 	for _, db := range gone {
-		d.opts.Fleet.Logger.Info("database no longer listed; its outboxes are let go", "database", db.name)
+		d.opts.Fleet.Logger.Info("database no longer listed under this URL; its outboxes are let go", "database", db.name)
 		db.halt()
+	}
+	var errs []error
+	for _, u := range urls {
+		d.mu.Lock()
+		_, running := d.fleets[u]
+		d.mu.Unlock()
+		if running {
+			continue
+		}
+		if err := d.start(ctx, u); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -129,6 +129,55 @@ func TestDatabasesRelayEveryListedDatabase(t *testing.T) {
 		"a database off the list is not relayed")
 }
 
+// A database listed again under another URL (its password rotated: here a
+// parameter added) is relayed under the new one: its old fleet stops before
+// the new one starts. (The new URL was refused, "two listed databases are
+// named ...", until the next reading of the list.)
+func TestDatabasesFollowADatabaseToItsNewURL(t *testing.T) {
+	old := databases(t, 1)[0]
+	u, err := url.Parse(old)
+	require.NoError(t, err)
+	q := u.Query()
+	q.Set("application_name", "rotated")
+	u.RawQuery = q.Encode()
+	rotated := u.String()
+	var mu sync.Mutex
+	listed := old
+	p := memory.New(memory.Config{})
+	l := &logs{}
+	logger := slogText(l)
+	d, err := fleet.NewDatabases(p, fleet.DatabasesOptions{
+		Fleet: fleet.Options{Logger: logger, Probe: outbox.ProbeConfig{Alerter: alert.Log{Logger: logger}}, Discover: 200 * time.Millisecond},
+		URLs: func() ([]string, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return []string{listed}, nil
+		},
+		Recheck: time.Hour, // only Reload reads the list again
+	})
+	require.NoError(t, err)
+	start(t, d)
+	delivered := func(payload string) func() bool {
+		return func() bool {
+			return slices.ContainsFunc(p.Messages(), func(m producer.Message) bool { return string(m.Payload) == payload })
+		}
+	}
+	writeTo(t, old, "a", outbox.Message{Topic: "orders", Payload: []byte("before")})
+	dbtest.Eventually(t, time.Minute, "the row under the old URL", delivered("before"))
+
+	mu.Lock()
+	listed = rotated
+	mu.Unlock()
+	d.Reload()
+	dbtest.Eventually(t, time.Minute, "the database let go under its old URL", func() bool {
+		return strings.Contains(l.String(), "database no longer listed under this URL")
+	})
+	writeTo(t, old, "a", outbox.Message{Topic: "orders", Payload: []byte("after")})
+	dbtest.Eventually(t, time.Minute, "the row under the new URL", delivered("after"))
+	require.NotContains(t, l.String(), "two listed databases")
+	require.NotContains(t, l.String(), "level=ERROR")
+}
+
 // A listed database that does not exist, and a list that cannot be read,
 // stop nothing else: the databases relayed go on, and each trouble is logged.
 func TestDatabasesGoOnPastABadDatabaseAndAnUnreadableList(t *testing.T) {
