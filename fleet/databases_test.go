@@ -129,6 +129,22 @@ func TestDatabasesRelayEveryListedDatabase(t *testing.T) {
 		"a database off the list is not relayed")
 }
 
+// startDatabases relays the databases urls lists, read again only on
+// Reload, into p; the logs are returned.
+func startDatabases(t *testing.T, p producer.Producer, urls func() ([]string, error)) (*fleet.Databases, *logs) {
+	t.Helper()
+	l := &logs{}
+	logger := slogText(l)
+	d, err := fleet.NewDatabases(p, fleet.DatabasesOptions{
+		Fleet:   fleet.Options{Logger: logger, Probe: outbox.ProbeConfig{Alerter: alert.Log{Logger: logger}}, Discover: 200 * time.Millisecond},
+		URLs:    urls,
+		Recheck: time.Hour, // only Reload reads the list again
+	})
+	require.NoError(t, err)
+	start(t, d)
+	return d, l
+}
+
 // A database listed again under another URL (its password rotated: here a
 // parameter added) is relayed under the new one: its old fleet stops before
 // the new one starts. (The new URL was refused, "two listed databases are
@@ -144,19 +160,11 @@ func TestDatabasesFollowADatabaseToItsNewURL(t *testing.T) {
 	var mu sync.Mutex
 	listed := old
 	p := memory.New(memory.Config{})
-	l := &logs{}
-	logger := slogText(l)
-	d, err := fleet.NewDatabases(p, fleet.DatabasesOptions{
-		Fleet: fleet.Options{Logger: logger, Probe: outbox.ProbeConfig{Alerter: alert.Log{Logger: logger}}, Discover: 200 * time.Millisecond},
-		URLs: func() ([]string, error) {
-			mu.Lock()
-			defer mu.Unlock()
-			return []string{listed}, nil
-		},
-		Recheck: time.Hour, // only Reload reads the list again
+	d, l := startDatabases(t, p, func() ([]string, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return []string{listed}, nil
 	})
-	require.NoError(t, err)
-	start(t, d)
 	delivered := func(payload string) func() bool {
 		return func() bool {
 			return slices.ContainsFunc(p.Messages(), func(m producer.Message) bool { return string(m.Payload) == payload })
@@ -189,19 +197,11 @@ func TestDatabasesGoOnPastABadDatabaseAndAnUnreadableList(t *testing.T) {
 	var mu sync.Mutex
 	var listErr error
 	p := memory.New(memory.Config{})
-	l := &logs{}
-	logger := slogText(l)
-	d, err := fleet.NewDatabases(p, fleet.DatabasesOptions{
-		Fleet: fleet.Options{Logger: logger, Probe: outbox.ProbeConfig{Alerter: alert.Log{Logger: logger}}, Discover: 200 * time.Millisecond},
-		URLs: func() ([]string, error) {
-			mu.Lock()
-			defer mu.Unlock()
-			return []string{good, missing}, listErr
-		},
-		Recheck: time.Hour,
+	d, l := startDatabases(t, p, func() ([]string, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return []string{good, missing}, listErr
 	})
-	require.NoError(t, err)
-	start(t, d)
 	dbtest.Eventually(t, time.Minute, "the missing database's listing failing, logged", func() bool {
 		return strings.Contains(l.String(), "listing the tenant schemas failed")
 	})

@@ -310,14 +310,7 @@ func TestConsoleShowsTheListingLastAskedFor(t *testing.T) {
 	addr := fmt.Sprintf("127.0.0.1:%d", dbtest.FreePort(t))
 	p := start(t, []string{"OUTBOX_ADMIN_ADDR=" + addr}, "run", "--database-url", dbtest.URL(t), "--schema", tbl.Schema)
 	base := "http://" + addr
-	dbtest.Eventually(t, 2*time.Minute, "ready", func() bool {
-		resp, err := http.Get(base + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == 200
-	})
+	dbtest.Eventually(t, 2*time.Minute, "ready", func() bool { return readyz(addr) == http.StatusOK })
 
 	browser := newBrowser(t, chromium)
 	group := `Array.from(document.querySelectorAll("#dead-groups tr")).find(tr => tr.querySelector("td.topic").textContent === "a")`

@@ -436,16 +436,8 @@ func startWithAdmin(t *testing.T, tbl outbox.Table, args ...string) (*proc, stri
 	addr := fmt.Sprintf("127.0.0.1:%d", dbtest.FreePort(t))
 	p := start(t, []string{"OUTBOX_ADMIN_ADDR=" + addr, "OUTBOX_ADMIN_TOKEN=t0ken"},
 		append([]string{"run", "--database-url", dbtest.URL(t), "--schema", tbl.Schema}, args...)...)
-	base := "http://" + addr
-	dbtest.Eventually(t, 2*time.Minute, "ready", func() bool {
-		resp, err := http.Get(base + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == 200
-	})
-	return p, base
+	dbtest.Eventually(t, 2*time.Minute, "ready", func() bool { return readyz(addr) == http.StatusOK })
+	return p, "http://" + addr
 }
 
 // The binary serves the admin API: readiness, and a topic tripped and reset
