@@ -83,14 +83,12 @@ type Options struct {
 	// when set, are shared by every outbox (see Observe).
 	Sweeper outbox.Config
 
-	// Observe, when set, returns the Observer of the outbox named name (as
-	// in the admin API: schema, or database.schema), in place of
-	// Sweeper.Observer, and of the LISTEN session (name: Database, "" for a
-	// fleet of one database), which has it told whether it listens
-	// (outbox.ListenObserver). Gauges that every outbox would set over the
-	// others' need one Observer each (metrics.Source). An Observer with a
-	// Forget method has it called once its outbox is let go, or its session
-	// ends.
+	// Observe, when set, returns the Observer of the fleet's LISTEN session
+	// (name: Database, "" for a fleet of one database), which is told
+	// whether it listens (outbox.ListenObserver): the sessions of several
+	// databases need one each (metrics.Source), or each would set a gauge
+	// over the others'. One with a Forget method has it called once the
+	// session ends (its database taken off the list).
 	Observe func(name string) outbox.Observer
 
 	// TopicBreaker returns the topic breaker of outbox t, which logs to
@@ -426,9 +424,12 @@ func (f *Fleet) follow(ctx context.Context) {
 			// `sweeper migrate`, a thousand tenants) names a schema the fleet
 			// does not relay, and each listing reads the schema version of
 			// every such tenant.
-			discover = time.Now()
-			if soonest := listed.Add(time.Second); soonest.After(discover) {
-				discover = soonest
+			soonest := listed.Add(time.Second)
+			if now := time.Now(); soonest.Before(now) {
+				soonest = now
+			}
+			if soonest.Before(discover) {
+				discover = soonest // never later than it was due
 			}
 		case <-f.reconcileNow:
 		case <-wait.C:
@@ -590,9 +591,6 @@ func (f *Fleet) add(ctx context.Context, t outbox.Table) error {
 	}
 	cfg := f.opts.Sweeper
 	cfg.Table, cfg.Logger, cfg.Host = t, logger, m
-	if f.opts.Observe != nil {
-		cfg.Observer = f.opts.Observe(m.name)
-	}
 	if cfg.Alerter != nil {
 		cfg.Alerter = alert.Outbox{Alerter: cfg.Alerter, Name: m.name}
 	}
@@ -646,10 +644,7 @@ func (f *Fleet) add(ctx context.Context, t outbox.Table) error {
 		f.shared[t.String()] = b
 	}
 	f.mu.Unlock()
-	f.running.Go(func() {
-		_ = m.sweeper.Run(runCtx)
-		forget(cfg.Observer)
-	})
+	f.running.Go(func() { _ = m.sweeper.Run(runCtx) })
 	logger.Debug("outbox relayed")
 	return nil
 }
@@ -817,7 +812,8 @@ func states(outboxes []admin.FleetOutbox) []metrics.OutboxState {
 	out := make([]metrics.OutboxState, 0, len(outboxes))
 	for _, o := range outboxes {
 		t := o.Trouble()
-		out = append(out, metrics.OutboxState{Name: t.Name, TrippedTopics: len(t.TrippedTopics), SweepsFailing: t.SweepsFailing, Parked: o.Parked})
+		out = append(out, metrics.OutboxState{Name: t.Name, TrippedTopics: len(t.TrippedTopics), Tripped: t.TrippedTopics,
+			SweepsFailing: t.SweepsFailing, Parked: o.Parked})
 	}
 	return out
 }
@@ -852,9 +848,8 @@ type unfinishedError struct{ err error }
 func (e *unfinishedError) Error() string { return e.err.Error() }
 func (e *unfinishedError) Unwrap() error { return e.err }
 
-// forget tells an Observer that keeps state per outbox or session
-// (metrics.Source) that its source is gone: a dropped tenant's trips and
-// failures, a database's lost session, stop counting.
+// forget tells an Observer that keeps state per session (metrics.Source)
+// that its session is gone: a database's lost session stops counting.
 func forget(obs outbox.Observer) {
 	if f, ok := obs.(interface{ Forget() }); ok {
 		f.Forget()

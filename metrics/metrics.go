@@ -57,8 +57,8 @@ type Metrics struct {
 	topics          *topicLabels
 	maxTopics       int
 	sweepsFailing   prometheus.Gauge
-	// sources: the shared gauges' state in a relay of many (Source).
-	sources sources
+	// sessions: the LISTEN sessions' states in a relay of many (Source).
+	sessions sessions
 }
 
 var (
@@ -69,6 +69,16 @@ var (
 	_ outbox.ResendObserver        = (*Metrics)(nil)
 )
 
+// The help of the gauges a relay of many exports from all its outboxes
+// (RegisterOutboxes) in place of a relay of one's: a registry keeps a name's
+// help for good, taken out and put back.
+const (
+	helpTripped = "1 while the topic's breaker is tripped or half-open, else 0; in a relay of many, the number of outboxes where it is " +
+		"(the topics with the most first, the rest counted under topic=\"_other\")."
+	helpSweepsFailing = "Sweeps that failed one after another (a database error: down, or a statement that fails every time), " +
+		"0 once one succeeds; in a relay of many, the most of any outbox's. Nothing is sent while it rises."
+)
+
 // New registers the metrics on reg, with Config's defaults.
 func New(reg prometheus.Registerer) *Metrics { return NewWithConfig(reg, Config{}) }
 
@@ -76,7 +86,7 @@ func New(reg prometheus.Registerer) *Metrics { return NewWithConfig(reg, Config{
 func NewWithConfig(reg prometheus.Registerer, cfg Config) *Metrics {
 	cfg = cfg.withDefaults()
 	m := &Metrics{maxTopics: cfg.MaxTopics,
-		sources: sources{tripped: map[string]map[string]struct{}{}, failing: map[string]int{}, listening: map[string]bool{}},
+		sessions: sessions{listening: map[string]bool{}},
 		dispatched: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_messages_dispatched_total",
 			Help: "Messages the broker accepted."}, []string{"topic"}),
 		batches: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_batches_total",
@@ -90,7 +100,7 @@ func NewWithConfig(reg prometheus.Registerer, cfg Config) *Metrics {
 		alertsDropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_alerts_dropped_total",
 			Help: "Alerts not delivered: queue_full (the receiver failed or was slow while alerts kept coming), undeliverable (tried for 15 minutes) or closed (raised while the sweeper stopped)."}, []string{"why"}),
 		tripped: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outbox_topic_tripped",
-			Help: "1 while the topic's breaker is tripped or half-open, else 0."}, []string{"topic"}),
+			Help: helpTripped}, []string{"topic"}),
 		dependency: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_dependency_circuit_breaker_state",
 			Help: "The broker circuit breaker: 0 closed, 1 open, 2 half-open."}),
 		outstanding: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_outstanding_messages",
@@ -125,7 +135,7 @@ func NewWithConfig(reg prometheus.Registerer, cfg Config) *Metrics {
 		oldestDeadAge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_oldest_dead_letter_age_seconds",
 			Help: "Age of the oldest dead letter, 0 when there is none (refreshed on a schedule)."}),
 		sweepsFailing: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_sweeps_failed_consecutive",
-			Help: "Sweeps that failed one after another (a database error: down, or a statement that fails every time), 0 once one succeeds. Nothing is sent while it rises."}),
+			Help: helpSweepsFailing}),
 		buildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outbox_build_info",
 			Help: "1, labelled with the sweeper's version, its Go version and its source revision."}, []string{"version", "goversion", "revision"}),
 		tableBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_table_bytes",

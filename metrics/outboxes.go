@@ -1,7 +1,11 @@
 package metrics
 
 import (
+	"cmp"
 	"context"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,6 +19,9 @@ type OutboxState struct {
 	Name string
 	// TrippedTopics counts its tripped topics.
 	TrippedTopics int
+	// Tripped names them (the process's outbox_topic_tripped{topic} counts
+	// the outboxes where each is).
+	Tripped []string
 	// SweepsFailing counts its sweeps failed in a row (0: the last one
 	// succeeded).
 	SweepsFailing int
@@ -58,16 +65,26 @@ const backlogTimeout = 5 * time.Second
 // none; one tenant with a tripped topic makes three. The backlog series cost
 // the database a statement or two a scrape, and only while some outbox has
 // series; if it does not answer, they are left out of that scrape.
+//
+// It also exports, read from the same states, the two process-wide gauges
+// that a relay of one sets as its breaker and sweeps change (Metrics.ForMany
+// takes those out): outbox_topic_tripped{topic}, the number of outboxes
+// where the topic is tripped, and outbox_sweeps_failed_consecutive, the most
+// of any outbox's. Read from the breakers at each scrape, they count a trip
+// another instance made or reset through Redis, and forget a tenant let go;
+// set from each outbox's changes, every outbox set them over the others'.
 func RegisterOutboxes(reg prometheus.Registerer, src Outboxes, keep func(name string) bool) {
 	d := func(name, help string) *prometheus.Desc {
 		return prometheus.NewDesc("outbox_tenant_"+name, help, []string{"outbox"}, nil)
 	}
 	reg.MustRegister(&outboxesCollector{src: src, keep: keep,
-		tripped: d("tripped_topics", "Tripped topics of an outbox of a relay of many (--schemas): only for outboxes with one, or named by --metrics-outboxes."),
-		failing: d("sweeps_failed_consecutive", "Sweeps of an outbox of a relay of many failed in a row: only for outboxes failing, or named by --metrics-outboxes."),
-		parked:  d("parked", "1 while an outbox of a relay of many waits for a commit (its last sweep found nothing outstanding): only for outboxes named by --metrics-outboxes."),
-		backlog: d("backlog_messages", "Outstanding rows of an outbox of a relay of many, counted up to 10,000 and Postgres's estimate above: for the outboxes in trouble or named by --metrics-outboxes."),
-		oldest:  d("oldest_message_age_seconds", "Age of an outbox's oldest outstanding row, 0 when it holds none, in a relay of many: for the outboxes in trouble or named by --metrics-outboxes."),
+		topicTripped: prometheus.NewDesc("outbox_topic_tripped", helpTripped, []string{"topic"}, nil),
+		mostFailing:  prometheus.NewDesc("outbox_sweeps_failed_consecutive", helpSweepsFailing, nil, nil),
+		tripped:      d("tripped_topics", "Tripped topics of an outbox of a relay of many (--schemas): only for outboxes with one, or named by --metrics-outboxes."),
+		failing:      d("sweeps_failed_consecutive", "Sweeps of an outbox of a relay of many failed in a row: only for outboxes failing, or named by --metrics-outboxes."),
+		parked:       d("parked", "1 while an outbox of a relay of many waits for a commit (its last sweep found nothing outstanding): only for outboxes named by --metrics-outboxes."),
+		backlog:      d("backlog_messages", "Outstanding rows of an outbox of a relay of many, counted up to 10,000 and Postgres's estimate above: for the outboxes in trouble or named by --metrics-outboxes."),
+		oldest:       d("oldest_message_age_seconds", "Age of an outbox's oldest outstanding row, 0 when it holds none, in a relay of many: for the outboxes in trouble or named by --metrics-outboxes."),
 	})
 }
 
@@ -75,10 +92,11 @@ type outboxesCollector struct {
 	src                                       Outboxes
 	keep                                      func(name string) bool
 	tripped, failing, parked, backlog, oldest *prometheus.Desc
+	topicTripped, mostFailing                 *prometheus.Desc
 }
 
 func (c *outboxesCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.tripped, c.failing, c.parked, c.backlog, c.oldest} {
+	for _, d := range []*prometheus.Desc{c.tripped, c.failing, c.parked, c.backlog, c.oldest, c.topicTripped, c.mostFailing} {
 		ch <- d
 	}
 }
@@ -88,7 +106,9 @@ func (c *outboxesCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, name)
 	}
 	var shown []string
-	for _, o := range c.src.States() {
+	states := c.src.States()
+	c.collectProcess(ch, states)
+	for _, o := range states {
 		kept := c.keep != nil && c.keep(o.Name)
 		name := label(o.Name)
 		if kept || o.TrippedTopics > 0 || o.SweepsFailing > 0 {
@@ -128,5 +148,35 @@ func (c *outboxesCollector) Collect(ch chan<- prometheus.Metric) {
 			age = *b.OldestAgeSeconds
 		}
 		gauge(c.oldest, age, label(name))
+	}
+}
+
+// collectProcess sends the process-wide gauges, summed over states:
+// outbox_topic_tripped{topic} and outbox_sweeps_failed_consecutive.
+func (c *outboxesCollector) collectProcess(ch chan<- prometheus.Metric, states []OutboxState) {
+	most := 0
+	in := map[string]int{} // label: outboxes where it is tripped
+	for _, o := range states {
+		most = max(most, o.SweepsFailing)
+		for _, t := range o.Tripped {
+			in[label(t)]++
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(c.mostFailing, prometheus.GaugeValue, float64(most))
+	// The most tripped topics by name, the rest under _other: a topic per
+	// tenant (an id written as the topic) would otherwise grow the series.
+	topics := slices.SortedFunc(maps.Keys(in), func(a, b string) int { return cmp.Or(in[b]-in[a], strings.Compare(a, b)) })
+	other := in[OtherTopic]
+	for i, t := range topics {
+		switch {
+		case t == OtherTopic:
+		case i < MaxTopicsDefault:
+			ch <- prometheus.MustNewConstMetric(c.topicTripped, prometheus.GaugeValue, float64(in[t]), t)
+		default:
+			other += in[t]
+		}
+	}
+	if other > 0 {
+		ch <- prometheus.MustNewConstMetric(c.topicTripped, prometheus.GaugeValue, float64(other), OtherTopic)
 	}
 }

@@ -1,65 +1,72 @@
 package metrics_test
 
 import (
+	"context"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/metrics"
 )
 
-// The outboxes of a relay of many share the process's gauges: a topic
-// closing in one tenant leaves it counted as tripped while another tenant's
-// is; one tenant's good sweep does not hide another's failing ones; the
-// relay listens only while every database's session does. A source let go
-// stops counting. (Each source set the gauges over the others' before.)
-func TestSourcesShareTheGaugesTheyAllSet(t *testing.T) {
+// A relay of many databases listens while every database's session does; a
+// database taken off the list no longer counts, nor does a relay with none.
+func TestSourcesListenTogether(t *testing.T) {
 	t.Parallel()
 	m := metrics.New(prometheus.NewRegistry())
-	a, b := m.Source("tenant_a"), m.Source("tenant_b")
-	tripped := func() float64 { return testutil.ToFloat64(m.Tripped("orders")) }
-
-	a.OnTopicChange("orders", breaker.StateClosed, breaker.StateTripped, "")
-	b.OnTopicChange("orders", breaker.StateClosed, breaker.StateTripped, "")
-	require.Equal(t, 2.0, tripped(), "tripped in two outboxes")
-	b.OnTopicChange("orders", breaker.StateTripped, breaker.StateHalfOpen, "")
-	require.Equal(t, 2.0, tripped(), "half-open counts as tripped")
-	b.OnTopicChange("orders", breaker.StateHalfOpen, breaker.StateClosed, "")
-	require.Equal(t, 1.0, tripped(), "b's closing leaves a's trip")
-	a.OnTopicChange("orders", breaker.StateTripped, breaker.StateClosed, "")
-	require.Equal(t, 0.0, tripped())
-
-	failing := func() float64 { return testutil.ToFloat64(m.SweepsFailingGauge()) }
-	a.SweepsFailing(3)
-	b.SweepsFailing(1)
-	b.SweepsFailing(0)
-	require.Equal(t, 3.0, failing(), "b's good sweep does not hide a's failing ones")
-	b.SweepsFailing(5)
-	require.Equal(t, 5.0, failing())
-	b.SweepsFailing(0)
-	a.SweepsFailing(0)
-	require.Equal(t, 0.0, failing())
-
 	listening := func() float64 { return testutil.ToFloat64(m.ListeningGauge()) }
 	db1, db2 := m.Source("db1"), m.Source("db2")
 	db1.Listening(true)
 	require.Equal(t, 1.0, listening())
 	db2.Listening(false)
 	require.Equal(t, 0.0, listening(), "one database's session lost")
+	db1.Listening(true)
+	require.Equal(t, 0.0, listening(), "one session coming back does not hide another's lost")
 	db2.Listening(true)
 	require.Equal(t, 1.0, listening())
-
-	// A dropped tenant's trip and failures, a database's lost session taken
-	// off the list: forgotten.
-	a.OnTopicChange("orders", breaker.StateClosed, breaker.StateTripped, "")
-	a.SweepsFailing(4)
 	db2.Listening(false)
-	a.Forget()
 	db2.Forget()
-	require.Equal(t, 0.0, tripped())
-	require.Equal(t, 0.0, failing())
-	require.Equal(t, 1.0, listening())
+	require.Equal(t, 1.0, listening(), "a database taken off the list")
+	db1.Forget()
+	require.Equal(t, 1.0, listening(), "no database: nothing lost")
+}
+
+type states []metrics.OutboxState
+
+func (s states) States() []metrics.OutboxState { return s }
+func (states) Backlogs(context.Context, []string) (map[string]metrics.Backlog, error) {
+	return map[string]metrics.Backlog{}, nil
+}
+
+// In a relay of many, outbox_topic_tripped{topic} counts the outboxes where
+// the topic is tripped, and outbox_sweeps_failed_consecutive is the most of
+// any outbox's, read from all of them at the scrape (each outbox set them
+// over the others' before); the relay of one's own gauges are taken out.
+func TestARelayOfManyExportsTheGaugesOfAll(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	m := metrics.New(reg)
+	m.ForMany(reg)
+	m.OnTopicChange("orders", 0, 1, "") // one outbox's change: not the process's gauge
+	metrics.RegisterOutboxes(reg, states{
+		{Name: "tenant_a", TrippedTopics: 2, Tripped: []string{"orders", "mail"}, SweepsFailing: 3},
+		{Name: "tenant_b", TrippedTopics: 1, Tripped: []string{"orders"}, SweepsFailing: 1},
+		{Name: "tenant_c"},
+	}, nil)
+	want := `
+# HELP outbox_sweeps_failed_consecutive Sweeps that failed one after another (a database error: down, or a statement that fails every time), 0 once one succeeds; in a relay of many, the most of any outbox's. Nothing is sent while it rises.
+# TYPE outbox_sweeps_failed_consecutive gauge
+outbox_sweeps_failed_consecutive 3
+# HELP outbox_topic_tripped 1 while the topic's breaker is tripped or half-open, else 0; in a relay of many, the number of outboxes where it is (the topics with the most first, the rest counted under topic="_other").
+# TYPE outbox_topic_tripped gauge
+outbox_topic_tripped{topic="mail"} 1
+outbox_topic_tripped{topic="orders"} 2
+`
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(want), "outbox_topic_tripped", "outbox_sweeps_failed_consecutive"))
+	n, err := testutil.GatherAndCount(reg, "outbox_outstanding_messages", "outbox_dead_letter_messages")
+	require.NoError(t, err)
+	require.Zero(t, n, "the table's gauges, which no relay of many refreshes")
 }

@@ -463,7 +463,7 @@ func (t *sweepTicks) tick(res *SweepResult) (end bool) {
 	defer t.working.Unlock()
 	s := t.s
 	s.breaker.OnTick()
-	if err := s.expireLeftOut(t.work, t.excluded, due, res); err != nil {
+	if err := s.expireLeftOut(t.work, t.excluded, due, res); err != nil && !s.dropped(t.work, err) {
 		s.logger.Error("expiring the rows of left-out topics failed; they will be tried at the next tick",
 			"table", s.cfg.Table.String(), "err", err)
 	}

@@ -291,6 +291,11 @@ async function listDeadLetters(more) {
   const mine = more ? listing : ++listing;
   const q = new URLSearchParams({ limit: "50", ...filter() });
   if (more && cursor) q.set("cursor", cursor);
+  if (!more) {
+    // The last listing's cursor is not this one's: no page more of it.
+    cursor = null;
+    $("dlq-more").hidden = true;
+  }
   try {
     const r = await api("GET", "/dlq?" + q.toString());
     if (mine !== listing) return;

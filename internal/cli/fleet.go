@@ -51,11 +51,11 @@ func (o *fleetOptions) register(f *flags) {
 	f.String(&o.databases, "databases", "", "urls",
 		"as --databases-file, the URLs given here, separated by spaces or newlines (postgres:// URLs; a keyword=value connection string needs the file): for a list kept in a variable, OUTBOX_DATABASES")
 	f.Int(&o.maxConnections, "max-connections", MaxConnectionsDefault,
-		"with --schemas or --databases-file: the most connections the relay opens to each database, its LISTEN session included, however many tenants are busy (at least 3)")
+		"with --schemas, --databases-file or --databases: the most connections the relay opens to each database, its LISTEN session included, however many tenants are busy (at least 3)")
 	f.String(&o.destination, "destination", string(producer.DestinationDefault), "template",
 		"with --schemas, --databases-file or --databases: the name each tenant's topic is sent under; {schema}.{topic} puts the tenant's schema before the topic when tenants share a broker's namespace, {database}.{topic} the database's name (a database per tenant, every outbox in public)")
 	f.String(&o.metricsOutbox, "metrics-outboxes", "", "pattern",
-		"with --schemas: the outboxes (by their admin API name, tenant_*) whose per-outbox series are exported always; others have them only while in trouble (a tripped topic, failing sweeps)")
+		"with --schemas, --databases-file or --databases: the outboxes (by their admin API name, tenant_*) whose per-outbox series are exported always; others have them only while in trouble (a tripped topic, failing sweeps)")
 	f.Int(&o.awakeRate, "awake-rate", fleet.AwakeRateDefault,
 		"with --schemas or --databases-file: the commits a second above which a tenant's sweeper stays awake, polling every few milliseconds, so that its commits stop notifying; below it each commit notifies, and every notifying commit of the server queues for Postgres's notify lock, one disk flush each. Lower it (1: every tenant committing more often than every 50 ms) when many tenants together notify hundreds of times a second and the application's commit latency matters more than the relay's median and CPU")
 	f.Duration(&o.reconcile, "reconcile", fleet.ReconcileDefault,
@@ -136,11 +136,10 @@ func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, 
 			// name is the schema, or database.schema: with the table's name,
 			// the key a relay of that table alone uses, the database first
 			// where there are several.
-			return o.topicBreakerOptions.build(f, logger, alert.Outbox{Alerter: alerter, Name: name}, m.Source(name).OnTopicChange, name+"."+t.Name, tick, o.sendTimeout)
+			return o.topicBreakerOptions.build(f, logger, alert.Outbox{Alerter: alerter, Name: name}, m.OnTopicChange, name+"."+t.Name, tick, o.sendTimeout)
 		},
-		// Each outbox and each database's LISTEN session its own view of
-		// the metrics: the gauges they share (a topic tripped, sweeps
-		// failing, listening) count them all, none set over the others.
+		// Each database's LISTEN session its own view of the metrics:
+		// outbox_listening counts them all, none set over the others.
 		Observe:     func(name string) outbox.Observer { return m.Source(name) },
 		Retention:   ropts.Retention,
 		Probe:       ropts.Probe,
