@@ -363,10 +363,16 @@ func (f *Fleet) notified(payload string) {
 		if refused {
 			return
 		}
-		select {
-		case f.discoverNow <- struct{}{}:
-		default:
-		}
+		f.listAgain()
+	}
+}
+
+// listAgain has follow list the schemas soon (at most once a second), once
+// however many ask before it does.
+func (f *Fleet) listAgain() {
+	select {
+	case f.discoverNow <- struct{}{}:
+	default:
 	}
 }
 
@@ -718,10 +724,7 @@ func (f *Fleet) reconcile(ctx context.Context, full bool, slice int) error {
 		if err != nil {
 			// A schema dropped since the last listing fails its chunk: list
 			// them again, and the next pass goes through.
-			select {
-			case f.discoverNow <- struct{}{}:
-			default:
-			}
+			f.listAgain()
 			errs = append(errs, err)
 			continue
 		}
@@ -974,11 +977,6 @@ var _ outbox.PagingHost = (*member)(nil)
 
 // Gone lists the schemas again at once: the outbox's sweep found its table
 // dropped, and the listing stops its sweeper (outbox.ListingHost).
-func (m *member) Gone() {
-	select {
-	case m.fleet.discoverNow <- struct{}{}:
-	default:
-	}
-}
+func (m *member) Gone() { m.fleet.listAgain() }
 
 var _ outbox.ListingHost = (*member)(nil)
