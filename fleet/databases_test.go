@@ -131,12 +131,13 @@ func TestDatabasesRelayEveryListedDatabase(t *testing.T) {
 
 // startDatabases relays the databases urls lists, read again only on
 // Reload, into p; the logs are returned.
-func startDatabases(t *testing.T, p producer.Producer, urls func() ([]string, error)) (*fleet.Databases, *logs) {
+func startDatabases(t *testing.T, p producer.Producer, urls func() ([]string, error), opts fleet.Options) (*fleet.Databases, *logs) {
 	t.Helper()
 	l := &logs{}
 	logger := slogText(l)
+	opts.Logger, opts.Probe, opts.Discover = logger, outbox.ProbeConfig{Alerter: alert.Log{Logger: logger}}, 200*time.Millisecond
 	d, err := fleet.NewDatabases(p, fleet.DatabasesOptions{
-		Fleet:   fleet.Options{Logger: logger, Probe: outbox.ProbeConfig{Alerter: alert.Log{Logger: logger}}, Discover: 200 * time.Millisecond},
+		Fleet:   opts,
 		URLs:    urls,
 		Recheck: time.Hour, // only Reload reads the list again
 	})
@@ -146,8 +147,8 @@ func startDatabases(t *testing.T, p producer.Producer, urls func() ([]string, er
 }
 
 // A database listed again under another URL (its password rotated: here a
-// parameter added) is relayed under the new one: its old fleet stops before
-// the new one starts. (The new URL was refused, "two listed databases are
+// parameter added) is relayed under the new one: its old fleet stops, its
+// LISTEN session forgotten (metrics.Session), before the new one starts. (The new URL was refused, "two listed databases are
 // named ...", until the next reading of the list.)
 func TestDatabasesFollowADatabaseToItsNewURL(t *testing.T) {
 	old := databases(t, 1)[0]
@@ -160,11 +161,12 @@ func TestDatabasesFollowADatabaseToItsNewURL(t *testing.T) {
 	var mu sync.Mutex
 	listed := old
 	p := memory.New(memory.Config{})
+	session := &sessionRecorder{}
 	d, l := startDatabases(t, p, func() ([]string, error) {
 		mu.Lock()
 		defer mu.Unlock()
 		return []string{listed}, nil
-	})
+	}, fleet.Options{Session: func(string) fleet.SessionObserver { return session }})
 	delivered := func(payload string) func() bool {
 		return func() bool {
 			return slices.ContainsFunc(p.Messages(), func(m producer.Message) bool { return string(m.Payload) == payload })
@@ -182,6 +184,11 @@ func TestDatabasesFollowADatabaseToItsNewURL(t *testing.T) {
 	})
 	writeTo(t, old, "a", outbox.Message{Topic: "orders", Payload: []byte("after")})
 	dbtest.Eventually(t, time.Minute, "the row under the new URL", delivered("after"))
+	dbtest.Eventually(t, time.Minute, "the old session forgotten before the new one listens", func() bool {
+		told := session.events()
+		i := slices.Index(told, "forget")
+		return i > 0 && told[0] == "up" && slices.Contains(told[i:], "up")
+	})
 	require.NotContains(t, l.String(), "two listed databases")
 	require.NotContains(t, l.String(), "level=ERROR")
 }
@@ -201,7 +208,7 @@ func TestDatabasesGoOnPastABadDatabaseAndAnUnreadableList(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		return []string{good, missing}, listErr
-	})
+	}, fleet.Options{})
 	dbtest.Eventually(t, time.Minute, "the missing database's listing failing, logged", func() bool {
 		return strings.Contains(l.String(), "listing the tenant schemas failed")
 	})

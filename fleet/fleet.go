@@ -80,16 +80,14 @@ type Options struct {
 	// Table.Name names the outbox table in each schema (Table.Schema is the
 	// schema's); Logger, Host and TopicBreaker are the fleet's to set, and
 	// TopicBreaker must be nil (see TopicBreaker). BrokerBreaker and Observer,
-	// when set, are shared by every outbox (see Observe).
+	// when set, are shared by every outbox.
 	Sweeper outbox.Config
 
-	// Observe, when set, returns the Observer of the fleet's LISTEN session
-	// (name: Database, "" for a fleet of one database), which is told
-	// whether it listens (outbox.ListenObserver): the sessions of several
-	// databases need one each (metrics.Source), or each would set a gauge
-	// over the others'. One with a Forget method has it called once the
-	// session ends (its database taken off the list).
-	Observe func(name string) outbox.Observer
+	// Session, when set, returns what is told of the fleet's LISTEN session
+	// (name: Database, "" for a fleet of one database): the sessions of
+	// several databases need one each (metrics.Session), or each would set
+	// the one gauge over the others'.
+	Session func(name string) SessionObserver
 
 	// TopicBreaker returns the topic breaker of outbox t, which logs to
 	// logger; name is the outbox's name in the admin API and in alerts,
@@ -325,15 +323,14 @@ func (f *Fleet) Run(ctx context.Context) error {
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		var obs outbox.Observer
-		if f.opts.Observe != nil {
-			obs = f.opts.Observe(f.opts.Database)
+		if f.opts.Session == nil {
+			f.listener.Run(ctx)
+			return
 		}
-		if o, ok := obs.(outbox.ListenObserver); ok {
-			f.listener.OnListening(o.Listening)
-		}
+		obs := f.opts.Session(f.opts.Database)
+		f.listener.OnListening(obs.Listening)
 		f.listener.Run(ctx)
-		forget(obs)
+		obs.Forget()
 	})
 	wg.Go(func() { f.maintain(ctx) })
 	f.follow(ctx)
@@ -815,8 +812,7 @@ func states(outboxes []admin.FleetOutbox) []metrics.OutboxState {
 	out := make([]metrics.OutboxState, 0, len(outboxes))
 	for _, o := range outboxes {
 		t := o.Trouble()
-		out = append(out, metrics.OutboxState{Name: t.Name, TrippedTopics: len(t.TrippedTopics), Tripped: t.TrippedTopics,
-			SweepsFailing: t.SweepsFailing, Parked: o.Parked})
+		out = append(out, metrics.OutboxState{Name: t.Name, Tripped: t.TrippedTopics, SweepsFailing: t.SweepsFailing, Parked: o.Parked})
 	}
 	return out
 }
@@ -851,12 +847,14 @@ type unfinishedError struct{ err error }
 func (e *unfinishedError) Error() string { return e.err.Error() }
 func (e *unfinishedError) Unwrap() error { return e.err }
 
-// forget tells an Observer that keeps state per session (metrics.Source)
-// that its session is gone: a database's lost session stops counting.
-func forget(obs outbox.Observer) {
-	if f, ok := obs.(interface{ Forget() }); ok {
-		f.Forget()
-	}
+// SessionObserver is told of a fleet's LISTEN session (Options.Session).
+type SessionObserver interface {
+	// Listening is called with true each time the session listens, with
+	// false each time it is lost.
+	Listening(up bool)
+	// Forget is called once the session has ended for good (the fleet
+	// stopped, its database taken off the list): it no longer counts.
+	Forget()
 }
 
 // member is one outbox of the fleet, and the outbox.Host its sweeper runs in.

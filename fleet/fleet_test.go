@@ -678,7 +678,9 @@ func TestFleetReconcilesEveryOutboxWhenItsListenSessionComesBack(t *testing.T) {
 	name := "fleet-" + base
 	// Neither the reconciliation's pace nor the listing's wakes the fleet
 	// in the test's time: the reconnection must.
-	f, _ := newFleet(t, base+"_t*", p, name, fleet.Options{Reconcile: time.Hour, Discover: time.Hour})
+	session := &sessionRecorder{}
+	f, _ := newFleet(t, base+"_t*", p, name, fleet.Options{Reconcile: time.Hour, Discover: time.Hour,
+		Session: func(string) fleet.SessionObserver { return session }})
 	dbtest.Eventually(t, time.Minute, "both tenants parked", func() bool {
 		for _, tbl := range tbls {
 			if s, ok := f.Sweeper(tbl); !ok || !s.Parked() {
@@ -702,6 +704,35 @@ func TestFleetReconcilesEveryOutboxWhenItsListenSessionComesBack(t *testing.T) {
 	dbtest.Eventually(t, time.Minute, "the silent row sent after the reconnection", func() bool {
 		return slices.ContainsFunc(p.Messages(), func(m producer.Message) bool { return string(m.Payload) == "silent" })
 	})
+	// What outbox_listening reads (metrics.Session): up, lost, up again.
+	dbtest.Eventually(t, time.Minute, "the session's observer told it was lost and back", func() bool {
+		return slices.Equal(session.events(), []string{"up", "down", "up"})
+	})
+}
+
+// sessionRecorder is a fleet.SessionObserver that keeps what it is told:
+// "up", "down", "forget".
+type sessionRecorder struct {
+	mu   sync.Mutex
+	told []string
+}
+
+func (r *sessionRecorder) Listening(up bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.told = append(r.told, map[bool]string{true: "up", false: "down"}[up])
+}
+
+func (r *sessionRecorder) Forget() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.told = append(r.told, "forget")
+}
+
+func (r *sessionRecorder) events() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.told)
 }
 
 // A dead-letter storm in one tenant trips that tenant's topic and alerts

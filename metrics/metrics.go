@@ -57,7 +57,7 @@ type Metrics struct {
 	topics          *topicLabels
 	maxTopics       int
 	sweepsFailing   prometheus.Gauge
-	// sessions: the LISTEN sessions' states in a relay of many (Source).
+	// sessions: the LISTEN sessions' states in a relay of many (Session).
 	sessions sessions
 }
 

@@ -17,10 +17,8 @@ type OutboxState struct {
 	// Name is the outbox's name in the admin API: its schema, or
 	// database.schema when the relay serves several databases.
 	Name string
-	// TrippedTopics counts its tripped topics.
-	TrippedTopics int
-	// Tripped names them (the process's outbox_topic_tripped{topic} counts
-	// the outboxes where each is).
+	// Tripped names its tripped topics (the process's
+	// outbox_topic_tripped{topic} counts the outboxes where each is).
 	Tripped []string
 	// SweepsFailing counts its sweeps failed in a row (0: the last one
 	// succeeded).
@@ -111,11 +109,11 @@ func (c *outboxesCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, o := range states {
 		kept := c.keep != nil && c.keep(o.Name)
 		name := label(o.Name)
-		if kept || o.TrippedTopics > 0 || o.SweepsFailing > 0 {
+		if kept || len(o.Tripped) > 0 || o.SweepsFailing > 0 {
 			shown = append(shown, o.Name)
 		}
-		if kept || o.TrippedTopics > 0 {
-			gauge(c.tripped, float64(o.TrippedTopics), name)
+		if kept || len(o.Tripped) > 0 {
+			gauge(c.tripped, float64(len(o.Tripped)), name)
 		}
 		if kept || o.SweepsFailing > 0 {
 			gauge(c.failing, float64(o.SweepsFailing), name)

@@ -240,7 +240,7 @@ func deref(s *string) string {
 // missing dead-letter or history table, a connection lost, or a failed
 // look is an ordinary failure: false.
 func (s *store) gone(ctx context.Context, err error) bool {
-	if _, ok := errors.AsType[*pgconn.PgError](err); !ok {
+	if !serverRefused(err) {
 		return false
 	}
 	// Not ctx's end: the host may be stopping the sweeper for the very
@@ -252,6 +252,13 @@ func (s *store) gone(ctx context.Context, err error) bool {
 		return false
 	}
 	return missing
+}
+
+// serverRefused reports whether err is a statement's error that the server
+// returned, not a connection's.
+func serverRefused(err error) bool {
+	_, ok := errors.AsType[*pgconn.PgError](err)
+	return ok
 }
 
 // explain adds what to do to errors an operator can fix.

@@ -187,6 +187,9 @@ type Sweeper struct {
 	// parked says Run waits for a wake-up alone, with no tick: its last
 	// sweep found the outbox idle (only with a Host).
 	parked atomic.Bool
+	// tableGone says a statement found the outbox table dropped and the
+	// host was told (dropped), until a sweep succeeds again.
+	tableGone atomic.Bool
 }
 
 // BrokerBreaker is the broker (dependency) circuit breaker as the sweeper
@@ -420,6 +423,7 @@ func (s *Sweeper) Run(ctx context.Context) error {
 			next = time.Now().Add(delay)
 			continue
 		}
+		s.tableGone.Store(false)
 		if failing > 0 {
 			s.logger.Info("sweep succeeded again", "failures_before", failing)
 			failing = 0
@@ -473,11 +477,20 @@ type SweepFailure struct {
 // tenant's schema dropped), and then tells the host (ListingHost) and logs
 // it at INFO: the failure is the host's news, not an operator's error. A
 // sweep that fails so is tried again as any other, until the host stops it.
+// Once per drop: the statements that fail after it (the expiry pass's, then
+// the sweep's) are the same news, and ask the catalog no more.
 func (s *Sweeper) dropped(ctx context.Context, err error) bool {
 	lh, ok := s.cfg.Host.(ListingHost)
-	if !ok || !s.store.gone(ctx, err) {
+	if !ok {
 		return false
 	}
+	if s.tableGone.Load() && serverRefused(err) {
+		return true
+	}
+	if !s.store.gone(ctx, err) {
+		return false
+	}
+	s.tableGone.Store(true)
 	s.logger.Info("outbox table not found (its schema or table was dropped); its host lists the outboxes again", "err", err)
 	lh.Gone()
 	return true

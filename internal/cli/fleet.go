@@ -140,7 +140,7 @@ func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, 
 		},
 		// Each database's LISTEN session its own view of the metrics:
 		// outbox_listening counts them all, none set over the others.
-		Observe:     func(name string) outbox.Observer { return m.Source(name) },
+		Session:     func(name string) fleet.SessionObserver { return m.Session(name) },
 		Retention:   ropts.Retention,
 		Probe:       ropts.Probe,
 		Maintenance: maintenance,

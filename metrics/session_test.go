@@ -14,11 +14,11 @@ import (
 
 // A relay of many databases listens while every database's session does; a
 // database taken off the list no longer counts, nor does a relay with none.
-func TestSourcesListenTogether(t *testing.T) {
+func TestSessionsListenTogether(t *testing.T) {
 	t.Parallel()
 	m := metrics.New(prometheus.NewRegistry())
 	listening := func() float64 { return testutil.ToFloat64(m.ListeningGauge()) }
-	db1, db2 := m.Source("db1"), m.Source("db2")
+	db1, db2 := m.Session("db1"), m.Session("db2")
 	db1.Listening(true)
 	require.Equal(t, 1.0, listening())
 	db2.Listening(false)
@@ -52,8 +52,8 @@ func TestARelayOfManyExportsTheGaugesOfAll(t *testing.T) {
 	m.ForMany(reg)
 	m.OnTopicChange("orders", 0, 1, "") // one outbox's change: not the process's gauge
 	metrics.RegisterOutboxes(reg, states{
-		{Name: "tenant_a", TrippedTopics: 2, Tripped: []string{"orders", "mail"}, SweepsFailing: 3},
-		{Name: "tenant_b", TrippedTopics: 1, Tripped: []string{"orders"}, SweepsFailing: 1},
+		{Name: "tenant_a", Tripped: []string{"orders", "mail"}, SweepsFailing: 3},
+		{Name: "tenant_b", Tripped: []string{"orders"}, SweepsFailing: 1},
 		{Name: "tenant_c"},
 	}, nil)
 	want := `

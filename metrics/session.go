@@ -15,21 +15,21 @@ type sessions struct {
 	listening map[string]bool
 }
 
-// Source is m as one database's LISTEN session of a relay of many sees it,
-// named by name: outbox_listening is 1 while every session reported
-// listens. Every other method is m's. Sources of one name share their state;
-// Forget drops it.
-type Source struct {
-	*Metrics
+// Session is what one database's LISTEN session of a relay of many tells
+// the metrics (fleet.SessionObserver), named by name: outbox_listening is 1
+// while every session reported listens. Sessions of one name share their
+// state; Forget drops it.
+type Session struct {
+	m    *Metrics
 	name string
 }
 
-// Source returns m as the session named name sees it.
-func (m *Metrics) Source(name string) *Source { return &Source{Metrics: m, name: name} }
+// Session returns what the session named name tells m.
+func (m *Metrics) Session(name string) *Session { return &Session{m: m, name: name} }
 
 // Listening implements outbox.ListenObserver.
-func (s *Source) Listening(up bool) {
-	m := s.Metrics
+func (s *Session) Listening(up bool) {
+	m := s.m
 	m.sessions.mu.Lock()
 	defer m.sessions.mu.Unlock()
 	m.sessions.listening[s.name] = up
@@ -38,8 +38,8 @@ func (s *Source) Listening(up bool) {
 
 // Forget drops what the session reported: a database taken off the list no
 // longer counts, its lost session held by no one.
-func (s *Source) Forget() {
-	m := s.Metrics
+func (s *Session) Forget() {
+	m := s.m
 	m.sessions.mu.Lock()
 	defer m.sessions.mu.Unlock()
 	if _, ok := m.sessions.listening[s.name]; ok {
