@@ -33,6 +33,23 @@ type Breaker interface {
 
 var _ Breaker = (*Topics)(nil)
 
+// TripCounter is a Breaker that counts the trips it makes. A sweep takes its
+// plan once, at its start, and pages on with it, past its tick while a drain
+// lasts; without a count, a topic tripped meanwhile (by an operator, or by a
+// failure in another of the sweep's lanes) would go on sending until the sweep
+// ended. The sweep reads the count before each page and each batch, an
+// atomic load, and asks Tripped again only when it has moved.
+type TripCounter interface {
+	// Trips is how many trips the breaker has made since it was made, of
+	// any topic and for any reason. It only grows.
+	Trips() uint64
+}
+
+var (
+	_ TripCounter = (*Topics)(nil)
+	_ TripCounter = (*Redis)(nil)
+)
+
 // The reasons of changes an operator makes by hand (Trip, Reset) begin with
 // these, so that a deliberate change logs and alerts lower than one the
 // breaker made by itself.

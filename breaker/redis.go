@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -99,6 +100,9 @@ type Redis struct {
 	// pending holds what happened on local state while Redis did not answer,
 	// to copy when it does: topics tripped (true) and reset (false).
 	pending map[string]bool
+	// shared counts the trips the shared state made on this instance's
+	// reports that its local shadow did not (Trips).
+	shared atomic.Uint64
 }
 
 var _ Breaker = (*Redis)(nil)
@@ -571,8 +575,10 @@ func (r *Redis) Failure(topic string, gen uint64, topicClass bool, errText strin
 	}
 	switch res {
 	case "tripped":
+		r.shared.Add(1)
 		r.tell(topic, StateClosed, StateTripped, "failure reported by "+r.cfg.Instance)
 	case "retripped":
+		r.shared.Add(1)
 		r.tell(topic, StateHalfOpen, StateTripped, "trial batch failed")
 	}
 }
@@ -629,6 +635,11 @@ func (r *Redis) Reset(topic string) {
 		r.tell(topic, parseState(res), StateClosed, resetByOperator)
 	}
 }
+
+// Trips counts the trips made through this instance (TripCounter): an
+// operator's, and those its failures made, in the shared state or in its local
+// shadow. A trip made by another instance is seen at this one's next plan.
+func (r *Redis) Trips() uint64 { return r.local.Trips() + r.shared.Load() }
 
 // Tripped lists the shared state's topics that are not closed, or the local
 // ones while Redis does not answer.

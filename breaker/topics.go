@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -145,6 +146,8 @@ type Topics struct {
 	// turn is the last topic a plan handed a trial when there were more
 	// half-open topics than MaxTrials: the next plan starts after it.
 	turn string
+	// trips counts the trips made (TripCounter).
+	trips atomic.Uint64
 }
 
 type topic struct {
@@ -365,6 +368,10 @@ func (b *Topics) Reset(name string) {
 	b.notify(changes)
 }
 
+// Trips counts the trips made since New, of any topic and for any reason
+// (TripCounter).
+func (b *Topics) Trips() uint64 { return b.trips.Load() }
+
 // Tripped lists the topics that are not closed, by topic name.
 func (b *Topics) Tripped() []TopicStatus {
 	b.mu.Lock()
@@ -434,6 +441,7 @@ func (t *topic) status(name string) TopicStatus {
 }
 
 func (b *Topics) trip(name string, t *topic, now time.Time, cooldown int, reason string) change {
+	b.trips.Add(1)
 	t.cooldown = cooldown
 	t.ticksLeft = cooldown
 	t.trips++

@@ -131,6 +131,30 @@ func TestCooldownHalfOpenAndDoubling(t *testing.T) {
 	require.Equal(t, 3, b.Tripped()[0].CooldownTicksLeft)
 }
 
+// Trips counts every trip, whatever made it (a sweep in progress reads it to
+// see one made since its plan), and nothing else.
+func TestTripsCountsEveryTripAndNothingElse(t *testing.T) {
+	t.Parallel()
+	b, _, _ := setup(breaker.Settings{CooldownTicks: 1, FailureThreshold: 2})
+	require.Zero(t, b.Trips())
+	fail(b, "A", false)
+	require.Zero(t, b.Trips(), "one failure of two")
+	fail(b, "A", false)
+	require.EqualValues(t, 1, b.Trips(), "the threshold's trip")
+	b.Trip("B", "by hand")
+	require.EqualValues(t, 2, b.Trips(), "an operator's trip")
+	b.OnTick()
+	b.OnTick()
+	p := b.Plan()
+	require.True(t, p.Trials["A"])
+	require.EqualValues(t, 2, b.Trips(), "a cooldown's end is no trip")
+	b.Failure("A", p.Gen("A"), false, "still down")
+	require.EqualValues(t, 3, b.Trips(), "a failed trial's trip")
+	b.Reset("A")
+	b.Reset("B")
+	require.EqualValues(t, 3, b.Trips(), "resets are no trips")
+}
+
 func TestPerTopicCooldownOverrides(t *testing.T) {
 	t.Parallel()
 	b, _, _ := setup(breaker.Settings{CooldownTicks: 10, Cooldowns: map[string]int{"orders": 2}})

@@ -171,6 +171,75 @@ func TestOperatorTripLeavesTheTopicOut(t *testing.T) {
 	require.Equal(t, 3, res.Dispatched)
 }
 
+// A trip holds from the moment it is made, not from the sweep's next plan: an
+// operator who trips a topic while a sweep sends it (a drain pages on past its
+// tick) stops its next batch, in the page being sent and in the pages after;
+// its rows stay outstanding, none charged an attempt, and once it is reset
+// they go, each once and in order. The other topic is not held. The same
+// with the breaker shared through Redis, whose trip count is this instance's.
+func TestATripDuringASweepStopsTheTopicsNextBatch(t *testing.T) {
+	t.Parallel()
+	breakers := map[string]func(t *testing.T) breaker.Breaker{
+		"memory": func(*testing.T) breaker.Breaker { return breaker.New(breaker.Settings{}) },
+		"redis": func(t *testing.T) breaker.Breaker {
+			b, err := breaker.NewRedis(breaker.RedisConfig{Client: brokertest.RedisClient(t, brokertest.RedisURL(t)),
+				Prefix: brokertest.Name("outbox-sweeper-test"), OpTimeout: patience})
+			require.NoError(t, err)
+			return b
+		},
+	}
+	for name, newBreaker := range breakers {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			tbl := dbtest.Table(t)
+			var msgs []outbox.Message
+			for i := range 100 { // A and B interleaved, so that every page holds both
+				msgs = append(msgs, topicMessages("A", 100)[i], topicMessages("B", 100)[i])
+			}
+			writeMessages(t, tbl, msgs...)
+			prod := memory.New(memory.Config{MaxBatch: 10})
+			b := newBreaker(t)
+			var trip sync.Once
+			prod.SetSendFunc(func(_ context.Context, batch producer.Batch) error {
+				if batch.Topic == "A" {
+					// Before the first batch of A returns: the sweep has
+					// its plan, and A's rows in its page.
+					trip.Do(func() { b.Trip("A", "downstream migration") })
+				}
+				return nil
+			})
+			s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, TopicBreaker: b, PageSize: 40})
+			res, err := s.Sweep(context.Background())
+			require.NoError(t, err)
+			require.Equal(t, 10, countTopic(prod.Messages(), "A"), "A's batches after its trip were sent")
+			require.Equal(t, 100, countTopic(prod.Messages(), "B"), "B was held with A")
+			require.Equal(t, 110, res.Dispatched)
+			require.Empty(t, res.FailedTopics)
+			require.Equal(t, 90, dbtest.Outstanding(t, tbl))
+			var charged int
+			require.NoError(t, dbtest.Pool(t).QueryRow(context.Background(),
+				"SELECT count(*) FROM "+tbl.Ident()+" WHERE attempts > 0").Scan(&charged))
+			require.Zero(t, charged, "rows of a topic tripped mid-sweep were charged an attempt")
+
+			b.Reset("A")
+			_, err = s.Sweep(context.Background())
+			require.NoError(t, err)
+			var sent []string
+			for _, m := range prod.Messages() {
+				if m.Topic == "A" {
+					sent = append(sent, string(m.Payload))
+				}
+			}
+			want := make([]string, 100)
+			for i := range want {
+				want[i] = fmt.Sprintf("A-%d", i)
+			}
+			require.Equal(t, want, sent, "A's rows, each once and in order")
+			require.Zero(t, dbtest.Outstanding(t, tbl))
+		})
+	}
+}
+
 // topicCounter counts the batches of topic a memory producer was asked to send,
 // failed or not.
 type topicCounter struct {

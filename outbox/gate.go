@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/outbox-sweeper/sweeper/breaker"
@@ -24,10 +25,16 @@ import (
 //
 // A sweep asks it once, at its start (open), after the broker breaker let it
 // read: the answer (a gatePass) holds the topic breaker's plan and the topics
-// backing off, and gathers the topics halted as the sweep goes. Operators ask
-// it through Sweeper.Gate and Sweeper.Gates, which change nothing.
+// backing off, and gathers the topics halted as the sweep goes. A topic
+// tripped after the plan stops at the sweep's next page or batch of it
+// (gatePass.tripped), not at the next sweep: an operator who trips a topic
+// during a drain means now. Operators ask the gate through Sweeper.Gate and
+// Sweeper.Gates, which change nothing.
 type gate struct {
-	topics  breaker.Breaker
+	topics breaker.Breaker
+	// trips is topics, when it counts its trips: nil, and a trip made during
+	// a sweep holds from the next.
+	trips   breaker.TripCounter
 	broker  BrokerBreaker // nil: none
 	backoff *topicBackoff
 
@@ -49,7 +56,12 @@ func (g *gate) brokerState() breaker.DependencyState {
 // the half-open topics' trials, so it is taken once a sweep, after OnTick),
 // and the topics whose backoff has not ended.
 func (g *gate) open(now time.Time) *gatePass {
-	p := &gatePass{g: g, plan: g.topics.Plan(), halted: map[string]bool{}}
+	p := &gatePass{g: g, halted: map[string]bool{}}
+	if g.trips != nil {
+		// Read before the plan: a trip between the two is read again.
+		p.trips.Store(g.trips.Trips())
+	}
+	p.plan = g.topics.Plan()
 	p.excluded = slices.Concat(p.plan.Excluded, g.backoff.waiting(now))
 	p.leftOut = make(map[string]bool, len(p.excluded))
 	for _, t := range p.excluded {
@@ -84,6 +96,16 @@ type gatePass struct {
 	// without its own halted topics (it keeps them too), and a topic is
 	// in one lane only, so no lane needs another's.
 	halted map[string]bool
+
+	// trips is the topic breaker's trip count when the pass last read it,
+	// and since says some topic was tripped after the plan; sinceTopics
+	// holds which, under refresh, which also serializes the reads of the
+	// breaker's list (with Redis a round trip) that a moved count calls
+	// for, so that no lane answers from a list older than the count it read.
+	trips       atomic.Uint64
+	since       atomic.Bool
+	refresh     sync.Mutex
+	sinceTopics map[string]bool
 }
 
 // trial says topic is half-open: it sends one batch, its trial.
@@ -91,6 +113,64 @@ func (p *gatePass) trial(topic string) bool { return p.plan.Trials[topic] }
 
 // gen is topic's breaker generation in the plan: outcomes are reported with it.
 func (p *gatePass) gen(topic string) uint64 { return p.plan.Gen(topic) }
+
+// tripped reports whether topic was tripped after the plan was taken (its
+// trial's failure, an operator's trip, another lane's failures): it stops
+// sending for the rest of the sweep, its rows claimed and not sent left
+// outstanding, as a contended topic's are.
+func (p *gatePass) tripped(topic string) bool {
+	if !p.trippedSince() {
+		return false
+	}
+	p.refresh.Lock()
+	defer p.refresh.Unlock()
+	return p.sinceTopics[topic]
+}
+
+// haltTripped adds to halted the topics of live tripped after the plan.
+func (p *gatePass) haltTripped(live []string, halted map[string]bool) {
+	if !p.trippedSince() {
+		return
+	}
+	p.refresh.Lock()
+	defer p.refresh.Unlock()
+	for _, t := range live {
+		if p.sinceTopics[t] {
+			halted[t] = true
+		}
+	}
+}
+
+// trippedSince reports whether some topic was tripped after the plan,
+// reading the breaker's list again when its trip count has moved. While the
+// breaker makes no trip, that costs an atomic load.
+func (p *gatePass) trippedSince() bool {
+	if p.g.trips == nil {
+		return false
+	}
+	n := p.g.trips.Trips()
+	if n == p.trips.Load() {
+		return p.since.Load()
+	}
+	p.refresh.Lock()
+	defer p.refresh.Unlock()
+	if n = p.g.trips.Trips(); n != p.trips.Load() {
+		since := map[string]bool{}
+		for _, ts := range p.g.topics.Tripped() {
+			// The topics tripped at the plan are not paged at all.
+			if ts.State == breaker.StateTripped.String() && !p.leftOut[ts.Topic] {
+				since[ts.Topic] = true
+			}
+		}
+		p.sinceTopics = since
+		p.since.Store(len(since) > 0)
+		// Stored once the list is read: a lane that reads the moved count
+		// meanwhile waits for it. A trip made during the read moves the
+		// count past n, and is read at the next question.
+		p.trips.Store(n)
+	}
+	return p.since.Load()
+}
 
 // halt stops topics for the rest of the sweep.
 func (p *gatePass) halt(topics []string) {

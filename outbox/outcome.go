@@ -17,8 +17,9 @@ type outcome struct {
 	// counted an attempt.
 	batches, failedBatches, dispatched, skipped int
 	deadLettered, expired, attempted, splits    int
-	// failed and contended say why the topic stopped, if it did.
-	failed, contended bool
+	// failed, contended and tripped say why the topic stopped, if it did:
+	// tripped, by the topic breaker after the sweep's plan (gatePass.tripped).
+	failed, contended, tripped bool
 
 	// What report tells of this outcome's own event; add does not carry it
 	// up. sent is a batch the broker accepted; failure, the error of a batch
@@ -49,6 +50,7 @@ func (out *outcome) add(o outcome) {
 	addCounts(out.counts(), o.counts())
 	out.failed = out.failed || o.failed
 	out.contended = out.contended || o.contended
+	out.tripped = out.tripped || o.tripped
 }
 
 // add counts o in the sweep's result: a topic that failed joins

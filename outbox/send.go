@@ -59,6 +59,10 @@ func (t *topicSender) sendGroup(g topicGroup) (stop bool, err error) {
 		if t.st.stop.Err() != nil {
 			return true, nil
 		}
+		if t.st.gate.tripped(g.topic) {
+			t.out.tripped = true
+			return true, nil
+		}
 		suspect := len(b.Messages) == 1 && b.Messages[0].Attempts > 0
 		if stop, err := t.sendBatch(b, !suspect); err != nil || stop {
 			return stop || err != nil, err

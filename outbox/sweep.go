@@ -310,6 +310,9 @@ func (s *Sweeper) pageLane(st *sweepState, ticks *sweepTicks, marks *sweepMarks,
 		}
 	}()
 	for stop.Err() == nil {
+		// A topic tripped since the plan claims no page more, and its rows
+		// in the page claimed ahead stay outstanding (below).
+		st.gate.haltTripped(live, halted)
 		var cur *aheadPage
 		if next != nil {
 			cur, next = next, nil
@@ -720,7 +723,7 @@ func (s *Sweeper) sendPage(st *sweepState, msgs []producer.Message, res *SweepRe
 			mu.Lock()
 			defer mu.Unlock()
 			res.add(t.out)
-			if t.out.failed || t.out.contended || st.gate.trial(g.topic) {
+			if t.out.failed || t.out.contended || t.out.tripped || st.gate.trial(g.topic) {
 				stopped = append(stopped, g.topic)
 			}
 			if err != nil && dbErr == nil {

@@ -224,12 +224,13 @@ func NewSweeper(pool *pgxpool.Pool, p producer.Producer, cfg Config) (*Sweeper, 
 		lanes = 1
 	}
 	progress := &heartbeat{}
+	trips, _ := cfg.TopicBreaker.(breaker.TripCounter)
 	return &Sweeper{
 		progress: progress,
 		breaker:  cfg.TopicBreaker,
 		broker:   cfg.BrokerBreaker,
 		backoff:  backoff,
-		gate:     &gate{topics: cfg.TopicBreaker, broker: cfg.BrokerBreaker, backoff: backoff},
+		gate:     &gate{topics: cfg.TopicBreaker, trips: trips, broker: cfg.BrokerBreaker, backoff: backoff},
 		cfg:      cfg,
 		logger:   cfg.Logger,
 		producer: p,
