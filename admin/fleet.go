@@ -33,8 +33,8 @@ type FleetConfig struct {
 	TableName string
 	// Outboxes lists the outboxes relayed now. Called on every request.
 	Outboxes func() []FleetOutbox
-	// Ready answers /readyz: nil when every database answers. Nil pings
-	// Base.Pool.
+	// Ready answers /readyz: nil when the relay is ready (a relay of many
+	// databases: while any of them answers). Nil pings Base.Pool.
 	Ready func(ctx context.Context) error
 }
 

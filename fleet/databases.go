@@ -291,15 +291,39 @@ func (d *Databases) adminOutboxes() []admin.FleetOutbox {
 	return out
 }
 
-// ready is nil when every database answers.
+// ready answers /readyz: nil while some listed database answers, the pings
+// all at once, within ctx. One tenant database down (its maintenance, its
+// server's restart) is that tenant's trouble: the others are relayed, and
+// its sweeps' failures, its LISTEN session and its metrics say so. Made the
+// whole process's, it held every rollout of the relay until that database
+// came back, and one database slow to answer used up the probe's time for
+// all. Each one that does not answer is logged by name; when none answers,
+// the process cannot work (its network, its credentials), and it is not ready.
 func (d *Databases) ready(ctx context.Context) error {
 	d.mu.Lock()
 	all := slices.Collect(maps.Values(d.fleets))
 	d.mu.Unlock()
-	for _, db := range all {
-		if err := db.pool.Ping(ctx); err != nil {
-			return fmt.Errorf("database %s: %w", db.name, err)
+	errs := make([]error, len(all))
+	var wg sync.WaitGroup
+	for i, db := range all {
+		wg.Go(func() {
+			if err := db.pool.Ping(ctx); err != nil {
+				errs[i] = fmt.Errorf("database %s: %w", db.name, err)
+			}
+		})
+	}
+	wg.Wait()
+	var down []error
+	for _, err := range errs {
+		if err != nil {
+			down = append(down, err)
 		}
+	}
+	if len(down) > 0 && len(down) == len(all) {
+		return errors.Join(down...)
+	}
+	for _, err := range down {
+		d.opts.Fleet.Logger.Warn("a listed database does not answer; its tenants wait, the others are relayed, and /readyz stays ready while any database answers", "err", err)
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
 	"slices"
 	"strings"
@@ -38,6 +39,9 @@ func databases(t *testing.T, n int) []string {
 	return urls
 }
 
+// dbName is the database's name in its URL, the name Databases gives it.
+func dbName(u string) string { p, _ := url.Parse(u); return strings.TrimPrefix(p.Path, "/") }
+
 func writeTo(t *testing.T, dbURL, schema string, msgs ...outbox.Message) {
 	t.Helper()
 	conn, err := pgx.Connect(context.Background(), dbURL)
@@ -55,7 +59,6 @@ func writeTo(t *testing.T, dbURL, schema string, msgs ...outbox.Message) {
 // and the admin API names each outbox by database and schema.
 func TestDatabasesRelayEveryListedDatabase(t *testing.T) {
 	urls := databases(t, 5)
-	name := func(u string) string { p, _ := url.Parse(u); return strings.TrimPrefix(p.Path, "/") }
 	var mu sync.Mutex
 	listed := slices.Clone(urls[:4])
 	p := memory.New(memory.Config{})
@@ -76,12 +79,12 @@ func TestDatabasesRelayEveryListedDatabase(t *testing.T) {
 	start(t, d)
 	relaying := func(u string, tenants int) func() bool {
 		return func() bool {
-			f, ok := d.Fleet(name(u))
+			f, ok := d.Fleet(dbName(u))
 			return ok && len(f.Outboxes()) == tenants
 		}
 	}
 	for _, u := range urls[:4] {
-		dbtest.Eventually(t, time.Minute, "database "+name(u)+" relayed", relaying(u, 2))
+		dbtest.Eventually(t, time.Minute, "database "+dbName(u)+" relayed", relaying(u, 2))
 	}
 	delivered := func(payload string) func() bool {
 		return func() bool {
@@ -90,12 +93,12 @@ func TestDatabasesRelayEveryListedDatabase(t *testing.T) {
 	}
 	for _, u := range urls[:4] {
 		for _, s := range []string{"a", "b"} {
-			writeTo(t, u, s, outbox.Message{Topic: "orders", Payload: []byte(name(u) + "/" + s)})
+			writeTo(t, u, s, outbox.Message{Topic: "orders", Payload: []byte(dbName(u) + "/" + s)})
 		}
 	}
 	for _, u := range urls[:4] {
 		for _, s := range []string{"a", "b"} {
-			dbtest.Eventually(t, time.Minute, "the row of "+name(u)+"."+s, delivered(name(u)+"/"+s))
+			dbtest.Eventually(t, time.Minute, "the row of "+dbName(u)+"."+s, delivered(dbName(u)+"/"+s))
 		}
 	}
 	// Each database holds schemas a and b: {database} keeps db1's tenant a
@@ -112,11 +115,11 @@ func TestDatabasesRelayEveryListedDatabase(t *testing.T) {
 	mu.Unlock()
 	d.Reload()
 	dbtest.Eventually(t, time.Minute, "the fifth database relayed", relaying(urls[4], 2))
-	dbtest.Eventually(t, time.Minute, "the first database let go", func() bool { return !slices.Contains(d.Names(), name(urls[0])) })
-	writeTo(t, urls[4], "b", outbox.Message{Topic: "orders", Payload: []byte(name(urls[4]) + "/b")})
-	dbtest.Eventually(t, time.Minute, "the fifth database's row", delivered(name(urls[4])+"/b"))
+	dbtest.Eventually(t, time.Minute, "the first database let go", func() bool { return !slices.Contains(d.Names(), dbName(urls[0])) })
+	writeTo(t, urls[4], "b", outbox.Message{Topic: "orders", Payload: []byte(dbName(urls[4]) + "/b")})
+	dbtest.Eventually(t, time.Minute, "the fifth database's row", delivered(dbName(urls[4])+"/b"))
 	writeTo(t, urls[0], "a", outbox.Message{Topic: "orders", Payload: []byte("after leaving")})
-	require.Equal(t, []string{name(urls[1]), name(urls[2]), name(urls[3]), name(urls[4])}, d.Names())
+	require.Equal(t, []string{dbName(urls[1]), dbName(urls[2]), dbName(urls[3]), dbName(urls[4])}, d.Names())
 
 	code, body := adminGet(t, addr, "/outboxes")
 	require.Equal(t, 200, code, "%v", body)
@@ -203,12 +206,14 @@ func TestDatabasesGoOnPastABadDatabaseAndAnUnreadableList(t *testing.T) {
 	missing := u.String()
 	var mu sync.Mutex
 	var listErr error
+	listed := []string{good, missing}
 	p := memory.New(memory.Config{})
+	addr := fmt.Sprintf("127.0.0.1:%d", dbtest.FreePort(t))
 	d, l := startDatabases(t, p, func() ([]string, error) {
 		mu.Lock()
 		defer mu.Unlock()
-		return []string{good, missing}, listErr
-	}, fleet.Options{})
+		return listed, listErr
+	}, fleet.Options{Admin: admin.Config{Addr: addr}})
 	dbtest.Eventually(t, time.Minute, "the missing database's listing failing, logged", func() bool {
 		return strings.Contains(l.String(), "listing the tenant schemas failed")
 	})
@@ -216,6 +221,26 @@ func TestDatabasesGoOnPastABadDatabaseAndAnUnreadableList(t *testing.T) {
 	dbtest.Eventually(t, time.Minute, "the good database's row", func() bool {
 		return slices.ContainsFunc(p.Messages(), func(m producer.Message) bool { return string(m.Payload) == "past a bad neighbour" })
 	})
+	// Ready while a database answers; the one that does not is named in the log.
+	code, body := adminGet(t, addr, "/readyz")
+	require.Equal(t, http.StatusOK, code, "one tenant database down made the relay unready: %v", body)
+	require.Contains(t, l.String(), "a listed database does not answer")
+	require.Contains(t, l.String(), "database "+dbName(missing)+":")
+
+	// Not ready when no database answers.
+	mu.Lock()
+	listed = []string{missing}
+	mu.Unlock()
+	d.Reload()
+	dbtest.Eventually(t, time.Minute, "the good database let go", func() bool { _, ok := d.Fleet(dbName(good)); return !ok })
+	code, body = adminGet(t, addr, "/readyz")
+	require.Equal(t, http.StatusServiceUnavailable, code, "ready with no database answering: %v", body)
+
+	mu.Lock()
+	listed = []string{good, missing}
+	mu.Unlock()
+	d.Reload()
+	dbtest.Eventually(t, time.Minute, "the good database relayed again", func() bool { _, ok := d.Fleet(dbName(good)); return ok })
 
 	mu.Lock()
 	listErr = errors.New("tenants.txt: permission denied")
