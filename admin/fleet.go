@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -80,7 +81,7 @@ func (f *fleetAPI) routes() []route {
 		{"GET /openapi.json", http.HandlerFunc(serveFleetOpenAPI)},
 		{"GET /outboxes", f.api.auth(f.list)},
 		{"GET /outboxes/{name}", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			http.Redirect(w, r, r.URL.Path+"/", http.StatusMovedPermanently) // the console's files are relative to it
+			http.Redirect(w, r, r.URL.EscapedPath()+"/", http.StatusMovedPermanently) // the console's files are relative to it
 		})},
 		{"/outboxes/{name}/", http.HandlerFunc(f.outbox)},
 	}
@@ -241,9 +242,11 @@ type fleetOutboxStatus struct {
 	OldestAgeSeconds *float64 `json:"oldest_age_seconds"`
 	TrippedTopics    []string `json:"tripped_topics"`
 	// SweepsFailing counts its sweeps that failed in a row (database errors).
-	SweepsFailing int    `json:"sweeps_failing"`
-	Path          string `json:"path"`
-	outbox        FleetOutbox
+	SweepsFailing int `json:"sweeps_failing"`
+	// Path is the root of its API, its name escaped: a database's name may
+	// hold any character, a '#' or a '?' among them.
+	Path   string `json:"path"`
+	outbox FleetOutbox
 }
 
 // fleetListLimitDefault is how many outboxes GET /outboxes lists unless
@@ -286,7 +289,7 @@ func (f *fleetAPI) list(w http.ResponseWriter, r *http.Request) {
 		t, k, tr := o.Config.Table, key{o.Config.Pool, o.Config.Table.Schema}, o.Trouble()
 		list = append(list, &fleetOutboxStatus{Name: tr.Name, Database: o.Database, Schema: t.Schema, Table: t.String(),
 			Parked: o.Parked, BacklogEstimate: backlog[k], DeadLettersEstimate: dead[k], TrippedTopics: tr.TrippedTopics,
-			SweepsFailing: tr.SweepsFailing, Path: "/outboxes/" + tr.Name + "/", outbox: o})
+			SweepsFailing: tr.SweepsFailing, Path: "/outboxes/" + url.PathEscape(tr.Name) + "/", outbox: o})
 	}
 	slices.SortFunc(list, func(a, b *fleetOutboxStatus) int {
 		return cmp.Or(-cmp.Compare(len(a.TrippedTopics), len(b.TrippedTopics)), -cmp.Compare(a.SweepsFailing, b.SweepsFailing),

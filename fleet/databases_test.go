@@ -254,3 +254,45 @@ func TestDatabasesGoOnPastABadDatabaseAndAnUnreadableList(t *testing.T) {
 		return slices.ContainsFunc(p.Messages(), func(m producer.Message) bool { return string(m.Payload) == "while the list is unreadable" })
 	})
 }
+
+// A database's name may hold any character: the admin API's links to its
+// outboxes (GET /outboxes' path, the console's) are escaped, and lead to
+// them.
+func TestDatabasesLinkToAnOutboxOfAnOddlyNamedDatabase(t *testing.T) {
+	name := dbtest.Schema(t) + " odd#1?%"
+	ctx := context.Background()
+	_, err := dbtest.Pool(t).Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, err := dbtest.Pool(t).Exec(context.Background(), "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+		require.NoError(t, err)
+	})
+	u := dbtest.WithDatabase(t, dbtest.URL(t), name)
+	require.NoError(t, migrate(u, outbox.Table{Schema: "a", Name: "outbox"}))
+	addr := fmt.Sprintf("127.0.0.1:%d", dbtest.FreePort(t))
+	startDatabases(t, memory.New(memory.Config{}), func() ([]string, error) { return []string{u}, nil },
+		fleet.Options{Admin: admin.Config{Addr: addr}})
+
+	var path string
+	dbtest.Eventually(t, time.Minute, "the outbox listed", func() bool {
+		_, body := adminGet(t, addr, "/outboxes")
+		list, _ := body["outboxes"].([]any)
+		if len(list) != 1 {
+			return false
+		}
+		o := list[0].(map[string]any)
+		require.Equal(t, name+".a", o["name"])
+		path = o["path"].(string)
+		return true
+	})
+	require.Equal(t, "/outboxes/"+url.PathEscape(name+".a")+"/", path)
+	code, body := adminGet(t, addr, path+"status")
+	require.Equal(t, http.StatusOK, code, "%s: %v", path, body)
+
+	noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := noFollow.Get("http://" + addr + strings.TrimSuffix(path, "/"))
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusMovedPermanently, resp.StatusCode)
+	require.Equal(t, path, resp.Header.Get("Location"))
+}
