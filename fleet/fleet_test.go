@@ -504,10 +504,10 @@ func TestFleetSharesTurnsAmongBusyTenants(t *testing.T) {
 // once.
 //
 // The backlog is committed once both tenants are relayed and the quiet one's
-// rows flow: a fleet adds the outboxes it finds one at a time, and on a
-// database whose catalogs have grown (autovacuum off, a day of test schemas)
-// adding the quiet tenant alone outlasted the whole drain of a backlog found
-// at start, which says nothing about turns.
+// rows flow: a fleet starts each outbox it finds once it has added it (a few
+// statements), and on a database whose catalogs had grown (autovacuum off, a
+// day of test schemas) adding the quiet tenant outlasted the whole drain of a
+// backlog found at start, which says nothing about turns.
 func TestFleetDrainsBesideAStreamOfQuietCommits(t *testing.T) {
 	base := dbtest.Schema(t)
 	tbls := tenants(t, base, 2)
