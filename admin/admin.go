@@ -112,8 +112,11 @@ func Handler(cfg Config) http.Handler {
 }
 
 type api struct {
-	cfg        Config
-	hosts      hostRule
+	cfg   Config
+	hosts hostRule
+	// elsewhere ends the answer to a path no endpoint serves: where a
+	// relay of many outboxes serves each one's endpoints.
+	elsewhere  string
 	backlog    *outbox.Backlog
 	backlogErr error
 

@@ -62,7 +62,9 @@ func FleetHandler(cfg FleetConfig) http.Handler {
 		base.Logger = slog.New(slog.DiscardHandler)
 	}
 	cfg.Base = base
-	f := &fleetAPI{cfg: cfg, api: &api{cfg: base, hosts: newHostRule(base.Addr, base.AllowedHosts)}, outboxes: map[string]*fleetMember{}}
+	f := &fleetAPI{cfg: cfg, api: &api{cfg: base, hosts: newHostRule(base.Addr, base.AllowedHosts),
+		elsewhere: "; this relay relays many outboxes, each one's endpoints under /outboxes/{name}/ (GET /outboxes lists the names; the sweeper commands take --outbox NAME)"},
+		outboxes: map[string]*fleetMember{}}
 	mux := http.NewServeMux()
 	for _, r := range f.routes() {
 		mux.Handle(r.pattern, r.h)

@@ -152,3 +152,30 @@ func TestFleetServesProfilesBehindTheToken(t *testing.T) {
 	require.Len(t, list.Outboxes, 1)
 	require.Equal(t, profiles(list.Outboxes[0].Path+"openapi.json"), fleetDoc)
 }
+
+// An endpoint of one outbox asked of a relay of many at its root (a
+// `sweeper topics list` without --outbox) is answered with where it is.
+func TestFleetSaysWhereAnOutboxsEndpointsAre(t *testing.T) {
+	t.Parallel()
+	srv := fleetServer(t)
+	code, raw := fleetCall(t, srv, "/topics/tripped", "tok")
+	require.Equal(t, http.StatusNotFound, code)
+	var body struct{ Error string }
+	require.NoError(t, json.Unmarshal(raw, &body))
+	require.Contains(t, body.Error, "no endpoint GET /topics/tripped")
+	require.Contains(t, body.Error, "each one's endpoints under /outboxes/{name}/")
+	require.Contains(t, body.Error, "--outbox NAME")
+
+	// Under an outbox's path, a path no endpoint serves is that outbox's
+	// API's answer, which has no other place to point to.
+	_, raw = fleetCall(t, srv, "/outboxes", "tok")
+	var list struct {
+		Outboxes []struct{ Path string } `json:"outboxes"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &list))
+	require.Len(t, list.Outboxes, 1)
+	code, raw = fleetCall(t, srv, list.Outboxes[0].Path+"no/such/path", "tok")
+	require.Equal(t, http.StatusNotFound, code)
+	require.Contains(t, string(raw), "no endpoint GET /no/such/path")
+	require.NotContains(t, string(raw), "--outbox")
+}

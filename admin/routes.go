@@ -126,7 +126,7 @@ func (a *api) jsonErrors(mux *http.ServeMux) http.Handler {
 		}
 		rec := &statusOnly{header: w.Header(), status: http.StatusNotFound}
 		mux.ServeHTTP(rec, r)
-		msg := fmt.Sprintf("no endpoint %s %s: the endpoints are in docs/operations.md, \"Admin HTTP API\"", r.Method, r.URL.Path)
+		msg := fmt.Sprintf("no endpoint %s %s: the endpoints are in docs/operations.md, \"Admin HTTP API\"%s", r.Method, r.URL.Path, a.elsewhere)
 		if rec.status == http.StatusMethodNotAllowed {
 			msg = fmt.Sprintf("%s does not take %s: use %s", r.URL.Path, r.Method, w.Header().Get("Allow"))
 		}
