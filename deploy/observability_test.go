@@ -110,7 +110,7 @@ func exported(t *testing.T) []string {
 	rec := &recorder{}
 	metrics.New(rec)
 	metrics.RegisterPool(rec, nil)
-	metrics.RegisterOutboxes(rec, nil, nil)
+	metrics.RegisterOutboxes(rec, nil, nil, 0)
 	ch := make(chan *prometheus.Desc, 100)
 	go func() {
 		for _, c := range rec.cs {

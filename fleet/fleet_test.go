@@ -329,7 +329,7 @@ func TestFleetKeepsEachTenantsTroubleItsOwn(t *testing.T) {
 func tenantSeries(t *testing.T, src metrics.Outboxes, keep func(string) bool) map[string]float64 {
 	t.Helper()
 	reg := prometheus.NewPedanticRegistry()
-	metrics.RegisterOutboxes(reg, src, keep)
+	metrics.RegisterOutboxes(reg, src, keep, 0)
 	families, err := reg.Gather()
 	require.NoError(t, err)
 	out := map[string]float64{}

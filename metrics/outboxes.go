@@ -71,11 +71,17 @@ const backlogTimeout = 5 * time.Second
 // of any outbox's. Read from the breakers at each scrape, they count a trip
 // another instance made or reset through Redis, and forget a tenant let go;
 // set from each outbox's changes, every outbox set them over the others'.
-func RegisterOutboxes(reg prometheus.Registerer, src Outboxes, keep func(name string) bool) {
+// maxTopics topics (0: MaxTopicsDefault; --metrics-max-topics), those
+// tripped in the most outboxes, have outbox_topic_tripped series of their
+// own, the rest are counted under _other.
+func RegisterOutboxes(reg prometheus.Registerer, src Outboxes, keep func(name string) bool, maxTopics int) {
 	d := func(name, help string) *prometheus.Desc {
 		return prometheus.NewDesc("outbox_tenant_"+name, help, []string{"outbox"}, nil)
 	}
-	reg.MustRegister(&outboxesCollector{src: src, keep: keep,
+	if maxTopics <= 0 {
+		maxTopics = MaxTopicsDefault
+	}
+	reg.MustRegister(&outboxesCollector{src: src, keep: keep, maxTopics: maxTopics,
 		topicTripped: prometheus.NewDesc("outbox_topic_tripped", helpTripped, []string{"topic"}, nil),
 		mostFailing:  prometheus.NewDesc("outbox_sweeps_failed_consecutive", helpSweepsFailing, nil, nil),
 		tripped:      d("tripped_topics", "Tripped topics of an outbox of a relay of many (--schemas): only for outboxes with one, or named by --metrics-outboxes."),
@@ -89,6 +95,7 @@ func RegisterOutboxes(reg prometheus.Registerer, src Outboxes, keep func(name st
 type outboxesCollector struct {
 	src                                       Outboxes
 	keep                                      func(name string) bool
+	maxTopics                                 int
 	tripped, failing, parked, backlog, oldest *prometheus.Desc
 	topicTripped, mostFailing                 *prometheus.Desc
 }
@@ -168,7 +175,7 @@ func (c *outboxesCollector) collectProcess(ch chan<- prometheus.Metric, states [
 	for i, t := range topics {
 		switch {
 		case t == OtherTopic:
-		case i < MaxTopicsDefault:
+		case i < c.maxTopics:
 			ch <- prometheus.MustNewConstMetric(c.topicTripped, prometheus.GaugeValue, float64(in[t]), t)
 		default:
 			other += in[t]

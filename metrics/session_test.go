@@ -55,7 +55,7 @@ func TestARelayOfManyExportsTheGaugesOfAll(t *testing.T) {
 		{Name: "tenant_a", Tripped: []string{"orders", "mail"}, SweepsFailing: 3},
 		{Name: "tenant_b", Tripped: []string{"orders"}, SweepsFailing: 1},
 		{Name: "tenant_c"},
-	}, nil)
+	}, nil, 0)
 	want := `
 # HELP outbox_sweeps_failed_consecutive Sweeps that failed one after another (a database error: down, or a statement that fails every time), 0 once one succeeds; in a relay of many, the most of any outbox's. Nothing is sent while it rises.
 # TYPE outbox_sweeps_failed_consecutive gauge
@@ -69,4 +69,19 @@ outbox_topic_tripped{topic="orders"} 2
 	n, err := testutil.GatherAndCount(reg, "outbox_outstanding_messages", "outbox_dead_letter_messages")
 	require.NoError(t, err)
 	require.Zero(t, n, "the table's gauges, which no relay of many refreshes")
+
+	// --metrics-max-topics bounds the topics by name: the most tripped
+	// first, the rest under _other.
+	capped := prometheus.NewRegistry()
+	metrics.RegisterOutboxes(capped, states{
+		{Name: "tenant_a", Tripped: []string{"orders", "mail", "sms"}},
+		{Name: "tenant_b", Tripped: []string{"orders"}},
+	}, nil, 1)
+	want = `
+# HELP outbox_topic_tripped 1 while the topic's breaker is tripped or half-open, else 0; in a relay of many, the number of outboxes where it is (the topics with the most first, the rest counted under topic="_other").
+# TYPE outbox_topic_tripped gauge
+outbox_topic_tripped{topic="_other"} 2
+outbox_topic_tripped{topic="orders"} 2
+`
+	require.NoError(t, testutil.GatherAndCompare(capped, strings.NewReader(want), "outbox_topic_tripped"))
 }

@@ -170,7 +170,7 @@ func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, 
 		}
 		return err
 	}
-	metrics.RegisterOutboxes(reg, fl, keep)
+	metrics.RegisterOutboxes(reg, fl, keep, o.metricsTopics)
 	logger.Info("starting", "version", version(), "producer", o.name, "database", redact(poolCfg.ConnConfig),
 		"schemas", o.schemas, "table", cfg.Table.Name, "max_connections", o.maxConnections, "destination", o.destination)
 	return fl.Run(ctx)
@@ -200,7 +200,7 @@ func (o *runOptions) runDatabases(ctx context.Context, f *flags, p producer.Prod
 	if err != nil {
 		return err
 	}
-	metrics.RegisterOutboxes(reg, d, keep)
+	metrics.RegisterOutboxes(reg, d, keep, o.metricsTopics)
 	// Every database's budget, summed: as many series as one database's.
 	metrics.RegisterPools(reg, d.Pools)
 	urls, err := o.databaseURLs()
