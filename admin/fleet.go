@@ -53,6 +53,9 @@ type FleetOutbox struct {
 	// Parked says its sweeper waits for a commit: its last sweep found
 	// nothing outstanding.
 	Parked bool
+	// Behind is how far its sweeps are behind the commits
+	// (outbox.Sweeper.Behind), when it was listed.
+	Behind time.Duration
 }
 
 // FleetHandler returns the admin API of a fleet.

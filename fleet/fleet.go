@@ -833,7 +833,8 @@ func states(outboxes []admin.FleetOutbox) []metrics.OutboxState {
 	out := make([]metrics.OutboxState, 0, len(outboxes))
 	for _, o := range outboxes {
 		t := o.Trouble()
-		out = append(out, metrics.OutboxState{Name: t.Name, Tripped: t.TrippedTopics, SweepsFailing: t.SweepsFailing, Parked: o.Parked})
+		out = append(out, metrics.OutboxState{Name: t.Name, Tripped: t.TrippedTopics, SweepsFailing: t.SweepsFailing, Parked: o.Parked,
+			Behind: o.Behind})
 	}
 	return out
 }
@@ -852,7 +853,7 @@ func (f *Fleet) adminOutboxes() []admin.FleetOutbox {
 		cfg.Topics, cfg.Gate, cfg.DeadLetters = s.TopicBreaker(), s, m.dead
 		cfg.Backoffs, cfg.Activity, cfg.SweepsFailing = s.TopicBackoffs, s.TopicActivity, s.Failing
 		cfg.Stalled = func(now time.Time) (outbox.Stall, bool) { return s.Stalled(now, f.opts.StallTicks) }
-		o := admin.FleetOutbox{Config: cfg, Parked: s.Parked(), Database: f.opts.Database}
+		o := admin.FleetOutbox{Config: cfg, Parked: s.Parked(), Behind: s.Behind(time.Now()), Database: f.opts.Database}
 		if f.opts.Database != "" {
 			o.Name = m.name
 		}

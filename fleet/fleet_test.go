@@ -585,6 +585,55 @@ func TestFleetDrainsBesideAStreamOfQuietCommits(t *testing.T) {
 	t.Logf("%d busy rows drained beside %d quiet commits, %d quiet rows delivered during the drain", backlog, beside, during)
 }
 
+// A relay of many knows, without a statement, how far each tenant's sweeps
+// are behind: while a drain's rows wait (here, for a broker that holds its
+// sends), the age of the oldest row of its page, which grows as they wait;
+// 0 for a tenant with nothing to send, and for the drained one once it is
+// done. The metrics' lag (outbox_oldest_outstanding_age_seconds) is the
+// most of them.
+func TestFleetKnowsHowFarATenantIsBehind(t *testing.T) {
+	base := dbtest.Schema(t)
+	tbls := tenants(t, base, 2)
+	busy, idle := tbls[0], tbls[1]
+	release := make(chan struct{})
+	p := memory.New(memory.Config{})
+	p.SetSendFunc(func(ctx context.Context, _ producer.Batch) error {
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	written := time.Now()
+	var msgs []outbox.Message
+	for i := range 300 {
+		msgs = append(msgs, outbox.Message{Topic: "orders", Payload: fmt.Appendf(nil, "%d", i)})
+	}
+	write(t, busy, msgs...)
+	f, _ := newFleet(t, base+"_t*", p, "fleet-"+base, fleet.Options{Sweeper: outbox.Config{PageSize: 100}})
+	behind := func(tbl outbox.Table) time.Duration {
+		for _, st := range f.States() {
+			if st.Name == tbl.Schema {
+				return st.Behind
+			}
+		}
+		return -1
+	}
+	dbtest.Eventually(t, time.Minute, "both tenants relayed, the busy one behind", func() bool {
+		return len(f.Outboxes()) == 2 && behind(busy) > 0
+	})
+	first := behind(busy)
+	require.LessOrEqual(t, first, time.Since(written)+time.Second, "older than its rows")
+	dbtest.Eventually(t, time.Minute, "the busy tenant further behind as its rows wait", func() bool { return behind(busy) > first })
+	require.Zero(t, behind(idle), "a tenant with nothing to send")
+
+	close(release)
+	dbtest.Eventually(t, time.Minute, "the busy tenant drained", func() bool { return dbtest.Outstanding(t, busy) == 0 })
+	dbtest.Eventually(t, time.Minute, "the busy tenant no longer behind", func() bool { return behind(busy) == 0 })
+	require.Len(t, distinct(p), 300)
+}
+
 // The admin API of a fleet: GET /outboxes lists the tenants, those in
 // trouble first; each tenant's API, the one a relay of one outbox serves,
 // answers under /outboxes/{schema}/, and an operator resets a tenant's

@@ -77,6 +77,8 @@ const (
 		"(the topics with the most first, the rest counted under topic=\"_other\")."
 	helpSweepsFailing = "Sweeps that failed one after another (a database error: down, or a statement that fails every time), " +
 		"0 once one succeeds; in a relay of many, the most of any outbox's. Nothing is sent while it rises."
+	helpOldestAge = "Age of the oldest outstanding row: the relay's lag (refreshed on a schedule); in a relay of many, the most " +
+		"any outbox's sweeps are behind (the age of the oldest row of their last page while rows wait; a tripped topic's rows not counted)."
 )
 
 // New registers the metrics on reg, with Config's defaults.
@@ -106,7 +108,7 @@ func NewWithConfig(reg prometheus.Registerer, cfg Config) *Metrics {
 		outstanding: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_outstanding_messages",
 			Help: "Rows not yet dispatched (refreshed on a schedule)."}),
 		oldestAge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_oldest_outstanding_age_seconds",
-			Help: "Age of the oldest outstanding row: the relay's lag (refreshed on a schedule)."}),
+			Help: helpOldestAge}),
 		deadLetters: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_dead_letter_messages",
 			Help: "Rows in the dead-letter table (refreshed on a schedule)."}),
 		listening: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_listening",

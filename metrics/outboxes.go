@@ -26,6 +26,9 @@ type OutboxState struct {
 	// Parked says its sweeper waits for a commit: its last sweep found
 	// nothing outstanding.
 	Parked bool
+	// Behind is how far its sweeps are behind the commits
+	// (outbox.Sweeper.Behind).
+	Behind time.Duration
 }
 
 // Backlog is an outbox's backlog, read from the database at a scrape.
@@ -84,6 +87,7 @@ func RegisterOutboxes(reg prometheus.Registerer, src Outboxes, keep func(name st
 	reg.MustRegister(&outboxesCollector{src: src, keep: keep, maxTopics: maxTopics,
 		topicTripped: prometheus.NewDesc("outbox_topic_tripped", helpTripped, []string{"topic"}, nil),
 		mostFailing:  prometheus.NewDesc("outbox_sweeps_failed_consecutive", helpSweepsFailing, nil, nil),
+		mostBehind:   prometheus.NewDesc("outbox_oldest_outstanding_age_seconds", helpOldestAge, nil, nil),
 		tripped:      d("tripped_topics", "Tripped topics of an outbox of a relay of many (--schemas): only for outboxes with one, or named by --metrics-outboxes."),
 		failing:      d("sweeps_failed_consecutive", "Sweeps of an outbox of a relay of many failed in a row: only for outboxes failing, or named by --metrics-outboxes."),
 		parked:       d("parked", "1 while an outbox of a relay of many waits for a commit (its last sweep found nothing outstanding): only for outboxes named by --metrics-outboxes."),
@@ -97,11 +101,11 @@ type outboxesCollector struct {
 	keep                                      func(name string) bool
 	maxTopics                                 int
 	tripped, failing, parked, backlog, oldest *prometheus.Desc
-	topicTripped, mostFailing                 *prometheus.Desc
+	topicTripped, mostFailing, mostBehind     *prometheus.Desc
 }
 
 func (c *outboxesCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.tripped, c.failing, c.parked, c.backlog, c.oldest, c.topicTripped, c.mostFailing} {
+	for _, d := range []*prometheus.Desc{c.tripped, c.failing, c.parked, c.backlog, c.oldest, c.topicTripped, c.mostFailing, c.mostBehind} {
 		ch <- d
 	}
 }
@@ -157,17 +161,21 @@ func (c *outboxesCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // collectProcess sends the process-wide gauges, summed over states:
-// outbox_topic_tripped{topic} and outbox_sweeps_failed_consecutive.
+// outbox_topic_tripped{topic}, outbox_sweeps_failed_consecutive and
+// outbox_oldest_outstanding_age_seconds.
 func (c *outboxesCollector) collectProcess(ch chan<- prometheus.Metric, states []OutboxState) {
 	most := 0
+	var behind time.Duration
 	in := map[string]int{} // label: outboxes where it is tripped
 	for _, o := range states {
 		most = max(most, o.SweepsFailing)
+		behind = max(behind, o.Behind)
 		for _, t := range o.Tripped {
 			in[label(t)]++
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(c.mostFailing, prometheus.GaugeValue, float64(most))
+	ch <- prometheus.MustNewConstMetric(c.mostBehind, prometheus.GaugeValue, behind.Seconds())
 	// The most tripped topics by name, the rest under _other: a topic per
 	// tenant (an id written as the topic) would otherwise grow the series.
 	topics := slices.SortedFunc(maps.Keys(in), func(a, b string) int { return cmp.Or(in[b]-in[a], strings.Compare(a, b)) })

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -53,8 +54,8 @@ func TestARelayOfManyExportsTheGaugesOfAll(t *testing.T) {
 	m.OnTopicChange("orders", 0, 1, "") // one outbox's change: not the process's gauge
 	metrics.RegisterOutboxes(reg, states{
 		{Name: "tenant_a", Tripped: []string{"orders", "mail"}, SweepsFailing: 3},
-		{Name: "tenant_b", Tripped: []string{"orders"}, SweepsFailing: 1},
-		{Name: "tenant_c"},
+		{Name: "tenant_b", Tripped: []string{"orders"}, SweepsFailing: 1, Behind: 90 * time.Second},
+		{Name: "tenant_c", Behind: 2 * time.Second},
 	}, nil, 0)
 	want := `
 # HELP outbox_sweeps_failed_consecutive Sweeps that failed one after another (a database error: down, or a statement that fails every time), 0 once one succeeds; in a relay of many, the most of any outbox's. Nothing is sent while it rises.
@@ -64,9 +65,13 @@ outbox_sweeps_failed_consecutive 3
 # TYPE outbox_topic_tripped gauge
 outbox_topic_tripped{topic="mail"} 1
 outbox_topic_tripped{topic="orders"} 2
+# HELP outbox_oldest_outstanding_age_seconds Age of the oldest outstanding row: the relay's lag (refreshed on a schedule); in a relay of many, the most any outbox's sweeps are behind (the age of the oldest row of their last page while rows wait; a tripped topic's rows not counted).
+# TYPE outbox_oldest_outstanding_age_seconds gauge
+outbox_oldest_outstanding_age_seconds 90
 `
-	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(want), "outbox_topic_tripped", "outbox_sweeps_failed_consecutive"))
-	n, err := testutil.GatherAndCount(reg, "outbox_outstanding_messages", "outbox_dead_letter_messages")
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(want), "outbox_topic_tripped", "outbox_sweeps_failed_consecutive",
+		"outbox_oldest_outstanding_age_seconds"))
+	n, err := testutil.GatherAndCount(reg, "outbox_outstanding_messages", "outbox_dead_letter_messages", "outbox_table_bytes")
 	require.NoError(t, err)
 	require.Zero(t, n, "the table's gauges, which no relay of many refreshes")
 

@@ -334,6 +334,7 @@ func (s *Sweeper) pageLane(st *sweepState, ticks *sweepTicks, marks *sweepMarks,
 			}
 		}
 		pages++
+		s.claimed(cur.msgs)
 		done := s.account(cur, res, marks)
 		if len(halted) > 0 { // a page claimed ahead holds rows of topics that stopped since
 			cur.msgs = slices.DeleteFunc(cur.msgs, func(m producer.Message) bool { return halted[m.Topic] })

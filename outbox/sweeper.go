@@ -190,6 +190,11 @@ type Sweeper struct {
 	// tableGone says a statement found the outbox table dropped and the
 	// host was told (dropped), until a sweep succeeds again.
 	tableGone atomic.Bool
+	// behind is when the oldest row of the last page claimed was written
+	// (Unix nanoseconds), kept while the sweep runs and after one that left
+	// rows (a drain, a failure); 0 once a sweep ends with none left. Behind
+	// reads it.
+	behind atomic.Int64
 }
 
 // BrokerBreaker is the broker (dependency) circuit breaker as the sweeper
@@ -395,6 +400,9 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		res, err := s.sweep(ctx, work, due, tick, yield)
 		done(res)
 		draining = err == nil && res.more
+		if err == nil && !res.more {
+			s.behind.Store(0)
+		}
 		s.parked.Store(host != nil && err == nil && res.Idle)
 		if awake != nil {
 			// A notification that came during the sweep says commits come
@@ -442,6 +450,35 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		if !res.due.IsZero() {
 			next = res.due
 		}
+	}
+}
+
+// Behind is how far the sweeps are behind the commits at now: the age of
+// the oldest row of the last page claimed, while a sweep runs and after one
+// that left rows to send (a drain that goes on at its next sweep, a failed
+// sweep); 0 once a sweep ends with none left. Pages are claimed oldest rows
+// first, so while rows wait for a drain it is about the oldest's age,
+// learned without a statement: a relay of many reads it of every outbox at
+// each scrape. Rows a sweep leaves out (a tripped topic's, one backing off)
+// do not count: the breaker and the backoff tell of them.
+func (s *Sweeper) Behind(now time.Time) time.Duration {
+	at := s.behind.Load()
+	if at == 0 {
+		return 0
+	}
+	return max(0, now.Sub(time.Unix(0, at)))
+}
+
+// claimed notes the oldest row of a page claimed (Behind).
+func (s *Sweeper) claimed(msgs []producer.Message) {
+	var oldest time.Time
+	for _, m := range msgs {
+		if oldest.IsZero() || m.CreatedAt.Before(oldest) {
+			oldest = m.CreatedAt
+		}
+	}
+	if !oldest.IsZero() {
+		s.behind.Store(oldest.UnixNano())
 	}
 }
 
@@ -631,5 +668,9 @@ func (s *Sweeper) TopicBreaker() breaker.Breaker { return s.breaker }
 // database error; broker failures are recorded on the rows, counted in the
 // result, and reported to the topic breaker.
 func (s *Sweeper) Sweep(ctx context.Context) (SweepResult, error) {
-	return s.sweep(ctx, ctx, time.Time{}, true, nil)
+	res, err := s.sweep(ctx, ctx, time.Time{}, true, nil)
+	if err == nil && !res.more {
+		s.behind.Store(0)
+	}
+	return res, err
 }

@@ -272,8 +272,9 @@ func TestDatabasesFileIsReadAgainOnSIGHUP(t *testing.T) {
 // --metrics-outboxes names, and not for the other, healthy one. The gauges
 // every tenant shares count them all: a topic tripped in both tenants and
 // reset in one is still tripped (one tenant's reset cleared it for both
-// before), and the relay says it listens; the table's gauges, which only a
-// relay of one refreshes, are not exported (they read 0 for good before).
+// before), the relay says it listens, and the lag reads how far the sweeps
+// are behind (0 when idle); the table's gauges, which only a relay of one
+// refreshes, are not exported (they read 0 for good before).
 func TestSchemasExportTheBudgetsPool(t *testing.T) {
 	t.Parallel()
 	pattern, tbls := migratedTenants(t, 2)
@@ -292,6 +293,7 @@ func TestSchemasExportTheBudgetsPool(t *testing.T) {
 	require.Contains(t, body, `outbox_tenant_oldest_message_age_seconds{outbox="`+tbls[0].Schema+`"} 0`)
 	require.NotContains(t, body, `outbox="`+tbls[1].Schema+`"`, "a healthy tenant not named has no series")
 	dbtest.Eventually(t, time.Minute, "the relay listening", func() bool { return strings.Contains(scrape(), "\noutbox_listening 1\n") })
+	require.Contains(t, body, "\noutbox_oldest_outstanding_age_seconds 0\n", "the lag: no tenant's sweeps behind")
 	require.NotContains(t, body, "\noutbox_outstanding_messages ", "a gauge no relay of many refreshes")
 	require.NotContains(t, body, "\noutbox_dead_letter_messages ", "a gauge no relay of many refreshes")
 
