@@ -65,7 +65,7 @@ outbox_sweeps_failed_consecutive 3
 # TYPE outbox_topic_tripped gauge
 outbox_topic_tripped{topic="mail"} 1
 outbox_topic_tripped{topic="orders"} 2
-# HELP outbox_oldest_outstanding_age_seconds Age of the oldest outstanding row: the relay's lag (refreshed on a schedule); in a relay of many, the most any outbox's sweeps are behind (the age of the oldest row of their last page while rows wait; a tripped topic's rows not counted).
+# HELP outbox_oldest_outstanding_age_seconds Age of the oldest outstanding row: the relay's lag (refreshed on a schedule); in a relay of many, the most any outbox's sweeps are behind (the age of the oldest row of their last page while rows wait; rows a breaker holds back not counted).
 # TYPE outbox_oldest_outstanding_age_seconds gauge
 outbox_oldest_outstanding_age_seconds 90
 `

@@ -459,8 +459,9 @@ func (s *Sweeper) Run(ctx context.Context) error {
 // sweep); 0 once a sweep ends with none left. Pages are claimed oldest rows
 // first, so while rows wait for a drain it is about the oldest's age,
 // learned without a statement: a relay of many reads it of every outbox at
-// each scrape. Rows a sweep leaves out (a tripped topic's, one backing off)
-// do not count: the breaker and the backoff tell of them.
+// each scrape. Rows a sweep leaves out (a tripped topic's, one backing off,
+// all of them while the broker breaker is open) do not count: the breakers
+// and the backoff tell of them.
 func (s *Sweeper) Behind(now time.Time) time.Duration {
 	at := s.behind.Load()
 	if at == 0 {
