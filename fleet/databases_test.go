@@ -2,6 +2,7 @@ package fleet_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -275,7 +276,13 @@ func TestDatabasesLinkToAnOutboxOfAnOddlyNamedDatabase(t *testing.T) {
 
 	var path string
 	dbtest.Eventually(t, time.Minute, "the outbox listed", func() bool {
-		_, body := adminGet(t, addr, "/outboxes")
+		resp, err := http.Get("http://" + addr + "/outboxes")
+		if err != nil {
+			return false // the admin API not listening yet
+		}
+		defer resp.Body.Close()
+		var body map[string]any
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
 		list, _ := body["outboxes"].([]any)
 		if len(list) != 1 {
 			return false
