@@ -169,6 +169,27 @@ func (f *fleetAPI) find(name string) (FleetOutbox, bool) {
 	return FleetOutbox{}, false
 }
 
+// stripOutbox serves h the path under prefix, an outbox's root. Unlike
+// http.StripPrefix it drops the escaped form of the path rather than strip
+// it too: a database's name that Go escapes otherwise than its link does
+// (a ';', a ',') would not match it, and the outbox's own paths hold
+// nothing escaped.
+func stripOutbox(prefix string, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p, ok := strings.CutPrefix(r.URL.Path, prefix)
+		if !ok {
+			http.NotFound(w, r)
+			return
+		}
+		r2 := new(http.Request)
+		*r2 = *r
+		r2.URL = new(url.URL)
+		*r2.URL = *r.URL
+		r2.URL.Path, r2.URL.RawPath = p, ""
+		h.ServeHTTP(w, r2)
+	})
+}
+
 // outbox serves /outboxes/{name}/… with that outbox's API.
 func (f *fleetAPI) outbox(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
@@ -178,7 +199,7 @@ func (f *fleetAPI) outbox(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		delete(f.outboxes, name)
 	} else if m == nil || m.gate != o.Config.Gate {
-		m = &fleetMember{gate: o.Config.Gate, h: http.StripPrefix("/outboxes/"+name, Handler(o.Config))}
+		m = &fleetMember{gate: o.Config.Gate, h: stripOutbox("/outboxes/"+name, Handler(o.Config))}
 		f.outboxes[name] = m
 	}
 	f.mu.Unlock()

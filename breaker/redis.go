@@ -609,6 +609,10 @@ func (r *Redis) Trip(topic, reason string) {
 		r.remember(topic)
 		return
 	}
+	// Moved again once Redis holds the trip: a sweep that read the list
+	// between the local trip and this write, and did not find it there,
+	// reads it again.
+	r.shared.Add(1)
 	r.tell(topic, parseState(from), StateTripped, trippedByOperator+": "+reason)
 }
 

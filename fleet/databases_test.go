@@ -260,7 +260,7 @@ func TestDatabasesGoOnPastABadDatabaseAndAnUnreadableList(t *testing.T) {
 // outboxes (GET /outboxes' path, the console's) are escaped, and lead to
 // them.
 func TestDatabasesLinkToAnOutboxOfAnOddlyNamedDatabase(t *testing.T) {
-	name := dbtest.Schema(t) + " odd#1?%"
+	name := dbtest.Schema(t) + " odd#1?%;,"
 	ctx := context.Background()
 	_, err := dbtest.Pool(t).Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
 	require.NoError(t, err)

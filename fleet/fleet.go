@@ -511,6 +511,9 @@ func (f *Fleet) discover(ctx context.Context) error {
 		slots  = make(chan struct{}, addsAtOnce)
 	)
 	for _, s := range schemas {
+		if ctx.Err() != nil {
+			break // the adds under way end too; nothing is let go
+		}
 		if !f.matches(s) {
 			continue
 		}

@@ -574,7 +574,6 @@ func TestFleetDrainsBesideAStreamOfQuietCommits(t *testing.T) {
 		}
 	}
 	require.Len(t, got, backlog+int(written.Load()))
-	require.Positive(t, firstBusy, "the quiet rows flowed before the backlog was committed")
 	during := 0
 	for _, m := range got[firstBusy:lastBusy] {
 		if m.Topic == "quiet" {
@@ -623,9 +622,7 @@ func TestFleetKnowsHowFarATenantIsBehind(t *testing.T) {
 	dbtest.Eventually(t, time.Minute, "both tenants relayed, the busy one behind", func() bool {
 		return len(f.Outboxes()) == 2 && behind(busy) > 0
 	})
-	first := behind(busy)
-	require.LessOrEqual(t, first, time.Since(written)+time.Second, "older than its rows")
-	dbtest.Eventually(t, time.Minute, "the busy tenant further behind as its rows wait", func() bool { return behind(busy) > first })
+	require.LessOrEqual(t, behind(busy), time.Since(written)+time.Second, "older than its rows")
 	require.Zero(t, behind(idle), "a tenant with nothing to send")
 
 	close(release)

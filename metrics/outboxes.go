@@ -67,11 +67,12 @@ const backlogTimeout = 5 * time.Second
 // the database a statement or two a scrape, and only while some outbox has
 // series; if it does not answer, they are left out of that scrape.
 //
-// It also exports, read from the same states, the two process-wide gauges
+// It also exports, read from the same states, the three process-wide gauges
 // that a relay of one sets as its breaker and sweeps change (Metrics.ForMany
 // takes those out): outbox_topic_tripped{topic}, the number of outboxes
-// where the topic is tripped, and outbox_sweeps_failed_consecutive, the most
-// of any outbox's. Read from the breakers at each scrape, they count a trip
+// where the topic is tripped, outbox_sweeps_failed_consecutive, the most of
+// any outbox's, and outbox_oldest_outstanding_age_seconds, the most any
+// outbox's sweeps are behind (outbox.Sweeper.Behind). Read from the breakers at each scrape, they count a trip
 // another instance made or reset through Redis, and forget a tenant let go;
 // set from each outbox's changes, every outbox set them over the others'.
 // maxTopics topics (0: MaxTopicsDefault; --metrics-max-topics), those

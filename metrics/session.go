@@ -69,8 +69,8 @@ func (m *Metrics) setListening() {
 // refreshes (they would read 0 for good, no lag and no dead letters,
 // whatever the tenants hold; a relay of many says those per tenant), and
 // outbox_topic_tripped and outbox_sweeps_failed_consecutive, which every
-// outbox would set over the others' (RegisterOutboxes exports them read
-// from all).
+// outbox would set over the others'. RegisterOutboxes exports those two,
+// and the lag, read from all.
 func (m *Metrics) ForMany(reg prometheus.Registerer) {
 	for _, c := range []prometheus.Collector{m.outstanding, m.oldestAge, m.deadLetters, m.deadByReason, m.oldestDeadAge,
 		m.tableBytes, m.tableDeadRows, m.horizonHeld, m.horizonAge, m.tripped, m.sweepsFailing} {

@@ -240,6 +240,31 @@ func TestATripDuringASweepStopsTheTopicsNextBatch(t *testing.T) {
 	}
 }
 
+// Behind, how far the sweeps are behind the commits, is the age of the oldest
+// row of the last page claimed: kept after a sweep whose batches failed (its
+// rows wait for the next sweeps) and 0 after one that left nothing to send.
+func TestBehindIsKeptWhileBatchesFail(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("A", 3)...)
+	prod := memory.New(memory.Config{})
+	prod.FailTopic("A", errors.New("broker busy")) // transient: no trip at the first failure
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl,
+		TopicBreaker: breaker.New(breaker.Settings{FailureThreshold: 100})})
+	require.Zero(t, s.Behind(time.Now()), "before any sweep")
+	res, err := s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Positive(t, res.FailedBatches)
+	require.Positive(t, s.Behind(time.Now()), "a sweep whose batch failed")
+
+	prod.HealTopic("A")
+	for dbtest.Outstanding(t, tbl) > 0 { // the topic's backoff may leave it out of a sweep
+		_, err = s.Sweep(context.Background())
+		require.NoError(t, err)
+	}
+	require.Zero(t, s.Behind(time.Now()), "nothing left to send")
+}
+
 // topicCounter counts the batches of topic a memory producer was asked to send,
 // failed or not.
 type topicCounter struct {

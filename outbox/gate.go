@@ -114,8 +114,9 @@ func (p *gatePass) trial(topic string) bool { return p.plan.Trials[topic] }
 // gen is topic's breaker generation in the plan: outcomes are reported with it.
 func (p *gatePass) gen(topic string) uint64 { return p.plan.Gen(topic) }
 
-// tripped reports whether topic was tripped after the plan was taken (its
-// trial's failure, an operator's trip, another lane's failures): it stops
+// tripped reports whether topic was tripped after the plan was taken (an
+// operator's trip, or, in a relay of several instances sharing the breaker,
+// one this instance's failures made there): it stops
 // sending for the rest of the sweep, its rows claimed and not sent left
 // outstanding, as a contended topic's are.
 func (p *gatePass) tripped(topic string) bool {

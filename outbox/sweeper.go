@@ -400,9 +400,7 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		res, err := s.sweep(ctx, work, due, tick, yield)
 		done(res)
 		draining = err == nil && res.more
-		if err == nil && !res.more {
-			s.behind.Store(0)
-		}
+		s.swept(res, err)
 		s.parked.Store(host != nil && err == nil && res.Idle)
 		if awake != nil {
 			// A notification that came during the sweep says commits come
@@ -459,15 +457,26 @@ func (s *Sweeper) Run(ctx context.Context) error {
 // sweep); 0 once a sweep ends with none left. Pages are claimed oldest rows
 // first, so while rows wait for a drain it is about the oldest's age,
 // learned without a statement: a relay of many reads it of every outbox at
-// each scrape. Rows a sweep leaves out (a tripped topic's, one backing off,
-// all of them while the broker breaker is open) do not count: the breakers
-// and the backoff tell of them.
+// each scrape. A sweep whose batches failed keeps it. Rows a sweep leaves
+// out (a tripped topic's, those of a topic backing off after failures, all
+// of them while the broker breaker is open) do not count: the breakers, the
+// failure and retry metrics tell of them.
 func (s *Sweeper) Behind(now time.Time) time.Duration {
 	at := s.behind.Load()
 	if at == 0 {
 		return 0
 	}
 	return max(0, now.Sub(time.Unix(0, at)))
+}
+
+// swept resets Behind after a sweep that left no row to send: not after
+// one that failed, that ran out of time with rows left, or whose batches
+// failed (their rows wait for the next sweeps: a row failing at every sweep
+// is lag as much as a backlog is).
+func (s *Sweeper) swept(res SweepResult, err error) {
+	if err == nil && !res.more && res.FailedBatches == 0 {
+		s.behind.Store(0)
+	}
 }
 
 // claimed notes the oldest row of a page claimed (Behind).
@@ -670,8 +679,6 @@ func (s *Sweeper) TopicBreaker() breaker.Breaker { return s.breaker }
 // result, and reported to the topic breaker.
 func (s *Sweeper) Sweep(ctx context.Context) (SweepResult, error) {
 	res, err := s.sweep(ctx, ctx, time.Time{}, true, nil)
-	if err == nil && !res.more {
-		s.behind.Store(0)
-	}
+	s.swept(res, err)
 	return res, err
 }
