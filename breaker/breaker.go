@@ -35,9 +35,9 @@ var _ Breaker = (*Topics)(nil)
 
 // TripCounter is a Breaker that counts the trips it makes. A sweep takes its
 // plan once, at its start, and pages on with it, past its tick while a drain
-// lasts; without a count, a topic tripped meanwhile (by an operator, or by a
-// failure in another of the sweep's lanes) would go on sending until the sweep
-// ended. The sweep reads the count before each page and each batch, an
+// lasts; without a count, a topic tripped meanwhile (by an operator, or, in
+// the state shared through Redis, by this instance's failures adding to
+// others') would go on sending until the sweep ended. The sweep reads the count before each page and each batch, an
 // atomic load, and asks Tripped again only when it has moved.
 type TripCounter interface {
 	// Trips is how many trips the breaker has made since it was made, of

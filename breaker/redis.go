@@ -100,8 +100,9 @@ type Redis struct {
 	// pending holds what happened on local state while Redis did not answer,
 	// to copy when it does: topics tripped (true) and reset (false).
 	pending map[string]bool
-	// shared counts the trips the shared state made on this instance's
-	// reports that its local shadow did not (Trips).
+	// shared counts what the shared state tripped through this instance,
+	// once Redis holds it: its failures' trips (which the local shadow may
+	// not make) and an operator's (Trips).
 	shared atomic.Uint64
 }
 

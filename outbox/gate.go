@@ -57,6 +57,7 @@ func (g *gate) brokerState() breaker.DependencyState {
 // and the topics whose backoff has not ended.
 func (g *gate) open(now time.Time) *gatePass {
 	p := &gatePass{g: g, halted: map[string]bool{}}
+	p.since.Store(new(map[string]bool))
 	if g.trips != nil {
 		// Read before the plan: a trip between the two is read again.
 		p.trips.Store(g.trips.Trips())
@@ -98,14 +99,13 @@ type gatePass struct {
 	halted map[string]bool
 
 	// trips is the topic breaker's trip count when the pass last read it,
-	// and since says some topic was tripped after the plan; sinceTopics
-	// holds which, under refresh, which also serializes the reads of the
-	// breaker's list (with Redis a round trip) that a moved count calls
-	// for, so that no lane answers from a list older than the count it read.
-	trips       atomic.Uint64
-	since       atomic.Bool
-	refresh     sync.Mutex
-	sinceTopics map[string]bool
+	// and since the topics tripped after the plan then (nil: none). refresh
+	// serializes the reads of the breaker's list (with Redis a round trip)
+	// that a moved count calls for, so that no lane answers from a list
+	// older than the count it read.
+	trips   atomic.Uint64
+	since   atomic.Pointer[map[string]bool]
+	refresh sync.Mutex
 }
 
 // trial says topic is half-open: it sends one batch, its trial.
@@ -119,58 +119,48 @@ func (p *gatePass) gen(topic string) uint64 { return p.plan.Gen(topic) }
 // one this instance's failures made there): it stops
 // sending for the rest of the sweep, its rows claimed and not sent left
 // outstanding, as a contended topic's are.
-func (p *gatePass) tripped(topic string) bool {
-	if !p.trippedSince() {
-		return false
-	}
-	p.refresh.Lock()
-	defer p.refresh.Unlock()
-	return p.sinceTopics[topic]
-}
+func (p *gatePass) tripped(topic string) bool { return p.trippedSince()[topic] }
 
 // haltTripped adds to halted the topics of live tripped after the plan.
 func (p *gatePass) haltTripped(live []string, halted map[string]bool) {
-	if !p.trippedSince() {
-		return
-	}
-	p.refresh.Lock()
-	defer p.refresh.Unlock()
+	since := p.trippedSince()
 	for _, t := range live {
-		if p.sinceTopics[t] {
+		if since[t] {
 			halted[t] = true
 		}
 	}
 }
 
-// trippedSince reports whether some topic was tripped after the plan,
+// trippedSince returns the topics tripped after the plan (nil: none),
 // reading the breaker's list again when its trip count has moved. While the
-// breaker makes no trip, that costs an atomic load.
-func (p *gatePass) trippedSince() bool {
+// breaker makes no trip, that costs two atomic loads.
+func (p *gatePass) trippedSince() map[string]bool {
 	if p.g.trips == nil {
-		return false
+		return nil
 	}
-	n := p.g.trips.Trips()
-	if n == p.trips.Load() {
-		return p.since.Load()
+	if p.g.trips.Trips() == p.trips.Load() {
+		return *p.since.Load()
 	}
 	p.refresh.Lock()
 	defer p.refresh.Unlock()
-	if n = p.g.trips.Trips(); n != p.trips.Load() {
-		since := map[string]bool{}
+	if n := p.g.trips.Trips(); n != p.trips.Load() {
+		var since map[string]bool
 		for _, ts := range p.g.topics.Tripped() {
 			// The topics tripped at the plan are not paged at all.
 			if ts.State == breaker.StateTripped.String() && !p.leftOut[ts.Topic] {
+				if since == nil {
+					since = map[string]bool{}
+				}
 				since[ts.Topic] = true
 			}
 		}
-		p.sinceTopics = since
-		p.since.Store(len(since) > 0)
+		p.since.Store(&since)
 		// Stored once the list is read: a lane that reads the moved count
 		// meanwhile waits for it. A trip made during the read moves the
 		// count past n, and is read at the next question.
 		p.trips.Store(n)
 	}
-	return p.since.Load()
+	return *p.since.Load()
 }
 
 // halt stops topics for the rest of the sweep.
