@@ -117,7 +117,11 @@ func (c *outboxesCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	var shown []string
 	states := c.src.States()
-	c.collectProcess(ch, states)
+	// The lag is the most any outbox's sweeps are behind, or the oldest row
+	// of an outbox whose backlog this scrape reads (one in trouble: the rows
+	// of its tripped topics wait too, and its sweeps do not read them).
+	behind := c.collectProcess(ch, states).Seconds()
+	defer func() { ch <- prometheus.MustNewConstMetric(c.mostBehind, prometheus.GaugeValue, behind) }()
 	for _, o := range states {
 		kept := c.keep != nil && c.keep(o.Name)
 		name := label(o.Name)
@@ -158,13 +162,15 @@ func (c *outboxesCollector) Collect(ch chan<- prometheus.Metric) {
 			age = *b.OldestAgeSeconds
 		}
 		gauge(c.oldest, age, label(name))
+		behind = max(behind, age)
 	}
 }
 
 // collectProcess sends the process-wide gauges, summed over states:
-// outbox_topic_tripped{topic}, outbox_sweeps_failed_consecutive and
+// outbox_topic_tripped{topic} and outbox_sweeps_failed_consecutive. It
+// returns the most any outbox's sweeps are behind, for
 // outbox_oldest_outstanding_age_seconds.
-func (c *outboxesCollector) collectProcess(ch chan<- prometheus.Metric, states []OutboxState) {
+func (c *outboxesCollector) collectProcess(ch chan<- prometheus.Metric, states []OutboxState) time.Duration {
 	most := 0
 	var behind time.Duration
 	in := map[string]int{} // label: outboxes where it is tripped
@@ -176,7 +182,6 @@ func (c *outboxesCollector) collectProcess(ch chan<- prometheus.Metric, states [
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(c.mostFailing, prometheus.GaugeValue, float64(most))
-	ch <- prometheus.MustNewConstMetric(c.mostBehind, prometheus.GaugeValue, behind.Seconds())
 	// The most tripped topics by name, the rest under _other: a topic per
 	// tenant (an id written as the topic) would otherwise grow the series.
 	topics := slices.SortedFunc(maps.Keys(in), func(a, b string) int { return cmp.Or(in[b]-in[a], strings.Compare(a, b)) })
@@ -193,4 +198,5 @@ func (c *outboxesCollector) collectProcess(ch chan<- prometheus.Metric, states [
 	if other > 0 {
 		ch <- prometheus.MustNewConstMetric(c.topicTripped, prometheus.GaugeValue, float64(other), OtherTopic)
 	}
+	return behind
 }

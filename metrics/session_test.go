@@ -42,6 +42,22 @@ func (states) Backlogs(context.Context, []string) (map[string]metrics.Backlog, e
 	return map[string]metrics.Backlog{}, nil
 }
 
+// withBacklogs is states whose outboxes' backlogs are read from a map.
+type withBacklogs struct {
+	states
+	backlogs map[string]metrics.Backlog
+}
+
+func (w withBacklogs) Backlogs(_ context.Context, names []string) (map[string]metrics.Backlog, error) {
+	out := map[string]metrics.Backlog{}
+	for _, n := range names {
+		if b, ok := w.backlogs[n]; ok {
+			out[n] = b
+		}
+	}
+	return out, nil
+}
+
 // In a relay of many, outbox_topic_tripped{topic} counts the outboxes where
 // the topic is tripped, and outbox_sweeps_failed_consecutive is the most of
 // any outbox's, read from all of them at the scrape (each outbox set them
@@ -65,7 +81,7 @@ outbox_sweeps_failed_consecutive 3
 # TYPE outbox_topic_tripped gauge
 outbox_topic_tripped{topic="mail"} 1
 outbox_topic_tripped{topic="orders"} 2
-# HELP outbox_oldest_outstanding_age_seconds Age of the oldest outstanding row: the relay's lag (refreshed on a schedule); in a relay of many, the most any outbox's sweeps are behind (the age of the oldest row of their last page while rows wait; rows a breaker holds back not counted).
+# HELP outbox_oldest_outstanding_age_seconds Age of the oldest outstanding row: the relay's lag (refreshed on a schedule); in a relay of many, the most any outbox's sweeps are behind (the age of the oldest row of their last page while rows wait), or of an outbox in trouble (a tripped topic, failing sweeps) its oldest row.
 # TYPE outbox_oldest_outstanding_age_seconds gauge
 outbox_oldest_outstanding_age_seconds 90
 `
@@ -74,6 +90,29 @@ outbox_oldest_outstanding_age_seconds 90
 	n, err := testutil.GatherAndCount(reg, "outbox_outstanding_messages", "outbox_dead_letter_messages", "outbox_table_bytes")
 	require.NoError(t, err)
 	require.Zero(t, n, "the table's gauges, which no relay of many refreshes")
+
+	// An outbox with a tripped topic sweeps none of its rows: its oldest
+	// row, read at the scrape, is the lag if it is older than any outbox's
+	// sweeps are behind.
+	oldest := func(age float64) map[string]metrics.Backlog {
+		return map[string]metrics.Backlog{"tenant_a": {Rows: 5, OldestAgeSeconds: &age}}
+	}
+	for _, c := range []struct{ age, want float64 }{{600, 600}, {30, 90}} {
+		reg := prometheus.NewRegistry()
+		metrics.RegisterOutboxes(reg, withBacklogs{states{
+			{Name: "tenant_a", Tripped: []string{"orders"}},
+			{Name: "tenant_b", Behind: 90 * time.Second},
+		}, oldest(c.age)}, nil, 0)
+		mf, err := reg.Gather()
+		require.NoError(t, err)
+		got := -1.0
+		for _, f := range mf {
+			if f.GetName() == "outbox_oldest_outstanding_age_seconds" {
+				got = f.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		require.Equal(t, c.want, got, "the tripped outbox's oldest row %v s old", c.age)
+	}
 
 	// --metrics-max-topics bounds the topics by name: the most tripped
 	// first, the rest under _other.

@@ -265,6 +265,34 @@ func TestBehindIsKeptWhileBatchesFail(t *testing.T) {
 	require.Zero(t, s.Behind(time.Now()), "nothing left to send")
 }
 
+// The sweeps that leave a failed topic out while it backs off keep Behind,
+// and it grows: the topic's rows still wait (it read 0 at such a sweep
+// before, and a topic failing at every retry, with sweeps in between, looked
+// as good as drained between two of them).
+func TestBehindGrowsWhileAFailedTopicBacksOff(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("A", 3)...)
+	prod := memory.New(memory.Config{})
+	prod.FailTopic("A", errors.New("broker busy"))
+	// A backoff of half an hour at least: the second sweep surely leaves A out.
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl,
+		TopicBreaker: breaker.New(breaker.Settings{FailureThreshold: 100}),
+		Retry:        breaker.Retry{Attempts: 1, Initial: time.Hour, Max: time.Hour}, TopicBackoffMax: time.Hour})
+	res, err := s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Positive(t, res.FailedBatches)
+	first := s.Behind(time.Now())
+	require.Positive(t, first, "a sweep whose batch failed")
+
+	res, err = s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Zero(t, res.Batches, "A backs off: nothing sent, nothing failed")
+	require.Len(t, s.TopicBackoffs(), 1)
+	require.GreaterOrEqual(t, s.Behind(time.Now()), first, "A's rows wait out its backoff")
+	require.Equal(t, 3, dbtest.Outstanding(t, tbl))
+}
+
 // topicCounter counts the batches of topic a memory producer was asked to send,
 // failed or not.
 type topicCounter struct {
@@ -476,9 +504,12 @@ func TestDependencyBreakerThroughTheSweeper(t *testing.T) {
 	}
 	require.Zero(t, attempted, "a broker that is down is never the rows' fault")
 
+	behind := s.Behind(time.Now())
+	require.Positive(t, behind, "the failed sends' rows wait")
 	res := sweep()
 	require.True(t, res.Blocked)
 	require.Zero(t, res.Pages, "no page read while open")
+	require.GreaterOrEqual(t, s.Behind(time.Now()), behind, "the rows wait while the broker is down")
 	require.Equal(t, 2, prod.Calls(), "no call while open")
 	require.Equal(t, breaker.DependencyOpen, guarded.State(), "fail fast: the sweep returned without waiting for the breaker")
 
@@ -494,6 +525,7 @@ func TestDependencyBreakerThroughTheSweeper(t *testing.T) {
 	require.Equal(t, 5, prod.Calls(), "the trial, then the two other topics")
 	require.Equal(t, 12, res.Dispatched)
 	require.Zero(t, dbtest.Outstanding(t, tbl), "every row delivered once the broker is back")
+	require.Zero(t, s.Behind(time.Now()), "nothing waits")
 }
 
 // The broker is down for every topic: with the topic breaker at its defaults

@@ -63,7 +63,9 @@ func (g *gate) open(now time.Time) *gatePass {
 		p.trips.Store(g.trips.Trips())
 	}
 	p.plan = g.topics.Plan()
-	p.excluded = slices.Concat(p.plan.Excluded, g.backoff.waiting(now))
+	waiting := g.backoff.waiting(now)
+	p.backingOff = len(waiting) > 0
+	p.excluded = slices.Concat(p.plan.Excluded, waiting)
 	p.leftOut = make(map[string]bool, len(p.excluded))
 	for _, t := range p.excluded {
 		p.leftOut[t] = true
@@ -92,6 +94,8 @@ type gatePass struct {
 	// holds them as a set.
 	excluded []string
 	leftOut  map[string]bool
+	// backingOff says some of them wait out a backoff after failed batches.
+	backingOff bool
 	// halted holds the topics stopped for the rest of the sweep, for Gates
 	// to read. The sweep's lanes write it, under g.mu; each pages on
 	// without its own halted topics (it keeps them too), and a topic is

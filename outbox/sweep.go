@@ -96,6 +96,7 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool, yi
 	}
 	pass := s.gate.open(time.Now())
 	defer s.gate.close(pass)
+	res.retrying = pass.backingOff
 	st := &sweepState{stop: stop, work: work, gate: pass, broker: &brokerSeen{}, sends: make(chan struct{}, s.cfg.Concurrency), yield: yield}
 	excluded := pass.excluded
 	if tick {

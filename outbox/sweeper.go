@@ -51,6 +51,9 @@ type SweepResult struct {
 	// A result given at a yield (Host.Take's done, between pages) has it set
 	// too.
 	more bool
+	// retrying says topics were left out to wait out a backoff after failed
+	// batches: their rows are sent at a later sweep.
+	retrying bool
 }
 
 // More reports whether the sweep left rows to read: it gave its turn back
@@ -457,10 +460,12 @@ func (s *Sweeper) Run(ctx context.Context) error {
 // sweep); 0 once a sweep ends with none left. Pages are claimed oldest rows
 // first, so while rows wait for a drain it is about the oldest's age,
 // learned without a statement: a relay of many reads it of every outbox at
-// each scrape. A sweep whose batches failed keeps it. Rows a sweep leaves
-// out (a tripped topic's, those of a topic backing off after failures, all
-// of them while the broker breaker is open) do not count: the breakers, the
-// failure and retry metrics tell of them.
+// each scrape. Failures keep it, and it grows while their rows wait: a sweep
+// whose batches failed, the sweeps after it while the topics that failed
+// back off, and those the broker breaker's being open keeps from reading.
+// The rows of a tripped topic do not count: a tripped topic sends nothing
+// until it is reset (a relay of many reads its outbox's oldest row from the
+// database at the scrape instead, metrics.RegisterOutboxes).
 func (s *Sweeper) Behind(now time.Time) time.Duration {
 	at := s.behind.Load()
 	if at == 0 {
@@ -470,11 +475,13 @@ func (s *Sweeper) Behind(now time.Time) time.Duration {
 }
 
 // swept resets Behind after a sweep that left no row to send: not after
-// one that failed, that ran out of time with rows left, or whose batches
-// failed (their rows wait for the next sweeps: a row failing at every sweep
-// is lag as much as a backlog is).
+// one that failed, that ran out of time with rows left, whose batches
+// failed, that left topics out to back off after failures, or that the
+// broker breaker kept from reading (their rows wait for later sweeps: a row
+// failing at every sweep is lag as much as a backlog is, and a broker down
+// for an hour is an hour of it).
 func (s *Sweeper) swept(res SweepResult, err error) {
-	if err == nil && !res.more && res.FailedBatches == 0 {
+	if err == nil && !res.more && res.FailedBatches == 0 && !res.retrying && !res.Blocked {
 		s.behind.Store(0)
 	}
 }
