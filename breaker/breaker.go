@@ -40,8 +40,11 @@ var _ Breaker = (*Topics)(nil)
 // others') would go on sending until the sweep ended. The sweep reads the count before each page and each batch, an
 // atomic load, and asks Tripped again only when it has moved.
 type TripCounter interface {
-	// Trips is how many trips the breaker has made since it was made, of
-	// any topic and for any reason. It only grows.
+	// Trips is a count that moves at every trip the breaker makes, of any
+	// topic and for any reason, and at nothing else. It only grows. A
+	// Topics moves it once a trip; a Redis twice for a trip made through it
+	// while Redis answers (its local shadow's, then once the shared state
+	// holds it).
 	Trips() uint64
 }
 

@@ -196,6 +196,47 @@ func TestRedisOutageFallsBackAndReconciles(t *testing.T) {
 	require.Equal(t, float64(10), raw["cooldown"], "a failed trial will double the real cooldown")
 }
 
+// While Redis does not answer, the trips made on the local shadow move the
+// count a sweep's gate watches (outbox: a trip holds from the next batch):
+// the failures' and an operator's alike. Redis back, the copy of those
+// trips to it is no new trip.
+func TestRedisTripsCountWhileRedisIsDown(t *testing.T) {
+	t.Parallel()
+	url, stop, start := brokertest.StartRedis(t)
+	client := brokertest.RedisClient(t, url)
+	b, err := breaker.NewRedis(breaker.RedisConfig{Client: client, Prefix: "trips-down", Instance: "one", OpTimeout: patientOp})
+	require.NoError(t, err)
+	b.Trip("up", "while Redis answers")
+	up := b.Trips()
+	require.Positive(t, up)
+
+	stop()
+	p := b.Plan()
+	require.True(t, b.Degraded())
+	b.Failure("A", p.Gen("A"), false, "broker down")
+	failed := b.Trips()
+	require.Greater(t, failed, up, "a failure's trip on the local shadow")
+	b.Trip("B", "by hand, Redis down")
+	byHand := b.Trips()
+	require.Greater(t, byHand, failed, "an operator's trip on the local shadow")
+
+	start()
+	require.Eventually(t, func() bool { b.OnTick(); return !b.Degraded() }, 60*time.Second, 50*time.Millisecond)
+	// The Redis started again kept nothing (no persistence): "up" is gone.
+	require.ElementsMatch(t, []string{"A", "B"}, topicsOf(b.Tripped()), "the outage's trips copied")
+	require.Equal(t, byHand, b.Trips(), "copying them is no trip")
+	b.Reset("A")
+	require.Equal(t, byHand, b.Trips(), "a reset is no trip")
+}
+
+func topicsOf(st []breaker.TopicStatus) []string {
+	out := make([]string, 0, len(st))
+	for _, s := range st {
+		out = append(out, s.Topic)
+	}
+	return out
+}
+
 // Redis dies between the plan (read from Redis) and the failure report: the
 // failure still counts, on local state, and is copied when Redis is back.
 func TestRedisDyingMidTickLosesNoFailure(t *testing.T) {
