@@ -641,6 +641,37 @@ func (r *Redis) Reset(topic string) {
 	}
 }
 
+// forgetScript deletes an outbox's shared state but its generations'
+// sequence. KEYS: topics, gens, lease; ARGV: prefix.
+var forgetScript = redis.NewScript(`
+local topics, gens, lease = KEYS[1], KEYS[2], KEYS[3]
+local prefix = ARGV[1]
+for _, h in ipairs({topics, gens}) do
+  for _, t in ipairs(redis.call('HKEYS', h)) do
+    redis.call('DEL', prefix .. ':failures:' .. t, prefix .. ':trial:' .. t)
+  end
+end
+return redis.call('DEL', topics, gens, lease)
+`)
+
+// Forget deletes the outbox's shared state from Redis: its tripped and
+// half-open topics, their generations and trials, the tick lease. It is for
+// an outbox gone for good (its table dropped): a table made again under the
+// same name would otherwise start with the old one's trips, and every
+// instance's plans would leave its topics out until an operator reset them.
+// Failures counted toward a trip that did not happen expire on their own
+// within the failure window. The generations' sequence is kept: a report of
+// a batch of the old table, from an instance yet to let it go, never
+// matches a generation of the new one's.
+func (r *Redis) Forget(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.OpTimeout)
+	defer cancel()
+	if err := forgetScript.Run(ctx, r.cfg.Client, r.keys(), r.cfg.Prefix).Err(); err != nil {
+		return fmt.Errorf("forget the topic breaker's state under %q in Redis: %w", r.cfg.Prefix, err)
+	}
+	return nil
+}
+
 // Trips counts the trips made through this instance (TripCounter): an
 // operator's, and those its failures made, in the shared state or in its local
 // shadow. A trip made by another instance is seen at this one's next plan.

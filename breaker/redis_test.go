@@ -229,6 +229,40 @@ func TestRedisTripsCountWhileRedisIsDown(t *testing.T) {
 	require.Equal(t, byHand, b.Trips(), "a reset is no trip")
 }
 
+// Forget deletes an outbox's shared state, but the generations' sequence:
+// a breaker made afresh on the same prefix starts with nothing tripped, and
+// a topic tripped again gets a generation it never had. With Redis down,
+// it says so and what it could not delete.
+func TestRedisForgetLeavesTheSequenceAlone(t *testing.T) {
+	t.Parallel()
+	one, two, client, prefix := sharedPairOn(t, breaker.Settings{CooldownTicks: 1}, time.Minute)
+	one.Trip("A", "by hand")
+	one.Trip("B", "by hand")
+	one.OnTick() // the lease
+	one.OnTick()
+	p := two.Plan() // B's trial, after its cooldown
+	require.NotEmpty(t, p.Trials)
+	genBefore := p.Gen("A")
+	require.NoError(t, one.Forget(context.Background()))
+	keys, err := client.Keys(context.Background(), prefix+":*").Result()
+	require.NoError(t, err)
+	require.Equal(t, []string{prefix + ":genseq"}, keys)
+
+	fresh, err := breaker.NewRedis(breaker.RedisConfig{Client: client, Prefix: prefix, Instance: "fresh", OpTimeout: patientOp})
+	require.NoError(t, err)
+	require.Empty(t, fresh.Tripped())
+	require.Empty(t, fresh.Plan().Excluded)
+	fresh.Trip("A", "again")
+	require.Greater(t, fresh.Plan().Gen("A"), genBefore, "a generation A never had")
+
+	url, stop, _ := brokertest.StartRedis(t)
+	down, err := breaker.NewRedis(breaker.RedisConfig{Client: brokertest.RedisClient(t, url), Prefix: "gone", Instance: "one", OpTimeout: patientOp})
+	require.NoError(t, err)
+	stop()
+	err = down.Forget(context.Background())
+	require.ErrorContains(t, err, `forget the topic breaker's state under "gone" in Redis`)
+}
+
 func topicsOf(st []breaker.TopicStatus) []string {
 	out := make([]string, 0, len(st))
 	for _, s := range st {

@@ -536,17 +536,15 @@ func (f *Fleet) discover(ctx context.Context) error {
 		return nil
 	}
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	defer func() {
-		if len(f.members) != before || !f.listed {
-			f.opts.Logger.Info("relaying outboxes", "outboxes", len(f.members), "schemas", cmp.Or(f.opts.Schemas, "*"))
-			f.listed = true
-		}
-	}()
+	var forget []string // the outboxes gone whose breaker's state is shared
+	shared := map[string]forgetter{}
 	for k, m := range f.members {
 		if !found[k] {
 			f.opts.Logger.Info("outbox gone (its schema or table was dropped); its sweeper stops", "outbox", k)
 			m.stop()
+			if b, ok := f.shared[k].(forgetter); ok {
+				forget, shared[k] = append(forget, k), b
+			}
 			delete(f.members, k)
 			delete(f.shared, k)
 		}
@@ -557,7 +555,28 @@ func (f *Fleet) discover(ctx context.Context) error {
 	}
 	maps.DeleteFunc(f.refused, gone)
 	maps.DeleteFunc(f.waiting, gone)
+	if len(f.members) != before || !f.listed {
+		f.opts.Logger.Info("relaying outboxes", "outboxes", len(f.members), "schemas", cmp.Or(f.opts.Schemas, "*"))
+		f.listed = true
+	}
+	f.mu.Unlock()
+	for i, k := range forget {
+		if err := shared[k].Forget(ctx); err != nil {
+			// Redis does not answer: the others would each wait out the
+			// call's timeout too.
+			f.opts.Logger.Warn("the topic breaker's state of outboxes gone stays in Redis: a schema made again under one of their names "+
+				"starts with its tripped topics (reset them: sweeper topics reset TOPIC --outbox NAME)",
+				"outboxes", strings.Join(forget[i:], ","), "err", err)
+			break
+		}
+	}
 	return nil
+}
+
+// forgetter is a topic breaker whose state outlives the process
+// (breaker.Redis): an outbox gone for good takes it with it.
+type forgetter interface {
+	Forget(ctx context.Context) error
 }
 
 // addsAtOnce bounds the outboxes a listing adds at once.

@@ -1185,9 +1185,10 @@ func TestFleetLeavesOutASchemaItCannotName(t *testing.T) {
 
 // A tenant whose topic breaker is shared through Redis leaves with its
 // breaker when its schema is dropped: the fleet no longer looks at it every
-// second nor keeps its state for the life of the process, logs no error for
-// it, and the other tenant's breaker stays shared, its trip kept, its rows
-// flowing.
+// second nor keeps its state for the life of the process, deletes its state
+// from Redis (a schema made again under its name starts afresh, not with its
+// trips), logs no error for it, and the other tenant's breaker stays
+// shared, its trip kept, its rows flowing.
 func TestFleetLetsADroppedTenantsSharedBreakerGo(t *testing.T) {
 	base := dbtest.Schema(t)
 	tbls := tenants(t, base, 2)
@@ -1202,10 +1203,19 @@ func TestFleetLetsADroppedTenantsSharedBreakerGo(t *testing.T) {
 	// b's orders is tripped in Redis before the fleet starts, as by another
 	// instance: every plan of b's sweeper sees it. (A trip another instance
 	// makes holds from each sweep's next plan; one made through b's own
-	// breaker, at once.)
-	other, err := shared(b.Schema)
-	require.NoError(t, err)
-	other.Trip("orders", "by the test")
+	// breaker, at once.) a's too: its state is deleted once a is gone.
+	for _, tbl := range tbls {
+		other, err := shared(tbl.Schema)
+		require.NoError(t, err)
+		other.Trip("orders", "by the test")
+	}
+	keysOf := func(tbl outbox.Table) []string {
+		keys, err := client.Keys(context.Background(), prefix+":"+tbl.Schema+":*").Result()
+		require.NoError(t, err)
+		slices.Sort(keys)
+		return keys
+	}
+	require.Contains(t, keysOf(a), prefix+":"+a.Schema+":topics")
 	f, l := newFleet(t, base+"_t*", p, "fleet-"+base, fleet.Options{
 		TopicBreaker: func(_ outbox.Table, name string, _ *slog.Logger) (breaker.Breaker, error) { return shared(name) },
 	})
@@ -1216,10 +1226,15 @@ func TestFleetLetsADroppedTenantsSharedBreakerGo(t *testing.T) {
 	write(t, a, outbox.Message{Topic: "mail", Payload: []byte("a-mail")})
 	dbtest.Eventually(t, time.Minute, "a's mail delivered", func() bool { return distinct(p)["a-mail"] })
 
-	_, err = dbtest.Pool(t).Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{a.Schema}.Sanitize()+" CASCADE")
+	_, err := dbtest.Pool(t).Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{a.Schema}.Sanitize()+" CASCADE")
 	require.NoError(t, err)
 	dbtest.Eventually(t, time.Minute, "a let go", func() bool { return slices.Equal(f.Outboxes(), []outbox.Table{b}) })
 	require.Equal(t, []string{b.String()}, f.SharedBreakers(), "a's breaker left with it")
+	// Its state in Redis with it, but the generations' sequence; b's kept.
+	dbtest.Eventually(t, time.Minute, "a's state deleted from Redis", func() bool {
+		return slices.Equal(keysOf(a), []string{prefix + ":" + a.Schema + ":genseq"})
+	})
+	require.Contains(t, keysOf(b), prefix+":"+b.Schema+":topics")
 
 	write(t, b, outbox.Message{Topic: "orders", Payload: []byte("b-orders")}, outbox.Message{Topic: "mail", Payload: []byte("b-mail")})
 	dbtest.Eventually(t, time.Minute, "b's mail delivered", func() bool { return distinct(p)["b-mail"] })
@@ -1234,5 +1249,12 @@ func TestFleetLetsADroppedTenantsSharedBreakerGo(t *testing.T) {
 	onRedis := sb.TopicBreaker().(interface{ Degraded() bool })
 	require.False(t, onRedis.Degraded(), "b's breaker on its local state, not Redis's")
 	require.Equal(t, breaker.StateTripped, sb.TopicBreaker().State("orders"), "b's trip is kept in Redis")
+
+	// a made again under its name starts afresh: its orders flow.
+	require.NoError(t, migrate(dbtest.URL(t), a))
+	dbtest.Eventually(t, time.Minute, "a relayed again", func() bool { return len(f.Outboxes()) == 2 })
+	write(t, a, outbox.Message{Topic: "orders", Payload: []byte("a-orders")})
+	dbtest.Eventually(t, time.Minute, "the new a's orders delivered", func() bool { return distinct(p)["a-orders"] })
 	require.NotContains(t, l.String(), "level=ERROR", "the fleet logged errors")
+	require.NotContains(t, l.String(), "stays in Redis", "the fleet could not delete a's state")
 }
