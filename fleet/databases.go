@@ -190,10 +190,15 @@ func (d *Databases) sync(ctx context.Context) error {
 		}
 	}
 	d.mu.Unlock()
+	// At once: a halt waits for its database's sends in flight (up to the
+	// send timeout), and one database's slow broker must not hold up the
+	// others' letting go, nor the databases listed since.
+	var halting sync.WaitGroup
 	for _, db := range gone {
 		d.opts.Fleet.Logger.Info("database no longer listed under this URL; its outboxes are let go", "database", db.name)
-		db.halt()
+		halting.Go(db.halt)
 	}
+	halting.Wait()
 	var errs []error
 	for _, u := range urls {
 		d.mu.Lock()

@@ -133,6 +133,66 @@ func TestDatabasesRelayEveryListedDatabase(t *testing.T) {
 		"a database off the list is not relayed")
 }
 
+// Databases taken off the list are let go at once: one whose send hangs
+// (its broker slow) does not keep the others' fleets running and their
+// connections open until it ends. Nothing is lost meanwhile: the held row
+// is sent once the send returns. (Halted one after another, in the map's
+// random order, the others wait for the stuck one in three runs of four.)
+func TestDatabasesLetGoOfSeveralAtOnce(t *testing.T) {
+	urls := databases(t, 4)
+	stuck := dbName(urls[0])
+	release := make(chan struct{})
+	sending := make(chan struct{}, 1)
+	p := memory.New(memory.Config{})
+	p.SetSendFunc(func(_ context.Context, b producer.Batch) error {
+		if strings.HasPrefix(b.Topic, stuck+".") {
+			select {
+			case sending <- struct{}{}:
+			default:
+			}
+			<-release // deaf to its context: a send that outlasts a stop
+		}
+		return nil
+	})
+	var released sync.Once
+	defer released.Do(func() { close(release) })
+	var mu sync.Mutex
+	listed := slices.Clone(urls)
+	d, _ := startDatabases(t, p, func() ([]string, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(listed), nil
+	}, fleet.Options{Destination: "{database}.{topic}"})
+	for _, u := range urls {
+		dbtest.Eventually(t, time.Minute, "database "+dbName(u)+" relayed", func() bool {
+			f, ok := d.Fleet(dbName(u))
+			return ok && len(f.Outboxes()) == 2
+		})
+	}
+	writeTo(t, urls[0], "a", outbox.Message{Topic: "orders", Payload: []byte("held")})
+	<-sending
+
+	mu.Lock()
+	listed = nil
+	mu.Unlock()
+	d.Reload()
+	sessions := func(u string) int {
+		var n int
+		require.NoError(t, dbtest.Pool(t).QueryRow(context.Background(),
+			"SELECT count(*) FROM pg_stat_activity WHERE datname = $1", dbName(u)).Scan(&n))
+		return n
+	}
+	for _, u := range urls[1:] {
+		dbtest.Eventually(t, time.Minute, "database "+dbName(u)+" let go, its connections closed", func() bool { return sessions(u) == 0 })
+	}
+	require.Positive(t, sessions(urls[0]), "the stuck database's fleet waits for its send")
+	released.Do(func() { close(release) })
+	dbtest.Eventually(t, time.Minute, "the stuck database let go", func() bool { return sessions(urls[0]) == 0 })
+	require.True(t, slices.ContainsFunc(p.Messages(), func(m producer.Message) bool { return string(m.Payload) == "held" }),
+		"the held row sent")
+	require.Empty(t, d.Names())
+}
+
 // startDatabases relays the databases urls lists, read again only on
 // Reload, into p; the logs are returned.
 func startDatabases(t *testing.T, p producer.Producer, urls func() ([]string, error), opts fleet.Options) (*fleet.Databases, *logs) {
