@@ -528,6 +528,45 @@ func TestDependencyBreakerThroughTheSweeper(t *testing.T) {
 	require.Zero(t, s.Behind(time.Now()), "nothing waits")
 }
 
+// In a relay of many, the broker breaker is the relay's: while another
+// outbox's half-open trial is out, this one's sends are refused, and its
+// sweep ends with no failure of its own. Its rows still wait: Behind is kept
+// (it was reset, and a broker down for longer than an alert's five minutes
+// read as no lag), and reset once they are sent.
+func TestBehindIsKeptWhileAnotherOutboxsTrialIsOut(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("a", 3)...)
+	prod := memory.New(memory.Config{})
+	prod.FailTopic("a", refused)
+	guarded := brokerBreaker(t, breaker.DependencyConfig{Failures: 1, OpenDuration: openWindow})
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, TopicBreaker: breaker.New(breaker.Settings{FailureThreshold: 1000}),
+		Concurrency: 1, BrokerBreaker: guarded, Retry: once, TopicBackoffMax: -1})
+	sweep := func() outbox.SweepResult {
+		res, err := s.Sweep(context.Background())
+		require.NoError(t, err)
+		return res
+	}
+	sweep()
+	require.Equal(t, breaker.DependencyOpen, guarded.State())
+	require.Positive(t, s.Behind(time.Now()))
+
+	prod.HealTopic("a")
+	dbtest.Eventually(t, openWindow+patience, "the breaker half-open", func() bool { return guarded.State() == breaker.DependencyHalfOpen })
+	trial, err := guarded.Allow() // another outbox's
+	require.NoError(t, err)
+	res := sweep()
+	require.Zero(t, res.FailedBatches, "refused, not failed")
+	require.Zero(t, res.Dispatched)
+	require.False(t, res.Blocked, "half-open: the sweep read its page")
+	require.Positive(t, s.Behind(time.Now()), "the rows wait for the other outbox's trial")
+
+	trial(breaker.BrokerUp, nil)
+	require.Equal(t, breaker.DependencyClosed, guarded.State())
+	require.Equal(t, 3, sweep().Dispatched)
+	require.Zero(t, s.Behind(time.Now()), "nothing waits")
+}
+
 // The broker is down for every topic: with the topic breaker at its defaults
 // (threshold 1), the failures are the broker's, not the topics': no topic trips,
 // the dependency breaker opens, and once the broker is back nothing waits out a

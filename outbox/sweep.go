@@ -656,6 +656,7 @@ func (s *Sweeper) trialClaim(ctx context.Context, live []string, after []int64, 
 			p.release(ctx)
 			p = nil
 		}
+		s.claimed(pg.msgs)
 		return p, pg.msgs, nil
 	}
 	start := int(s.probes.Add(1)-1) % len(live)

@@ -476,12 +476,17 @@ func (s *Sweeper) Behind(now time.Time) time.Duration {
 
 // swept resets Behind after a sweep that left no row to send: not after
 // one that failed, that ran out of time with rows left, whose batches
-// failed, that left topics out to back off after failures, or that the
-// broker breaker kept from reading (their rows wait for later sweeps: a row
+// failed, that left topics out to back off after failures, or while the
+// broker breaker is not closed (their rows wait for later sweeps: a row
 // failing at every sweep is lag as much as a backlog is, and a broker down
-// for an hour is an hour of it).
+// for an hour is an hour of it). The breaker's state is read at the end:
+// in a relay of many it is shared, and a sweep can end without a failure
+// of its own while it is open or half-open (its sends refused while
+// another outbox's trial is out, or the breaker opened by another
+// outbox's failures mid-page).
 func (s *Sweeper) swept(res SweepResult, err error) {
-	if err == nil && !res.more && res.FailedBatches == 0 && !res.retrying && !res.Blocked {
+	if err == nil && !res.more && res.FailedBatches == 0 && !res.retrying && !res.Blocked &&
+		s.gate.brokerState() == breaker.DependencyClosed {
 		s.behind.Store(0)
 	}
 }
