@@ -381,12 +381,12 @@ const FleetBacklogCounted = 10_000
 // count reached the cap. An outbox whose table is gone (its schema dropped
 // since the fleet last listed them) is left out. The per-outbox series
 // (metrics.RegisterOutboxes) read it at each scrape for the outboxes they
-// show.
+// show. A database that does not answer is left out with an error, and the
+// others' backlogs are returned beside it: one tenant database down must not
+// take the others' series (and the lag read from them) with it.
 func FleetBacklogs(ctx context.Context, tableName string, outboxes []FleetOutbox) (map[string]FleetBacklog, error) {
 	out, err := countBacklogs(ctx, tableName, outboxes)
-	if err != nil {
-		return nil, err
-	}
+	errs := []error{err}
 	estimated := map[*pgxpool.Pool]map[string]int64{}
 	for _, o := range outboxes {
 		b, ok := out[o.PathName()]
@@ -394,15 +394,17 @@ func FleetBacklogs(ctx context.Context, tableName string, outboxes []FleetOutbox
 			continue
 		}
 		pool := o.Config.Pool
-		if estimated[pool] == nil {
-			if estimated[pool], _, err = estimates(ctx, pool, tableName); err != nil {
-				return nil, err
+		if _, read := estimated[pool]; !read {
+			est, _, err := estimates(ctx, pool, tableName)
+			if err != nil {
+				errs = append(errs, onDatabase(pool, err))
 			}
+			estimated[pool] = est // nil when it failed: the counts stand
 		}
 		b.Rows = max(b.Rows, estimated[pool][o.Config.Table.Schema])
 		out[o.PathName()] = b
 	}
-	return out, nil
+	return out, errors.Join(errs...)
 }
 
 // fleetBacklogChunk is how many outboxes one statement of countBacklogs
@@ -411,13 +413,16 @@ func FleetBacklogs(ctx context.Context, tableName string, outboxes []FleetOutbox
 const fleetBacklogChunk = 100
 
 // countBacklogs is FleetBacklogs without the estimates: a backlog past the
-// cap reads FleetBacklogCounted+1.
+// cap reads FleetBacklogCounted+1. It goes on past a database that fails,
+// and returns what it read with the failures.
 func countBacklogs(ctx context.Context, tableName string, outboxes []FleetOutbox) (map[string]FleetBacklog, error) {
 	byPool := map[*pgxpool.Pool][]FleetOutbox{}
 	for _, o := range outboxes {
 		byPool[o.Config.Pool] = append(byPool[o.Config.Pool], o)
 	}
 	out := make(map[string]FleetBacklog, len(outboxes))
+	var errs []error
+pools:
 	for pool, list := range byPool {
 		for chunk := range slices.Chunk(list, fleetBacklogChunk) {
 			err := countChunk(ctx, pool, tableName, chunk, out)
@@ -434,11 +439,12 @@ func countBacklogs(ctx context.Context, tableName string, outboxes []FleetOutbox
 				}
 			}
 			if err != nil {
-				return nil, fmt.Errorf("read the outboxes' backlogs: %w", onDatabase(pool, err))
+				errs = append(errs, fmt.Errorf("read the outboxes' backlogs: %w", onDatabase(pool, err)))
+				continue pools
 			}
 		}
 	}
-	return out, nil
+	return out, errors.Join(errs...)
 }
 
 func undefinedTable(err error) bool {

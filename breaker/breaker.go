@@ -42,9 +42,9 @@ var _ Breaker = (*Topics)(nil)
 type TripCounter interface {
 	// Trips is a count that moves at every trip the breaker makes, of any
 	// topic and for any reason, and at nothing else. It only grows. A
-	// Topics moves it once a trip; a Redis twice for a trip made through it
-	// while Redis answers (its local shadow's, then once the shared state
-	// holds it).
+	// Topics moves it once a trip; a Redis once or twice for a trip made
+	// through it (its local shadow's, if the shadow trips too, and once the
+	// shared state holds it, while Redis answers).
 	Trips() uint64
 }
 

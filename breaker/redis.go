@@ -236,6 +236,7 @@ local topics, gens, lease = KEYS[1], KEYS[2], KEYS[3]
 local prefix = ARGV[1]
 local function bump(topic)
   redis.call('HSET', gens, topic, redis.call('INCR', prefix .. ':genseq'))
+  redis.call('PERSIST', prefix .. ':genseq') -- kept for good while in use (Forget)
 end
 local function trip(topic, st, cooldown, now, err)
   cooldown = math.max(1, cooldown)
@@ -641,8 +642,9 @@ func (r *Redis) Reset(topic string) {
 	}
 }
 
-// forgetScript deletes an outbox's shared state but its generations'
-// sequence. KEYS: topics, gens, lease; ARGV: prefix.
+// forgetScript deletes an outbox's shared state, and lets its generations'
+// sequence expire after ARGV[2] ms unless a trip uses it again (bump).
+// KEYS: topics, gens, lease; ARGV: prefix, the sequence's time to live.
 var forgetScript = redis.NewScript(`
 local topics, gens, lease = KEYS[1], KEYS[2], KEYS[3]
 local prefix = ARGV[1]
@@ -651,8 +653,15 @@ for _, h in ipairs({topics, gens}) do
     redis.call('DEL', prefix .. ':failures:' .. t, prefix .. ':trial:' .. t)
   end
 end
+redis.call('PEXPIRE', prefix .. ':genseq', ARGV[2])
 return redis.call('DEL', topics, gens, lease)
 `)
+
+// forgottenSequence is how long the generations' sequence of an outbox
+// forgotten outlives it: long past any instance's last report of a batch
+// of the old table (its listing's interval and a send's timeout), short
+// enough that a thousand tenants dropped over a year leave no key behind.
+const forgottenSequence = 24 * time.Hour
 
 // Forget deletes the outbox's shared state from Redis: its tripped and
 // half-open topics, their generations and trials, the tick lease. It is for
@@ -660,13 +669,14 @@ return redis.call('DEL', topics, gens, lease)
 // same name would otherwise start with the old one's trips, and every
 // instance's plans would leave its topics out until an operator reset them.
 // Failures counted toward a trip that did not happen expire on their own
-// within the failure window. The generations' sequence is kept: a report of
-// a batch of the old table, from an instance yet to let it go, never
-// matches a generation of the new one's.
+// within the failure window. The generations' sequence is kept for a day
+// (for good if a trip uses it again): a report of a batch of the old
+// table, from an instance yet to let it go, never matches a generation of
+// the new one's.
 func (r *Redis) Forget(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.OpTimeout)
 	defer cancel()
-	if err := forgetScript.Run(ctx, r.cfg.Client, r.keys(), r.cfg.Prefix).Err(); err != nil {
+	if err := forgetScript.Run(ctx, r.cfg.Client, r.keys(), r.cfg.Prefix, forgottenSequence.Milliseconds()).Err(); err != nil {
 		return fmt.Errorf("forget the topic breaker's state under %q in Redis: %w", r.cfg.Prefix, err)
 	}
 	return nil

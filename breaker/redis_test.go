@@ -229,9 +229,10 @@ func TestRedisTripsCountWhileRedisIsDown(t *testing.T) {
 	require.Equal(t, byHand, b.Trips(), "a reset is no trip")
 }
 
-// Forget deletes an outbox's shared state, but the generations' sequence:
-// a breaker made afresh on the same prefix starts with nothing tripped, and
-// a topic tripped again gets a generation it never had. With Redis down,
+// Forget deletes an outbox's shared state, but the generations' sequence,
+// which it lets expire: a breaker made afresh on the same prefix starts with
+// nothing tripped, and a topic tripped again gets a generation it never had
+// (and keeps the sequence for good). With Redis down,
 // it says so and what it could not delete.
 func TestRedisForgetLeavesTheSequenceAlone(t *testing.T) {
 	t.Parallel()
@@ -252,8 +253,14 @@ func TestRedisForgetLeavesTheSequenceAlone(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, fresh.Tripped())
 	require.Empty(t, fresh.Plan().Excluded)
+	ttl, err := client.PTTL(context.Background(), prefix+":genseq").Result()
+	require.NoError(t, err)
+	require.Positive(t, ttl, "the sequence of an outbox forgotten expires")
 	fresh.Trip("A", "again")
 	require.Greater(t, fresh.Plan().Gen("A"), genBefore, "a generation A never had")
+	ttl, err = client.PTTL(context.Background(), prefix+":genseq").Result()
+	require.NoError(t, err)
+	require.Equal(t, time.Duration(-1), ttl, "used again, it is kept for good")
 
 	url, stop, _ := brokertest.StartRedis(t)
 	down, err := breaker.NewRedis(breaker.RedisConfig{Client: brokertest.RedisClient(t, url), Prefix: "gone", Instance: "one", OpTimeout: patientOp})

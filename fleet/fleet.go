@@ -536,14 +536,13 @@ func (f *Fleet) discover(ctx context.Context) error {
 		return nil
 	}
 	f.mu.Lock()
-	var forget []string // the outboxes gone whose breaker's state is shared
-	shared := map[string]forgetter{}
+	var forget []goneOutbox // the outboxes gone whose breaker's state is shared
 	for k, m := range f.members {
 		if !found[k] {
 			f.opts.Logger.Info("outbox gone (its schema or table was dropped); its sweeper stops", "outbox", k)
 			m.stop()
 			if b, ok := f.shared[k].(forgetter); ok {
-				forget, shared[k] = append(forget, k), b
+				forget = append(forget, goneOutbox{member: m, breaker: b})
 			}
 			delete(f.members, k)
 			delete(f.shared, k)
@@ -560,15 +559,10 @@ func (f *Fleet) discover(ctx context.Context) error {
 		f.listed = true
 	}
 	f.mu.Unlock()
-	for i, k := range forget {
-		if err := shared[k].Forget(ctx); err != nil {
-			// Redis does not answer: the others would each wait out the
-			// call's timeout too.
-			f.opts.Logger.Warn("the topic breaker's state of outboxes gone stays in Redis: a schema made again under one of their names "+
-				"starts with its tripped topics (reset them: sweeper topics reset TOPIC --outbox NAME)",
-				"outboxes", strings.Join(forget[i:], ","), "err", err)
-			break
-		}
+	if len(forget) > 0 {
+		// Not in the listing's way: a sweeper may take up to a send's
+		// timeout to stop.
+		f.running.Go(func() { f.forget(ctx, forget) })
 	}
 	return nil
 }
@@ -577,6 +571,48 @@ func (f *Fleet) discover(ctx context.Context) error {
 // (breaker.Redis): an outbox gone for good takes it with it.
 type forgetter interface {
 	Forget(ctx context.Context) error
+}
+
+// goneOutbox is an outbox let go whose breaker's state is shared.
+type goneOutbox struct {
+	*member
+	breaker forgetter
+}
+
+// forget deletes the shared breaker state of outboxes gone, each once its
+// sweeper has stopped (a trip or a tick of its last sweep would write it
+// again) and if its table is still gone then (one made again meanwhile may
+// hold trips of its own, made by other instances).
+func (f *Fleet) forget(ctx context.Context, gone []goneOutbox) {
+	for i, g := range gone {
+		select {
+		case <-g.stopped:
+		case <-ctx.Done():
+			return
+		}
+		var exists bool
+		err := f.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class c
+			JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2)`,
+			g.table.Schema, g.table.Name).Scan(&exists)
+		if err == nil && exists {
+			continue
+		}
+		if err == nil {
+			err = g.breaker.Forget(ctx)
+		}
+		if err != nil && ctx.Err() == nil {
+			// Redis (or the database) does not answer: the others would
+			// each wait out the call's timeout too.
+			names := make([]string, 0, len(gone)-i)
+			for _, g := range gone[i:] {
+				names = append(names, g.name)
+			}
+			f.opts.Logger.Warn("the topic breaker's state of outboxes gone stays in Redis: a schema made again under one of their names "+
+				"starts with their tripped topics, which close after their cooldowns (or reset them: sweeper topics reset TOPIC --outbox NAME)",
+				"outboxes", strings.Join(names, ","), "err", err)
+			return
+		}
+	}
 }
 
 // addsAtOnce bounds the outboxes a listing adds at once.
@@ -683,14 +719,17 @@ func (f *Fleet) add(ctx context.Context, t outbox.Table) error {
 	// than run a thousand tenants' at one time every hour.
 	m.maintained = time.Now().Add(-rand.N(f.opts.IdleMaintenance))
 	runCtx, stop := context.WithCancel(ctx)
-	m.stop = stop
+	m.stop, m.stopped = stop, make(chan struct{})
 	f.mu.Lock()
 	f.members[t.String()] = m
 	if b, ok := cfg.TopicBreaker.(sharedBreaker); ok {
 		f.shared[t.String()] = b
 	}
 	f.mu.Unlock()
-	f.running.Go(func() { _ = m.sweeper.Run(runCtx) })
+	f.running.Go(func() {
+		defer close(m.stopped)
+		_ = m.sweeper.Run(runCtx)
+	})
 	logger.Debug("outbox relayed")
 	return nil
 }
@@ -839,15 +878,12 @@ func backlogs(ctx context.Context, tableName string, outboxes []admin.FleetOutbo
 		want[n] = true
 	}
 	outboxes = slices.DeleteFunc(outboxes, func(o admin.FleetOutbox) bool { return !want[o.PathName()] })
-	read, err := admin.FleetBacklogs(ctx, tableName, outboxes)
-	if err != nil {
-		return nil, err
-	}
+	read, err := admin.FleetBacklogs(ctx, tableName, outboxes) // what it read, beside a database that failed
 	out := make(map[string]metrics.Backlog, len(read))
 	for name, b := range read {
 		out[name] = metrics.Backlog{Rows: b.Rows, OldestAgeSeconds: b.OldestAgeSeconds}
 	}
-	return out, nil
+	return out, err
 }
 
 // states reads each outbox's state from its admin API's parts.
@@ -913,6 +949,7 @@ type member struct {
 	wake      chan struct{}
 	awake     outbox.AwakeLock
 	stop      context.CancelFunc
+	stopped   chan struct{} // closed once its sweeper's Run has returned
 	// touched says a sweep moved rows since the last maintenance of the
 	// outbox; maintained is when that was (maintain's goroutine alone).
 	touched atomic.Bool

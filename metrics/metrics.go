@@ -78,7 +78,7 @@ const (
 	helpSweepsFailing = "Sweeps that failed one after another (a database error: down, or a statement that fails every time), " +
 		"0 once one succeeds; in a relay of many, the most of any outbox's. Nothing is sent while it rises."
 	helpOldestAge = "Age of the oldest outstanding row: the relay's lag (refreshed on a schedule); in a relay of many, the most " +
-		"any outbox's sweeps are behind (the age of the oldest row of their last page while rows wait), or of an outbox in trouble (a tripped topic, failing sweeps) its oldest row."
+		"any outbox's sweeps are behind (the age of the oldest row of their last page while rows wait), or the oldest row of an outbox with per-outbox series (in trouble, or named by --metrics-outboxes)."
 )
 
 // New registers the metrics on reg, with Config's defaults.

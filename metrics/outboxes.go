@@ -46,7 +46,8 @@ type Backlog struct {
 type Outboxes interface {
 	// States says how each outbox stands, from memory.
 	States() []OutboxState
-	// Backlogs reads the backlogs of the outboxes named, by name.
+	// Backlogs reads the backlogs of the outboxes named, by name: those it
+	// could, beside an error for the others (a database down).
 	Backlogs(ctx context.Context, names []string) (map[string]Backlog, error)
 }
 
@@ -65,14 +66,16 @@ const backlogTimeout = 5 * time.Second
 // (--metrics-outboxes). A thousand healthy tenants of ten topics each make
 // none; one tenant with a tripped topic makes three. The backlog series cost
 // the database a statement or two a scrape, and only while some outbox has
-// series; if it does not answer, they are left out of that scrape.
+// series; those of a database that does not answer are left out of that
+// scrape.
 //
 // It also exports, read from the same states, the three process-wide gauges
 // that a relay of one sets as its breaker and sweeps change (Metrics.ForMany
 // takes those out): outbox_topic_tripped{topic}, the number of outboxes
 // where the topic is tripped, outbox_sweeps_failed_consecutive, the most of
 // any outbox's, and outbox_oldest_outstanding_age_seconds, the most any
-// outbox's sweeps are behind (outbox.Sweeper.Behind). Read from the breakers at each scrape, they count a trip
+// outbox's sweeps are behind (outbox.Sweeper.Behind) or the oldest row of
+// an outbox whose backlog the scrape reads. Read from the breakers at each scrape, they count a trip
 // another instance made or reset through Redis, and forget a tenant let go;
 // set from each outbox's changes, every outbox set them over the others'.
 // maxTopics topics (0: MaxTopicsDefault; --metrics-max-topics), those
@@ -147,10 +150,9 @@ func (c *outboxesCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), backlogTimeout)
 	defer cancel()
-	backlogs, err := c.src.Backlogs(ctx, shown)
-	if err != nil {
-		return
-	}
+	// Those read: an outbox whose database failed has no backlog series
+	// in this scrape, the others keep theirs.
+	backlogs, _ := c.src.Backlogs(ctx, shown)
 	for _, name := range shown {
 		b, ok := backlogs[name]
 		if !ok {

@@ -2,6 +2,7 @@ package metrics_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -46,6 +47,7 @@ func (states) Backlogs(context.Context, []string) (map[string]metrics.Backlog, e
 type withBacklogs struct {
 	states
 	backlogs map[string]metrics.Backlog
+	err      error // beside them: a database did not answer
 }
 
 func (w withBacklogs) Backlogs(_ context.Context, names []string) (map[string]metrics.Backlog, error) {
@@ -55,7 +57,7 @@ func (w withBacklogs) Backlogs(_ context.Context, names []string) (map[string]me
 			out[n] = b
 		}
 	}
-	return out, nil
+	return out, w.err
 }
 
 // In a relay of many, outbox_topic_tripped{topic} counts the outboxes where
@@ -81,7 +83,7 @@ outbox_sweeps_failed_consecutive 3
 # TYPE outbox_topic_tripped gauge
 outbox_topic_tripped{topic="mail"} 1
 outbox_topic_tripped{topic="orders"} 2
-# HELP outbox_oldest_outstanding_age_seconds Age of the oldest outstanding row: the relay's lag (refreshed on a schedule); in a relay of many, the most any outbox's sweeps are behind (the age of the oldest row of their last page while rows wait), or of an outbox in trouble (a tripped topic, failing sweeps) its oldest row.
+# HELP outbox_oldest_outstanding_age_seconds Age of the oldest outstanding row: the relay's lag (refreshed on a schedule); in a relay of many, the most any outbox's sweeps are behind (the age of the oldest row of their last page while rows wait), or the oldest row of an outbox with per-outbox series (in trouble, or named by --metrics-outboxes).
 # TYPE outbox_oldest_outstanding_age_seconds gauge
 outbox_oldest_outstanding_age_seconds 90
 `
@@ -97,12 +99,18 @@ outbox_oldest_outstanding_age_seconds 90
 	oldest := func(age float64) map[string]metrics.Backlog {
 		return map[string]metrics.Backlog{"tenant_a": {Rows: 5, OldestAgeSeconds: &age}}
 	}
-	for _, c := range []struct{ age, want float64 }{{600, 600}, {30, 90}} {
+	// Another database's failure to answer does not take tenant_a's away.
+	down := errors.New("read the outboxes' backlogs: database db2: connection refused")
+	for _, c := range []struct {
+		age, want float64
+		err       error
+	}{{600, 600, nil}, {30, 90, nil}, {600, 600, down}} {
 		reg := prometheus.NewRegistry()
 		metrics.RegisterOutboxes(reg, withBacklogs{states{
 			{Name: "tenant_a", Tripped: []string{"orders"}},
 			{Name: "tenant_b", Behind: 90 * time.Second},
-		}, oldest(c.age)}, nil, 0)
+			{Name: "db2_tenant", SweepsFailing: 4},
+		}, oldest(c.age), c.err}, nil, 0)
 		mf, err := reg.Gather()
 		require.NoError(t, err)
 		got := -1.0
