@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -413,38 +414,59 @@ func FleetBacklogs(ctx context.Context, tableName string, outboxes []FleetOutbox
 const fleetBacklogChunk = 100
 
 // countBacklogs is FleetBacklogs without the estimates: a backlog past the
-// cap reads FleetBacklogCounted+1. It goes on past a database that fails,
-// and returns what it read with the failures.
+// cap reads FleetBacklogCounted+1. The databases are asked at once, each on
+// one connection at a time: a database that hangs takes the caller's
+// deadline, not the others' turn. It returns what it read with the
+// failures.
 func countBacklogs(ctx context.Context, tableName string, outboxes []FleetOutbox) (map[string]FleetBacklog, error) {
 	byPool := map[*pgxpool.Pool][]FleetOutbox{}
 	for _, o := range outboxes {
 		byPool[o.Config.Pool] = append(byPool[o.Config.Pool], o)
 	}
-	out := make(map[string]FleetBacklog, len(outboxes))
-	var errs []error
-pools:
+	var (
+		mu   sync.Mutex
+		out  = make(map[string]FleetBacklog, len(outboxes))
+		errs []error
+		wg   sync.WaitGroup
+	)
 	for pool, list := range byPool {
-		for chunk := range slices.Chunk(list, fleetBacklogChunk) {
-			err := countChunk(ctx, pool, tableName, chunk, out)
-			if undefinedTable(err) {
-				// A table is gone, which fails the whole statement: the
-				// others are asked one by one.
-				err = nil
-				for _, o := range chunk {
-					if err = countChunk(ctx, pool, tableName, []FleetOutbox{o}, out); undefinedTable(err) {
-						err = nil
-					} else if err != nil {
-						break
-					}
-				}
-			}
+		wg.Go(func() {
+			read := make(map[string]FleetBacklog, len(list))
+			err := countPool(ctx, pool, tableName, list, read)
+			mu.Lock()
+			defer mu.Unlock()
+			maps.Copy(out, read)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("read the outboxes' backlogs: %w", onDatabase(pool, err)))
-				continue pools
+			}
+		})
+	}
+	wg.Wait()
+	return out, errors.Join(errs...)
+}
+
+// countPool reads the backlogs of list, all in pool's database, into out: a
+// statement a chunk, and one an outbox for a chunk that names a table gone.
+func countPool(ctx context.Context, pool *pgxpool.Pool, tableName string, list []FleetOutbox, out map[string]FleetBacklog) error {
+	for chunk := range slices.Chunk(list, fleetBacklogChunk) {
+		err := countChunk(ctx, pool, tableName, chunk, out)
+		if undefinedTable(err) {
+			// A table is gone, which fails the whole statement: the
+			// others are asked one by one.
+			err = nil
+			for _, o := range chunk {
+				if err = countChunk(ctx, pool, tableName, []FleetOutbox{o}, out); undefinedTable(err) {
+					err = nil
+				} else if err != nil {
+					break
+				}
 			}
 		}
+		if err != nil {
+			return err
+		}
 	}
-	return out, errors.Join(errs...)
+	return nil
 }
 
 func undefinedTable(err error) bool {
