@@ -1187,6 +1187,30 @@ func TestFleetLeavesOutASchemaItCannotName(t *testing.T) {
 	require.Equal(t, []outbox.Table{tbls[0]}, f.Outboxes())
 }
 
+// A tenant dropped while Redis does not answer: its sweeper stops all the
+// same, and a warning names it, whose trips stay in Redis (they close
+// after their cooldowns); nothing else of the fleet waits for Redis.
+func TestFleetSaysWhichDroppedTenantsTripsStayInRedis(t *testing.T) {
+	base := dbtest.Schema(t)
+	tbls := tenants(t, base, 2)
+	a := tbls[0]
+	url, stop, _ := brokertest.StartRedis(t)
+	client := brokertest.RedisClient(t, url)
+	f, l := newFleet(t, base+"_t*", memory.New(memory.Config{}), "fleet-"+base, fleet.Options{
+		TopicBreaker: func(_ outbox.Table, name string, _ *slog.Logger) (breaker.Breaker, error) {
+			return breaker.NewRedis(breaker.RedisConfig{Client: client, Prefix: "forget:" + name, Instance: base})
+		},
+	})
+	dbtest.Eventually(t, time.Minute, "both tenants relayed", func() bool { return len(f.Outboxes()) == 2 })
+	stop()
+	_, err := dbtest.Pool(t).Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{a.Schema}.Sanitize()+" CASCADE")
+	require.NoError(t, err)
+	dbtest.Eventually(t, time.Minute, "a let go", func() bool { return slices.Equal(f.Outboxes(), tbls[1:]) })
+	dbtest.Eventually(t, time.Minute, "the warning naming a", func() bool {
+		return strings.Contains(l.String(), "stays in Redis") && strings.Contains(l.String(), "outboxes="+a.Schema)
+	})
+}
+
 // A tenant whose topic breaker is shared through Redis leaves with its
 // breaker when its schema is dropped: the fleet no longer looks at it every
 // second nor keeps its state for the life of the process, deletes its state

@@ -121,8 +121,9 @@ func (c *outboxesCollector) Collect(ch chan<- prometheus.Metric) {
 	var shown []string
 	states := c.src.States()
 	// The lag is the most any outbox's sweeps are behind, or the oldest row
-	// of an outbox whose backlog this scrape reads (one in trouble: the rows
-	// of its tripped topics wait too, and its sweeps do not read them).
+	// of an outbox whose backlog this scrape reads (one in trouble, or named
+	// by --metrics-outboxes: the rows of its tripped topics wait too, and
+	// its sweeps do not read them).
 	behind := c.collectProcess(ch, states).Seconds()
 	defer func() { ch <- prometheus.MustNewConstMetric(c.mostBehind, prometheus.GaugeValue, behind) }()
 	for _, o := range states {

@@ -74,11 +74,7 @@ func TestCooldownThroughTheSweeper(t *testing.T) {
 	prod.FailTopic("A", producer.NewTopicError("not_found", errors.New("no entity A")))
 	b := breaker.New(breaker.Settings{CooldownTicks: 3})
 	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, TopicBreaker: b})
-	sweep := func() outbox.SweepResult {
-		res, err := s.Sweep(context.Background())
-		require.NoError(t, err)
-		return res
-	}
+	sweep := sweeps(t, s)
 
 	sweep() // tick 1: A fails and trips
 	require.Equal(t, 1, prod.Calls())
@@ -458,11 +454,7 @@ func TestTrialGoesPastPoison(t *testing.T) {
 	b := breaker.New(breaker.Settings{CooldownTicks: 1})
 	b.Trip("A", "test")
 	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, TopicBreaker: b})
-	sweep := func() outbox.SweepResult {
-		res, err := s.Sweep(context.Background())
-		require.NoError(t, err)
-		return res
-	}
+	sweep := sweeps(t, s)
 	require.Zero(t, sweep().Batches, "cooling down")
 	res := sweep() // half-open: batch 1 is poison, batch 2 is the trial
 	require.Equal(t, 2, res.Dispatched)
@@ -489,11 +481,7 @@ func TestDependencyBreakerThroughTheSweeper(t *testing.T) {
 	topics := breaker.New(breaker.Settings{FailureThreshold: 1000})
 	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, TopicBreaker: topics, Concurrency: 1,
 		BrokerBreaker: guarded, Retry: once, TopicBackoffMax: -1})
-	sweep := func() outbox.SweepResult {
-		res, err := s.Sweep(context.Background())
-		require.NoError(t, err)
-		return res
-	}
+	sweep := sweeps(t, s)
 
 	sweep()
 	require.Equal(t, breaker.DependencyOpen, guarded.State())
@@ -542,11 +530,7 @@ func TestBehindIsKeptWhileAnotherOutboxsTrialIsOut(t *testing.T) {
 	guarded := brokerBreaker(t, breaker.DependencyConfig{Failures: 1, OpenDuration: openWindow})
 	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, TopicBreaker: breaker.New(breaker.Settings{FailureThreshold: 1000}),
 		Concurrency: 1, BrokerBreaker: guarded, Retry: once, TopicBackoffMax: -1})
-	sweep := func() outbox.SweepResult {
-		res, err := s.Sweep(context.Background())
-		require.NoError(t, err)
-		return res
-	}
+	sweep := sweeps(t, s)
 	sweep()
 	require.Equal(t, breaker.DependencyOpen, guarded.State())
 	require.Positive(t, s.Behind(time.Now()))

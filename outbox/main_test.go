@@ -134,6 +134,17 @@ var refused = producer.NewBrokerError("connection_lost", errors.New("dial tcp 12
 // once is the sweeper's in-call retry turned off, so tests count sends.
 var once = breaker.Retry{Attempts: 1}
 
+// sweeps returns a function that runs one sweep of s and fails t if it
+// fails, for tests that sweep by hand, step by step.
+func sweeps(t testing.TB, s *outbox.Sweeper) func() outbox.SweepResult {
+	return func() outbox.SweepResult {
+		t.Helper()
+		res, err := s.Sweep(context.Background())
+		require.NoError(t, err)
+		return res
+	}
+}
+
 const (
 	// patience bounds the tests' waits for what must come (a row delivered, a
 	// breaker's change of state once its time is up): generous, since a busy
