@@ -190,6 +190,9 @@ type Sweeper struct {
 	// parked says Run waits for a wake-up alone, with no tick: its last
 	// sweep found the outbox idle (only with a Host).
 	parked atomic.Bool
+	// unparked is signalled when parked goes from set to clear, for the
+	// floors' check, which waits for it while parked (checkFloors).
+	unparked chan struct{}
 	// tableGone says a statement found the outbox table dropped and the
 	// host was told (dropped), until a sweep succeeds again.
 	tableGone atomic.Bool
@@ -247,8 +250,9 @@ func NewSweeper(pool *pgxpool.Pool, p producer.Producer, cfg Config) (*Sweeper, 
 			stormLimit:  max(cfg.DeadLetterLimit, 0),
 			stormWindow: cfg.DeadLetterWindow,
 		}, cfg.Ordering, cfg.SendTimeout, progress),
-		cursor: newCursor(cursorResetEvery),
-		lanes:  lanes,
+		cursor:   newCursor(cursorResetEvery),
+		unparked: make(chan struct{}, 1),
+		lanes:    lanes,
 	}, nil
 }
 
@@ -318,7 +322,7 @@ func (s *Sweeper) Run(ctx context.Context) error {
 	// The cursor's floors are checked beside the sweeps (cursor.go).
 	checkCtx, stopChecking := context.WithCancel(ctx)
 	var checking sync.WaitGroup
-	checking.Go(func() { s.cursor.checkFloors(checkCtx, s.store, s.logger, &s.parked) })
+	checking.Go(func() { s.cursor.checkFloors(checkCtx, s.store, s.logger, &s.parked, s.unparked) })
 	defer checking.Wait()
 	defer stopChecking()
 
@@ -404,7 +408,12 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		done(res)
 		draining = err == nil && res.more
 		s.swept(res, err)
-		s.parked.Store(host != nil && err == nil && res.Idle)
+		if park := host != nil && err == nil && res.Idle; s.parked.Swap(park) && !park {
+			select {
+			case s.unparked <- struct{}{}:
+			default: // one is pending already
+			}
+		}
 		if awake != nil {
 			// A notification that came during the sweep says commits come
 			// faster than sweeps: the rate at which notifying costs them.
