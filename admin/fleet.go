@@ -52,7 +52,7 @@ type FleetOutbox struct {
 	// Topics, Gate, DeadLetters, Backoffs, Activity, Stalled, SweepsFailing).
 	Config Config
 	// Parked says its sweeper waits for a commit: its last sweep found
-	// nothing outstanding.
+	// nothing outstanding, and no sweep is under way (outbox.Sweeper.Asleep).
 	Parked bool
 	// Behind is how far its sweeps are behind the commits
 	// (outbox.Sweeper.Behind), when it was listed.
@@ -251,7 +251,8 @@ type fleetOutboxStatus struct {
 	Database string `json:"database,omitempty"`
 	Schema   string `json:"schema"`
 	Table    string `json:"table"`
-	// Parked: its last sweep found nothing outstanding.
+	// Parked: its last sweep found nothing outstanding, and no sweep is
+	// under way.
 	Parked bool `json:"parked"`
 	// Backlog counts its outstanding rows, exactly up to
 	// FleetBacklogCounted, and takes Postgres's estimate above; 0 for a

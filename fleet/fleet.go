@@ -911,7 +911,7 @@ func (f *Fleet) adminOutboxes() []admin.FleetOutbox {
 		cfg.Topics, cfg.Gate, cfg.DeadLetters = s.TopicBreaker(), s, m.dead
 		cfg.Backoffs, cfg.Activity, cfg.SweepsFailing = s.TopicBackoffs, s.TopicActivity, s.Failing
 		cfg.Stalled = func(now time.Time) (outbox.Stall, bool) { return s.Stalled(now, f.opts.StallTicks) }
-		o := admin.FleetOutbox{Config: cfg, Parked: s.Parked(), Behind: s.Behind(time.Now()), Database: f.opts.Database}
+		o := admin.FleetOutbox{Config: cfg, Parked: s.Asleep(), Behind: s.Behind(time.Now()), Database: f.opts.Database}
 		if f.opts.Database != "" {
 			o.Name = m.name
 		}

@@ -631,6 +631,56 @@ func TestFleetKnowsHowFarATenantIsBehind(t *testing.T) {
 	require.Len(t, distinct(p), 300)
 }
 
+// A parked tenant woken by a commit lists as sweeping from its wake-up, not
+// from the end of the sweep it woke for: the admin API counts the backlogs
+// of sweeping tenants only, and one whose first row in a while was being
+// sent listed a backlog of 0 (Parked keeps the sweep before's finding until
+// the sweep ends; the reconciliation reads that).
+func TestFleetListsAWokenTenantAsSweeping(t *testing.T) {
+	base := dbtest.Schema(t)
+	tbls := tenants(t, base, 2)
+	a := tbls[0]
+	p := memory.New(memory.Config{})
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	p.SetSendFunc(func(ctx context.Context, _ producer.Batch) error {
+		select {
+		case entered <- struct{}{}:
+		default:
+		}
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	f, _ := newFleet(t, base+"_t*", p, "fleet-"+base, fleet.Options{})
+	dbtest.Eventually(t, time.Minute, "every tenant relayed", func() bool { return len(f.Outboxes()) == len(tbls) })
+	sa, _ := f.Sweeper(a)
+	listedParked := func() bool {
+		for _, st := range f.States() {
+			if st.Name == a.Schema {
+				return st.Parked
+			}
+		}
+		t.Fatalf("%s not in the fleet's states", a.Schema)
+		return false
+	}
+	dbtest.Eventually(t, time.Minute, "a parked", func() bool { return sa.Parked() && listedParked() })
+
+	write(t, a, outbox.Message{Topic: "orders", Payload: []byte("held")})
+	select {
+	case <-entered:
+	case <-time.After(time.Minute):
+		t.Fatal("a's row was not sent within a minute of its commit")
+	}
+	require.True(t, sa.Parked(), "the sweep before's finding is kept while the woken sweep runs")
+	require.False(t, listedParked(), "a lists as parked while its row is being sent")
+	close(release)
+	dbtest.Eventually(t, time.Minute, "a's row sent", func() bool { return dbtest.Outstanding(t, a) == 0 })
+	dbtest.Eventually(t, time.Minute, "a parked again", listedParked)
+}
+
 // The admin API of a fleet: GET /outboxes lists the tenants, those in
 // trouble first; each tenant's API, the one a relay of one outbox serves,
 // answers under /outboxes/{schema}/, and an operator resets a tenant's

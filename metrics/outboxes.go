@@ -24,7 +24,7 @@ type OutboxState struct {
 	// succeeded).
 	SweepsFailing int
 	// Parked says its sweeper waits for a commit: its last sweep found
-	// nothing outstanding.
+	// nothing outstanding, and no sweep is under way.
 	Parked bool
 	// Behind is how far its sweeps are behind the commits
 	// (outbox.Sweeper.Behind).

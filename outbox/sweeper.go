@@ -193,6 +193,10 @@ type Sweeper struct {
 	// unparked is signalled when parked goes from set to clear, for the
 	// floors' check, which waits for it while parked (checkFloors).
 	unparked chan struct{}
+	// woken is set from a parked sweeper's wake-up until the sweep it woke
+	// for ends (parked still holds the sweep before's finding meanwhile).
+	// Asleep reads it.
+	woken atomic.Bool
 	// tableGone says a statement found the outbox table dropped and the
 	// host was told (dropped), until a sweep succeeds again.
 	tableGone atomic.Bool
@@ -365,6 +369,9 @@ func (s *Sweeper) Run(ctx context.Context) error {
 			return nil
 		}
 		tick := reached && at.Equal(next) && !parked
+		if parked {
+			s.woken.Store(true)
+		}
 		// Whether the transactions to wait out have ended is asked before the
 		// sweep, so that the sweep sees whatever they wrote; and before its
 		// turn, so that a host's session slow to answer holds up no turn.
@@ -414,6 +421,7 @@ func (s *Sweeper) Run(ctx context.Context) error {
 			default: // one is pending already
 			}
 		}
+		s.woken.Store(false)
 		if awake != nil {
 			// A notification that came during the sweep says commits come
 			// faster than sweeps: the rate at which notifying costs them.
@@ -524,6 +532,13 @@ func (s *Sweeper) Parked() bool {
 	_, poll := s.cursor.rereadAt()
 	return !poll
 }
+
+// Asleep reports whether the sweeper is parked (Parked) and no sweep it was
+// woken for is under way: what an operator reads as parked. A woken sweep
+// keeps Parked set until it ends, its sweep before having found nothing, and
+// the admin API counts no parked outbox's backlog: read with Parked, a
+// tenant whose first rows in a while were being sent listed a backlog of 0.
+func (s *Sweeper) Asleep() bool { return s.Parked() && !s.woken.Load() }
 
 // Recheck makes the next sweep read every topic from its first outstanding
 // row, rather than from the floors the sweeps have kept: a host calls it
