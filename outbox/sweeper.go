@@ -190,9 +190,9 @@ type Sweeper struct {
 	// parked says Run waits for a wake-up alone, with no tick: its last
 	// sweep found the outbox idle (only with a Host).
 	parked atomic.Bool
-	// unparked is signalled when parked goes from set to clear, for the
-	// floors' check, which waits for it while parked (checkFloors).
-	unparked chan struct{}
+	// parkChanged is signalled when parked is set or cleared, for the
+	// floors' check, which stops its ticker while parked (checkFloors).
+	parkChanged chan struct{}
 	// woken is set from a parked sweeper's wake-up until the sweep it woke
 	// for ends (parked still holds the sweep before's finding meanwhile).
 	// Asleep reads it.
@@ -254,9 +254,9 @@ func NewSweeper(pool *pgxpool.Pool, p producer.Producer, cfg Config) (*Sweeper, 
 			stormLimit:  max(cfg.DeadLetterLimit, 0),
 			stormWindow: cfg.DeadLetterWindow,
 		}, cfg.Ordering, cfg.SendTimeout, progress),
-		cursor:   newCursor(cursorResetEvery),
-		unparked: make(chan struct{}, 1),
-		lanes:    lanes,
+		cursor:      newCursor(cursorResetEvery),
+		parkChanged: make(chan struct{}, 1),
+		lanes:       lanes,
 	}, nil
 }
 
@@ -326,7 +326,7 @@ func (s *Sweeper) Run(ctx context.Context) error {
 	// The cursor's floors are checked beside the sweeps (cursor.go).
 	checkCtx, stopChecking := context.WithCancel(ctx)
 	var checking sync.WaitGroup
-	checking.Go(func() { s.cursor.checkFloors(checkCtx, s.store, s.logger, &s.parked, s.unparked) })
+	checking.Go(func() { s.cursor.checkFloors(checkCtx, s.store, s.logger, &s.parked, s.parkChanged) })
 	defer checking.Wait()
 	defer stopChecking()
 
@@ -415,10 +415,10 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		done(res)
 		draining = err == nil && res.more
 		s.swept(res, err)
-		if park := host != nil && err == nil && res.Idle; s.parked.Swap(park) && !park {
+		if park := host != nil && err == nil && res.Idle; s.parked.Swap(park) != park {
 			select {
-			case s.unparked <- struct{}{}:
-			default: // one is pending already
+			case s.parkChanged <- struct{}{}:
+			default: // one is pending already, and is read before parked
 			}
 		}
 		s.woken.Store(false)
