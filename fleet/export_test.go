@@ -15,3 +15,10 @@ func (f *Fleet) SharedBreakers() []string {
 	defer f.mu.Unlock()
 	return slices.Sorted(maps.Keys(f.shared))
 }
+
+// WithoutSlices leaves out of o's reconciliation the passes over every
+// parked outbox in turn: what the insert counts find, alone.
+func WithoutSlices(o Options) Options {
+	o.noSlices = true
+	return o
+}
