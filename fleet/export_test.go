@@ -19,6 +19,13 @@ func (f *Fleet) SharedBreakers() []string {
 // WithoutSlices leaves out of o's reconciliation the passes over every
 // parked outbox in turn: what the insert counts find, alone.
 func WithoutSlices(o Options) Options {
-	o.noSlices = true
+	o.turns = -1
+	return o
+}
+
+// InTurnEvery has o's reconciliation ask every parked outbox in turn once in
+// passes passes.
+func InTurnEvery(o Options, passes int) Options {
+	o.turns = passes
 	return o
 }

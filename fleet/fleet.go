@@ -166,9 +166,10 @@ type Options struct {
 	// 60.
 	StallTicks int
 
-	// noSlices leaves out the reconciliation's passes over every parked
-	// outbox in turn: for tests that prove what the insert counts find alone.
-	noSlices bool
+	// turns is how many reconciliation passes ask every parked outbox in
+	// turn: 0 is fullReconcile, below 0 none (for tests that prove what the
+	// insert counts find alone).
+	turns int
 }
 
 func (o Options) withDefaults() Options {
@@ -750,7 +751,7 @@ func (f *Fleet) add(ctx context.Context, t outbox.Table) error {
 //
 // Asking every parked outbox costs a statement per hundred of them, and
 // planning a hundred-table statement costs 5 to 10 ms of the database's
-// time, 30 to 55 ms in a session that has not opened those tables yet: at a
+// time, 40 to 57 ms in a session that has not opened those tables yet: at a
 // tenth of a thousand tenants every 30 s, the largest part of an idle
 // fleet's cost to the database (2026-11-28). So a pass first reads, in one
 // statement of a few milliseconds, how many rows each outbox table has had
@@ -763,36 +764,44 @@ func (f *Fleet) add(ctx context.Context, t outbox.Table) error {
 // whose notification was lost, moved the count at a pass that found it
 // still awake. What the counts cannot see, a row written in a session that
 // counts nothing (track_counts off), a pass in turn catches: each pass asks
-// the parked outboxes at its place in name order (slice, mod fullReconcile),
-// so that each is asked at least once in fullReconcile passes, an hour's by
+// the parked outboxes at its place in name order (mod fullReconcile), so
+// that each is asked at least once in fullReconcile passes, an hour's by
 // default, or fullReconcileUncounted when the relay's own session reads
-// track_counts off. The pass after the LISTEN session (re)connects (full)
-// asks every one.
+// track_counts off or the table is partitioned. An outbox whose ask failed,
+// or that woke between its count and its ask, is asked again at the next
+// pass that finds it parked. The pass after the LISTEN session (re)connects
+// (full) asks every one. (Postgres 14 and older send their counts over UDP
+// and may drop some under load: a row whose count was dropped, its
+// notification lost too, waits for its turn.)
 func (f *Fleet) reconcile(ctx context.Context, full bool, pass int64) error {
 	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
+	// A partitioned table's own count stays 0 (its partitions count): it is
+	// asked in turn as often as an uncounted one.
 	rows, err := f.pool.Query(qctx, `SELECT n.nspname, pg_catalog.pg_stat_get_tuples_inserted(c.oid),
-			pg_catalog.current_setting('track_counts')::bool
+			pg_catalog.current_setting('track_counts')::bool AND c.relkind = 'r'
 		FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 		WHERE c.relname = $1 AND c.relkind IN ('r', 'p')`, f.opts.Sweeper.Table.Name)
 	if err != nil {
 		return fmt.Errorf("read the outboxes' insert counts: %w", err)
 	}
-	inserted := map[string]int64{}
+	type insertCount struct {
+		n        int64
+		counting bool
+	}
+	inserted := map[string]insertCount{}
 	var schema string
-	var count int64
-	counting := true
-	if _, err := pgx.ForEachRow(rows, []any{&schema, &count, &counting}, func() error {
-		inserted[schema] = count
+	var c insertCount
+	if _, err := pgx.ForEachRow(rows, []any{&schema, &c.n, &c.counting}, func() error {
+		inserted[schema] = c
 		return nil
 	}); err != nil {
 		return fmt.Errorf("read the outboxes' insert counts: %w", err)
 	}
-	every := int64(fullReconcile)
-	if !counting {
-		every = fullReconcileUncounted
+	turns := f.opts.turns
+	if turns == 0 {
+		turns = fullReconcile
 	}
-	slice := int(pass % every)
 	f.mu.Lock()
 	var ask []*member
 	for i, k := range slices.Sorted(maps.Keys(f.members)) {
@@ -800,12 +809,17 @@ func (f *Fleet) reconcile(ctx context.Context, full bool, pass int64) error {
 		if !m.sweeper.Parked() {
 			continue // awake, it finds its rows itself; its count is compared once it parks
 		}
-		n, ok := inserted[m.table.Schema]
-		// Never compared yet (added since, or awake at every pass before):
-		// asked once, as the count it starts from may hold a lost row.
-		moved := ok && (!m.counted || m.inserted != n)
-		m.inserted, m.counted = n, ok
-		inTurn := !f.opts.noSlices && int64(i)%every == int64(slice)
+		ic, ok := inserted[m.table.Schema]
+		// Never compared yet (added since, awake at every pass before, or
+		// its last ask failed): asked once, as the count it starts from may
+		// hold a lost row.
+		moved := ok && (!m.counted || m.inserted != ic.n)
+		m.inserted, m.counted = ic.n, ok
+		every := int64(turns)
+		if ok && !ic.counting {
+			every = min(every, fullReconcileUncounted)
+		}
+		inTurn := turns > 0 && int64(i)%every == pass%every
 		if full || moved || inTurn {
 			ask = append(ask, m)
 		}
@@ -829,15 +843,21 @@ func (f *Fleet) reconcile(ctx context.Context, full bool, pass int64) error {
 		}
 		if err != nil {
 			// A schema dropped since the last listing fails its chunk: list
-			// them again, and the next pass goes through.
+			// them again, and the next pass asks the others again.
 			f.listAgain()
+			f.compareAgain(chunk)
 			errs = append(errs, err)
 			continue
 		}
 		for _, i := range found {
 			m := chunk[i]
 			if !m.sweeper.Parked() {
-				continue // it woke meanwhile, and finds its rows itself
+				// It woke meanwhile and sweeps, but its row may lie below
+				// its floors: it reads them all, and is asked again once
+				// parked.
+				m.sweeper.Recheck()
+				f.compareAgain(chunk[i : i+1])
+				continue
 			}
 			f.opts.Logger.Info("reconciliation found rows in a parked outbox (a notification was lost, or its commit notified nobody); it sweeps now", "outbox", m.table.String())
 			m.sweeper.Recheck()
@@ -845,6 +865,16 @@ func (f *Fleet) reconcile(ctx context.Context, full bool, pass int64) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// compareAgain has the next reconciliation that finds each of ms parked
+// ask it, whatever its count.
+func (f *Fleet) compareAgain(ms []*member) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, m := range ms {
+		m.counted = false
+	}
 }
 
 // maintain runs, every Maintenance, retention and the probe of the outboxes

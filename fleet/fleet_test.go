@@ -454,8 +454,8 @@ func TestFleetReconcilesWhatTheInsertCountsMiss(t *testing.T) {
 	base := dbtest.Schema(t)
 	tbls := tenants(t, base, 3)
 	p := memory.New(memory.Config{})
-	// fullReconcile passes of 100 ms: each outbox asked every 12 s.
-	f, _ := newFleet(t, base+"_t*", p, "fleet-"+base, fleet.Options{Reconcile: 100 * time.Millisecond})
+	// Each outbox asked in turn once in 5 passes of 100 ms.
+	f, _ := newFleet(t, base+"_t*", p, "fleet-"+base, fleet.InTurnEvery(fleet.Options{Reconcile: 100 * time.Millisecond}, 5))
 	waitParked(t, f, tbls)
 	passedParked(t, f)
 	silently(t, tbls[1], "uncounted", "SET LOCAL track_counts = off")

@@ -277,11 +277,19 @@ func (c *cursor) markStale() {
 // ticker stops when changed says parked was set, and starts again when it
 // says parked was cleared: a thousand parked outboxes' tickers of a minute
 // woke an idle fleet 17 times a second, each a futex and a scheduler pass,
-// half of the process's CPU at rest.
+// half of the process's CPU at rest (BENCHMARKS.md, 2026-11-28).
 func (c *cursor) checkFloors(ctx context.Context, s *store, logger *slog.Logger, parked *atomic.Bool, changed <-chan struct{}) {
 	t := time.NewTicker(c.resetEvery)
 	defer t.Stop()
+	// due is when the next check falls: a ticker started again resumes
+	// the minute where it stopped, so that an outbox awake for less than a
+	// minute at a time still has its floors checked.
+	due := time.Now().Add(c.resetEvery)
 	ticking := true
+	if parked.Load() { // a Run started again on a parked sweeper
+		t.Stop()
+		ticking = false
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -293,12 +301,15 @@ func (c *cursor) checkFloors(ctx context.Context, s *store, logger *slog.Logger,
 			case p && ticking:
 				t.Stop()
 			case !p && !ticking:
-				t.Reset(c.resetEvery)
+				t.Reset(max(time.Millisecond, time.Until(due)))
 			}
 			ticking = !p
 			continue
 		case <-t.C:
 		}
+		// The period again, after a Reset to the rest of one.
+		t.Reset(c.resetEvery)
+		due = time.Now().Add(c.resetEvery)
 		if parked.Load() {
 			continue // parked just now: its signal is on its way
 		}

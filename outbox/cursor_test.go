@@ -265,7 +265,7 @@ func TestCursorForgetsItsFloorsOnlyForARowPutBackBelowThem(t *testing.T) {
 }
 
 // A hosted outbox that parks stops its floors' check's ticker (a thousand
-// parked tenants' tickers were a quarter of an idle fleet's CPU), and a sweep
+// parked tenants' tickers were half of an idle fleet's process CPU), and a sweep
 // that finds rows again starts it: the checks go on while the outbox holds a
 // row it cannot send.
 func TestTheFloorCheckStartsAgainWhenAParkedOutboxFindsRows(t *testing.T) {

@@ -342,6 +342,7 @@ func (s *Sweeper) Run(ctx context.Context) error {
 	s.logger.Log(ctx, level, "sweeper started", "table", s.cfg.Table.String(), "page_size", s.cfg.PageSize,
 		"concurrency", s.cfg.Concurrency, "ordering", string(s.cfg.Ordering), "notify", host != nil || !s.cfg.DisableNotify)
 	next := time.Now()
+	defer s.woken.Store(false) // a sweep woken for may end with ctx
 	var st stayAwake
 	// draining says the last sweep ended mid-drain: the next takes its turn
 	// as a drain's, behind sweeps that start (Host.Take).
@@ -538,7 +539,11 @@ func (s *Sweeper) Parked() bool {
 // keeps Parked set until it ends, its sweep before having found nothing, and
 // the admin API counts no parked outbox's backlog: read with Parked, a
 // tenant whose first rows in a while were being sent listed a backlog of 0.
-func (s *Sweeper) Asleep() bool { return s.Parked() && !s.woken.Load() }
+func (s *Sweeper) Asleep() bool {
+	// woken first: Run clears parked before woken, so a sweep that found
+	// rows never reads as asleep in between.
+	return !s.woken.Load() && s.Parked()
+}
 
 // Recheck makes the next sweep read every topic from its first outstanding
 // row, rather than from the floors the sweeps have kept: a host calls it
