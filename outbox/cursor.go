@@ -75,8 +75,10 @@ type cursor struct {
 	resetEvery time.Duration
 	// settleAfter is settleAfter, a field so that tests can stretch it.
 	settleAfter time.Duration
-	// checks counts the checks done, for tests.
-	checks int
+	// checks counts the checks done, and checkPaused says checkFloors'
+	// timer is stopped, for tests.
+	checks      int
+	checkPaused bool
 	// lastReread is when a listing last read again the rows discovery read
 	// before; rereadSkipped says the last listing did not (rereadEvery).
 	lastReread    time.Time
@@ -274,21 +276,27 @@ func (c *cursor) markStale() {
 //
 // While parked is set, the outbox held nothing at the last sweep and there is
 // nothing to check: the host that woke it calls Recheck instead. So the
-// ticker stops when changed says parked was set, and starts again when it
+// timer stops when changed says parked was set, and starts again when it
 // says parked was cleared: a thousand parked outboxes' tickers of a minute
 // woke an idle fleet 17 times a second, each a futex and a scheduler pass,
 // half of the process's CPU at rest (BENCHMARKS.md, 2026-11-28).
 func (c *cursor) checkFloors(ctx context.Context, s *store, logger *slog.Logger, parked *atomic.Bool, changed <-chan struct{}) {
-	t := time.NewTicker(c.resetEvery)
+	t := time.NewTimer(c.resetEvery)
 	defer t.Stop()
-	// due is when the next check falls: a ticker started again resumes
-	// the minute where it stopped, so that an outbox awake for less than a
+	// due is when the next check falls: a timer started again resumes the
+	// minute where it stopped, so that an outbox awake for less than a
 	// minute at a time still has its floors checked.
 	due := time.Now().Add(c.resetEvery)
 	ticking := true
+	pause := func(p bool) {
+		ticking = !p
+		c.mu.Lock()
+		c.checkPaused = p
+		c.mu.Unlock()
+	}
 	if parked.Load() { // a Run started again on a parked sweeper
 		t.Stop()
-		ticking = false
+		pause(true)
 	}
 	for {
 		select {
@@ -303,13 +311,12 @@ func (c *cursor) checkFloors(ctx context.Context, s *store, logger *slog.Logger,
 			case !p && !ticking:
 				t.Reset(max(time.Millisecond, time.Until(due)))
 			}
-			ticking = !p
+			pause(p)
 			continue
 		case <-t.C:
 		}
-		// The period again, after a Reset to the rest of one.
-		t.Reset(c.resetEvery)
 		due = time.Now().Add(c.resetEvery)
+		t.Reset(c.resetEvery)
 		if parked.Load() {
 			continue // parked just now: its signal is on its way
 		}

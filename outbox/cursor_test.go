@@ -264,7 +264,7 @@ func TestCursorForgetsItsFloorsOnlyForARowPutBackBelowThem(t *testing.T) {
 	dbtest.Eventually(t, time.Minute, "the row put back sent", func() bool { return delivered(prod, "back") })
 }
 
-// A hosted outbox that parks stops its floors' check's ticker (a thousand
+// A hosted outbox that parks stops its floors' check's timer (a thousand
 // parked tenants' tickers were half of an idle fleet's process CPU), and a sweep
 // that finds rows again starts it: the checks go on while the outbox holds a
 // row it cannot send.
@@ -274,11 +274,13 @@ func TestTheFloorCheckStartsAgainWhenAParkedOutboxFindsRows(t *testing.T) {
 	tbl := dbtest.Table(t)
 	pool := dbtest.Pool(t)
 	prod := memory.New(memory.Config{})
-	host := &wakingHost{wake: make(chan struct{}, 1)}
+	host := wakingHost{wake: make(chan struct{}, 1)}
 	s := newSweeper(t, pool, prod, outbox.Config{Table: tbl, Tick: 5 * time.Millisecond, Host: host})
 	outbox.SetCursorReset(s, 20*time.Millisecond)
 	dbtest.RunSweeper(t, s)
-	dbtest.Eventually(t, 30*time.Second, "the empty outbox parked", s.Parked)
+	dbtest.Eventually(t, 30*time.Second, "the empty outbox parked, its floors' check paused", func() bool {
+		return s.Parked() && outbox.FloorCheckPaused(s)
+	})
 
 	// Its row's topic refused, the outbox holds a row from here on, and its
 	// sweeps never park it again.
@@ -291,23 +293,8 @@ func TestTheFloorCheckStartsAgainWhenAParkedOutboxFindsRows(t *testing.T) {
 		return outbox.FloorChecks(s) >= before+3
 	})
 	require.False(t, s.Parked(), "an outbox holding a row it could not send parked")
+	require.False(t, outbox.FloorCheckPaused(s), "the floors' check paused while the outbox holds a row")
 }
-
-// wakingHost is an outbox.Host that wakes its sweeper when poked and never
-// makes a sweep wait for its turn.
-type wakingHost struct{ wake chan struct{} }
-
-func (h *wakingHost) poke() {
-	select {
-	case h.wake <- struct{}{}:
-	default:
-	}
-}
-func (h *wakingHost) Wake() <-chan struct{} { return h.wake }
-func (h *wakingHost) Take(context.Context, bool) (func(outbox.SweepResult), error) {
-	return func(outbox.SweepResult) {}, nil
-}
-func (h *wakingHost) Waiting() bool { return false }
 
 // The check of the floors reads each topic with outstanding rows once, by a
 // seek to its lowest one, however deep its backlog: a tripped topic's rows

@@ -89,6 +89,14 @@ func FloorChecks(s *Sweeper) int {
 	return s.cursor.checks
 }
 
+// FloorCheckPaused reports whether s's check of its floors has stopped its
+// timer (while s is parked).
+func FloorCheckPaused(s *Sweeper) bool {
+	s.cursor.mu.Lock()
+	defer s.cursor.mu.Unlock()
+	return s.cursor.checkPaused
+}
+
 // OneLane makes s page every sweep in one transaction, as before lanes
 // (pageLanes): for the tests of what one page transaction holding several
 // topics does.

@@ -569,14 +569,28 @@ func TestSweepReadsPagesAPagingHostLimits(t *testing.T) {
 	}
 }
 
-// pagingHost is an outbox.PagingHost whose sweeps never wait for a turn.
-type pagingHost struct{ limit int }
+// wakingHost is an outbox.Host that wakes its sweeper when poked (never,
+// without a wake channel) and never makes a sweep wait for its turn.
+type wakingHost struct{ wake chan struct{} }
 
-func (pagingHost) Wake() <-chan struct{} { return nil }
-func (pagingHost) Take(context.Context, bool) (func(outbox.SweepResult), error) {
+func (h wakingHost) poke() {
+	select {
+	case h.wake <- struct{}{}:
+	default:
+	}
+}
+func (h wakingHost) Wake() <-chan struct{} { return h.wake }
+func (wakingHost) Take(context.Context, bool) (func(outbox.SweepResult), error) {
 	return func(outbox.SweepResult) {}, nil
 }
-func (pagingHost) Waiting() bool    { return false }
+func (wakingHost) Waiting() bool { return false }
+
+// pagingHost is an outbox.PagingHost whose sweeps never wait for a turn.
+type pagingHost struct {
+	wakingHost
+	limit int
+}
+
 func (h pagingHost) PageLimit() int { return h.limit }
 
 func TestSweepExplainsAMissingTable(t *testing.T) {
