@@ -29,3 +29,10 @@ func InTurnEvery(o Options, passes int) Options {
 	o.turns = passes
 	return o
 }
+
+// Asking has hook called with the schemas each of o's reconciliation passes
+// is about to ask, once their insert counts are read.
+func Asking(o Options, hook func(schemas []string)) Options {
+	o.asking = hook
+	return o
+}

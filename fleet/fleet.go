@@ -170,6 +170,10 @@ type Options struct {
 	// turn: 0 is fullReconcile, below 0 none (for tests that prove what the
 	// insert counts find alone).
 	turns int
+	// asking, when set, is called with the schemas a reconciliation pass
+	// is about to ask, after their counts are read: for a test that drops
+	// one of them there, so that its chunk fails.
+	asking func(schemas []string)
 }
 
 func (o Options) withDefaults() Options {
@@ -825,6 +829,13 @@ func (f *Fleet) reconcile(ctx context.Context, full bool, pass int64) error {
 		}
 	}
 	f.mu.Unlock()
+	if f.opts.asking != nil && len(ask) > 0 {
+		schemas := make([]string, len(ask))
+		for i, m := range ask {
+			schemas[i] = m.table.Schema
+		}
+		f.opts.asking(schemas)
+	}
 	var errs []error
 	for chunk := range slices.Chunk(ask, reconcileChunk) {
 		var q strings.Builder

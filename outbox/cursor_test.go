@@ -296,6 +296,41 @@ func TestTheFloorCheckStartsAgainWhenAParkedOutboxFindsRows(t *testing.T) {
 	require.False(t, outbox.FloorCheckPaused(s), "the floors' check paused while the outbox holds a row")
 }
 
+// An outbox awake for less than the check's minute at a time still has its
+// floors checked: the check's timer, stopped at each park, resumes where it
+// stopped when the outbox wakes, rather than start its minute again, which
+// would never run out. Here the minute is 2 s, and each wake lasts the
+// sweeps that send a row and find none after it (a tenth of a second or so;
+// ticks of 5 ms).
+func TestTheFloorCheckResumesItsMinuteAcrossShortWakes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tbl := dbtest.Table(t)
+	pool := dbtest.Pool(t)
+	prod := memory.New(memory.Config{})
+	host := wakingHost{wake: make(chan struct{}, 1)}
+	s := newSweeper(t, pool, prod, outbox.Config{Table: tbl, Tick: 5 * time.Millisecond, Host: host})
+	outbox.SetCursorReset(s, 2*time.Second)
+	dbtest.RunSweeper(t, s)
+	parked := func() bool { return s.Parked() && outbox.FloorCheckPaused(s) }
+	dbtest.Eventually(t, 30*time.Second, "the empty outbox parked, its floors' check paused", parked)
+
+	before := outbox.FloorChecks(s)
+	deadline := time.Now().Add(2 * time.Minute)
+	wakes := 0
+	for outbox.FloorChecks(s) == before {
+		require.True(t, time.Now().Before(deadline), "no check of the floors in %d wakes of the outbox", wakes)
+		wakes++
+		_, err := pool.Exec(ctx, "INSERT INTO "+ident(tbl)+" (topic, payload) VALUES ('orders', 'x')")
+		require.NoError(t, err)
+		host.poke()
+		dbtest.Eventually(t, 30*time.Second, "the row sent and the outbox parked again", func() bool {
+			return len(prod.Messages()) == wakes && parked()
+		})
+	}
+	t.Logf("the floors checked after %d wakes", wakes)
+}
+
 // The check of the floors reads each topic with outstanding rows once, by a
 // seek to its lowest one, however deep its backlog: a tripped topic's rows
 // stay below the discovery floor once the listing has passed them, and the
