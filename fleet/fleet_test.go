@@ -470,6 +470,44 @@ func TestFleetReconcilesWhatTheInsertCountsMiss(t *testing.T) {
 	})
 }
 
+// A tenant's schema dropped and made again between two listings (a tenant
+// reset) is relayed as the new outbox it is, by the sweeper that relayed the
+// old one, and nothing of it is lost. The new table's ids start again from
+// 1: once that sweeper's floors have moved past them (a second after the
+// old rows were sent), its wake-up sweeps do not see them, and the
+// reconciliation finds them by the table's insert count (without it, they
+// waited in a trial with the floors moved: 2026-11-29).
+func TestFleetRelaysASchemaMadeAgainBetweenListings(t *testing.T) {
+	base := dbtest.Schema(t)
+	tbls := tenants(t, base, 2)
+	reset := tbls[1]
+	p := memory.New(memory.Config{})
+	f, _ := newFleet(t, base+"_t*", p, "fleet-"+base, fleet.Options{Discover: time.Hour, Reconcile: 200 * time.Millisecond})
+	waitParked(t, f, tbls)
+	var old []outbox.Message
+	for i := range 20 {
+		old = append(old, outbox.Message{Topic: "orders", Payload: fmt.Appendf(nil, "old-%d", i)})
+	}
+	write(t, reset, old...)
+	dbtest.Eventually(t, time.Minute, "the old table's rows delivered", func() bool { return len(p.Messages()) == len(old) })
+	waitParked(t, f, tbls)
+	before, _ := f.Sweeper(reset)
+
+	_, err := dbtest.Pool(t).Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{reset.Schema}.Sanitize()+" CASCADE")
+	require.NoError(t, err)
+	require.NoError(t, migrate(dbtest.URL(t), reset))
+	write(t, reset, outbox.Message{Topic: "orders", Payload: []byte("new-0")}, outbox.Message{Topic: "orders", Payload: []byte("new-1")})
+	dbtest.Eventually(t, time.Minute, "the new table's rows delivered", func() bool { return len(p.Messages()) == len(old)+2 })
+	dbtest.Eventually(t, time.Minute, "the new table's rows marked sent", func() bool { return dbtest.Outstanding(t, reset) == 0 })
+	after, _ := f.Sweeper(reset)
+	require.Same(t, before, after, "the listing ran between the drop and the new schema: the test shows nothing")
+	var got []string
+	for _, m := range p.Messages()[len(old):] {
+		got = append(got, string(m.Payload))
+	}
+	require.Equal(t, []string{"new-0", "new-1"}, got)
+}
+
 // passedParked waits for two reconciliation passes of f, the outboxes
 // parked: each has been compared once, and its next count is what finds it.
 func passedParked(t *testing.T, f *fleet.Fleet) {
