@@ -171,8 +171,8 @@ type Options struct {
 	// insert counts find alone).
 	turns int
 	// asking, when set, is called with the schemas a reconciliation pass
-	// is about to ask, after their counts are read: for a test that drops
-	// one of them there, so that its chunk fails.
+	// is about to ask (when it asks any), after their counts are read: for
+	// a test that drops one of them there, so that its chunk fails.
 	asking func(schemas []string)
 }
 
@@ -782,7 +782,7 @@ func (f *Fleet) reconcile(ctx context.Context, full bool, pass int64) error {
 	defer cancel()
 	// A partitioned table's own count stays 0 (its partitions count): it is
 	// asked in turn as often as an uncounted one.
-	rows, err := f.pool.Query(qctx, `SELECT n.nspname, pg_catalog.pg_stat_get_tuples_inserted(c.oid),
+	rows, err := f.pool.Query(qctx, `SELECT n.nspname, c.oid::bigint, pg_catalog.pg_stat_get_tuples_inserted(c.oid),
 			pg_catalog.current_setting('track_counts')::bool AND c.relkind = 'r'
 		FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 		WHERE c.relname = $1 AND c.relkind IN ('r', 'p')`, f.opts.Sweeper.Table.Name)
@@ -790,13 +790,13 @@ func (f *Fleet) reconcile(ctx context.Context, full bool, pass int64) error {
 		return fmt.Errorf("read the outboxes' insert counts: %w", err)
 	}
 	type insertCount struct {
-		n        int64
+		oid, n   int64
 		counting bool
 	}
 	inserted := map[string]insertCount{}
 	var schema string
 	var c insertCount
-	if _, err := pgx.ForEachRow(rows, []any{&schema, &c.n, &c.counting}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&schema, &c.oid, &c.n, &c.counting}, func() error {
 		inserted[schema] = c
 		return nil
 	}); err != nil {
@@ -817,8 +817,10 @@ func (f *Fleet) reconcile(ctx context.Context, full bool, pass int64) error {
 		// Never compared yet (added since, awake at every pass before, or
 		// its last ask failed): asked once, as the count it starts from may
 		// hold a lost row.
-		moved := ok && (!m.counted || m.inserted != ic.n)
-		m.inserted, m.counted = ic.n, ok
+		// A table made again under the name (a tenant reset) starts its
+		// count again, which may meet the old one's.
+		moved := ok && (!m.counted || m.inserted != ic.n || m.oid != ic.oid)
+		m.inserted, m.oid, m.counted = ic.n, ic.oid, ok
 		every := int64(turns)
 		if ok && !ic.counting {
 			every = min(every, fullReconcileUncounted)
@@ -1037,10 +1039,10 @@ type member struct {
 	rowRate   float64
 	kept      bool
 	// inserted is the outbox table's insert count at the last
-	// reconciliation that found it parked, counted whether there was one
-	// (under the fleet's mu).
-	inserted int64
-	counted  bool
+	// reconciliation that found it parked, and oid the table's then;
+	// counted says whether there was one (under the fleet's mu).
+	inserted, oid int64
+	counted       bool
 }
 
 func (m *member) signal() {

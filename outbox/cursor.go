@@ -314,12 +314,18 @@ func (c *cursor) checkFloors(ctx context.Context, s *store, logger *slog.Logger,
 			pause(p)
 			continue
 		case <-t.C:
+			ticking = false // fired: it runs again only once reset
+		}
+		if parked.Load() {
+			// Parked just now: its signal is on its way. The check is owed,
+			// and runs as soon as the outbox wakes, rather than a whole
+			// minute of its waking later.
+			due = time.Now()
+			continue
 		}
 		due = time.Now().Add(c.resetEvery)
 		t.Reset(c.resetEvery)
-		if parked.Load() {
-			continue // parked just now: its signal is on its way
-		}
+		ticking = true
 		topics, after, discovery := c.floors()
 		checkCtx, cancel := context.WithTimeout(ctx, dbTimeout)
 		below, err := s.belowFloors(checkCtx, topics, after, discovery)
