@@ -1,6 +1,7 @@
 # outbox sweeper: build, run, test, benchmark.
 #
 #   make run     bring up Postgres, migrate, write demo messages, relay them to stdout
+#   make run-tenants  the same with three tenant schemas relayed by one process
 #   make test    bring up Postgres, RabbitMQ, NATS, Redis and promtool, then every
 #                test, with the race detector
 #
@@ -24,7 +25,7 @@ BENCHSTAT    := golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4
 SHELL       := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: build run test test-under-load services bench bench-binary bench-tenants soak vet check-deploy clean
+.PHONY: build run run-tenants test test-under-load services bench bench-binary bench-tenants soak vet check-deploy clean
 
 # Loads .services.env (if scripts/services.sh wrote one) into a recipe line.
 LOADENV := set -a; [ ! -f .services.env ] || . ./.services.env; set +a;
@@ -39,6 +40,17 @@ run: build
 	  set -x; $(BIN) migrate --database-url "$$url" && psql -q "$$url" -f sql/examples/demo.sql && \
 	  { set +x; echo "relaying; the messages follow as JSON lines. Ctrl-C stops."; } && \
 	  exec $(BIN) run --database-url "$$url"
+
+# The same with an outbox per tenant: three tenant schemas, each migrated and
+# given a message, relayed by one process under each tenant's name.
+run-tenants: build
+	scripts/services.sh run
+	@$(LOADENV) url='$(DATABASE_URL)'; \
+	  if [ '$(origin DATABASE_URL)' = file ] && [ -n "$${RUN_DATABASE_URL:-}" ]; then url=$$RUN_DATABASE_URL; fi; \
+	  set -x; psql -q "$$url" -f sql/examples/tenants.sql && $(BIN) migrate --database-url "$$url" --schemas 'demo_tenant_*' && \
+	  psql -q "$$url" -f sql/examples/tenants_demo.sql && \
+	  { set +x; echo "relaying the tenants; the messages follow as JSON lines. Ctrl-C stops."; } && \
+	  exec $(BIN) run --database-url "$$url" --schemas 'demo_tenant_*' --destination '{schema}.{topic}'
 
 vet:
 	go vet ./...

@@ -646,7 +646,7 @@ func (f *Fleet) added(ctx context.Context, t outbox.Table, err error) {
 		// was never finished: looked at again at each listing.
 		f.mu.Lock()
 		if !f.waiting[t.Schema] {
-			f.opts.Logger.Info("an outbox is not relayed until its migration finishes", "outbox", t.String(), "err", err)
+			f.opts.Logger.Info("an outbox is not relayed yet; the fleet looks at it again at each listing", "outbox", t.String(), "err", err)
 			f.waiting[t.Schema] = true
 		}
 		f.mu.Unlock()
@@ -658,10 +658,10 @@ func (f *Fleet) added(ctx context.Context, t outbox.Table, err error) {
 	}
 }
 
-// add starts relaying outbox t. An error leaves it out until its schema is
-// dropped and made again, or the process restarts: a schema name the sweeper
-// does not accept, or an outbox migrated by an older version (no history
-// table), whose sent rows could never be recorded as sent.
+// add starts relaying outbox t. An unfinishedError (its migration not done,
+// or its history table missing) has it looked at again at each listing; any
+// other error (a schema name the sweeper does not accept) leaves it out
+// until its schema is dropped and made again, or the process restarts.
 func (f *Fleet) add(ctx context.Context, t outbox.Table) error {
 	if err := t.Validate(); err != nil {
 		// A name --schema would refuse (Postgres allows more); the message
@@ -724,8 +724,11 @@ func (f *Fleet) add(ctx context.Context, t outbox.Table) error {
 	err = m.retention.Prepare(prepCtx)
 	cancel()
 	if errors.Is(err, outbox.ErrNoHistory) {
-		return fmt.Errorf("%w: its schema predates this version; run `sweeper migrate --schemas %s` (the fleet picks it up within %s)",
-			err, t.Schema, f.opts.Discover)
+		// Its schema version is current (checked above), so the table was
+		// dropped by hand, and migrate would not make it again: looked at
+		// again at each listing, for when it is restored.
+		return &unfinishedError{fmt.Errorf("%w, though its schema version is current (dropped by hand?): its sent rows could not be recorded; "+
+			"create it again as migrations/010_history.sql does, and the fleet picks the outbox up within %s", err, f.opts.Discover)}
 	} else if err != nil && ctx.Err() == nil {
 		logger.Warn("history partitions not prepared; maintenance tries again, and meanwhile sent rows go to the DEFAULT partition", "err", err)
 	}

@@ -1452,6 +1452,35 @@ func TestFleetLeavesOutASchemaItCannotName(t *testing.T) {
 	require.Equal(t, []outbox.Table{tbls[0]}, f.Outboxes())
 }
 
+// An outbox at the current schema version whose history table is missing
+// (dropped or renamed by hand: migrate would not make it again) is not
+// relayed, with one INFO line that says what to do, and is looked at again
+// at each listing: once the table is back, it is relayed and its row sent.
+func TestFleetRelaysAnOutboxOnceItsHistoryTableIsBack(t *testing.T) {
+	base := dbtest.Schema(t)
+	tbls := tenants(t, base, 2)
+	gap := tbls[1]
+	ctx := context.Background()
+	history := pgx.Identifier{gap.Schema, gap.Name + "_history"}.Sanitize()
+	_, err := dbtest.Pool(t).Exec(ctx, "ALTER TABLE "+history+" RENAME TO "+gap.Name+"_history_away")
+	require.NoError(t, err)
+	p := memory.New(memory.Config{})
+	f, l := newFleet(t, base+"_t*", p, "fleet-"+base, fleet.Options{})
+	dbtest.Eventually(t, time.Minute, "the outbox without history left waiting", func() bool {
+		return strings.Contains(l.String(), "its schema version is current (dropped by hand?)") && len(f.Outboxes()) == 1
+	})
+	write(t, gap, outbox.Message{Topic: "orders", Payload: []byte("kept")})
+	require.Equal(t, []outbox.Table{tbls[0]}, f.Outboxes())
+
+	_, err = dbtest.Pool(t).Exec(ctx, "ALTER TABLE "+pgx.Identifier{gap.Schema, gap.Name + "_history_away"}.Sanitize()+" RENAME TO "+gap.Name+"_history")
+	require.NoError(t, err)
+	dbtest.Eventually(t, time.Minute, "the outbox relayed once its history is back, its row sent", func() bool {
+		return len(f.Outboxes()) == 2 && distinct(p)["kept"]
+	})
+	require.Equal(t, 1, strings.Count(l.String(), "its schema version is current"), "logged once")
+	require.NotContains(t, l.String(), "level=ERROR")
+}
+
 // A tenant dropped while Redis does not answer: its sweeper stops all the
 // same, and a warning names it, whose trips stay in Redis (they close
 // after their cooldowns); nothing else of the fleet waits for Redis.

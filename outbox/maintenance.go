@@ -52,7 +52,7 @@ type RetentionConfig struct {
 // retention. Dispatched rows live in the history table's partitions, which it
 // creates ahead of time and drops whole once every row in them is past the
 // retention (partitions.go); it empties the DEFAULT partition, and deletes the
-// rows dispatched before the history table (schema version 8) that are still
+// rows dispatched before the history table (schema version 10) that are still
 // in the outbox, in bounded batches so no delete holds locks for long. Those
 // are gone one retention period after the upgrade.
 type Retention struct {

@@ -220,14 +220,15 @@ func (r *Retention) dropPartitions(ctx context.Context, conn *pgx.Conn) (dropped
 // explainHistory says what to do when the history table is missing.
 func (r *Retention) explainHistory(err error) error {
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && (pgErr.Code == "42P01" || pgErr.Code == "42704") {
-		return fmt.Errorf("%w: %s does not exist (schema version 8 is needed): run `sweeper migrate --schema %s --table %s` against this database: %w",
+		return fmt.Errorf("%w: %s does not exist (schema version 10 makes it): run `sweeper migrate --schema %s --table %s` against this database: %w",
 			ErrNoHistory, historyIdent(r.cfg.Table), r.cfg.Table.Schema, r.cfg.Table.Name, err)
 	}
 	return err
 }
 
 // ErrNoHistory says the outbox's history table does not exist: its schema
-// predates migration 8, and the sweeper cannot move sent rows.
+// predates migration 10, or the table was dropped by hand, and the sweeper
+// cannot move sent rows.
 var ErrNoHistory = errors.New("the outbox has no history table")
 
 func lockTimedOut(err error) bool {

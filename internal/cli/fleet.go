@@ -73,6 +73,10 @@ func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, 
 		return usagef("%s and %s both name databases: give one", f.origin("database-url"), f.origin("databases"))
 	case o.databases != "" && o.databasesFile != "":
 		return usagef("%s and %s both name databases: give one", f.origin("databases"), f.origin("databases-file"))
+	case f.set("schema") && o.schemas == "":
+		// A list of databases without --schemas: --schemas was not given.
+		return usagef("%s names one outbox, and a list of databases relays every schema holding the table: give --schemas %s instead (a pattern; a plain name matches that schema alone)",
+			f.origin("schema"), cfg.Table.Schema)
 	case f.set("schema"):
 		return usagef("%s and %s both name the outboxes: give one (--schemas relays every schema matching its pattern)", f.origin("schema"), f.origin("schemas"))
 	case !o.notify:

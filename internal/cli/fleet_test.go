@@ -37,6 +37,7 @@ func TestFleetFlagsRefuseWhatCannotWork(t *testing.T) {
 		{[]string{"run", "--schemas", "[", "--admin-addr", ""}, "it is not a valid pattern"},
 		{[]string{"run", "--databases-file", empty, "--database-url", "postgres://x/y"}, "--database-url and --databases-file both name databases"},
 		{[]string{"run", "--databases-file", empty, "--admin-addr", ""}, "lists no database: write one connection URL a line"},
+		{[]string{"run", "--databases-file", empty, "--schema", "app"}, "--schema names one outbox, and a list of databases relays every schema holding the table: give --schemas app instead"},
 		{[]string{"run", "--databases", "postgres://x/y", "--database-url", "postgres://x/z"}, "--database-url and --databases both name databases"},
 		{[]string{"run", "--databases", "postgres://x/y", "--databases-file", empty}, "--databases and --databases-file both name databases"},
 		{[]string{"run", "--databases", " \n ", "--admin-addr", ""}, "--databases: it lists no database"},

@@ -31,7 +31,7 @@ func (o *maintenanceOptions) register(f *flags) {
 	f.Duration(&o.alertRepeat, "alert-repeat-interval", alert.RepeatIntervalDefault, "a condition that goes on (the broker breaker open, a topic tripped) is alerted again at most this often; the changes in between are counted in the next alert")
 	f.Duration(&o.alertGroupWindow, "alert-group-window", alert.GroupWindowDefault, "a condition that clears and comes back within this window is one incident: no resolved alert, no new one (negative: resolved alerts go out at once)")
 	f.Int(&o.dlqAlertThreshold, "dlq-alert-threshold", outbox.DeadLetterThresholdDefault, "dead letters at which the probe alerts (once per growth)")
-	f.String(&o.dlqProbeSchedule, "dlq-probe-schedule", "@every 1m", "spec", "cron spec of the dead-letter probe")
+	f.String(&o.dlqProbeSchedule, "dlq-probe-schedule", "@every 1m", "spec", "cron spec of the dead-letter probe (one outbox; with many, each runs with its retention)")
 	f.Duration(&o.dlqRetention, "dlq-retention", 0, "delete dead letters older than this (0: keep until purged)")
 	f.Duration(&o.retention, "retention", outbox.RetentionDefault, "keep dispatched rows this long: history partitions, each a seventh of it wide (1s to 1 day), are dropped whole once older (-1ns or any negative: keep)")
 	f.String(&o.retentionSchedule, "retention-schedule", "@every 1m", "spec", "cron spec of retention")
