@@ -501,7 +501,7 @@ func (f *Fleet) breakersTryAgain() (shared bool) {
 func (f *Fleet) discover(ctx context.Context) error {
 	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	rows, err := f.pool.Query(qctx, `SELECT n.nspname FROM pg_catalog.pg_class c
+	rows, err := f.pool.Query(qctx, `SELECT n.nspname, c.oid::bigint FROM pg_catalog.pg_class c
 		JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 		WHERE c.relname = $1 AND c.relkind IN ('r', 'p')
 		  AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\_%'
@@ -509,7 +509,11 @@ func (f *Fleet) discover(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("list the schemas holding a table %q: %w", f.opts.Sweeper.Table.Name, err)
 	}
-	schemas, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	type listed struct {
+		Schema string
+		OID    int64
+	}
+	schemas, err := pgx.CollectRows(rows, pgx.RowToStructByPos[listed])
 	if err != nil {
 		return fmt.Errorf("list the schemas holding a table %q: %w", f.opts.Sweeper.Table.Name, err)
 	}
@@ -524,7 +528,8 @@ func (f *Fleet) discover(ctx context.Context) error {
 		adding sync.WaitGroup
 		slots  = make(chan struct{}, addsAtOnce)
 	)
-	for _, s := range schemas {
+	for _, l := range schemas {
+		s := l.Schema
 		if ctx.Err() != nil {
 			break // the adds under way end too; nothing is let go
 		}
@@ -534,15 +539,23 @@ func (f *Fleet) discover(ctx context.Context) error {
 		t := outbox.Table{Schema: s, Name: f.opts.Sweeper.Table.Name}
 		found[t.String()] = true
 		f.mu.Lock()
-		known, refused := f.members[t.String()] != nil, f.refused[s]
+		m, refused := f.members[t.String()], f.refused[s]
+		if m != nil {
+			f.madeAgain(m, l.OID)
+		}
 		f.mu.Unlock()
-		if known || refused {
+		if m != nil || refused {
 			continue
 		}
 		slots <- struct{}{}
 		adding.Go(func() {
 			defer func() { <-slots }()
 			f.added(ctx, t, f.add(ctx, t))
+			f.mu.Lock()
+			if m := f.members[t.String()]; m != nil {
+				m.listedOID = l.OID // the table it was added for
+			}
+			f.mu.Unlock()
 		})
 	}
 	adding.Wait()
@@ -723,12 +736,20 @@ func (f *Fleet) add(ctx context.Context, t outbox.Table) error {
 	prepCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	err = m.retention.Prepare(prepCtx)
 	cancel()
+	if err != nil && ctx.Err() == nil && !errors.Is(err, outbox.ErrNoHistory) && !f.hasHistory(ctx, t) {
+		// Relayed without its history table, its rows would be sent again
+		// and again (recording them as sent fails): a failure that leaves
+		// the table's existence unknown waits for the next listing too.
+		return &unfinishedError{fmt.Errorf("history partitions not prepared, and its history table not found: %w", err)}
+	}
 	if errors.Is(err, outbox.ErrNoHistory) {
 		// Its schema version is current (checked above), so the table was
-		// dropped by hand, and migrate would not make it again: looked at
-		// again at each listing, for when it is restored.
+		// dropped by hand, and migrate alone would not make it again:
+		// looked at again at each listing, for when it is back.
 		return &unfinishedError{fmt.Errorf("%w, though its schema version is current (dropped by hand?): its sent rows could not be recorded; "+
-			"create it again as migrations/010_history.sql does, and the fleet picks the outbox up within %s", err, f.opts.Discover)}
+			"restore it, or set its schema version back to 9 (UPDATE %s SET version = 9) and run `sweeper migrate --schemas %s`, "+
+			"whose migration 10 makes it if missing; the fleet picks the outbox up within %s",
+			outbox.ErrNoHistory, pgx.Identifier{t.Schema, t.Name + "_schema_version"}.Sanitize(), t.Schema, f.opts.Discover)}
 	} else if err != nil && ctx.Err() == nil {
 		logger.Warn("history partitions not prepared; maintenance tries again, and meanwhile sent rows go to the DEFAULT partition", "err", err)
 	}
@@ -883,6 +904,30 @@ func (f *Fleet) reconcile(ctx context.Context, full bool, pass int64) error {
 	return errors.Join(errs...)
 }
 
+// madeAgain tells m's sweeper, when its table's oid is not the one the
+// listings found before, that its outbox was made again under its name (a
+// tenant reset between two listings): the new table's ids start again from
+// 1, below where the sweeper read the old one, so it reads every topic from
+// its first row. Called under f.mu.
+func (f *Fleet) madeAgain(m *member, oid int64) {
+	if m.listedOID != oid {
+		f.opts.Logger.Info("outbox made again under its name (a new table); its sweeper reads it from its first row", "outbox", m.table.String())
+		m.sweeper.Recheck()
+		m.signal()
+	}
+	m.listedOID = oid
+}
+
+// hasHistory reports whether t's history table is there; false if the
+// look fails.
+func (f *Fleet) hasHistory(ctx context.Context, t outbox.Table) bool {
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var ok bool
+	err := f.pool.QueryRow(qctx, "SELECT to_regclass($1) IS NOT NULL", pgx.Identifier{t.Schema, t.Name + "_history"}.Sanitize()).Scan(&ok)
+	return err == nil && ok
+}
+
 // compareAgain has the next reconciliation that finds each of ms parked
 // ask it, whatever its count.
 func (f *Fleet) compareAgain(ms []*member) {
@@ -894,8 +939,9 @@ func (f *Fleet) compareAgain(ms []*member) {
 }
 
 // maintain runs, every Maintenance, retention and the probe of the outboxes
-// that swept since their last run, and of a share of the idle ones, so that
-// each idle outbox has them once per IdleMaintenance.
+// whose sweeps moved rows since their last run, and retention alone of a
+// share of the idle ones, so that each idle outbox has it once per
+// IdleMaintenance (an idle outbox makes no dead letter for the probe).
 func (f *Fleet) maintain(ctx context.Context) {
 	outbox.RunOnSchedule(ctx, outbox.Every(f.opts.Maintenance), f.opts.Logger, "maintenance", func(ctx context.Context) error {
 		f.mu.Lock()
@@ -993,8 +1039,9 @@ func (f *Fleet) adminOutboxes() []admin.FleetOutbox {
 	return out
 }
 
-// unfinishedError says an outbox is not ready to relay yet: its migration
-// has not finished.
+// unfinishedError says an outbox is not ready to relay yet (its migration
+// has not finished, or its history table is missing): it is looked at again
+// at each listing.
 type unfinishedError struct{ err error }
 
 func (e *unfinishedError) Error() string { return e.err.Error() }
@@ -1046,6 +1093,9 @@ type member struct {
 	// counted says whether there was one (under the fleet's mu).
 	inserted, oid int64
 	counted       bool
+	// listedOID is the table's oid at the last listing (under the fleet's
+	// mu).
+	listedOID int64
 }
 
 func (m *member) signal() {

@@ -527,19 +527,13 @@ func TestFleetRelaysASchemaMadeAgainBetweenListings(t *testing.T) {
 // the old table's. Here the two are swapped in one transaction (so that no
 // pass finds the outbox missing, which would have it asked anyway), each has
 // had one row inserted, the new one silently, and only the insert counts
-// can find it: the passes in turn are left out.
+// can find it: the passes in turn are left out, and the listing is an hour
+// away.
 func TestFleetAsksAnOutboxMadeAgainWhoseCountMeetsTheOld(t *testing.T) {
 	base := dbtest.Schema(t)
 	tbls := tenants(t, base, 2)
 	reset := tbls[1]
-	spare := outbox.Table{Schema: base + "_spare", Name: "outbox"}
-	require.NoError(t, migrate(dbtest.URL(t), spare))
-	ctx := context.Background()
-	t.Cleanup(func() {
-		for _, s := range []string{spare.Schema, base + "_old"} {
-			_, _ = dbtest.Pool(t).Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{s}.Sanitize()+" CASCADE")
-		}
-	})
+	_, swap := spareSchema(t, base)
 	p := memory.New(memory.Config{})
 	f, _ := newFleet(t, base+"_t*", p, "fleet-"+base, fleet.WithoutSlices(fleet.Options{Discover: time.Hour, Reconcile: 100 * time.Millisecond}))
 	waitParked(t, f, tbls)
@@ -549,21 +543,63 @@ func TestFleetAsksAnOutboxMadeAgainWhoseCountMeetsTheOld(t *testing.T) {
 	waitParked(t, f, tbls)
 	passedParked(t, f) // its count of one compared while parked
 
-	require.NoError(t, pgx.BeginFunc(ctx, dbtest.Pool(t), func(tx pgx.Tx) error {
-		for _, q := range []string{
-			"ALTER SCHEMA " + pgx.Identifier{reset.Schema}.Sanitize() + " RENAME TO " + pgx.Identifier{base + "_old"}.Sanitize(),
-			"ALTER SCHEMA " + pgx.Identifier{spare.Schema}.Sanitize() + " RENAME TO " + pgx.Identifier{reset.Schema}.Sanitize(),
-		} {
-			if _, err := tx.Exec(ctx, q); err != nil {
-				return err
-			}
-		}
-		return nil
-	}))
+	swap(reset)
 	silently(t, "new", "", reset)
 	dbtest.Eventually(t, time.Minute, "the new table's row delivered", func() bool {
 		return slices.ContainsFunc(p.Messages(), func(m producer.Message) bool { return string(m.Payload) == "new" })
 	})
+}
+
+// The listing, too, tells a table made again under an outbox's name by its
+// identity, and has its sweeper read it from its first row: with the
+// reconciliation an hour away, a row that notified nobody in the new table
+// is found at the next listing.
+func TestFleetListingFindsAnOutboxMadeAgain(t *testing.T) {
+	base := dbtest.Schema(t)
+	tbls := tenants(t, base, 2)
+	reset := tbls[1]
+	spare, swap := spareSchema(t, base)
+	p := memory.New(memory.Config{})
+	f, l := newFleet(t, base+"_t*", p, "fleet-"+base, fleet.Options{Reconcile: time.Hour})
+	waitParked(t, f, tbls)
+	// Written before the swap: the listing that finds the new table may
+	// come at once.
+	silently(t, "new", "", spare)
+	swap(reset)
+	dbtest.Eventually(t, time.Minute, "the new table's row delivered", func() bool {
+		return slices.ContainsFunc(p.Messages(), func(m producer.Message) bool { return string(m.Payload) == "new" })
+	})
+	require.Contains(t, l.String(), "outbox made again under its name")
+}
+
+// spareSchema migrates an outbox in a schema the tests' patterns do not
+// match, and returns a func that swaps it with tbl's schema in one
+// transaction: tbl is made again under its name, with no moment in which
+// it is missing.
+func spareSchema(t *testing.T, base string) (spare outbox.Table, swap func(tbl outbox.Table)) {
+	t.Helper()
+	spare = outbox.Table{Schema: base + "_spare", Name: "outbox"}
+	require.NoError(t, migrate(dbtest.URL(t), spare))
+	ctx := context.Background()
+	t.Cleanup(func() {
+		for _, s := range []string{spare.Schema, base + "_old"} {
+			_, _ = dbtest.Pool(t).Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{s}.Sanitize()+" CASCADE")
+		}
+	})
+	return spare, func(tbl outbox.Table) {
+		t.Helper()
+		require.NoError(t, pgx.BeginFunc(ctx, dbtest.Pool(t), func(tx pgx.Tx) error {
+			for _, q := range []string{
+				"ALTER SCHEMA " + pgx.Identifier{tbl.Schema}.Sanitize() + " RENAME TO " + pgx.Identifier{base + "_old"}.Sanitize(),
+				"ALTER SCHEMA " + pgx.Identifier{spare.Schema}.Sanitize() + " RENAME TO " + pgx.Identifier{tbl.Schema}.Sanitize(),
+			} {
+				if _, err := tx.Exec(ctx, q); err != nil {
+					return err
+				}
+			}
+			return nil
+		}))
+	}
 }
 
 // passedParked waits for two reconciliation passes of f, the outboxes

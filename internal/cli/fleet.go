@@ -57,9 +57,9 @@ func (o *fleetOptions) register(f *flags) {
 	f.String(&o.metricsOutbox, "metrics-outboxes", "", "pattern",
 		"with --schemas, --databases-file or --databases: the outboxes (by their admin API name, tenant_*) whose per-outbox series are exported always; others have them only while in trouble (a tripped topic, failing sweeps)")
 	f.Int(&o.awakeRate, "awake-rate", fleet.AwakeRateDefault,
-		"with --schemas or --databases-file: the commits a second above which a tenant's sweeper stays awake, polling every few milliseconds, so that its commits stop notifying; below it each commit notifies, and every notifying commit of the server queues for Postgres's notify lock, one disk flush each. Lower it (1: every tenant committing more often than every 50 ms) when many tenants together notify hundreds of times a second and the application's commit latency matters more than the relay's median and CPU")
+		"with --schemas, --databases-file or --databases: the commits a second above which a tenant's sweeper stays awake, polling every few milliseconds, so that its commits stop notifying; below it each commit notifies, and every notifying commit of the server queues for Postgres's notify lock, one disk flush each. Lower it (1: every tenant committing more often than every 50 ms) when many tenants together notify hundreds of times a second and the application's commit latency matters more than the relay's median and CPU")
 	f.Duration(&o.reconcile, "reconcile", fleet.ReconcileDefault,
-		"with --schemas: how often the idle tenants' outboxes are checked for rows whose notification was lost (the tables' insert counters in one statement; then one statement per 100 tenants asked: those whose counter moved, and the others in turn, each once in 120 passes, or in 10 if the relay's session reads track_counts off or the table is partitioned)")
+		"with --schemas, --databases-file or --databases: how often the idle tenants' outboxes are checked for rows whose notification was lost (the tables' insert counters in one statement; then one statement per 100 tenants asked: those whose counter moved, and the others in turn, each once in 120 passes, or in 10 if the relay's session reads track_counts off or the table is partitioned)")
 }
 
 // runFleet is the run command with --schemas: a fleet over every matching
