@@ -264,6 +264,24 @@ func TestCursorForgetsItsFloorsOnlyForARowPutBackBelowThem(t *testing.T) {
 	dbtest.Eventually(t, time.Minute, "the row put back sent", func() bool { return delivered(prod, "back") })
 }
 
+// parkedChecking runs a sweeper woken by host on a table of its own, its
+// floors checked every every, and waits for its empty outbox to park with
+// the check paused.
+func parkedChecking(t *testing.T, every time.Duration) (outbox.Table, *pgxpool.Pool, *memory.Producer, wakingHost, *outbox.Sweeper) {
+	t.Helper()
+	tbl := dbtest.Table(t)
+	pool := dbtest.Pool(t)
+	prod := memory.New(memory.Config{})
+	host := wakingHost{wake: make(chan struct{}, 1)}
+	s := newSweeper(t, pool, prod, outbox.Config{Table: tbl, Tick: 5 * time.Millisecond, Host: host})
+	outbox.SetCursorReset(s, every)
+	dbtest.RunSweeper(t, s)
+	dbtest.Eventually(t, 30*time.Second, "the empty outbox parked, its floors' check paused", func() bool {
+		return s.Parked() && outbox.FloorCheckPaused(s)
+	})
+	return tbl, pool, prod, host, s
+}
+
 // A hosted outbox that parks stops its floors' check's timer (a thousand
 // parked tenants' tickers were half of an idle fleet's process CPU), and a sweep
 // that finds rows again starts it: the checks go on while the outbox holds a
@@ -271,16 +289,7 @@ func TestCursorForgetsItsFloorsOnlyForARowPutBackBelowThem(t *testing.T) {
 func TestTheFloorCheckStartsAgainWhenAParkedOutboxFindsRows(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	tbl := dbtest.Table(t)
-	pool := dbtest.Pool(t)
-	prod := memory.New(memory.Config{})
-	host := wakingHost{wake: make(chan struct{}, 1)}
-	s := newSweeper(t, pool, prod, outbox.Config{Table: tbl, Tick: 5 * time.Millisecond, Host: host})
-	outbox.SetCursorReset(s, 20*time.Millisecond)
-	dbtest.RunSweeper(t, s)
-	dbtest.Eventually(t, 30*time.Second, "the empty outbox parked, its floors' check paused", func() bool {
-		return s.Parked() && outbox.FloorCheckPaused(s)
-	})
+	tbl, pool, prod, host, s := parkedChecking(t, 20*time.Millisecond)
 
 	// Its row's topic refused, the outbox holds a row from here on, and its
 	// sweeps never park it again.
@@ -300,20 +309,14 @@ func TestTheFloorCheckStartsAgainWhenAParkedOutboxFindsRows(t *testing.T) {
 // floors checked: the check's timer, stopped at each park, resumes where it
 // stopped when the outbox wakes, rather than start its minute again, which
 // would never run out. Here the minute is 2 s, and each wake lasts the
-// sweeps that send a row and find none after it (a tenth of a second or so;
-// ticks of 5 ms).
+// sweeps that send a row and find none after it (the check's timer ran
+// about a fifth of a second a wake on the 2026-11-29 machine; ticks of 5
+// ms).
 func TestTheFloorCheckResumesItsMinuteAcrossShortWakes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	tbl := dbtest.Table(t)
-	pool := dbtest.Pool(t)
-	prod := memory.New(memory.Config{})
-	host := wakingHost{wake: make(chan struct{}, 1)}
-	s := newSweeper(t, pool, prod, outbox.Config{Table: tbl, Tick: 5 * time.Millisecond, Host: host})
-	outbox.SetCursorReset(s, 2*time.Second)
-	dbtest.RunSweeper(t, s)
+	tbl, pool, prod, host, s := parkedChecking(t, 2*time.Second)
 	parked := func() bool { return s.Parked() && outbox.FloorCheckPaused(s) }
-	dbtest.Eventually(t, 30*time.Second, "the empty outbox parked, its floors' check paused", parked)
 
 	before := outbox.FloorChecks(s)
 	deadline := time.Now().Add(2 * time.Minute)
