@@ -841,10 +841,14 @@ func (f *Fleet) reconcile(ctx context.Context, full bool, pass int64) error {
 		// Never compared yet (added since, awake at every pass before, or
 		// its last ask failed): asked once, as the count it starts from may
 		// hold a lost row.
-		// A table made again under the name (a tenant reset) starts its
-		// count again, which may meet the old one's.
-		moved := ok && (!m.counted || m.inserted != ic.n || m.oid != ic.oid)
-		m.inserted, m.oid, m.counted = ic.n, ic.oid, ok
+		if ok {
+			// A table made again under the name (a tenant reset) starts its
+			// count again, which may meet the old one's: told as the
+			// listing tells it.
+			f.madeAgain(m, ic.oid)
+		}
+		moved := ok && (!m.counted || m.inserted != ic.n)
+		m.inserted, m.counted = ic.n, ok
 		every := int64(turns)
 		if ok && !ic.counting {
 			every = min(every, fullReconcileUncounted)
@@ -905,7 +909,7 @@ func (f *Fleet) reconcile(ctx context.Context, full bool, pass int64) error {
 }
 
 // madeAgain tells m's sweeper, when its table's oid is not the one the
-// listings found before, that its outbox was made again under its name (a
+// listings and reconciliations read before, that its outbox was made again under its name (a
 // tenant reset between two listings): the new table's ids start again from
 // 1, below where the sweeper read the old one, so it reads every topic from
 // its first row. Called under f.mu.
@@ -1089,12 +1093,12 @@ type member struct {
 	rowRate   float64
 	kept      bool
 	// inserted is the outbox table's insert count at the last
-	// reconciliation that found it parked, and oid the table's then;
-	// counted says whether there was one (under the fleet's mu).
-	inserted, oid int64
-	counted       bool
-	// listedOID is the table's oid at the last listing (under the fleet's
-	// mu).
+	// reconciliation that found it parked, counted whether there was one
+	// (under the fleet's mu).
+	inserted int64
+	counted  bool
+	// listedOID is the table's oid as the last listing or reconciliation
+	// read it (under the fleet's mu).
 	listedOID int64
 }
 
