@@ -700,6 +700,40 @@ func TestFleetAsksUncountedOutboxesInTurnMoreOften(t *testing.T) {
 	})
 }
 
+// A partitioned outbox table counts its inserts in its partitions, its own
+// count staying 0: a row whose commit notified nobody never moves it, and is
+// found by the pass in turn, which comes as often as for an uncounted table.
+// Turns are otherwise a thousand passes apart here, so only that can find it.
+func TestFleetAsksPartitionedOutboxesInTurnMoreOften(t *testing.T) {
+	base := dbtest.Schema(t)
+	tbls := tenants(t, base, 3)
+	// The migrated table becomes the one partition of a table partitioned
+	// by id, under the outbox's name; its trigger and indexes stay on it.
+	s := pgx.Identifier{tbls[1].Schema}.Sanitize()
+	for _, q := range []string{
+		"ALTER TABLE " + s + ".outbox RENAME TO outbox_p0",
+		"CREATE TABLE " + s + ".outbox (LIKE " + s + ".outbox_p0 INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING IDENTITY) PARTITION BY RANGE (id)",
+		"ALTER TABLE " + s + ".outbox_p0 ALTER COLUMN id DROP IDENTITY",
+		"ALTER TABLE " + s + ".outbox_p0 VALIDATE CONSTRAINT outbox_created_at_finite",
+		"ALTER TABLE " + s + ".outbox ATTACH PARTITION " + s + ".outbox_p0 FOR VALUES FROM (MINVALUE) TO (MAXVALUE)",
+	} {
+		_, err := dbtest.Pool(t).Exec(context.Background(), q)
+		require.NoError(t, err, q)
+	}
+	p := memory.New(memory.Config{})
+	f, _ := newFleet(t, base+"_t*", p, "fleet-"+base, fleet.InTurnEvery(fleet.Options{Reconcile: 100 * time.Millisecond}, 1000))
+	write(t, tbls[1], outbox.Message{Topic: "orders", Payload: []byte("notified")})
+	dbtest.Eventually(t, time.Minute, "the partitioned outbox relayed", func() bool {
+		return slices.ContainsFunc(p.Messages(), func(m producer.Message) bool { return string(m.Payload) == "notified" })
+	})
+	waitParked(t, f, tbls)
+	passedParked(t, f)
+	silently(t, "partitioned", "", tbls[1])
+	dbtest.Eventually(t, time.Minute, "the partitioned outbox's silent row delivered by reconciliation", func() bool {
+		return slices.ContainsFunc(p.Messages(), func(m producer.Message) bool { return string(m.Payload) == "partitioned" })
+	})
+}
+
 // Sweeps take turns, and a busy tenant yields its turn after a page while
 // others wait: five tenants' backlogs do not keep a quiet tenant's row
 // waiting for their drains.
