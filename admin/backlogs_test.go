@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"testing"
 	"time"
 
@@ -127,4 +128,67 @@ func TestFleetBacklogsPastTheCountTakeTheEstimate(t *testing.T) {
 	require.NoError(t, json.Unmarshal(raw, &body))
 	require.Len(t, body.Outboxes, 1)
 	require.EqualValues(t, rows, body.Outboxes[0].Backlog)
+}
+
+// A database whose row estimates cannot be read (here, the relay's role may
+// not call pg_stat_get_live_tuples, as a locked-down role may not) leaves its
+// deep backlog at the capped count, FleetBacklogCounted+1, and says so in the
+// error, naming the database; the other databases' backlogs are read beside
+// it.
+func TestFleetBacklogsKeepTheCountWhenTheEstimateFails(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	// The role is made before the database, so that its cleanup (DROP
+	// ROLE) runs after the database's, which holds its grants.
+	role := dbtest.Schema(t) + "_reader"
+	_, err := dbtest.Pool(t).Exec(ctx, "CREATE ROLE "+pgx.Identifier{role}.Sanitize()+" LOGIN")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if _, err := dbtest.Pool(t).Exec(context.Background(), "DROP ROLE IF EXISTS "+pgx.Identifier{role}.Sanitize()); err != nil {
+			t.Errorf("drop role %s: %v", role, err)
+		}
+	})
+	dbURL := dbtest.Database(t)
+	owner, err := pgxpool.New(ctx, dbURL)
+	require.NoError(t, err)
+	defer owner.Close()
+	deep := outbox.Table{Schema: "tenant_deep", Name: "outbox"}
+	conn, err := owner.Acquire(ctx)
+	require.NoError(t, err)
+	_, err = outbox.Migrate(ctx, conn.Conn(), deep)
+	require.NoError(t, err)
+	conn.Release()
+	for _, q := range []string{
+		"INSERT INTO " + deep.Ident() + " (topic, payload) SELECT 'a', '\\x00'::bytea FROM generate_series(1, " + fmt.Sprint(admin.FleetBacklogCounted+5) + ")",
+		"GRANT USAGE ON SCHEMA tenant_deep TO " + pgx.Identifier{role}.Sanitize(),
+		"GRANT SELECT ON ALL TABLES IN SCHEMA tenant_deep TO " + pgx.Identifier{role}.Sanitize(),
+		// Function privileges belong to the database: the shared test
+		// database's are untouched.
+		"REVOKE EXECUTE ON FUNCTION pg_catalog.pg_stat_get_live_tuples(oid) FROM PUBLIC",
+	} {
+		_, err := owner.Exec(ctx, q)
+		require.NoError(t, err, q)
+	}
+	u, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	u.User = url.User(role)
+	reader, err := pgxpool.New(ctx, u.String())
+	require.NoError(t, err)
+	defer reader.Close()
+
+	other := dbtest.Table(t)
+	_, err = dbtest.Pool(t).Exec(ctx, "INSERT INTO "+other.Ident()+" (topic, payload) VALUES ('a', 'x'), ('a', 'y')")
+	require.NoError(t, err)
+	logger := slog.New(slog.DiscardHandler)
+	got, err := admin.FleetBacklogs(ctx, "outbox", []admin.FleetOutbox{
+		{Config: admin.Config{Pool: reader, Table: deep, Logger: logger}},
+		{Config: admin.Config{Pool: dbtest.Pool(t), Table: other, Logger: logger}},
+	})
+	require.Error(t, err, "an estimate that could not be read")
+	require.ErrorContains(t, err, "row estimates")
+	require.ErrorContains(t, err, "permission denied")
+	require.ErrorContains(t, err, u.Path[1:], "the database whose estimates failed is named")
+	require.EqualValues(t, admin.FleetBacklogCounted+1, got[deep.Schema].Rows, "the capped count stands")
+	require.NotNil(t, got[deep.Schema].OldestAgeSeconds)
+	require.EqualValues(t, 2, got[other.Schema].Rows, "the other database's backlog")
 }

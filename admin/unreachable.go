@@ -58,7 +58,11 @@ type databaseError struct {
 	err      error
 }
 
-func (e *databaseError) Error() string { return e.err.Error() }
+// Error names the database: a relay of several reads them at once, and an
+// error met on one (a permission refused, say) does not name it itself.
+func (e *databaseError) Error() string {
+	return "database " + quoteShort(e.database) + ": " + e.err.Error()
+}
 func (e *databaseError) Unwrap() error { return e.err }
 
 // onDatabase marks err as met on pool's database, so that a 503 names that

@@ -53,6 +53,8 @@ type Databases struct {
 
 	mu     sync.Mutex
 	fleets map[string]*database // by connection string
+
+	backlogWarning backlogWarning
 }
 
 // database is one database's fleet while it runs.
@@ -282,7 +284,11 @@ func (d *Databases) States() []metrics.OutboxState { return states(d.adminOutbox
 // Backlogs reads the backlogs of the outboxes named, of every database, for
 // their per-outbox series (metrics.RegisterOutboxes).
 func (d *Databases) Backlogs(ctx context.Context, names []string) (map[string]metrics.Backlog, error) {
-	return backlogs(ctx, d.opts.Fleet.Sweeper.Table.Name, d.adminOutboxes(), names)
+	out, err := backlogs(ctx, d.opts.Fleet.Sweeper.Table.Name, d.adminOutboxes(), names)
+	if err != nil && ctx.Err() == nil {
+		d.backlogWarning.warn(d.opts.Fleet.Logger, err)
+	}
+	return out, err
 }
 
 func (d *Databases) adminOutboxes() []admin.FleetOutbox {

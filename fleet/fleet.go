@@ -233,6 +233,8 @@ type Fleet struct {
 	// reconcileNow wakes follow for reconcileAt: it otherwise sleeps until
 	// the next listing or reconciliation is due.
 	reconcileNow chan struct{}
+
+	backlogWarning backlogWarning
 }
 
 // New returns a fleet relaying pool's outboxes to p. The pool's size is the
@@ -991,7 +993,34 @@ func (f *Fleet) States() []metrics.OutboxState { return states(f.adminOutboxes()
 // Backlogs reads the backlogs of the outboxes named, for their per-outbox
 // series (metrics.RegisterOutboxes).
 func (f *Fleet) Backlogs(ctx context.Context, names []string) (map[string]metrics.Backlog, error) {
-	return backlogs(ctx, f.opts.Sweeper.Table.Name, f.adminOutboxes(), names)
+	out, err := backlogs(ctx, f.opts.Sweeper.Table.Name, f.adminOutboxes(), names)
+	if err != nil && ctx.Err() == nil {
+		f.backlogWarning.warn(f.opts.Logger, err)
+	}
+	return out, err
+}
+
+// backlogWarning logs a failure to read the backlogs for the per-outbox
+// series at most once a minute while it lasts: the series, read at every
+// scrape, would repeat it four times a minute, and only the log says why
+// they are missing or stuck at a capped count.
+type backlogWarning struct {
+	mu     sync.Mutex
+	logged time.Time
+}
+
+func (w *backlogWarning) warn(logger *slog.Logger, err error) {
+	w.mu.Lock()
+	due := time.Since(w.logged) >= time.Minute
+	if due {
+		w.logged = time.Now()
+	}
+	w.mu.Unlock()
+	if due {
+		logger.Warn("reading the outboxes' backlogs for their series failed (logged once a minute while it lasts); "+
+			"the outboxes of the database named have no outbox_tenant_backlog_messages series, or one capped at 10,001 where only "+
+			"Postgres's estimate could not be read: the other series and the relay itself are not affected", "err", err)
+	}
 }
 
 // backlogs reads the backlogs of those of outboxes named.
