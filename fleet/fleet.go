@@ -751,7 +751,7 @@ func (f *Fleet) add(ctx context.Context, t outbox.Table) error {
 		return &unfinishedError{fmt.Errorf("%w, though its schema version is current (dropped by hand?): its sent rows could not be recorded; "+
 			"restore it, or set its schema version back to 9 (UPDATE %s SET version = 9) and run `sweeper migrate --schemas %s`, "+
 			"whose migration 10 makes it if missing; the fleet picks the outbox up within %s",
-			outbox.ErrNoHistory, pgx.Identifier{t.Schema, t.Name + "_schema_version"}.Sanitize(), t.Schema, f.opts.Discover)}
+			outbox.ErrNoHistory, outbox.VersionIdent(t), t.Schema, f.opts.Discover)}
 	} else if err != nil && ctx.Err() == nil {
 		logger.Warn("history partitions not prepared; maintenance tries again, and meanwhile sent rows go to the DEFAULT partition", "err", err)
 	}
@@ -930,7 +930,7 @@ func (f *Fleet) hasHistory(ctx context.Context, t outbox.Table) bool {
 	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	var ok bool
-	err := f.pool.QueryRow(qctx, "SELECT to_regclass($1) IS NOT NULL", pgx.Identifier{t.Schema, t.Name + "_history"}.Sanitize()).Scan(&ok)
+	err := f.pool.QueryRow(qctx, "SELECT to_regclass($1) IS NOT NULL", outbox.HistoryIdent(t)).Scan(&ok)
 	return err == nil && ok
 }
 

@@ -1531,14 +1531,16 @@ func TestFleetRelaysAnOutboxOnceItsHistoryTableIsBack(t *testing.T) {
 	tbls := tenants(t, base, 2)
 	gap := tbls[1]
 	ctx := context.Background()
-	history := pgx.Identifier{gap.Schema, gap.Name + "_history"}.Sanitize()
-	_, err := dbtest.Pool(t).Exec(ctx, "ALTER TABLE "+history+" RENAME TO "+gap.Name+"_history_away")
+	_, err := dbtest.Pool(t).Exec(ctx, "ALTER TABLE "+outbox.HistoryIdent(gap)+" RENAME TO "+gap.Name+"_history_away")
 	require.NoError(t, err)
 	p := memory.New(memory.Config{})
 	f, l := newFleet(t, base+"_t*", p, "fleet-"+base, fleet.Options{})
 	dbtest.Eventually(t, time.Minute, "the outbox without history left waiting", func() bool {
 		return strings.Contains(l.String(), "its schema version is current (dropped by hand?)") && len(f.Outboxes()) == 1
 	})
+	// The fix it gives: the version set back, then migrate for that schema.
+	require.Contains(t, l.String(), "outbox_schema_version\\\" SET version = 9)")
+	require.Contains(t, l.String(), "sweeper migrate --schemas "+gap.Schema)
 	write(t, gap, outbox.Message{Topic: "orders", Payload: []byte("kept")})
 	require.Equal(t, []outbox.Table{tbls[0]}, f.Outboxes())
 

@@ -105,7 +105,7 @@ func CurrentSchemaVersion(ctx context.Context, db interface {
 		return 0, err
 	}
 	var v int32
-	err = db.QueryRow(ctx, "SELECT version FROM "+pgx.Identifier{t.Schema, t.Name + "_schema_version"}.Sanitize()).Scan(&v)
+	err = db.QueryRow(ctx, "SELECT version FROM "+VersionIdent(t)).Scan(&v)
 	return v, err
 }
 
@@ -114,7 +114,7 @@ func load(m *migrate.Migrator, t Table) error {
 	m.Data = map[string]any{
 		"outbox":          t.Ident(),
 		"dead_letter":     t.DeadLetterIdent(),
-		"history":         historyIdent(t),
+		"history":         HistoryIdent(t),
 		"history_default": historyDefaultIdent(t),
 		"prefix":          t.Name,
 		"schema":          pgx.Identifier{t.Schema}.Sanitize(),
@@ -178,7 +178,7 @@ func MigrationScript(t Table, from int32, transactions bool) (string, error) {
 	if from < 0 || int(from) > len(steps) {
 		return "", fmt.Errorf("from version %d: the schema has versions 0 to %d", from, len(steps))
 	}
-	version := pgx.Identifier{t.Schema, t.Name + "_schema_version"}.Sanitize()
+	version := VersionIdent(t)
 	var b strings.Builder
 	fmt.Fprintf(&b, "-- The outbox sweeper's schema for %s, versions %d to %d, as `sweeper migrate` applies it.\n", t, from+1, len(steps))
 	fmt.Fprintf(&b, "-- Each step ends by recording its version in %s, which the sweeper's readiness checks.\n\n", version)

@@ -83,7 +83,7 @@ func partitionName(t Table, start time.Time) string {
 // clock.
 func (r *Retention) listPartitions(ctx context.Context, conn *pgx.Conn) ([]historyPartition, time.Time, error) {
 	var now time.Time
-	rows, err := conn.Query(ctx, r.historyPartitions, historyIdent(r.cfg.Table))
+	rows, err := conn.Query(ctx, r.historyPartitions, HistoryIdent(r.cfg.Table))
 	if err != nil {
 		return nil, now, err
 	}
@@ -155,8 +155,8 @@ func (r *Retention) ensurePartitions(ctx context.Context, conn *pgx.Conn) (int, 
 		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 			for _, stmt := range []string{
 				"SET LOCAL lock_timeout = '" + partitionLockTimeout + "'",
-				"CREATE TABLE " + name + " (LIKE " + historyIdent(r.cfg.Table) + " INCLUDING DEFAULTS INCLUDING CONSTRAINTS) " + partitionStorage,
-				"ALTER TABLE " + historyIdent(r.cfg.Table) + " ATTACH PARTITION " + name +
+				"CREATE TABLE " + name + " (LIKE " + HistoryIdent(r.cfg.Table) + " INCLUDING DEFAULTS INCLUDING CONSTRAINTS) " + partitionStorage,
+				"ALTER TABLE " + HistoryIdent(r.cfg.Table) + " ATTACH PARTITION " + name +
 					" FOR VALUES FROM ('" + rg[0].UTC().Format(time.RFC3339Nano) + "') TO ('" + rg[1].UTC().Format(time.RFC3339Nano) + "')",
 			} {
 				if _, err := tx.Exec(ctx, stmt); err != nil {
@@ -221,7 +221,7 @@ func (r *Retention) dropPartitions(ctx context.Context, conn *pgx.Conn) (dropped
 func (r *Retention) explainHistory(err error) error {
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && (pgErr.Code == "42P01" || pgErr.Code == "42704") {
 		return fmt.Errorf("%w: %s does not exist (schema version 10 makes it): run `sweeper migrate --schema %s --table %s` against this database: %w",
-			ErrNoHistory, historyIdent(r.cfg.Table), r.cfg.Table.Schema, r.cfg.Table.Name, err)
+			ErrNoHistory, HistoryIdent(r.cfg.Table), r.cfg.Table.Schema, r.cfg.Table.Name, err)
 	}
 	return err
 }

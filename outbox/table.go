@@ -48,8 +48,10 @@ func probeIdent(t Table) string { return pgx.Identifier{t.Schema, t.Name + "_pro
 // dispatched rows (migration 8).
 func historyName(t Table) string { return t.Name + "_history" }
 
-// historyIdent returns the quoted name of t's history table.
-func historyIdent(t Table) string { return pgx.Identifier{t.Schema, historyName(t)}.Sanitize() }
+// HistoryIdent returns the quoted name of t's history table, which holds the
+// sent rows (migration 10), for what looks at it beside the sweeper (a
+// fleet checking it is there).
+func HistoryIdent(t Table) string { return pgx.Identifier{t.Schema, historyName(t)}.Sanitize() }
 
 // historyDefaultIdent returns the quoted name of the DEFAULT partition of t's
 // history table.
@@ -60,7 +62,7 @@ func historyDefaultIdent(t Table) string {
 // statement returns the named statement of package sql for t's tables.
 func statement(t Table, name string) string {
 	return outboxsql.Statement(name, outboxsql.Tables{Outbox: t.Ident(), DeadLetter: t.DeadLetterIdent(), Probe: probeIdent(t),
-		History: historyIdent(t), HistoryDefault: historyDefaultIdent(t)})
+		History: HistoryIdent(t), HistoryDefault: historyDefaultIdent(t)})
 }
 
 // versionTable returns the name of the table where the migrations record the
@@ -69,6 +71,12 @@ func statement(t Table, name string) string {
 // at the dot, and Validate has made sure no quoting is needed.
 func versionTable(t Table) string {
 	return t.Schema + "." + t.Name + "_schema_version"
+}
+
+// VersionIdent returns the quoted name of the table where t's migrations
+// record its schema version, for messages that tell an operator to set it.
+func VersionIdent(t Table) string {
+	return pgx.Identifier{t.Schema, t.Name + "_schema_version"}.Sanitize()
 }
 
 func configError(what, flag, value, want string) *ConfigError {

@@ -336,7 +336,7 @@ func Run(m *testing.M) int {
 func EveryRow(tbl outbox.Table) string {
 	const columns = "id, message_id, topic, payload, attempts, last_error, dispatched_at"
 	return "(SELECT " + columns + " FROM " + pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize() +
-		" UNION ALL SELECT " + columns + " FROM " + pgx.Identifier{tbl.Schema, tbl.Name + "_history"}.Sanitize() + ") AS every_row"
+		" UNION ALL SELECT " + columns + " FROM " + outbox.HistoryIdent(tbl) + ") AS every_row"
 }
 
 // Outstanding returns how many rows of tbl are not dispatched yet.
