@@ -399,7 +399,7 @@ func FleetBacklogs(ctx context.Context, tableName string, outboxes []FleetOutbox
 		if _, read := estimated[pool]; !read {
 			est, _, err := estimates(ctx, pool, tableName)
 			if err != nil {
-				errs = append(errs, onDatabase(pool, err))
+				errs = append(errs, onNamedDatabase(pool, err))
 			}
 			estimated[pool] = est // nil when it failed: the counts stand
 		}
@@ -438,7 +438,7 @@ func countBacklogs(ctx context.Context, tableName string, outboxes []FleetOutbox
 			defer mu.Unlock()
 			maps.Copy(out, read)
 			if err != nil {
-				errs = append(errs, fmt.Errorf("read the outboxes' backlogs: %w", onDatabase(pool, err)))
+				errs = append(errs, onNamedDatabase(pool, fmt.Errorf("read the outboxes' backlogs: %w", err)))
 			}
 		})
 	}

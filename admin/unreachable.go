@@ -3,6 +3,7 @@ package admin
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -58,11 +59,7 @@ type databaseError struct {
 	err      error
 }
 
-// Error names the database: a relay of several reads them at once, and an
-// error met on one (a permission refused, say) does not name it itself.
-func (e *databaseError) Error() string {
-	return "database " + quoteShort(e.database) + ": " + e.err.Error()
-}
+func (e *databaseError) Error() string { return e.err.Error() }
 func (e *databaseError) Unwrap() error { return e.err }
 
 // onDatabase marks err as met on pool's database, so that a 503 names that
@@ -72,6 +69,18 @@ func onDatabase(pool *pgxpool.Pool, err error) error {
 		return nil
 	}
 	return &databaseError{database: pool.Config().ConnConfig.Database, err: err}
+}
+
+// onNamedDatabase is onDatabase with the database's name in the error's
+// text, for errors that reach a log with no other word of which database
+// it was: a relay of several reads them at once, and an error met on one (a
+// permission refused, say) does not name it itself.
+func onNamedDatabase(pool *pgxpool.Pool, err error) error {
+	if err == nil {
+		return nil
+	}
+	name := pool.Config().ConnConfig.Database
+	return &databaseError{database: name, err: fmt.Errorf("database %s: %w", quoteShort(name), err)}
 }
 
 // databaseName names the database err failed to reach: the one onDatabase

@@ -285,7 +285,7 @@ func (d *Databases) States() []metrics.OutboxState { return states(d.adminOutbox
 // their per-outbox series (metrics.RegisterOutboxes).
 func (d *Databases) Backlogs(ctx context.Context, names []string) (map[string]metrics.Backlog, error) {
 	out, err := backlogs(ctx, d.opts.Fleet.Sweeper.Table.Name, d.adminOutboxes(), names)
-	if err != nil && ctx.Err() == nil {
+	if err != nil {
 		d.backlogWarning.warn(d.opts.Fleet.Logger, err)
 	}
 	return out, err

@@ -994,7 +994,7 @@ func (f *Fleet) States() []metrics.OutboxState { return states(f.adminOutboxes()
 // series (metrics.RegisterOutboxes).
 func (f *Fleet) Backlogs(ctx context.Context, names []string) (map[string]metrics.Backlog, error) {
 	out, err := backlogs(ctx, f.opts.Sweeper.Table.Name, f.adminOutboxes(), names)
-	if err != nil && ctx.Err() == nil {
+	if err != nil {
 		f.backlogWarning.warn(f.opts.Logger, err)
 	}
 	return out, err
@@ -1003,13 +1003,18 @@ func (f *Fleet) Backlogs(ctx context.Context, names []string) (map[string]metric
 // backlogWarning logs a failure to read the backlogs for the per-outbox
 // series at most once a minute while it lasts: the series, read at every
 // scrape, would repeat it four times a minute, and only the log says why
-// they are missing or stuck at a capped count.
+// they are missing or stuck at a capped count. One for all databases: a
+// second database failing within the minute of the first is told at the
+// next line, a minute later at most (each error names its database).
 type backlogWarning struct {
 	mu     sync.Mutex
 	logged time.Time
 }
 
 func (w *backlogWarning) warn(logger *slog.Logger, err error) {
+	if errors.Is(err, context.Canceled) {
+		return // the caller gave up (shutting down); a scrape's timeout is told
+	}
 	w.mu.Lock()
 	due := time.Since(w.logged) >= time.Minute
 	if due {
@@ -1017,9 +1022,10 @@ func (w *backlogWarning) warn(logger *slog.Logger, err error) {
 	}
 	w.mu.Unlock()
 	if due {
-		logger.Warn("reading the outboxes' backlogs for their series failed (logged once a minute while it lasts); "+
-			"the outboxes of the database named have no outbox_tenant_backlog_messages series, or one capped at 10,001 where only "+
-			"Postgres's estimate could not be read: the other series and the relay itself are not affected", "err", err)
+		logger.Warn(fmt.Sprintf("reading the outboxes' backlogs for their series failed (logged once a minute while it lasts): "+
+			"the outboxes of each database named have no outbox_tenant_backlog_messages and outbox_tenant_oldest_message_age_seconds "+
+			"series, or a backlog capped at %d where only Postgres's estimate could not be read, and their oldest rows are left out of "+
+			"outbox_oldest_outstanding_age_seconds; relaying is not affected", admin.FleetBacklogCounted+1), "err", err)
 	}
 }
 

@@ -100,7 +100,7 @@ outbox_oldest_outstanding_age_seconds 90
 		return map[string]metrics.Backlog{"tenant_a": {Rows: 5, OldestAgeSeconds: &age}}
 	}
 	// Another database's failure to answer does not take tenant_a's away.
-	down := errors.New("read the outboxes' backlogs: database db2: connection refused")
+	down := errors.New(`database "db2": read the outboxes' backlogs: connection refused`)
 	for _, c := range []struct {
 		age, want float64
 		err       error

@@ -331,7 +331,7 @@ func TestMigration7RefusesAnInvalidExpiresAtIndex(t *testing.T) {
 	ctx := context.Background()
 	idx := pgx.Identifier{tbl.Schema, tbl.Name + "_expires_at_idx"}.Sanitize()
 	_, err := dbtest.Pool(t).Exec(ctx, fmt.Sprintf(`UPDATE pg_index SET indisvalid = false WHERE indexrelid = '%s'::regclass;
-		UPDATE %s SET version = 6`, idx, pgx.Identifier{tbl.Schema, tbl.Name + "_schema_version"}.Sanitize()))
+		UPDATE %s SET version = 6`, idx, outbox.VersionIdent(tbl)))
 	require.NoError(t, err)
 	conn, err := pgx.Connect(ctx, dbtest.URL(t))
 	require.NoError(t, err)

@@ -18,16 +18,12 @@ import (
 	"github.com/outbox-sweeper/sweeper/producer/memory"
 )
 
-func HistoryIdent(tbl outbox.Table) string {
-	return pgx.Identifier{tbl.Schema, tbl.Name + "_history"}.Sanitize()
-}
-
 // partitions lists the history partitions of tbl by name, DEFAULT included.
 func partitions(t *testing.T, tbl outbox.Table) []string {
 	t.Helper()
 	rows, err := dbtest.Pool(t).Query(context.Background(),
 		"SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = $1::text::regclass ORDER BY 1",
-		HistoryIdent(tbl))
+		outbox.HistoryIdent(tbl))
 	require.NoError(t, err)
 	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
@@ -72,12 +68,12 @@ func TestAPageMovesItsSentRowsToHistoryAndLeavesTheFailedOnesInTheOutbox(t *test
 	require.NotNil(t, lastError)
 	require.Contains(t, *lastError, "connection reset by peer")
 	require.Nil(t, dispatched)
-	require.Zero(t, count(t, "SELECT count(*) FROM "+HistoryIdent(tbl)+" WHERE topic = 'bad'"), "not moved")
+	require.Zero(t, count(t, "SELECT count(*) FROM "+outbox.HistoryIdent(tbl)+" WHERE topic = 'bad'"), "not moved")
 	require.Equal(t, 1, dbtest.Outstanding(t, tbl), "only the failed row is left in the outbox")
 	require.Equal(t, 1, count(t, "SELECT count(*) FROM "+pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()), "the outbox holds outstanding rows only")
 
 	// The sent rows: in history, every column as written, with dispatched_at.
-	require.Equal(t, 4, count(t, "SELECT count(*) FROM "+HistoryIdent(tbl)+
+	require.Equal(t, 4, count(t, "SELECT count(*) FROM "+outbox.HistoryIdent(tbl)+
 		" WHERE topic = 'ok' AND dispatched_at BETWEEN $1 AND clock_timestamp()", started.Add(-time.Second)))
 	after := readRows(t, tbl)
 	require.Len(t, after, len(before))
@@ -92,7 +88,7 @@ func TestAPageMovesItsSentRowsToHistoryAndLeavesTheFailedOnesInTheOutbox(t *test
 	}
 	var headers map[string]string
 	var contentType, partitionKey string
-	require.NoError(t, dbtest.Pool(t).QueryRow(ctx, "SELECT headers, content_type, partition_key FROM "+HistoryIdent(tbl)+
+	require.NoError(t, dbtest.Pool(t).QueryRow(ctx, "SELECT headers, content_type, partition_key FROM "+outbox.HistoryIdent(tbl)+
 		" WHERE correlation_id = 'c-ok'").Scan(&headers, &contentType, &partitionKey))
 	require.Equal(t, map[string]string{"h": "v"}, headers)
 	require.Equal(t, "text/plain", contentType)
@@ -133,12 +129,12 @@ func TestRetentionDropsWholeHistoryPartitionsAndNeverAnOutstandingRow(t *testing
 	oldName := outbox.PartitionName(tbl, old)
 	oldIdent := pgx.Identifier{tbl.Schema, oldName}.Sanitize()
 	_, err = pool.Exec(ctx, fmt.Sprintf("CREATE TABLE %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')",
-		oldIdent, HistoryIdent(tbl), old.Format(time.RFC3339), old.Add(time.Second).Format(time.RFC3339)))
+		oldIdent, outbox.HistoryIdent(tbl), old.Format(time.RFC3339), old.Add(time.Second).Format(time.RFC3339)))
 	require.NoError(t, err)
 	const columns = "(id, message_id, topic, payload, created_at, dispatched_at)"
-	_, err = pool.Exec(ctx, "INSERT INTO "+HistoryIdent(tbl)+" "+columns+" VALUES (1001, gen_random_uuid(), 'old', 'x', $1, $1)", old)
+	_, err = pool.Exec(ctx, "INSERT INTO "+outbox.HistoryIdent(tbl)+" "+columns+" VALUES (1001, gen_random_uuid(), 'old', 'x', $1, $1)", old)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, "INSERT INTO "+HistoryIdent(tbl)+" "+columns+" VALUES (1002, gen_random_uuid(), 'default', 'x', $1, $1)",
+	_, err = pool.Exec(ctx, "INSERT INTO "+outbox.HistoryIdent(tbl)+" "+columns+" VALUES (1002, gen_random_uuid(), 'default', 'x', $1, $1)",
 		time.Now().Add(-24*time.Hour))
 	require.NoError(t, err)
 	require.Equal(t, 1, count(t, "SELECT count(*) FROM "+pgx.Identifier{tbl.Schema, tbl.Name + "_history_default"}.Sanitize()))
@@ -149,7 +145,7 @@ func TestRetentionDropsWholeHistoryPartitionsAndNeverAnOutstandingRow(t *testing
 	prod.FailTopic("waits", errors.New("connection reset by peer"))
 	_, err = newSweeper(t, pool, prod, outbox.Config{Table: tbl, Retry: once}).Sweep(ctx)
 	require.NoError(t, err)
-	require.Equal(t, 5, count(t, "SELECT count(*) FROM "+HistoryIdent(tbl)+" WHERE topic = 'sent'"))
+	require.Equal(t, 5, count(t, "SELECT count(*) FROM "+outbox.HistoryIdent(tbl)+" WHERE topic = 'sent'"))
 	require.Zero(t, count(t, "SELECT count(*) FROM "+pgx.Identifier{tbl.Schema, tbl.Name + "_history_default"}.Sanitize()+" WHERE topic = 'sent'"),
 		"a partition was ready for them")
 
@@ -159,7 +155,7 @@ func TestRetentionDropsWholeHistoryPartitionsAndNeverAnOutstandingRow(t *testing
 	require.Equal(t, 2, res.Dispatched, "the legacy row and the DEFAULT partition's, row by row")
 	require.NotContains(t, partitions(t, tbl), oldName, "the old partition dropped whole")
 	require.Zero(t, count(t, "SELECT count(*) FROM "+pgx.Identifier{tbl.Schema, tbl.Name + "_history_default"}.Sanitize()), "DEFAULT emptied")
-	require.Equal(t, 5, count(t, "SELECT count(*) FROM "+HistoryIdent(tbl)+" WHERE topic = 'sent'"), "recent rows kept")
+	require.Equal(t, 5, count(t, "SELECT count(*) FROM "+outbox.HistoryIdent(tbl)+" WHERE topic = 'sent'"), "recent rows kept")
 	require.Equal(t, []string{"legacy-1", "waits-0", "waits-1", "waits-2"},
 		payloads(t, "SELECT convert_from(payload, 'UTF8') FROM "+ident+" ORDER BY 1"), "the recent legacy row and every outstanding row kept")
 
@@ -170,7 +166,7 @@ func TestRetentionDropsWholeHistoryPartitionsAndNeverAnOutstandingRow(t *testing
 		_, err := r.RunOnce(ctx)
 		require.NoError(t, err)
 		require.LessOrEqual(t, len(partitions(t, tbl)), 1+int(retention/time.Second)+1+1+2)
-		return count(t, "SELECT count(*) FROM "+HistoryIdent(tbl)+" WHERE topic = 'sent'") == 0
+		return count(t, "SELECT count(*) FROM "+outbox.HistoryIdent(tbl)+" WHERE topic = 'sent'") == 0
 	})
 	require.Equal(t, []string{"waits-0", "waits-1", "waits-2"},
 		payloads(t, "SELECT convert_from(payload, 'UTF8') FROM "+ident+" ORDER BY 1"))
@@ -198,7 +194,7 @@ func TestHistoryPartitionsTakeNoAutovacuumButDefaultDoes(t *testing.T) {
 		JOIN pg_class c ON c.oid = i.inhrelid
 		LEFT JOIN pg_class toast ON toast.oid = c.reltoastrelid
 		WHERE i.inhparent = $1::text::regclass
-		ORDER BY 1`, HistoryIdent(tbl))
+		ORDER BY 1`, outbox.HistoryIdent(tbl))
 	require.NoError(t, err)
 	type partition struct {
 		name          string
@@ -228,7 +224,7 @@ func TestHistoryPartitionsTakeNoAutovacuumButDefaultDoes(t *testing.T) {
 	writeMessages(t, tbl, topicMessages("sent", 3)...)
 	_, err = newSweeper(t, pool, memory.New(memory.Config{}), outbox.Config{Table: tbl}).Sweep(ctx)
 	require.NoError(t, err)
-	require.Equal(t, 3, count(t, "SELECT count(*) FROM "+HistoryIdent(tbl)+" WHERE topic = 'sent'"))
+	require.Equal(t, 3, count(t, "SELECT count(*) FROM "+outbox.HistoryIdent(tbl)+" WHERE topic = 'sent'"))
 	require.Zero(t, count(t, "SELECT count(*) FROM "+pgx.Identifier{tbl.Schema, tbl.Name + "_history_default"}.Sanitize()))
 	_, err = r.RunOnce(ctx)
 	require.NoError(t, err)
@@ -257,8 +253,8 @@ func TestTheUpgradeToHistoryIsOnlineAndDeliversEveryRowOnce(t *testing.T) {
 	pool := dbtest.Pool(t)
 	ident := pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()
 	// Back to version 7, as before the upgrade.
-	_, err := pool.Exec(ctx, fmt.Sprintf("DROP TABLE %s; UPDATE %s SET version = 7", HistoryIdent(tbl),
-		pgx.Identifier{tbl.Schema, tbl.Name + "_schema_version"}.Sanitize()))
+	_, err := pool.Exec(ctx, fmt.Sprintf("DROP TABLE %s; UPDATE %s SET version = 7", outbox.HistoryIdent(tbl),
+		outbox.VersionIdent(tbl)))
 	require.NoError(t, err)
 
 	var (
@@ -437,5 +433,5 @@ func TestAMessageIDIsFreeAgainOnceItsRowWasSent(t *testing.T) {
 	_, err = newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl}).Sweep(ctx)
 	require.NoError(t, err)
 	require.Len(t, prod.Messages(), 2)
-	require.Equal(t, 2, count(t, "SELECT count(*) FROM "+HistoryIdent(tbl)+" WHERE message_id = $1", id), "both in history")
+	require.Equal(t, 2, count(t, "SELECT count(*) FROM "+outbox.HistoryIdent(tbl)+" WHERE message_id = $1", id), "both in history")
 }

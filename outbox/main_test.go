@@ -50,7 +50,7 @@ func readRows(t *testing.T, tbl outbox.Table) []row {
 		        content_type, correlation_id, partition_key`
 	rows, err := dbtest.Pool(t).Query(context.Background(), fmt.Sprintf(
 		`SELECT %s FROM %s UNION ALL SELECT %s FROM %s ORDER BY id`,
-		columns, pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize(), columns, pgx.Identifier{tbl.Schema, tbl.Name + "_history"}.Sanitize()))
+		columns, pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize(), columns, outbox.HistoryIdent(tbl)))
 	require.NoError(t, err)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
 		var x row

@@ -374,7 +374,7 @@ func beforeUniqueMessageID(t *testing.T) outbox.Table {
 	tbl := dbtest.Table(t)
 	_, err := dbtest.Pool(t).Exec(context.Background(), fmt.Sprintf("DROP INDEX %s; UPDATE %s SET version = 4",
 		pgx.Identifier{tbl.Schema, "outbox_message_id_key"}.Sanitize(),
-		pgx.Identifier{tbl.Schema, tbl.Name + "_schema_version"}.Sanitize()))
+		outbox.VersionIdent(tbl)))
 	require.NoError(t, err)
 	return tbl
 }

@@ -26,7 +26,7 @@ func TestMigrationWaitingForALockedOutboxFailsWithWhatToDo(t *testing.T) {
 	_, err := pool.Exec(ctx, fmt.Sprintf(`DROP TRIGGER %s ON %s; DROP FUNCTION %s; UPDATE %s SET version = 3`,
 		pgx.Identifier{tbl.Name + "_notify"}.Sanitize(), ident,
 		pgx.Identifier{tbl.Schema, tbl.Name + "_notify"}.Sanitize(),
-		pgx.Identifier{tbl.Schema, tbl.Name + "_schema_version"}.Sanitize()))
+		outbox.VersionIdent(tbl)))
 	require.NoError(t, err)
 
 	// A sweeper's batch in flight, as far as the lock goes.
@@ -129,7 +129,7 @@ func TestMigrationScriptBuildsWhatMigrateBuilds(t *testing.T) {
 	require.NotContains(t, head, "BEGIN;")
 	_, err = pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{tbl.Schema}.Sanitize())
 	require.NoError(t, err)
-	version := pgx.Identifier{tbl.Schema, tbl.Name + "_schema_version"}.Sanitize()
+	version := outbox.VersionIdent(tbl)
 	_, err = pool.Exec(ctx, "CREATE TABLE "+version+" (version int4 NOT NULL); INSERT INTO "+version+" VALUES (0)")
 	require.NoError(t, err)
 	for _, s := range steps[:4] {

@@ -108,6 +108,6 @@ func TestAPageThatCannotFindASentRowMovesNothing(t *testing.T) {
 	require.ErrorContains(t, err, "they will be sent again")
 	require.Equal(t, 5, dbtest.Outstanding(t, tbl), "every row still outstanding")
 	var moved int
-	require.NoError(t, dbtest.Pool(t).QueryRow(ctx, "SELECT count(*) FROM "+HistoryIdent(tbl)).Scan(&moved))
+	require.NoError(t, dbtest.Pool(t).QueryRow(ctx, "SELECT count(*) FROM "+outbox.HistoryIdent(tbl)).Scan(&moved))
 	require.Zero(t, moved, "nothing in the history")
 }

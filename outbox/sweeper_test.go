@@ -986,7 +986,7 @@ func TestPagesClaimedAheadSendNothingOfATopicThatStopped(t *testing.T) {
 	// left alone.
 	rows, err := dbtest.Pool(t).Query(ctx, "SELECT id, convert_from(payload, 'UTF8'), false, xmax::text FROM "+
 		pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()+" WHERE topic = 'b' UNION ALL SELECT id, convert_from(payload, 'UTF8'), true, '' FROM "+
-		pgx.Identifier{tbl.Schema, tbl.Name + "_history"}.Sanitize()+" WHERE topic = 'b' ORDER BY 1")
+		outbox.HistoryIdent(tbl)+" WHERE topic = 'b' ORDER BY 1")
 	require.NoError(t, err)
 	type row struct {
 		ID         int64

@@ -220,7 +220,7 @@ func postgresStoppedUnderTenants(t *testing.T, crash bool) {
 	committed := 0
 	for _, tbl := range tbls {
 		rows, err := pool.Query(ctx, "SELECT id FROM "+tbl.Ident()+" UNION ALL SELECT id FROM "+
-			pgx.Identifier{tbl.Schema, "outbox_history"}.Sanitize())
+			outbox.HistoryIdent(tbl))
 		require.NoError(t, err)
 		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 		require.NoError(t, err)

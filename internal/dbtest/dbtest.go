@@ -278,25 +278,32 @@ func Table(t testing.TB) outbox.Table {
 
 var staleSchema = regexp.MustCompile(`^` + schemaPrefix + `(\d+)_`)
 
-// dropStaleSchemas drops test schemas over an hour old: a killed test run leaves
-// its schemas behind.
+// dropStaleSchemas drops test schemas, databases (Database) and roles
+// (named after a schema) over an hour old: a killed test run leaves them
+// behind. Databases go before roles, whose grants they may hold.
 func dropStaleSchemas(ctx context.Context, p *pgxpool.Pool) {
-	rows, err := p.Query(ctx, "SELECT nspname FROM pg_namespace WHERE nspname LIKE $1", schemaPrefix+"%")
-	if err != nil {
-		return
-	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return
-	}
-	for _, n := range names {
-		m := staleSchema.FindStringSubmatch(n)
-		if m == nil {
-			continue
+	for _, kind := range []struct{ list, drop string }{
+		{"SELECT nspname FROM pg_catalog.pg_namespace WHERE nspname LIKE $1", "DROP SCHEMA IF EXISTS %s CASCADE"},
+		{"SELECT datname FROM pg_catalog.pg_database WHERE datname LIKE $1", "DROP DATABASE IF EXISTS %s WITH (FORCE)"},
+		{"SELECT rolname FROM pg_catalog.pg_roles WHERE rolname LIKE $1", "DROP ROLE IF EXISTS %s"},
+	} {
+		rows, err := p.Query(ctx, kind.list, schemaPrefix+"%")
+		if err != nil {
+			return
 		}
-		ts, _ := strconv.ParseInt(m[1], 10, 64)
-		if time.Since(time.Unix(ts, 0)) > time.Hour {
-			_, _ = p.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{n}.Sanitize()+" CASCADE")
+		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return
+		}
+		for _, n := range names {
+			m := staleSchema.FindStringSubmatch(n)
+			if m == nil {
+				continue
+			}
+			ts, _ := strconv.ParseInt(m[1], 10, 64)
+			if time.Since(time.Unix(ts, 0)) > time.Hour {
+				_, _ = p.Exec(ctx, fmt.Sprintf(kind.drop, pgx.Identifier{n}.Sanitize()))
+			}
 		}
 	}
 }
