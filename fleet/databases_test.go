@@ -133,6 +133,38 @@ func TestDatabasesRelayEveryListedDatabase(t *testing.T) {
 		"a database off the list is not relayed")
 }
 
+// An edited list takes effect without a signal: it is read again every
+// Recheck, a database added is relayed and one taken off is let go.
+func TestDatabasesReadTheirListAgainUnasked(t *testing.T) {
+	urls := databases(t, 2)
+	var mu sync.Mutex
+	listed := urls[:1]
+	p := memory.New(memory.Config{})
+	logger := slogText(&logs{})
+	d, err := fleet.NewDatabases(p, fleet.DatabasesOptions{
+		Fleet: fleet.Options{Logger: logger, Probe: outbox.ProbeConfig{Alerter: alert.Log{Logger: logger}}, Discover: 200 * time.Millisecond},
+		URLs: func() ([]string, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return slices.Clone(listed), nil
+		},
+		Recheck: 100 * time.Millisecond,
+	})
+	require.NoError(t, err)
+	start(t, d)
+	dbtest.Eventually(t, time.Minute, "the first database relayed", func() bool { return slices.Equal(d.Names(), []string{dbName(urls[0])}) })
+	mu.Lock()
+	listed = urls[1:]
+	mu.Unlock()
+	dbtest.Eventually(t, time.Minute, "the list read again: the second database in, the first out", func() bool {
+		return slices.Equal(d.Names(), []string{dbName(urls[1])})
+	})
+	writeTo(t, urls[1], "a", outbox.Message{Topic: "orders", Payload: []byte("added unasked")})
+	dbtest.Eventually(t, time.Minute, "the added database's row", func() bool {
+		return slices.ContainsFunc(p.Messages(), func(m producer.Message) bool { return string(m.Payload) == "added unasked" })
+	})
+}
+
 // Databases taken off the list are let go at once: one whose send hangs
 // (its broker slow) does not keep the others' fleets running and their
 // connections open until it ends. Nothing is lost meanwhile: the held row
