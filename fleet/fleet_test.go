@@ -260,7 +260,8 @@ func TestFleetKeepsEachTenantsTroubleItsOwn(t *testing.T) {
 	a, b := tbls[0], tbls[1]
 	p := memory.New(memory.Config{})
 	p.FailTopic(a.Schema+".orders", producer.NewTopicError("topic_not_found", errors.New("no such entity")))
-	f, _ := newFleet(t, base+"_t*", p, "fleet-"+base, fleet.Options{Destination: "{schema}.{topic}"})
+	addr := fmt.Sprintf("127.0.0.1:%d", dbtest.FreePort(t))
+	f, _ := newFleet(t, base+"_t*", p, "fleet-"+base, fleet.Options{Destination: "{schema}.{topic}", Admin: admin.Config{Addr: addr}})
 	dbtest.Eventually(t, time.Minute, "both tenants relayed", func() bool { return len(f.Outboxes()) == 2 })
 
 	write(t, a, outbox.Message{Topic: "orders", Payload: []byte("a-orders")}, outbox.Message{Topic: "mail", Payload: []byte("a-mail-0")})
@@ -321,6 +322,17 @@ func TestFleetKeepsEachTenantsTroubleItsOwn(t *testing.T) {
 		return nil
 	}))
 	dbtest.Eventually(t, time.Minute, "a's poison row dead-lettered", func() bool { return deadLetters(t, a) == 1 })
+	// GET /outboxes lists a first (in trouble), with its dead letter, and
+	// b with none. The counts are Postgres's statistics, seconds behind.
+	dbtest.Eventually(t, time.Minute, "GET /outboxes: a's dead letter, none of b's", func() bool {
+		code, body := adminGet(t, addr, "/outboxes")
+		require.Equal(t, 200, code, "%v", body)
+		list := body["outboxes"].([]any)
+		require.Len(t, list, 2)
+		first, second := list[0].(map[string]any), list[1].(map[string]any)
+		require.Equal(t, a.Schema, first["name"], "the tenant in trouble listed first")
+		return first["dead_letters_estimate"] == 1.0 && second["dead_letters_estimate"] == 0.0
+	})
 	write(t, b, outbox.Message{Topic: "mail", Payload: []byte("b-mail")})
 	dbtest.Eventually(t, time.Minute, "b's mail delivered", func() bool {
 		return slices.ContainsFunc(p.Messages(), func(m producer.Message) bool { return m.Topic == b.Schema+".mail" })
