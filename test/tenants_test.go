@@ -57,6 +57,50 @@ func migratedTenants(t *testing.T, n int) (string, []outbox.Table) {
 	return pattern, tbls
 }
 
+// migrate --schemas goes on past a schema it cannot migrate and one whose
+// name it leaves out, migrates the others, says which failed and why, and
+// exits non-zero; run again once the fault is mended, it finishes the job.
+func TestMigrateSchemasGoesOnPastAFailedSchema(t *testing.T) {
+	base := dbtest.Schema(t)
+	ctx := context.Background()
+	pool := dbtest.Pool(t)
+	good, clash, odd := base+"_ta", base+"_tc", base+"_tB"
+	for _, s := range []string{good, clash, odd} {
+		_, err := pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{s}.Sanitize())
+		require.NoError(t, err)
+		t.Cleanup(func() {
+			_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{s}.Sanitize()+" CASCADE")
+		})
+	}
+	// A table of the application's under the outbox's name fails the
+	// first migration in that schema.
+	_, err := pool.Exec(ctx, "CREATE TABLE "+pgx.Identifier{clash, "outbox"}.Sanitize()+" (id int)")
+	require.NoError(t, err)
+
+	pattern := base + "_t*"
+	code, out, errOut := runOnce(t, "migrate", "--database-url", dbtest.URL(t), "--schemas", pattern)
+	require.NotEqual(t, 0, code, "migrate with a schema failed: %s%s", out, errOut)
+	require.Contains(t, out, odd+": left out:")
+	require.Contains(t, out, clash+".outbox: failed:")
+	require.Contains(t, errOut, fmt.Sprintf("2 of 3 schemas matching %q failed to migrate", pattern))
+	version := func(tbl outbox.Table) int32 {
+		v, err := outbox.CurrentSchemaVersion(ctx, pool, tbl)
+		require.NoError(t, err)
+		return v
+	}
+	require.Equal(t, outbox.SchemaVersion(), version(outbox.Table{Schema: good, Name: "outbox"}), "the good schema migrated")
+	require.Zero(t, version(outbox.Table{Schema: clash, Name: "outbox"}), "the failed schema's migration left nothing recorded")
+
+	_, err = pool.Exec(ctx, "DROP TABLE "+pgx.Identifier{clash, "outbox"}.Sanitize())
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{odd}.Sanitize())
+	require.NoError(t, err)
+	code, out, errOut = runOnce(t, "migrate", "--database-url", dbtest.URL(t), "--schemas", pattern)
+	require.Equal(t, 0, code, "migrate again: %s%s", out, errOut)
+	require.Contains(t, out, fmt.Sprintf("2 schemas matching %q migrated or up to date", pattern))
+	require.Equal(t, outbox.SchemaVersion(), version(outbox.Table{Schema: clash, Name: "outbox"}))
+}
+
 // Two processes of the binary relay 200 tenant schemas (migrated by `migrate
 // --schemas`) into RabbitMQ under {schema}.{topic}, while the application
 // writes into 20 of them and one process is killed with SIGKILL three times:
