@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,7 +30,10 @@ type DatabasesOptions struct {
 
 	// URLs returns the databases' connection strings, one per database,
 	// read at start, on Reload and every Recheck. An error keeps the
-	// databases relayed as they are.
+	// databases relayed as they are. A database is named by its name in
+	// the string, or by the name before a URL written name=postgres://…:
+	// databases on several servers may share a name (each tenant's server
+	// holding "app"), and the names must differ (ListedName).
 	URLs func() ([]string, error)
 
 	// PoolConfig parses a connection string into the pool of its database;
@@ -216,19 +220,44 @@ func (d *Databases) sync(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// start relays the database at url.
-func (d *Databases) start(ctx context.Context, url string) error {
+// ListedName splits an entry of the list of databases into the name the
+// relay gives the database and its connection string. An entry
+// name=postgres://… (or postgresql://) names it; any other (a URL, a
+// keyword=value string) leaves name empty: the database is then named by
+// its own name in the string. A name is letters, digits, _ and -, at most
+// 63 bytes, as it goes into the admin API's paths, the destination's
+// {database} and the Redis keys.
+func ListedName(entry string) (name, conn string, err error) {
+	before, after, ok := strings.Cut(entry, "=")
+	if !ok || !strings.HasPrefix(after, "postgres://") && !strings.HasPrefix(after, "postgresql://") {
+		return "", entry, nil
+	}
+	if before == "" || len(before) > 63 || strings.ContainsFunc(before, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-')
+	}) {
+		return "", "", fmt.Errorf("a listed database is named %q (before its URL's =): a name is letters, digits, _ and -, at most 63 bytes", before)
+	}
+	return before, after, nil
+}
+
+// start relays the database at entry.
+func (d *Databases) start(ctx context.Context, entry string) error {
+	name, url, err := ListedName(entry)
+	if err != nil {
+		return err
+	}
 	cfg, err := d.opts.PoolConfig(url)
 	if err != nil {
 		return fmt.Errorf("a listed database: %w", err) // the error names no password: pgconn redacts it
 	}
-	name := cfg.ConnConfig.Database
+	name = cmp.Or(name, cfg.ConnConfig.Database)
 	d.mu.Lock()
 	for _, db := range d.fleets {
 		if db.name == name {
 			d.mu.Unlock()
 			return fmt.Errorf("two listed databases are named %q (on %s and another): the admin API names outboxes by database and schema, "+
-				"so each database's name must be unique in the list", name, cfg.ConnConfig.Host)
+				"so each database's name must be unique in the list; name them in the list, one name=postgres://… a line (eu1=postgres://host/%s)",
+				name, cfg.ConnConfig.Host, cfg.ConnConfig.Database)
 		}
 	}
 	d.mu.Unlock()
@@ -248,7 +277,7 @@ func (d *Databases) start(ctx context.Context, url string) error {
 	runCtx, stop := context.WithCancel(ctx)
 	db := &database{name: name, pool: pool, fleet: f, stop: stop, done: make(chan struct{})}
 	d.mu.Lock()
-	d.fleets[url] = db
+	d.fleets[entry] = db
 	d.mu.Unlock()
 	go func() {
 		defer close(db.done)

@@ -289,6 +289,65 @@ func TestDatabasesFollowADatabaseToItsNewURL(t *testing.T) {
 	require.NotContains(t, l.String(), "level=ERROR")
 }
 
+// Databases that share a name (each tenant's server holding "app"; here
+// one database under two URLs) are refused but the first, with an error
+// that says how to name them; named in the list, name=postgres://…, each is
+// relayed under its name, which {database} sends its rows under.
+func TestDatabasesNamedInTheList(t *testing.T) {
+	first := databases(t, 1)[0]
+	u, err := url.Parse(first)
+	require.NoError(t, err)
+	q := u.Query()
+	q.Set("application_name", "other_server")
+	u.RawQuery = q.Encode()
+	second := u.String()
+	var mu sync.Mutex
+	listed := []string{first, second}
+	p := memory.New(memory.Config{})
+	d, l := startDatabases(t, p, func() ([]string, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(listed), nil
+	}, fleet.Options{Destination: "{database}.{topic}"})
+	dbtest.Eventually(t, time.Minute, "the second refused, saying how to name it", func() bool {
+		return strings.Contains(l.String(), "two listed databases are named") && strings.Contains(l.String(), "eu1=postgres://")
+	})
+	require.Equal(t, []string{dbName(first)}, d.Names())
+
+	mu.Lock()
+	listed = []string{"eu-1=" + first, "us_2=" + second}
+	mu.Unlock()
+	d.Reload()
+	dbtest.Eventually(t, time.Minute, "both relayed under their names", func() bool { return slices.Equal(d.Names(), []string{"eu-1", "us_2"}) })
+	writeTo(t, first, "a", outbox.Message{Topic: "orders", Payload: []byte("named")})
+	dbtest.Eventually(t, time.Minute, "the row sent under a listed name", func() bool {
+		return slices.ContainsFunc(p.Messages(), func(m producer.Message) bool {
+			return string(m.Payload) == "named" && (m.Topic == "eu-1.orders" || m.Topic == "us_2.orders")
+		})
+	})
+}
+
+func TestListedName(t *testing.T) {
+	for _, c := range []struct{ entry, name, conn, err string }{
+		{"postgres://h/app", "", "postgres://h/app", ""},
+		{"eu1=postgres://h/app", "eu1", "postgres://h/app", ""},
+		{"eu_1-a=postgresql://h/app?sslmode=disable", "eu_1-a", "postgresql://h/app?sslmode=disable", ""},
+		{"postgres://h/app?sslmode=disable", "", "postgres://h/app?sslmode=disable", ""}, // its = is the query's
+		{"host=h dbname=app", "", "host=h dbname=app", ""},                               // keyword=value
+		{"eu.1=postgres://h/app", "", "", `named "eu.1"`},
+		{"=postgres://h/app", "", "", `named ""`},
+	} {
+		name, conn, err := fleet.ListedName(c.entry)
+		if c.err != "" {
+			require.ErrorContains(t, err, c.err, c.entry)
+			continue
+		}
+		require.NoError(t, err, c.entry)
+		require.Equal(t, c.name, name, c.entry)
+		require.Equal(t, c.conn, conn, c.entry)
+	}
+}
+
 // A listed database that does not exist, and a list that cannot be read,
 // stop nothing else: the databases relayed go on, and each trouble is logged.
 func TestDatabasesGoOnPastABadDatabaseAndAnUnreadableList(t *testing.T) {

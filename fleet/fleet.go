@@ -715,7 +715,7 @@ func (f *Fleet) add(ctx context.Context, t outbox.Table) error {
 	p := f.producer
 	if f.opts.Destination != producer.DestinationDefault {
 		// {database} is the database's name as its URL gives it, in a list
-		// of databases or not.
+		// of databases or not, or the name the list gives it (ListedName).
 		p = producer.Renamed(p, f.opts.Destination.For(cmp.Or(f.opts.Database, f.pool.Config().ConnConfig.Database), t.Schema))
 	}
 	if m.sweeper, err = outbox.NewSweeper(f.pool, p, cfg); err != nil {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -673,7 +674,9 @@ func TestDatabasesVariableRelaysEachListed(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	urls := migratedDatabases(t, 2)
-	p := start(t, []string{"OUTBOX_DATABASES=" + urls[0] + "\n " + urls[1] + "\n"}, "run", "--producer", "stdout", "--admin-addr", "")
+	// The second named in the list: its rows go out under that name.
+	p := start(t, []string{"OUTBOX_DATABASES=" + urls[0] + "\n eu-1=" + urls[1] + "\n"}, "run", "--producer", "stdout", "--admin-addr", "",
+		"--destination", "{database}.{topic}")
 	for i, u := range urls {
 		conn, err := pgx.Connect(ctx, u)
 		require.NoError(t, err)
@@ -683,11 +686,13 @@ func TestDatabasesVariableRelaysEachListed(t *testing.T) {
 		require.NoError(t, conn.Close(ctx))
 	}
 	dbtest.Eventually(t, time.Minute, "each listed database's row", func() bool {
-		seen := map[string]bool{}
+		seen := map[string]string{}
 		for _, m := range parseLines(t, p.Lines()) {
-			seen[string(m.Payload)] = true
+			seen[string(m.Payload)] = m.Topic
 		}
-		return seen["db0"] && seen["db1"]
+		first, err := url.Parse(urls[0])
+		require.NoError(t, err)
+		return seen["db0"] == strings.TrimPrefix(first.Path, "/")+".orders" && seen["db1"] == "eu-1.orders"
 	})
 	require.Equal(t, 0, p.terminate(t, time.Minute))
 	require.Equal(t, 2, strings.Count(p.Stderr(), "database relayed"))

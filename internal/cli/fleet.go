@@ -47,9 +47,9 @@ func (o *fleetOptions) register(f *flags) {
 	f.String(&o.schemas, "schemas", "", "pattern",
 		"relay the outbox of every schema matching this pattern (tenant_*; * ? [a-z] as in shell globs) instead of --schema's alone: one LISTEN session and --max-connections in all, new tenants picked up within 10s, dropped ones let go")
 	f.String(&o.databasesFile, "databases-file", "", "path",
-		"relay the outboxes of every database this file lists, one connection URL a line (# comments), a database per tenant; read again on SIGHUP and every 10s; with --schemas, the matching schemas of each")
+		"relay the outboxes of every database this file lists, one connection URL a line (# comments; name=postgres://… names a database whose name another server's shares), a database per tenant; read again on SIGHUP and every 10s; with --schemas, the matching schemas of each")
 	f.String(&o.databases, "databases", "", "urls",
-		"as --databases-file, the URLs given here, separated by spaces or newlines (postgres:// URLs; a keyword=value connection string needs the file): for a list kept in a variable, OUTBOX_DATABASES")
+		"as --databases-file, the URLs given here, separated by spaces or newlines (postgres:// URLs, or name=postgres://…; a keyword=value connection string needs the file): for a list kept in a variable, OUTBOX_DATABASES")
 	f.Int(&o.maxConnections, "max-connections", MaxConnectionsDefault,
 		"with --schemas, --databases-file or --databases: the most connections the relay opens to each database, its LISTEN session included, however many tenants are busy (at least 3)")
 	f.String(&o.destination, "destination", string(producer.DestinationDefault), "template",
