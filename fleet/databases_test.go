@@ -40,6 +40,19 @@ func databases(t *testing.T, n int) []string {
 	return urls
 }
 
+// anotherURL returns u with application_name set to app: the same
+// database under another URL, as a password rotated or another server
+// holding a database of that name would list it.
+func anotherURL(t *testing.T, u, app string) string {
+	t.Helper()
+	parsed, err := url.Parse(u)
+	require.NoError(t, err)
+	q := parsed.Query()
+	q.Set("application_name", app)
+	parsed.RawQuery = q.Encode()
+	return parsed.String()
+}
+
 // dbName is the database's name in its URL, the name Databases gives it.
 func dbName(u string) string { p, _ := url.Parse(u); return strings.TrimPrefix(p.Path, "/") }
 
@@ -248,12 +261,7 @@ func startDatabases(t *testing.T, p producer.Producer, urls func() ([]string, er
 // named ...", until the next reading of the list.)
 func TestDatabasesFollowADatabaseToItsNewURL(t *testing.T) {
 	old := databases(t, 1)[0]
-	u, err := url.Parse(old)
-	require.NoError(t, err)
-	q := u.Query()
-	q.Set("application_name", "rotated")
-	u.RawQuery = q.Encode()
-	rotated := u.String()
+	rotated := anotherURL(t, old, "rotated")
 	var mu sync.Mutex
 	listed := old
 	p := memory.New(memory.Config{})
@@ -295,12 +303,7 @@ func TestDatabasesFollowADatabaseToItsNewURL(t *testing.T) {
 // relayed under its name, which {database} sends its rows under.
 func TestDatabasesNamedInTheList(t *testing.T) {
 	first := databases(t, 1)[0]
-	u, err := url.Parse(first)
-	require.NoError(t, err)
-	q := u.Query()
-	q.Set("application_name", "other_server")
-	u.RawQuery = q.Encode()
-	second := u.String()
+	second := anotherURL(t, first, "other_server")
 	var mu sync.Mutex
 	listed := []string{first, second}
 	p := memory.New(memory.Config{})
