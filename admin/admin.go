@@ -40,6 +40,11 @@ type Config struct {
 	// Pool and Table serve /readyz (database reachable, migrations current).
 	Pool  *pgxpool.Pool
 	Table outbox.Table
+	// Database names Pool's database in the answers and logs of a call it
+	// failed: the name a relay of several databases gives it, which its
+	// list may set apart from the URL's (fleet.ListedName: servers whose
+	// databases share a name). Empty: the name in Pool's connection string.
+	Database string
 	// Topics is the topic breaker, which the operator trips and resets.
 	Topics breaker.Breaker
 	// Dependency is the dependency breaker, which the operator trips and

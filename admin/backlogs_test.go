@@ -132,7 +132,7 @@ func TestFleetBacklogsPastTheCountTakeTheEstimate(t *testing.T) {
 // A database whose row estimates cannot be read (here, the relay's role may
 // not call pg_stat_get_live_tuples, as a locked-down role may not) leaves its
 // deep backlog at the capped count, FleetBacklogCounted+1, and says so in the
-// error, naming the database; the other databases' backlogs are read beside
+// error, naming the database as the relay names it; the other databases' backlogs are read beside
 // it.
 func TestFleetBacklogsKeepTheCountWhenTheEstimateFails(t *testing.T) {
 	t.Parallel()
@@ -185,13 +185,14 @@ func TestFleetBacklogsKeepTheCountWhenTheEstimateFails(t *testing.T) {
 	require.NoError(t, err)
 	logger := slog.New(slog.DiscardHandler)
 	got, err := admin.FleetBacklogs(ctx, "outbox", []admin.FleetOutbox{
-		{Config: admin.Config{Pool: reader, Table: deep, Logger: logger}},
+		// Named as a list names it (fleet.ListedName), not as its URL does.
+		{Config: admin.Config{Pool: reader, Table: deep, Logger: logger, Database: "eu1"}},
 		{Config: admin.Config{Pool: dbtest.Pool(t), Table: other, Logger: logger}},
 	})
 	require.Error(t, err, "an estimate that could not be read")
 	require.ErrorContains(t, err, "row estimates")
 	require.ErrorContains(t, err, "permission denied")
-	require.ErrorContains(t, err, `database "`+cfg.ConnConfig.Database+`": read the outboxes' row estimates`, "the database whose estimates failed is named")
+	require.ErrorContains(t, err, `database "eu1": read the outboxes' row estimates`, "the database whose estimates failed is named")
 	require.EqualValues(t, admin.FleetBacklogCounted+1, got[deep.Schema].Rows, "the capped count stands")
 	require.NotNil(t, got[deep.Schema].OldestAgeSeconds)
 	require.EqualValues(t, 2, got[other.Schema].Rows, "the other database's backlog")

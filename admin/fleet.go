@@ -293,19 +293,19 @@ func (f *fleetAPI) list(w http.ResponseWriter, r *http.Request) {
 		limit = n
 	}
 	outboxes := f.cfg.Outboxes()
-	pools := map[*pgxpool.Pool]bool{}
+	pools := map[*pgxpool.Pool]string{} // each database's name
 	for _, o := range outboxes {
-		pools[o.Config.Pool] = true
+		pools[o.Config.Pool] = o.Config.databaseName()
 	}
 	type key struct {
 		pool   *pgxpool.Pool
 		schema string
 	}
 	backlog, dead := map[key]int64{}, map[key]int64{}
-	for pool := range pools {
+	for pool, name := range pools {
 		b, d, err := estimates(r.Context(), pool, f.cfg.TableName)
 		if err != nil {
-			f.api.internal(w, r, onDatabase(pool, err))
+			f.api.internal(w, r, onDatabase(name, err))
 			return
 		}
 		for s, n := range b {
@@ -399,7 +399,7 @@ func FleetBacklogs(ctx context.Context, tableName string, outboxes []FleetOutbox
 		if _, read := estimated[pool]; !read {
 			est, _, err := estimates(ctx, pool, tableName)
 			if err != nil {
-				errs = append(errs, onNamedDatabase(pool, err))
+				errs = append(errs, onNamedDatabase(o.Config.databaseName(), err))
 			}
 			estimated[pool] = est // nil when it failed: the counts stand
 		}
@@ -438,7 +438,7 @@ func countBacklogs(ctx context.Context, tableName string, outboxes []FleetOutbox
 			defer mu.Unlock()
 			maps.Copy(out, read)
 			if err != nil {
-				errs = append(errs, onNamedDatabase(pool, fmt.Errorf("read the outboxes' backlogs: %w", err)))
+				errs = append(errs, onNamedDatabase(list[0].Config.databaseName(), fmt.Errorf("read the outboxes' backlogs: %w", err)))
 			}
 		})
 	}

@@ -200,7 +200,7 @@ func badRequest(w http.ResponseWriter, format string, args ...any) {
 // never reached the database) or should be looked at first.
 func (a *api) internal(w http.ResponseWriter, r *http.Request, err error) {
 	if unreachable(err) {
-		name := databaseName(err, a.cfg.Pool)
+		name := databaseName(err, a.cfg)
 		a.cfg.Logger.Warn("admin API call failed: database unreachable", "method", r.Method, "path", r.URL.Path, "database", name, "err", err)
 		// A read changed nothing; a change whose connection broke after
 		// its statement went may have been made.

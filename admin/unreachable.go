@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // unreachable reports whether err says the database could not be reached,
@@ -62,41 +61,50 @@ type databaseError struct {
 func (e *databaseError) Error() string { return e.err.Error() }
 func (e *databaseError) Unwrap() error { return e.err }
 
-// onDatabase marks err as met on pool's database, so that a 503 names that
-// one; nil stays nil.
-func onDatabase(pool *pgxpool.Pool, err error) error {
+// onDatabase marks err as met on the database named name, so that a 503
+// names that one; nil stays nil.
+func onDatabase(name string, err error) error {
 	if err == nil {
 		return nil
 	}
-	return &databaseError{database: pool.Config().ConnConfig.Database, err: err}
+	return &databaseError{database: name, err: err}
 }
 
 // onNamedDatabase is onDatabase with the database's name in the error's
 // text, for errors that reach a log with no other word of which database
 // it was: a relay of several reads them at once, and an error met on one (a
 // permission refused, say) does not name it itself.
-func onNamedDatabase(pool *pgxpool.Pool, err error) error {
+func onNamedDatabase(name string, err error) error {
 	if err == nil {
 		return nil
 	}
-	name := pool.Config().ConnConfig.Database
 	return &databaseError{database: name, err: fmt.Errorf("database %s: %w", quoteShort(name), err)}
 }
 
+// databaseName returns the name of cfg's database: Database, else the name
+// in its pool's connection string.
+func (cfg Config) databaseName() string {
+	if cfg.Database != "" || cfg.Pool == nil {
+		return cfg.Database
+	}
+	return cfg.Pool.Config().ConnConfig.Database
+}
+
 // databaseName names the database err failed to reach: the one onDatabase
-// or its connection attempt named, else pool's. Only the name: the error's
+// named, else cfg's own name for it (a listed name), else the one its
+// connection attempt named, else its pool's. Only the name: the error's
 // host and user stay in the log.
-func databaseName(err error, pool *pgxpool.Pool) string {
+func databaseName(err error, cfg Config) string {
 	var on *databaseError
 	if errors.As(err, &on) {
 		return on.database
+	}
+	if cfg.Database != "" {
+		return cfg.Database
 	}
 	var connect *pgconn.ConnectError
 	if errors.As(err, &connect) && connect.Config != nil && connect.Config.Database != "" {
 		return connect.Config.Database
 	}
-	if pool != nil {
-		return pool.Config().ConnConfig.Database
-	}
-	return ""
+	return cfg.databaseName()
 }

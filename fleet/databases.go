@@ -201,7 +201,7 @@ func (d *Databases) sync(ctx context.Context) error {
 	// others' letting go, nor the databases listed since.
 	var halting sync.WaitGroup
 	for _, db := range gone {
-		d.opts.Fleet.Logger.Info("database no longer listed under this URL; its outboxes are let go", "database", db.name)
+		d.opts.Fleet.Logger.Info("database no longer listed as it was (taken off, or its URL or name changed); its outboxes are let go", "database", db.name)
 		halting.Go(db.halt)
 	}
 	halting.Wait()
@@ -222,22 +222,47 @@ func (d *Databases) sync(ctx context.Context) error {
 
 // ListedName splits an entry of the list of databases into the name the
 // relay gives the database and its connection string. An entry
-// name=postgres://… (or postgresql://) names it; any other (a URL, a
-// keyword=value string) leaves name empty: the database is then named by
-// its own name in the string. A name is letters, digits, _ and -, at most
-// 63 bytes, as it goes into the admin API's paths, the destination's
-// {database} and the Redis keys.
+// name=postgres://… (or postgresql://, in any case, spaces around the =
+// allowed) names it; a URL alone or a keyword=value string leaves name
+// empty: the database is then named by its own name in the string. A name
+// is letters, digits, _ and -, at most 63 bytes, as it goes into the admin
+// API's paths, the destination's {database} and the Redis keys. An entry
+// that looks named but whose URL is not a postgres:// one is refused,
+// rather than read as a keyword=value string that would send the URL, its
+// password too, to whatever server the defaults name.
 func ListedName(entry string) (name, conn string, err error) {
-	before, after, ok := strings.Cut(entry, "=")
-	if !ok || !strings.HasPrefix(after, "postgres://") && !strings.HasPrefix(after, "postgresql://") {
-		return "", entry, nil
+	entry = strings.TrimSpace(entry)
+	if postgresURL(entry) {
+		return "", entry, nil // a password may hold "=postgres://"
 	}
-	if before == "" || len(before) > 63 || strings.ContainsFunc(before, func(r rune) bool {
-		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-')
-	}) {
+	before, after, ok := strings.Cut(entry, "=")
+	before, after = strings.TrimSpace(before), strings.TrimSpace(after)
+	named := ok && nameLike(before) && !strings.ContainsAny(before, " \t")
+	switch {
+	case named && postgresURL(after):
+		return before, after, nil
+	case named && (strings.Contains(after, "://") || hasPrefixFold(after, "postgres:") || hasPrefixFold(after, "postgresql:")) &&
+		!strings.ContainsAny(after, " \t"):
+		return "", "", fmt.Errorf("the listed database named %q is not a postgres:// or postgresql:// URL: write name=postgres://host/database", before)
+	case ok && postgresURL(after):
 		return "", "", fmt.Errorf("a listed database is named %q (before its URL's =): a name is letters, digits, _ and -, at most 63 bytes", before)
 	}
-	return before, after, nil
+	return "", entry, nil
+}
+
+func postgresURL(s string) bool {
+	return hasPrefixFold(s, "postgres://") || hasPrefixFold(s, "postgresql://")
+}
+
+func hasPrefixFold(s, prefix string) bool {
+	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
+}
+
+// nameLike says whether s is a name ListedName takes.
+func nameLike(s string) bool {
+	return s != "" && len(s) <= 63 && !strings.ContainsFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-')
+	})
 }
 
 // start relays the database at entry.
@@ -251,6 +276,9 @@ func (d *Databases) start(ctx context.Context, entry string) error {
 		return fmt.Errorf("a listed database: %w", err) // the error names no password: pgconn redacts it
 	}
 	name = cmp.Or(name, cfg.ConnConfig.Database)
+	if name == "" {
+		return fmt.Errorf("a listed database on %s has no name in its connection string (dbname=…): give it, or name it in the list, name=postgres://…", cfg.ConnConfig.Host)
+	}
 	d.mu.Lock()
 	for _, db := range d.fleets {
 		if db.name == name {

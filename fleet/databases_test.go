@@ -284,7 +284,7 @@ func TestDatabasesFollowADatabaseToItsNewURL(t *testing.T) {
 	mu.Unlock()
 	d.Reload()
 	dbtest.Eventually(t, time.Minute, "the database let go under its old URL", func() bool {
-		return strings.Contains(l.String(), "database no longer listed under this URL")
+		return strings.Contains(l.String(), "database no longer listed as it was")
 	})
 	writeTo(t, old, "a", outbox.Message{Topic: "orders", Payload: []byte("after")})
 	dbtest.Eventually(t, time.Minute, "the row under the new URL", delivered("after"))
@@ -337,8 +337,13 @@ func TestListedName(t *testing.T) {
 		{"eu_1-a=postgresql://h/app?sslmode=disable", "eu_1-a", "postgresql://h/app?sslmode=disable", ""},
 		{"postgres://h/app?sslmode=disable", "", "postgres://h/app?sslmode=disable", ""}, // its = is the query's
 		{"host=h dbname=app", "", "host=h dbname=app", ""},                               // keyword=value
+		{" eu1 = POSTGRES://h/app ", "eu1", "POSTGRES://h/app", ""},
+		{"postgres://u:pw=postgres://x@h/app", "", "postgres://u:pw=postgres://x@h/app", ""}, // a password's =, unnamed
+		{"host=postgres.internal", "", "host=postgres.internal", ""},
 		{"eu.1=postgres://h/app", "", "", `named "eu.1"`},
 		{"=postgres://h/app", "", "", `named ""`},
+		{"eu1=postgres:/h/app", "", "", `named "eu1" is not a postgres://`},
+		{"eu1=mysql://h/app", "", "", `named "eu1" is not a postgres://`},
 	} {
 		name, conn, err := fleet.ListedName(c.entry)
 		if c.err != "" {

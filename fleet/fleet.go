@@ -1065,7 +1065,7 @@ func (f *Fleet) adminOutboxes() []admin.FleetOutbox {
 		s := m.sweeper
 		cfg := f.opts.Admin
 		cfg.Logger = cfg.Logger.With("outbox", m.table.String())
-		cfg.Pool, cfg.Table = f.pool, m.table
+		cfg.Pool, cfg.Table, cfg.Database = f.pool, m.table, f.opts.Database
 		cfg.Topics, cfg.Gate, cfg.DeadLetters = s.TopicBreaker(), s, m.dead
 		cfg.Backoffs, cfg.Activity, cfg.SweepsFailing = s.TopicBackoffs, s.TopicActivity, s.Failing
 		cfg.Stalled = func(now time.Time) (outbox.Stall, bool) { return s.Stalled(now, f.opts.StallTicks) }

@@ -751,9 +751,11 @@ func TestFleetAsksPartitionedOutboxesInTurnMoreOften(t *testing.T) {
 // waiting for their drains. The rows sent between its commit and its
 // arrival are counted, not timed: those of the drains until its
 // notification comes, then a page of each turn (0 to 1,600 of about
-// 18,000 here, under -race and a CPU hog too), where drains that kept their
-// turns for their sweeps' whole span sent nearly all of them (15,800 to
-// 17,000 with Waiting always false).
+// 18,000 left, under -race and a CPU hog too), where drains that kept
+// their turns for their sweeps' whole span (a second) sent nearly all of
+// them (15,800 to 18,200 with Waiting always false). Backlogs large enough
+// to outlast that span would no longer tell the two apart by a share of
+// them: 14,400 of 38,400 without the yield, at 8,000 each.
 func TestFleetSharesTurnsAmongBusyTenants(t *testing.T) {
 	base := dbtest.Schema(t)
 	tbls := tenants(t, base, 6)
@@ -771,9 +773,10 @@ func TestFleetSharesTurnsAmongBusyTenants(t *testing.T) {
 		return nil
 	})
 	// Five tenants with a backlog each, written before the fleet starts.
-	for _, tbl := range tbls[:5] {
+	const busy, backlog = 5, 4000
+	for _, tbl := range tbls[:busy] {
 		var msgs []outbox.Message
-		for i := range 4000 {
+		for i := range backlog {
 			msgs = append(msgs, outbox.Message{Topic: fmt.Sprintf("t%d", i%4), Payload: []byte("x")})
 		}
 		write(t, tbl, msgs...)
@@ -791,10 +794,10 @@ func TestFleetSharesTurnsAmongBusyTenants(t *testing.T) {
 			return false
 		}
 	})
-	between, left := upTo-1-before, 5*4000-before
+	between, left := upTo-1-before, busy*backlog-before
 	t.Logf("quiet row after %s, behind %d of the %d backlog rows left at its commit", time.Since(written), between, left)
 	require.Less(t, between, left/2, "the quiet row waited for most of the busy tenants' drains rather than a page of each turn")
-	dbtest.Eventually(t, 2*time.Minute, "every backlog drained", func() bool { return len(p.Messages()) == 5*4000+1 })
+	dbtest.Eventually(t, 2*time.Minute, "every backlog drained", func() bool { return len(p.Messages()) == busy*backlog+1 })
 	require.Len(t, f.Outboxes(), 6)
 }
 
