@@ -81,7 +81,7 @@ func TestMigrateSchemasGoesOnPastAFailedSchema(t *testing.T) {
 	pattern := base + "_t*"
 	code, out, errOut := runOnce(t, "migrate", "--database-url", dbtest.URL(t), "--schemas", pattern)
 	require.NotEqual(t, 0, code, "migrate with a schema failed: %s%s", out, errOut)
-	require.Contains(t, out, odd+": left out:")
+	require.Contains(t, out, odd+": left out: schema (--schemas)")
 	require.Contains(t, out, clash+".outbox: failed:")
 	require.Contains(t, errOut, fmt.Sprintf("2 of 3 schemas matching %q failed to migrate", pattern))
 	version := func(tbl outbox.Table) int32 {

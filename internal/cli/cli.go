@@ -495,6 +495,10 @@ func migrateCommand(ctx context.Context, o *migrateOptions, f *flags, out, _ io.
 		}
 		t := outbox.Table{Schema: s, Name: tbl.Name}
 		if err := t.Validate(); err != nil {
+			// Validate names --schema, which this command was not given.
+			if ce, ok := errors.AsType[*outbox.ConfigError](err); ok && ce.Flag == "schema" {
+				ce.Flag = "schemas"
+			}
 			fmt.Fprintf(out, "%s: left out: %v\n", s, err)
 			failed++
 			continue
