@@ -99,11 +99,8 @@ func databaseName(err error, cfg Config) string {
 	if errors.As(err, &on) {
 		return on.database
 	}
-	if cfg.Database != "" {
-		return cfg.Database
-	}
 	var connect *pgconn.ConnectError
-	if errors.As(err, &connect) && connect.Config != nil && connect.Config.Database != "" {
+	if cfg.Database == "" && errors.As(err, &connect) && connect.Config != nil && connect.Config.Database != "" {
 		return connect.Config.Database
 	}
 	return cfg.databaseName()

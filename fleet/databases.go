@@ -237,7 +237,7 @@ func ListedName(entry string) (name, conn string, err error) {
 	}
 	before, after, ok := strings.Cut(entry, "=")
 	before, after = strings.TrimSpace(before), strings.TrimSpace(after)
-	named := ok && nameLike(before) && !strings.ContainsAny(before, " \t")
+	named := ok && nameLike(before)
 	switch {
 	case named && postgresURL(after):
 		return before, after, nil
@@ -341,11 +341,7 @@ func (d *Databases) States() []metrics.OutboxState { return states(d.adminOutbox
 // Backlogs reads the backlogs of the outboxes named, of every database, for
 // their per-outbox series (metrics.RegisterOutboxes).
 func (d *Databases) Backlogs(ctx context.Context, names []string) (map[string]metrics.Backlog, error) {
-	out, err := backlogs(ctx, d.opts.Fleet.Sweeper.Table.Name, d.adminOutboxes(), names)
-	if err != nil {
-		d.backlogWarning.warn(d.opts.Fleet.Logger, err)
-	}
-	return out, err
+	return backlogs(ctx, d.opts.Fleet.Sweeper.Table.Name, d.adminOutboxes(), names, &d.backlogWarning, d.opts.Fleet.Logger)
 }
 
 func (d *Databases) adminOutboxes() []admin.FleetOutbox {

@@ -340,6 +340,49 @@ func TestDatabasesNamedInTheList(t *testing.T) {
 	})
 }
 
+// Entries that name no database, or that look named but hold no postgres
+// URL, are refused with an error that says so, and the others are relayed:
+// neither is handed to the driver, which would read the second as
+// keyword=value and send it to the defaults' host.
+func TestDatabasesRefuseEntriesWithoutAName(t *testing.T) {
+	t.Setenv("PGDATABASE", "") // the driver's default for a missing dbname
+	good := databases(t, 1)[0]
+	p := memory.New(memory.Config{})
+	d, l := startDatabases(t, p, func() ([]string, error) {
+		return []string{good, "host=127.0.0.1 user=postgres", "eu1=mysql://127.0.0.1/app"}, nil
+	}, fleet.Options{})
+	dbtest.Eventually(t, time.Minute, "both bad entries refused, saying why", func() bool {
+		return strings.Contains(l.String(), "has no name in its connection string") &&
+			strings.Contains(l.String(), "is not a postgres:// or postgresql:// URL")
+	})
+	require.Equal(t, []string{dbName(good)}, d.Names())
+}
+
+// ListedName takes what an operator writes in a file: whatever it is, it
+// does not panic, and what it returns keeps its promises (a name only with
+// a postgres URL, the entry whole otherwise).
+func FuzzListedName(f *testing.F) {
+	for _, s := range []string{"postgres://h/app", "eu1=postgres://h/app", " eu1 = POSTGRESQL://h/app ", "host=h dbname=app",
+		"postgres://u:pw=postgres://x@h/app", "eu.1=postgres://h/app", "eu1=postgres:/h", "=", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, entry string) {
+		name, conn, err := fleet.ListedName(entry)
+		switch {
+		case err != nil:
+			require.Empty(t, name)
+			require.Empty(t, conn)
+		case name != "":
+			lower := strings.ToLower(conn)
+			require.True(t, strings.HasPrefix(lower, "postgres://") || strings.HasPrefix(lower, "postgresql://"), "named %q with %q", name, conn)
+			require.LessOrEqual(t, len(name), 63)
+			require.NotContains(t, name, ".")
+		default:
+			require.Equal(t, strings.TrimSpace(entry), conn)
+		}
+	})
+}
+
 func TestListedName(t *testing.T) {
 	for _, c := range []struct{ entry, name, conn, err string }{
 		{"postgres://h/app", "", "postgres://h/app", ""},

@@ -993,11 +993,7 @@ func (f *Fleet) States() []metrics.OutboxState { return states(f.adminOutboxes()
 // Backlogs reads the backlogs of the outboxes named, for their per-outbox
 // series (metrics.RegisterOutboxes).
 func (f *Fleet) Backlogs(ctx context.Context, names []string) (map[string]metrics.Backlog, error) {
-	out, err := backlogs(ctx, f.opts.Sweeper.Table.Name, f.adminOutboxes(), names)
-	if err != nil {
-		f.backlogWarning.warn(f.opts.Logger, err)
-	}
-	return out, err
+	return backlogs(ctx, f.opts.Sweeper.Table.Name, f.adminOutboxes(), names, &f.backlogWarning, f.opts.Logger)
 }
 
 // backlogWarning logs a failure to read the backlogs for the per-outbox
@@ -1029,14 +1025,19 @@ func (w *backlogWarning) warn(logger *slog.Logger, err error) {
 	}
 }
 
-// backlogs reads the backlogs of those of outboxes named.
-func backlogs(ctx context.Context, tableName string, outboxes []admin.FleetOutbox, names []string) (map[string]metrics.Backlog, error) {
+// backlogs reads the backlogs of those of outboxes named; a failure is
+// logged through warning.
+func backlogs(ctx context.Context, tableName string, outboxes []admin.FleetOutbox, names []string,
+	warning *backlogWarning, logger *slog.Logger) (map[string]metrics.Backlog, error) {
 	want := map[string]bool{}
 	for _, n := range names {
 		want[n] = true
 	}
 	outboxes = slices.DeleteFunc(outboxes, func(o admin.FleetOutbox) bool { return !want[o.PathName()] })
 	read, err := admin.FleetBacklogs(ctx, tableName, outboxes) // what it read, beside a database that failed
+	if err != nil {
+		warning.warn(logger, err)
+	}
 	out := make(map[string]metrics.Backlog, len(read))
 	for name, b := range read {
 		out[name] = metrics.Backlog{Rows: b.Rows, OldestAgeSeconds: b.OldestAgeSeconds}

@@ -69,15 +69,15 @@ func statement(t Table, name string) string {
 // schema version. It belongs to one outbox, so two outboxes in one schema migrate
 // independently. It is not quoted: tern looks the table up by splitting the name
 // at the dot, and Validate has made sure no quoting is needed.
-func versionTable(t Table) string {
-	return t.Schema + "." + t.Name + "_schema_version"
-}
+func versionTable(t Table) string { return t.Schema + "." + versionName(t) }
+
+// versionName returns the bare name of the table where t's migrations
+// record its schema version.
+func versionName(t Table) string { return t.Name + "_schema_version" }
 
 // VersionIdent returns the quoted name of the table where t's migrations
 // record its schema version, for messages that tell an operator to set it.
-func VersionIdent(t Table) string {
-	return pgx.Identifier{t.Schema, t.Name + "_schema_version"}.Sanitize()
-}
+func VersionIdent(t Table) string { return pgx.Identifier{t.Schema, versionName(t)}.Sanitize() }
 
 func configError(what, flag, value, want string) *ConfigError {
 	return &ConfigError{What: what, Flag: flag, Value: value, Want: want}

@@ -218,7 +218,7 @@ func newPool(t testing.TB, maxConns int32, name string) *pgxpool.Pool {
 func Schema(t testing.TB) string {
 	t.Helper()
 	p := Pool(t)
-	dropStale.Do(func() { dropStaleSchemas(context.Background(), p) })
+	dropStale.Do(func() { dropStaleObjects(context.Background(), p) })
 	name := fmt.Sprintf("%s%d_%d_%d", schemaPrefix, time.Now().Unix(), os.Getpid(), schemaSeq.Add(1))
 	t.Cleanup(func() {
 		if _, err := p.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{name}.Sanitize()+" CASCADE"); err != nil {
@@ -278,10 +278,10 @@ func Table(t testing.TB) outbox.Table {
 
 var staleSchema = regexp.MustCompile(`^` + schemaPrefix + `(\d+)_`)
 
-// dropStaleSchemas drops test schemas, databases (Database) and roles
+// dropStaleObjects drops test schemas, databases (Database) and roles
 // (named after a schema) over an hour old: a killed test run leaves them
 // behind. Databases go before roles, whose grants they may hold.
-func dropStaleSchemas(ctx context.Context, p *pgxpool.Pool) {
+func dropStaleObjects(ctx context.Context, p *pgxpool.Pool) {
 	for _, kind := range []struct{ list, drop string }{
 		{"SELECT nspname FROM pg_catalog.pg_namespace WHERE nspname LIKE $1", "DROP SCHEMA IF EXISTS %s CASCADE"},
 		{"SELECT datname FROM pg_catalog.pg_database WHERE datname LIKE $1", "DROP DATABASE IF EXISTS %s WITH (FORCE)"},
