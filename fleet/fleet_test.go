@@ -498,7 +498,10 @@ func TestFleetRelaysASchemaMadeAgainBetweenListings(t *testing.T) {
 	tbls := tenants(t, base, 2)
 	reset := tbls[1]
 	p := memory.New(memory.Config{})
-	f, _ := newFleet(t, base+"_t*", p, "fleet-"+base, fleet.Options{Discover: time.Hour, Reconcile: 200 * time.Millisecond})
+	// The passes in turn left out: one that asked the dropped table (its
+	// turn comes once in 120 passes) would fail and list the schemas again
+	// (CI, 2026-11-29).
+	f, _ := newFleet(t, base+"_t*", p, "fleet-"+base, fleet.WithoutSlices(fleet.Options{Discover: time.Hour, Reconcile: 200 * time.Millisecond}))
 	waitParked(t, f, tbls)
 	var old []outbox.Message
 	for i := range 20 {
