@@ -28,7 +28,9 @@
 -- Rows another transaction holds (a page in flight) are skipped: that page
 -- checks them itself. Rows are locked and moved by ctid, for the reason
 -- claim_page.sql gives: by id, a planner misled by a held horizon's dead rows
--- may scan a whole index to find them. Returns the moved rows' topics and correlation ids.
+-- may scan a whole index to find them; and their check that the row is
+-- still outstanding is a CASE, which keeps a plan made while the outbox was
+-- small from scanning a partial index whole (claim_page.sql says how). Returns the moved rows' topics and correlation ids.
 WITH due AS MATERIALIZED (
     SELECT t.topic, t.max_age_ms
     FROM unnest($1::text[], $2::bigint[]) AS t(topic, max_age_ms)
@@ -65,7 +67,7 @@ WITH due AS MATERIALIZED (
     SELECT o.ctid
     FROM {{outbox}} o
     WHERE o.ctid = ANY (ARRAY(SELECT ctid FROM aged UNION SELECT ctid FROM deadlined))
-      AND o.dispatched_at IS NULL
+      AND CASE WHEN o.dispatched_at IS NULL THEN true ELSE false END
     FOR UPDATE OF o SKIP LOCKED
 ), moved AS (
     DELETE FROM {{outbox}}
