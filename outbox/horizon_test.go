@@ -119,7 +119,7 @@ func TestPlansMadeWhileTheOutboxWasSmallStayOnTheirRows(t *testing.T) {
 	ctx := context.Background()
 	tbl := dbtest.Table(t)
 	pool := dbtest.Pool(t)
-	name := pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()
+	name := ident(tbl)
 	insert := func(rows int) {
 		t.Helper()
 		_, err := pool.Exec(ctx, "INSERT INTO "+name+" (topic, payload) SELECT 'topic-' || (g % 10), convert_to(repeat('x', 512), 'UTF8') FROM generate_series(1, $1) g", rows)
