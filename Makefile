@@ -98,7 +98,8 @@ test-under-load:
 # (--schemas): idle cost, a quiet tenant's latency beside a busy one, 100
 # tenants draining at once and all 1,000 draining small backlogs, each against
 # the single-table binary in the same run; and slow tenants notifying against
-# kept awake (--awake-rate). About 17 minutes; make bench runs them too.
+# kept awake (--awake-rate). About 12 minutes on a 2-core machine; make bench
+# runs them too.
 bench-tenants:
 	scripts/services.sh test
 	$(LOADENV) go test -run '^$$' -bench '^BenchmarkTenants' -benchtime 1x -count 1 -timeout 30m ./test/bench/ | tee bench.out
