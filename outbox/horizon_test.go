@@ -66,10 +66,7 @@ func TestAHeldHorizonsStatisticsDoNotMisleadTheSweep(t *testing.T) {
 	exec("UPDATE pg_class SET reltuples = 60 WHERE oid = $1::regclass", name)
 	exec("UPDATE pg_class SET reltuples = 150060 WHERE oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = $1::regclass)", name)
 
-	topics := make([]string, 10)
-	for i := range topics {
-		topics[i] = fmt.Sprintf("topic-%d", i)
-	}
+	topics := topicNames(10)
 	var floor int64
 	require.NoError(t, pool.QueryRow(ctx, "SELECT min(id) - 1 FROM "+name).Scan(&floor))
 	floors := make([]int64, len(topics))
@@ -131,10 +128,7 @@ func TestPlansMadeWhileTheOutboxWasSmallStayOnTheirRows(t *testing.T) {
 	_, err = pool.Exec(ctx, "ANALYZE "+name)
 	require.NoError(t, err)
 
-	topics := make([]string, 10)
-	for i := range topics {
-		topics[i] = fmt.Sprintf("topic-%d", i)
-	}
+	topics := topicNames(10)
 	zeros := make([]int64, len(topics))
 	ages := make([]int64, len(topics))
 	whys := make([]string, len(topics))
@@ -182,6 +176,16 @@ func TestPlansMadeWhileTheOutboxWasSmallStayOnTheirRows(t *testing.T) {
 			}
 		})
 	}
+}
+
+// topicNames returns topic-0 … topic-(n-1), the topics the tests' inserts
+// spread their rows over ('topic-' || (g % n)).
+func topicNames(n int) []string {
+	topics := make([]string, n)
+	for i := range topics {
+		topics[i] = fmt.Sprintf("topic-%d", i)
+	}
+	return topics
 }
 
 // explained numbers explain's prepared statements.

@@ -799,8 +799,9 @@ func tenantPool(b *testing.B, dbURL string) *pgxpool.Pool {
 // rows, in the same run (drainRounds). Issue 33's goal: the fleet at least
 // 0.8 of the single table's rate.
 func BenchmarkTenantsDrain(b *testing.B) {
+	bin := build(b, "", "cmd/sweeper")
 	for range b.N {
-		drainRounds(b, 100, 1000)
+		drainRounds(b, bin, 100, 1000)
 	}
 	b.ReportMetric(0, "ns/op")
 }
@@ -813,8 +814,9 @@ func BenchmarkTenantsDrain(b *testing.B) {
 // rows, so the fleet drains slower than one table (BENCHMARKS.md, issue 33,
 // seventeenth session).
 func BenchmarkTenantsDrainSmallBacklogs(b *testing.B) {
+	bin := build(b, "", "cmd/sweeper")
 	for range b.N {
-		drainRounds(b, tenantCount, 100)
+		drainRounds(b, bin, tenantCount, 100)
 	}
 	b.ReportMetric(0, "ns/op")
 }
@@ -836,9 +838,8 @@ func BenchmarkTenantsDrainSmallBacklogs(b *testing.B) {
 // other drains, on separate outboxes (the single table is schema single's,
 // which the fleet's pattern does not match): each round's rows are new,
 // and neither relay starts, lists or parks inside the other's round.
-func drainRounds(b *testing.B, tenants, perTenant int) {
+func drainRounds(b *testing.B, bin string, tenants, perTenant int) {
 	b.Helper()
-	bin := build(b, "", "cmd/sweeper")
 	const rounds = 3
 	dbURL := tenantDatabase(b, bin)
 	pool := tenantPool(b, dbURL)
