@@ -15,6 +15,7 @@ import (
 	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
 	"github.com/outbox-sweeper/sweeper/outbox"
+	"github.com/outbox-sweeper/sweeper/producer"
 	"github.com/outbox-sweeper/sweeper/producer/memory"
 )
 
@@ -595,4 +596,67 @@ func TestLongIdleSessionsAreProbed(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, want, got, "the own awake lock's %s", setting)
 	}
+}
+
+// awakeHost is a wakingHost whose outbox is always busy enough to stay awake
+// (AwakeHost), with a lock that only records whether it is held.
+type awakeHost struct {
+	wakingHost
+	lock *recordedLock
+}
+
+func (h awakeHost) AwakeLock() outbox.AwakeLock { return h.lock }
+func (awakeHost) Busy(int) bool                 { return true }
+
+type recordedLock struct{ held, taken atomic.Int32 }
+
+func (l *recordedLock) Acquire(context.Context) bool {
+	l.held.Store(1)
+	l.taken.Add(1)
+	return true
+}
+
+func (l *recordedLock) Release(context.Context) (string, bool) { return "", l.held.Swap(0) == 1 }
+func (*recordedLock) Settled(context.Context, string) bool     { return true }
+
+// A hosted sweeper that parks while awake keeps polling until it lets its
+// lock go: while the lock is held, commits do not notify, and a parked
+// sweeper that waited for a wake-up alone would hold it, its outbox's commits
+// silent, until the host's reconciliation. Its polls once counted only before
+// the next tick, which a parked sweeper never waits for: the cursor's reread
+// poll, a quarter of a second later, rescued most such parks, not those whose
+// last sweep had read again (sweepAt's test proves the rule itself).
+func TestAParkedAwakeSweeperPollsUntilItLetsItsLockGo(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tbl := dbtest.Table(t)
+	pool := dbtest.Pool(t)
+	prod := memory.New(memory.Config{})
+	host := awakeHost{wakingHost: wakingHost{wake: make(chan struct{}, 1)}, lock: &recordedLock{}}
+	s := newSweeper(t, pool, prod, outbox.Config{Table: tbl, Tick: 2 * time.Millisecond, Host: host})
+	// Findings settle at once, so that the cursor's reread polls, which come
+	// whether parked or not, stop soon after the row.
+	outbox.SetCursorReset(s, time.Hour)
+	outbox.SetCursorSettle(s, time.Nanosecond)
+	dbtest.RunSweeper(t, s)
+	dbtest.Eventually(t, 30*time.Second, "the empty outbox parked", s.Parked)
+
+	// A commit that notifies while the sweep sends presses the sweeper: it
+	// wakes up for good, and takes the lock.
+	prod.SetSendFunc(func(context.Context, producer.Batch) error {
+		host.poke()
+		return nil
+	})
+	_, err := pool.Exec(ctx, "INSERT INTO "+ident(tbl)+" (topic, payload) VALUES ('orders', 'x')")
+	require.NoError(t, err)
+	host.poke()
+	dbtest.Eventually(t, 30*time.Second, "the sweeper awake, holding its lock", func() bool { return host.lock.taken.Load() > 0 })
+	prod.SetSendFunc(nil)
+
+	// Nothing more is written: it finds nothing, parks, and lets the lock go
+	// once it has polled for lingerFor (50 ms) without sending.
+	dbtest.Eventually(t, 30*time.Second, "the lock let go and the outbox parked", func() bool {
+		return host.lock.held.Load() == 0 && s.Parked()
+	})
+	require.Len(t, prod.Messages(), 1)
 }

@@ -354,16 +354,16 @@ func (s *Sweeper) Run(ctx context.Context) error {
 			woken = nil
 		}
 		parked := s.parked.Load() && failing == 0
-		at := next
-		if parked {
-			at = time.Time{} // no tick: only a wake-up or a reread's poll
+		var polls []time.Time
+		if failing == 0 {
+			if poll, ok := st.pollAt(); ok {
+				polls = append(polls, poll)
+			}
+			if poll, ok := s.cursor.rereadAt(); ok {
+				polls = append(polls, poll)
+			}
 		}
-		if poll, ok := st.pollAt(); ok && failing == 0 && poll.Before(next) {
-			at = poll
-		}
-		if poll, ok := s.cursor.rereadAt(); ok && failing == 0 && (at.IsZero() || poll.Before(at)) {
-			at = poll
-		}
+		at := sweepAt(next, parked, polls...)
 		reached, ok := waitFor(ctx, at, woken)
 		if !ok {
 			s.logger.Info("sweeper stopped")
@@ -673,6 +673,27 @@ func (s *Sweeper) Stalled(now time.Time, ticks int) (Stall, bool) {
 // that Postgres may end for idling, is never mistaken for a wedge.
 func StallFloor(sendTimeout time.Duration) time.Duration {
 	return 2 * IdleInTransactionTimeout(sendTimeout)
+}
+
+// sweepAt returns when the loop sweeps next unless woken: at the tick next,
+// or at the earliest of polls (an awake sweeper's, the cursor's reread) if
+// sooner. A parked sweeper waits for no tick, only for its polls (zero: for
+// a wake-up alone), and a poll of its that falls after the tick counts as
+// much as one before: an awake sweeper's polls once counted only before next,
+// and one that parked within a poll of its tick, its lock still held, waited
+// for a wake-up that its outbox's commits, silent while it held the lock,
+// never sent (the host's reconciliation came first, up to 30 s later).
+func sweepAt(next time.Time, parked bool, polls ...time.Time) time.Time {
+	at := next
+	if parked {
+		at = time.Time{}
+	}
+	for _, p := range polls {
+		if at.IsZero() || p.Before(at) {
+			at = p
+		}
+	}
+	return at
 }
 
 // waitFor waits until t (tick) or a wake-up, whichever comes first, and reports
