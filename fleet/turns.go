@@ -49,9 +49,10 @@ const (
 //     gave its turn back between pages (outbox.Host's Waiting), or whose
 //     last sweep ended with rows left.
 //
-// Starting sweeps go first, in the order they came. Resuming ones go, in the
-// order they came, when no sweep has started for quiet, or once they have
-// waited hold; and while sweeps start, a resuming one gives its turn back
+// Starting sweeps go first, in the order they came, ahead of the resuming
+// ones that have not waited hold. Resuming ones go, in the order they came
+// (those that have waited hold first), when no sweep has started for quiet,
+// or once they have waited hold; and while sweeps start, a resuming one gives its turn back
 // after each page and claims none ahead (busy). So a drain's pages fill the
 // lulls between quiet outboxes' sweeps rather than run beside them. On a
 // small machine a drain left to run beside them keeps every core busy: in
@@ -131,13 +132,12 @@ func (t *turns) take(ctx context.Context, resume bool) error {
 	w := &waiter{resume: resume, granted: make(chan struct{})}
 	t.mu.Lock()
 	if !resume {
-		// Behind the starting sweeps already waiting, ahead of every
-		// resuming one.
-		i := slices.IndexFunc(t.queue, func(q *waiter) bool { return q.resume })
-		if i < 0 {
-			i = len(t.queue)
-		}
-		t.queue = slices.Insert(t.queue, i, w)
+		// Behind the starting sweeps already waiting and the resuming ones
+		// that have waited hold, ahead of every other resuming one: ahead of
+		// an overdue one too, a stream of starting sweeps (as many awake
+		// tenants polling as there are turns) would have one waiting at
+		// every release, and the drain would never go.
+		t.queue = slices.Insert(t.queue, t.behindOverdue(), w)
 	} else {
 		t.queue = append(t.queue, w)
 	}
@@ -162,6 +162,13 @@ func (t *turns) take(ctx context.Context, resume bool) error {
 			overdue = nil
 			t.mu.Lock()
 			w.overdue = true
+			// Ahead of the resuming sweeps that have not waited their hold
+			// (one that came before it with the longer hold, while no quiet
+			// spell ran), which would hold it back as long again.
+			if i := slices.Index(t.queue, w); i >= 0 {
+				t.queue = slices.Delete(t.queue, i, i+1)
+				t.queue = slices.Insert(t.queue, t.behindOverdue(), w)
+			}
 			t.dispatch()
 			t.mu.Unlock()
 		case <-ctx.Done():
@@ -177,6 +184,15 @@ func (t *turns) take(ctx context.Context, resume bool) error {
 			return ctx.Err()
 		}
 	}
+}
+
+// behindOverdue returns where in the queue the resuming sweeps that have not
+// waited their hold begin (its length if none waits), under mu.
+func (t *turns) behindOverdue() int {
+	if i := slices.IndexFunc(t.queue, func(q *waiter) bool { return q.resume && !q.overdue }); i >= 0 {
+		return i
+	}
+	return len(t.queue)
 }
 
 // release gives back a turn taken by take(ctx, resume).

@@ -88,6 +88,60 @@ func TestTurnsResumingSweepGoesAfterItsHold(t *testing.T) {
 	require.False(t, tr.busy(false), "the starting sweep gives nothing back to a drain")
 }
 
+// overdue waits until the waiter at i in t's queue has waited its hold.
+func overdue(tb testing.TB, t *turns, i int) {
+	tb.Helper()
+	require.Eventually(tb, func() bool {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		return len(t.queue) > i && t.queue[i].overdue
+	}, 10*time.Second, time.Millisecond, "the sweep waiting at %d overdue", i)
+}
+
+// A resuming sweep that has waited its hold is not passed by the starting
+// sweeps that come after: with as many awake tenants polling as there are
+// turns, one of them waits at every release, and each would take the turn
+// ahead of the drain, for as long as they poll.
+func TestTurnsAnOverdueResumingSweepIsNotPassedByLaterStartingOnes(t *testing.T) {
+	tr := newTurns(1)
+	tr.hold = time.Millisecond
+	ctx := context.Background()
+	require.NoError(t, tr.take(ctx, false)) // a quiet outbox's sweep holds the turn
+	resumed := takeAsync(ctx, tr, true)
+	queued(t, tr, 1)
+	overdue(t, tr, 0)
+	starting := takeAsync(ctx, tr, false) // the next poll of an awake tenant
+	queued(t, tr, 2)
+
+	tr.release(false)
+	granted(t, resumed, "the resuming sweep that waited its hold")
+	notGranted(t, starting, "the starting sweep that came after it")
+	tr.release(true)
+	granted(t, starting, "the starting sweep, after the drain's page")
+}
+
+// A resuming sweep that has waited its hold goes ahead of one that came
+// before it and has not: holds differ (shorter in a quiet spell), and the
+// first would otherwise hold the second back for the rest of its own.
+func TestTurnsAnOverdueResumingSweepGoesAheadOfOneNotYetOverdue(t *testing.T) {
+	tr := newTurns(1)
+	tr.hold, tr.quietHold = time.Hour, time.Millisecond
+	ctx := context.Background()
+	require.NoError(t, tr.take(ctx, false)) // a starting sweep holds the turn
+	first := takeAsync(ctx, tr, true)       // a drain, waiting an hour's hold
+	queued(t, tr, 1)
+	tr.swept(false, 1, false) // a quiet sweep ends: the next drain's hold is quietHold
+	second := takeAsync(ctx, tr, true)
+	queued(t, tr, 2)
+	overdue(t, tr, 0) // the second, moved to the front
+
+	tr.release(false)
+	granted(t, second, "the resuming sweep that waited its hold")
+	notGranted(t, first, "the one that came first, its hold not out")
+	tr.release(true)
+	granted(t, first, "the first, once no sweep runs")
+}
+
 // A sweep whose context ends while it waits leaves the queue, and those it
 // held back go.
 func TestTurnsCanceledWaiterLeavesTheQueue(t *testing.T) {
