@@ -238,8 +238,14 @@ func (f *fleetAPI) readyz(w http.ResponseWriter, r *http.Request) {
 		ready = f.cfg.Base.Pool.Ping
 	}
 	if err := ready(ctx); err != nil {
-		f.cfg.Base.Logger.Warn("not ready: database unreachable", "err", err)
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": "database unreachable (see the sweeper's log)"})
+		reason := "database unreachable"
+		if f.cfg.Ready != nil {
+			// A relay of many databases: none answers, or none is relayed
+			// (every entry of the list left out, or the list unread).
+			reason = "no listed database is relayed and answering"
+		}
+		f.cfg.Base.Logger.Warn("not ready: "+reason, "err", err)
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": reason + " (see the sweeper's log)"})
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})

@@ -58,6 +58,11 @@ type Databases struct {
 	mu     sync.Mutex
 	fleets map[string]*database // by connection string
 
+	// refused holds, by connection string, why each database listed and not
+	// relayed was not, as last logged: a refusal is logged when it comes or
+	// changes, not at every reading of the list. Run's alone.
+	refused map[string]string
+
 	backlogWarning backlogWarning
 }
 
@@ -77,6 +82,9 @@ func NewDatabases(p producer.Producer, opts DatabasesOptions) (*Databases, error
 	}
 	opts.Recheck = cmp.Or(opts.Recheck, RecheckDatabasesDefault)
 	opts.Fleet = opts.Fleet.withDefaults()
+	if err := opts.Fleet.check(); err != nil {
+		return nil, err
+	}
 	if opts.PoolConfig == nil {
 		opts.PoolConfig = func(url string) (*pgxpool.Config, error) {
 			cfg, err := pgxpool.ParseConfig(url)
@@ -86,7 +94,7 @@ func NewDatabases(p producer.Producer, opts DatabasesOptions) (*Databases, error
 			return cfg, err
 		}
 	}
-	return &Databases{opts: opts, producer: p, reload: make(chan struct{}, 1), fleets: map[string]*database{}}, nil
+	return &Databases{opts: opts, producer: p, reload: make(chan struct{}, 1), fleets: map[string]*database{}, refused: map[string]string{}}, nil
 }
 
 // Reload reads the list of databases again now (the CLI calls it on
@@ -156,7 +164,8 @@ func (d *Databases) Run(ctx context.Context) error {
 		case ctx.Err() != nil:
 			return nil
 		case err != nil && !failing:
-			logger.Error("reading the list of databases failed; the databases relayed go on as they are", "err", err)
+			logger.Error("reading the list of databases failed; the databases relayed go on as they are, and the list is read again",
+				"err", err, "retry_in", d.opts.Recheck)
 		case err == nil && failing:
 			logger.Info("the list of databases reads again")
 		}
@@ -177,7 +186,8 @@ func (d *Databases) Run(ctx context.Context) error {
 // fleet for each database listed and not relayed. In that order: a database
 // listed again under another URL (its password rotated, a parameter added)
 // is the same database, and its old fleet, still running, would make its
-// name taken.
+// name taken. It returns the list's error alone: a database that cannot be
+// relayed is logged by itself.
 func (d *Databases) sync(ctx context.Context) error {
 	urls, err := d.opts.URLs()
 	if err != nil {
@@ -205,7 +215,11 @@ func (d *Databases) sync(ctx context.Context) error {
 		halting.Go(db.halt)
 	}
 	halting.Wait()
-	var errs []error
+	for u := range d.refused {
+		if !listed[u] {
+			delete(d.refused, u)
+		}
+	}
 	for _, u := range urls {
 		d.mu.Lock()
 		_, running := d.fleets[u]
@@ -213,11 +227,21 @@ func (d *Databases) sync(ctx context.Context) error {
 		if running {
 			continue
 		}
-		if err := d.start(ctx, u); err != nil {
-			errs = append(errs, err)
+		err := d.start(ctx, u)
+		switch {
+		case err == nil:
+			delete(d.refused, u)
+		case ctx.Err() != nil:
+		case d.refused[u] != err.Error():
+			// The list was read: this entry alone is left out, the others
+			// relayed (and one refused since the last reading is logged too,
+			// not hidden behind an earlier refusal still standing).
+			d.refused[u] = err.Error()
+			d.opts.Fleet.Logger.Error("a listed database is not relayed; the others are, and it is tried again at each reading of the list",
+				"err", err, "retry_in", d.opts.Recheck)
 		}
 	}
-	return errors.Join(errs...)
+	return nil
 }
 
 // ListedName splits an entry of the list of databases into the name the
@@ -367,6 +391,11 @@ func (d *Databases) ready(ctx context.Context) error {
 	d.mu.Lock()
 	all := slices.Collect(maps.Values(d.fleets))
 	d.mu.Unlock()
+	if len(all) == 0 {
+		// Every entry refused (the log says why each), or the list not read
+		// yet: nothing is relayed.
+		return errors.New("no listed database is relayed yet: the log says why each entry was left out, or the list could not be read")
+	}
 	errs := make([]error, len(all))
 	var wg sync.WaitGroup
 	for i, db := range all {

@@ -343,19 +343,50 @@ func TestDatabasesNamedInTheList(t *testing.T) {
 // Entries that name no database, or that look named but hold no postgres
 // URL, are refused with an error that says so, and the others are relayed:
 // neither is handed to the driver, which would read the second as
-// keyword=value and send it to the defaults' host.
+// keyword=value and send it to the defaults' host. Each refusal is logged
+// as the entry's, the list having been read, and one listed while another
+// still stands is logged too.
 func TestDatabasesRefuseEntriesWithoutAName(t *testing.T) {
 	t.Setenv("PGDATABASE", "") // the driver's default for a missing dbname
 	good := databases(t, 1)[0]
 	p := memory.New(memory.Config{})
+	var mu sync.Mutex
+	listed := []string{good, "host=127.0.0.1 user=postgres"}
 	d, l := startDatabases(t, p, func() ([]string, error) {
-		return []string{good, "host=127.0.0.1 user=postgres", "eu1=mysql://127.0.0.1/app"}, nil
+		mu.Lock()
+		defer mu.Unlock()
+		return listed, nil
 	}, fleet.Options{})
-	dbtest.Eventually(t, time.Minute, "both bad entries refused, saying why", func() bool {
-		return strings.Contains(l.String(), "has no name in its connection string") &&
-			strings.Contains(l.String(), "is not a postgres:// or postgresql:// URL")
+	dbtest.Eventually(t, time.Minute, "the entry without a name refused, saying why", func() bool {
+		return strings.Contains(l.String(), "has no name in its connection string")
+	})
+	mu.Lock()
+	listed = append(listed, "eu1=mysql://127.0.0.1/app")
+	mu.Unlock()
+	d.Reload()
+	dbtest.Eventually(t, time.Minute, "the entry added since refused too, saying why", func() bool {
+		return strings.Contains(l.String(), "is not a postgres:// or postgresql:// URL")
 	})
 	require.Equal(t, []string{dbName(good)}, d.Names())
+	require.Contains(t, l.String(), "a listed database is not relayed")
+	require.NotContains(t, l.String(), "reading the list of databases failed", "the list was read")
+	require.Equal(t, 1, strings.Count(l.String(), "has no name in its connection string"), "a refusal logged at each reading of the list")
+}
+
+// A relay whose every listed database is left out relays nothing, and
+// says so: it is not ready.
+func TestDatabasesNoneRelayedIsNotReady(t *testing.T) {
+	t.Setenv("PGDATABASE", "")
+	addr := fmt.Sprintf("127.0.0.1:%d", dbtest.FreePort(t))
+	_, l := startDatabases(t, memory.New(memory.Config{}), func() ([]string, error) {
+		return []string{"host=127.0.0.1 user=postgres"}, nil
+	}, fleet.Options{Admin: admin.Config{Addr: addr}})
+	dbtest.Eventually(t, time.Minute, "the entry refused", func() bool {
+		return strings.Contains(l.String(), "has no name in its connection string")
+	})
+	code, body := adminGet(t, addr, "/readyz")
+	require.Equal(t, http.StatusServiceUnavailable, code, "ready relaying no database: %v", body)
+	require.Contains(t, fmt.Sprint(body), "no listed database is relayed")
 }
 
 // ListedName takes what an operator writes in a file: whatever it is, it

@@ -201,6 +201,33 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
+// check refuses what no outbox could be relayed with, once, before any is
+// found: each outbox's sweeper is made from these options when its schema
+// is, and a bad value would leave every tenant out, one error each, while
+// the relay ran relaying none (a list of databases, whose fleets are made
+// as each is listed, would log it as the list's trouble every Recheck).
+func (o Options) check() error {
+	if o.Sweeper.TopicBreaker != nil {
+		return errors.New("fleet: Sweeper.TopicBreaker is shared by every outbox; give Options.TopicBreaker instead, which makes one per outbox")
+	}
+	if _, err := path.Match(o.Schemas, ""); err != nil {
+		return &outbox.ConfigError{What: "schema pattern", Flag: "schemas", Value: fmt.Sprintf("%q", o.Schemas),
+			Want: "it is not a valid pattern: use * for any run of characters, ? for one, [a-z] for a range (e.g. tenant_*)"}
+	}
+	if err := o.Destination.Validate(); err != nil {
+		return &outbox.ConfigError{What: "destination", Flag: "destination", Value: fmt.Sprintf("%q", o.Destination), Want: err.Error()}
+	}
+	check := o.Sweeper
+	check.Table.Schema = outbox.SchemaDefault
+	if err := check.WithDefaults().Validate(); err != nil {
+		return err
+	}
+	if o.Probe.Alerter == nil {
+		return errors.New("fleet: Probe.Alerter is required")
+	}
+	return nil
+}
+
 // Fleet relays every outbox of a database whose schema matches a pattern.
 type Fleet struct {
 	opts     Options
@@ -246,25 +273,8 @@ func New(pool *pgxpool.Pool, p producer.Producer, opts Options) (*Fleet, error) 
 		return nil, errors.New("fleet: a pool and a producer are required")
 	}
 	opts = opts.withDefaults()
-	if opts.Sweeper.TopicBreaker != nil {
-		return nil, errors.New("fleet: Sweeper.TopicBreaker is shared by every outbox; give Options.TopicBreaker instead, which makes one per outbox")
-	}
-	if _, err := path.Match(opts.Schemas, ""); err != nil {
-		return nil, &outbox.ConfigError{What: "schema pattern", Flag: "schemas", Value: fmt.Sprintf("%q", opts.Schemas),
-			Want: "it is not a valid pattern: use * for any run of characters, ? for one, [a-z] for a range (e.g. tenant_*)"}
-	}
-	if err := opts.Destination.Validate(); err != nil {
-		return nil, &outbox.ConfigError{What: "destination", Flag: "destination", Value: fmt.Sprintf("%q", opts.Destination), Want: err.Error()}
-	}
-	// A sweeper's config is checked once here, rather than once per tenant
-	// at discovery.
-	check := opts.Sweeper
-	check.Table.Schema = outbox.SchemaDefault
-	if err := check.WithDefaults().Validate(); err != nil {
+	if err := opts.check(); err != nil {
 		return nil, err
-	}
-	if opts.Probe.Alerter == nil {
-		return nil, errors.New("fleet: Probe.Alerter is required")
 	}
 	f := &Fleet{
 		opts:         opts,

@@ -101,9 +101,14 @@ func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, 
 			return ok
 		}
 	}
+	// The topic breaker's flags, and Redis's URL, are checked here, not when
+	// the first tenant's breaker is made: a bad value would otherwise leave
+	// every tenant out, one error each, the process running and relaying
+	// none.
+	if _, err := o.topicBreakerOptions.settings(f); err != nil {
+		return err
+	}
 	if o.redisURL != "" {
-		// Checked here, not when the first tenant's breaker is made: a bad
-		// URL would otherwise leave every tenant out, one error each.
 		if _, err := o.redisClient(f, logger); err != nil {
 			return err
 		}
@@ -202,6 +207,9 @@ func (o *runOptions) runDatabases(ctx context.Context, f *flags, p producer.Prod
 		},
 	})
 	if err != nil {
+		if _, ok := errors.AsType[*outbox.ConfigError](err); ok {
+			return f.configError(err)
+		}
 		return err
 	}
 	metrics.RegisterOutboxes(reg, d, keep, o.metricsTopics)

@@ -35,6 +35,11 @@ func TestFleetFlagsRefuseWhatCannotWork(t *testing.T) {
 		{[]string{"run", "--schemas", "tenant_*", "--destination", "{tenant}.{topic}"}, "names {tenant}: the placeholders are {database}, {schema} and {topic}"},
 		{[]string{"run", "--schemas", "tenant_*", "--destination", "{schema}"}, "does not contain {topic}"},
 		{[]string{"run", "--schemas", "[", "--admin-addr", ""}, "it is not a valid pattern"},
+		{[]string{"run", "--databases", "postgres://x/y", "--schemas", "[", "--admin-addr", ""}, "it is not a valid pattern"},
+		// The topic breaker's flags are checked once, not at each tenant
+		// found, which would leave every tenant out and the process running.
+		{[]string{"run", "--schemas", "tenant_*", "--topic-failure-threshold", "0", "--admin-addr", ""}, "--topic-failure-threshold is 0: it must be at least 1"},
+		{[]string{"run", "--databases", "postgres://x/y", "--topic-cooldown", "orders=0", "--admin-addr", ""}, `invalid entry "orders=0" in --topic-cooldown`},
 		{[]string{"run", "--databases-file", empty, "--database-url", "postgres://x/y"}, "--database-url and --databases-file both name databases"},
 		{[]string{"run", "--databases-file", empty, "--admin-addr", ""}, "lists no database: write one connection URL a line"},
 		{[]string{"run", "--databases-file", empty, "--schema", "app"}, "--schema names one outbox, and a list of databases relays every schema holding the table: give --schemas app instead"},

@@ -53,50 +53,11 @@ func (o *topicBreakerOptions) register(f *flags) {
 // (metrics.Metrics.OnTopicChange, or a Source's for one outbox of many).
 func (o *topicBreakerOptions) build(f *flags, logger *slog.Logger, alerter alert.Alerter, onChange func(topic string, from, to breaker.State, reason string),
 	key string, tick, sendTimeout time.Duration) (breaker.Breaker, error) {
-	positive := func(v int, name string) error {
-		if v < 1 {
-			return usagef("%s is %d: it must be at least 1", f.origin(name), v)
-		}
-		return nil
+	settings, err := o.settings(f)
+	if err != nil {
+		return nil, err
 	}
-	for _, c := range []struct {
-		v    int
-		name string
-	}{{o.cooldownMaxTicks, "topic-cooldown-max-ticks"}, {o.cooldownTicks, "topic-cooldown-ticks"}, {o.failureThreshold, "topic-failure-threshold"}, {o.maxTrials, "topic-max-trials"}} {
-		if err := positive(c.v, c.name); err != nil {
-			return nil, err
-		}
-	}
-	if o.cooldownTicks > o.cooldownMaxTicks {
-		return nil, usagef("%s %d is more than %s %d", f.origin("topic-cooldown-ticks"), o.cooldownTicks, f.origin("topic-cooldown-max-ticks"), o.cooldownMaxTicks)
-	}
-	if o.failureWindow < time.Millisecond {
-		return nil, usagef("%s is %s: it must be at least 1ms", f.origin("topic-failure-window"), o.failureWindow)
-	}
-	cooldowns := map[string]int{}
-	if strings.TrimSpace(o.cooldown) != "" {
-		for _, pair := range strings.Split(o.cooldown, ",") {
-			topic, ticks, ok := strings.Cut(strings.TrimSpace(pair), "=")
-			n, err := strconv.Atoi(strings.TrimSpace(ticks))
-			if !ok || strings.TrimSpace(topic) == "" || err != nil || n < 1 || n > o.cooldownMaxTicks {
-				return nil, usagef("invalid entry %q in %s %q: write topic=ticks with 1 ≤ ticks ≤ %d, entries separated by commas (e.g. orders=30,payments=5)",
-					pair, f.origin("topic-cooldown"), o.cooldown, o.cooldownMaxTicks)
-			}
-			if p := textProblem(topic); p != "" {
-				return nil, usagef("topic %q in %s %s; write the entry's topic as the rows spell it", topic, f.origin("topic-cooldown"), p)
-			}
-			cooldowns[strings.TrimSpace(topic)] = n
-		}
-	}
-	settings := breaker.Settings{
-		Cooldowns:        cooldowns,
-		CooldownTicks:    o.cooldownTicks,
-		FailureThreshold: o.failureThreshold,
-		FailureWindow:    o.failureWindow,
-		MaxCooldownTicks: o.cooldownMaxTicks,
-		MaxTrials:        o.maxTrials,
-		OnStateChange:    alertTopicChanges(outbox.LogTopicStateChange(logger), alerter, onChange),
-	}
+	settings.OnStateChange = alertTopicChanges(outbox.LogTopicStateChange(logger), alerter, onChange)
 	if o.redisURL == "" {
 		return breaker.New(settings), nil
 	}
@@ -121,6 +82,56 @@ func (o *topicBreakerOptions) build(f *flags, logger *slog.Logger, alerter alert
 			}
 		},
 	})
+}
+
+// settings validates the flags into the breaker's settings, all but
+// OnStateChange. A relay of many outboxes calls it once at its start: it
+// builds each tenant's breaker as the tenant is found, and a bad flag would
+// otherwise leave every tenant out, one error each, the process running.
+func (o *topicBreakerOptions) settings(f *flags) (breaker.Settings, error) {
+	positive := func(v int, name string) error {
+		if v < 1 {
+			return usagef("%s is %d: it must be at least 1", f.origin(name), v)
+		}
+		return nil
+	}
+	for _, c := range []struct {
+		v    int
+		name string
+	}{{o.cooldownMaxTicks, "topic-cooldown-max-ticks"}, {o.cooldownTicks, "topic-cooldown-ticks"}, {o.failureThreshold, "topic-failure-threshold"}, {o.maxTrials, "topic-max-trials"}} {
+		if err := positive(c.v, c.name); err != nil {
+			return breaker.Settings{}, err
+		}
+	}
+	if o.cooldownTicks > o.cooldownMaxTicks {
+		return breaker.Settings{}, usagef("%s %d is more than %s %d", f.origin("topic-cooldown-ticks"), o.cooldownTicks, f.origin("topic-cooldown-max-ticks"), o.cooldownMaxTicks)
+	}
+	if o.failureWindow < time.Millisecond {
+		return breaker.Settings{}, usagef("%s is %s: it must be at least 1ms", f.origin("topic-failure-window"), o.failureWindow)
+	}
+	cooldowns := map[string]int{}
+	if strings.TrimSpace(o.cooldown) != "" {
+		for _, pair := range strings.Split(o.cooldown, ",") {
+			topic, ticks, ok := strings.Cut(strings.TrimSpace(pair), "=")
+			n, err := strconv.Atoi(strings.TrimSpace(ticks))
+			if !ok || strings.TrimSpace(topic) == "" || err != nil || n < 1 || n > o.cooldownMaxTicks {
+				return breaker.Settings{}, usagef("invalid entry %q in %s %q: write topic=ticks with 1 ≤ ticks ≤ %d, entries separated by commas (e.g. orders=30,payments=5)",
+					pair, f.origin("topic-cooldown"), o.cooldown, o.cooldownMaxTicks)
+			}
+			if p := textProblem(topic); p != "" {
+				return breaker.Settings{}, usagef("topic %q in %s %s; write the entry's topic as the rows spell it", topic, f.origin("topic-cooldown"), p)
+			}
+			cooldowns[strings.TrimSpace(topic)] = n
+		}
+	}
+	return breaker.Settings{
+		Cooldowns:        cooldowns,
+		CooldownTicks:    o.cooldownTicks,
+		FailureThreshold: o.failureThreshold,
+		FailureWindow:    o.failureWindow,
+		MaxCooldownTicks: o.cooldownMaxTicks,
+		MaxTrials:        o.maxTrials,
+	}, nil
 }
 
 // redisClient returns --redis-url's client, making it at the first call.
