@@ -282,16 +282,23 @@ func (st *stayAwake) swept(ctx context.Context, a AwakeLock, dispatched, pressed
 	st.last = time.Now()
 	switch {
 	case dispatched && busy && (st.awake || pressed):
-		// A wait under way is dropped: the list read when the lock goes
-		// next covers whatever is still running then, and the sweep after it
-		// what ended before.
-		st.awake, st.busy, st.settling, st.running, st.n = true, st.last, false, "", 0
-		a.Acquire(ctx)
+		st.awake, st.busy, st.n = true, st.last, 0
+		if a.Acquire(ctx) {
+			// A wait under way is dropped: the list read when the lock goes
+			// next covers whatever is still running then, and the sweep
+			// after it what ended before. Not when the lock could not be
+			// taken (its session down): its release will read no list.
+			st.settling, st.running = false, ""
+		}
 	case st.awake:
 		st.n++
 		if st.last.Sub(st.busy) >= lingerFor {
 			st.awake, st.n = false, 0
-			st.running, st.settling = a.Release(ctx)
+			// A release of a lock not held (taking it failed) read no list,
+			// and keeps the wait under way since an earlier release.
+			if running, held := a.Release(ctx); held || !st.settling {
+				st.running, st.settling = running, held
+			}
 		}
 	case st.settling:
 		st.n++
