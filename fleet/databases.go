@@ -253,18 +253,19 @@ func (d *Databases) sync(ctx context.Context) error {
 // API's paths, the destination's {database} and the Redis keys. An entry
 // that looks named but whose URL is not a postgres:// one is refused,
 // rather than read as a keyword=value string that would send the URL, its
-// password too, to whatever server the defaults name.
+// password too, to whatever server the defaults name; a URL's scheme is
+// given back in lower case, for the same reason (lowerScheme).
 func ListedName(entry string) (name, conn string, err error) {
 	entry = strings.TrimSpace(entry)
 	if postgresURL(entry) {
-		return "", entry, nil // a password may hold "=postgres://"
+		return "", lowerScheme(entry), nil // a password may hold "=postgres://"
 	}
 	before, after, ok := strings.Cut(entry, "=")
 	before, after = strings.TrimSpace(before), strings.TrimSpace(after)
 	named := ok && nameLike(before)
 	switch {
 	case named && postgresURL(after):
-		return before, after, nil
+		return before, lowerScheme(after), nil
 	case named && (strings.Contains(after, "://") || hasPrefixFold(after, "postgres:") || hasPrefixFold(after, "postgresql:")) &&
 		!strings.ContainsAny(after, " \t"):
 		return "", "", fmt.Errorf("the listed database named %q is not a postgres:// or postgresql:// URL: write name=postgres://host/database", before)
@@ -272,6 +273,16 @@ func ListedName(entry string) (name, conn string, err error) {
 		return "", "", fmt.Errorf("a listed database is named %q (before its URL's =): a name is letters, digits, _ and -, at most 63 bytes", before)
 	}
 	return "", entry, nil
+}
+
+// lowerScheme returns postgres URL s with its scheme in lower case: the
+// driver tells a URL from a keyword=value string by a prefix in lower case
+// alone, and read POSTGRES://user:password@host/db?sslmode=require as one
+// unknown parameter, sent, password and all, to the server its defaults
+// name.
+func lowerScheme(s string) string {
+	scheme, rest, _ := strings.Cut(s, "://")
+	return strings.ToLower(scheme) + "://" + rest
 }
 
 func postgresURL(s string) bool {

@@ -404,12 +404,19 @@ func FuzzListedName(f *testing.F) {
 			require.Empty(t, name)
 			require.Empty(t, conn)
 		case name != "":
-			lower := strings.ToLower(conn)
-			require.True(t, strings.HasPrefix(lower, "postgres://") || strings.HasPrefix(lower, "postgresql://"), "named %q with %q", name, conn)
+			require.True(t, strings.HasPrefix(conn, "postgres://") || strings.HasPrefix(conn, "postgresql://"),
+				"named %q with %q: the driver reads a URL by its scheme in lower case alone", name, conn)
 			require.LessOrEqual(t, len(name), 63)
 			require.NotContains(t, name, ".")
 		default:
-			require.Equal(t, strings.TrimSpace(entry), conn)
+			trimmed := strings.TrimSpace(entry)
+			lower := strings.ToLower(trimmed)
+			if strings.HasPrefix(lower, "postgres://") || strings.HasPrefix(lower, "postgresql://") {
+				scheme, rest, _ := strings.Cut(trimmed, "://")
+				require.Equal(t, strings.ToLower(scheme)+"://"+rest, conn, "a URL given back whole, its scheme in lower case")
+			} else {
+				require.Equal(t, trimmed, conn)
+			}
 		}
 	})
 }
@@ -421,7 +428,8 @@ func TestListedName(t *testing.T) {
 		{"eu_1-a=postgresql://h/app?sslmode=disable", "eu_1-a", "postgresql://h/app?sslmode=disable", ""},
 		{"postgres://h/app?sslmode=disable", "", "postgres://h/app?sslmode=disable", ""}, // its = is the query's
 		{"host=h dbname=app", "", "host=h dbname=app", ""},                               // keyword=value
-		{" eu1 = POSTGRES://h/app ", "eu1", "POSTGRES://h/app", ""},
+		{" eu1 = POSTGRES://h/app ", "eu1", "postgres://h/app", ""},
+		{"PostgreSQL://u:p@h/app?sslmode=require", "", "postgresql://u:p@h/app?sslmode=require", ""},
 		{"postgres://u:pw=postgres://x@h/app", "", "postgres://u:pw=postgres://x@h/app", ""}, // a password's =, unnamed
 		{"host=postgres.internal", "", "host=postgres.internal", ""},
 		{"eu.1=postgres://h/app", "", "", `named "eu.1"`},
