@@ -314,6 +314,13 @@ func (d *Databases) start(ctx context.Context, entry string) error {
 	if name == "" {
 		return fmt.Errorf("a listed database on %s has no name in its connection string (dbname=…): give it, or name it in the list, name=postgres://…", cfg.ConnConfig.Host)
 	}
+	if sep := databaseSeparator(d.opts.Fleet.Destination); sep != "" && strings.Contains(name, sep) {
+		// Database shop's topic eu.orders and database shop.eu's topic
+		// orders would both go to shop.eu.orders under {database}.{topic}.
+		return fmt.Errorf("the listed database %q holds %q, which the destination template %q puts after the database's name: "+
+			"its tenants' destinations could be another database's; name it in the list without %q (name=postgres://…)",
+			name, sep, d.opts.Fleet.Destination, sep)
+	}
 	d.mu.Lock()
 	for _, db := range d.fleets {
 		if db.name == name {
@@ -348,6 +355,20 @@ func (d *Databases) start(ctx context.Context, entry string) error {
 	}()
 	opts.Logger.Info("database relayed")
 	return nil
+}
+
+// databaseSeparator returns the text template d puts right after
+// {database}, up to its next placeholder: "" if it names no database. A
+// database whose name holds it would make its destinations ambiguous.
+func databaseSeparator(d producer.Destination) string {
+	_, after, ok := strings.Cut(string(d), "{database}")
+	if !ok {
+		return ""
+	}
+	if i := strings.IndexByte(after, '{'); i >= 0 {
+		after = after[:i]
+	}
+	return after
 }
 
 // halt stops the database's fleet and closes its pool.

@@ -373,6 +373,24 @@ func TestDatabasesRefuseEntriesWithoutAName(t *testing.T) {
 	require.Equal(t, 1, strings.Count(l.String(), "has no name in its connection string"), "a refusal logged at each reading of the list")
 }
 
+// Under a destination that puts the database's name before the topic, a
+// database whose name holds the separator is left out: database shop's
+// topic eu.orders and database shop.eu's orders would share shop.eu.orders.
+// Named in the list without it, it is relayed under that name.
+func TestDatabasesRefuseANameThatMakesDestinationsAmbiguous(t *testing.T) {
+	good := databases(t, 1)[0]
+	u, err := url.Parse(good)
+	require.NoError(t, err)
+	u.Path = "/shop.eu"
+	dotted := u.String()
+	_, l := startDatabases(t, memory.New(memory.Config{}), func() ([]string, error) {
+		return []string{good, dotted}, nil
+	}, fleet.Options{Destination: "{database}.{schema}.{topic}"})
+	dbtest.Eventually(t, time.Minute, "the dotted name refused, saying why", func() bool {
+		return strings.Contains(l.String(), `the listed database \"shop.eu\" holds \".\"`)
+	})
+}
+
 // A relay whose every listed database is left out relays nothing, and
 // says so: it is not ready.
 func TestDatabasesNoneRelayedIsNotReady(t *testing.T) {
