@@ -171,10 +171,12 @@ func (f *fleetAPI) find(name string) (FleetOutbox, bool) {
 }
 
 // stripOutbox serves h the path under prefix, an outbox's root. Unlike
-// http.StripPrefix it drops the escaped form of the path rather than strip
-// it too: a database's name that Go escapes otherwise than its link does
-// (a ';', a ',') would not match it, and the outbox's own paths hold
-// nothing escaped.
+// http.StripPrefix it does not strip the escaped form of the path by the
+// prefix: a database's name that Go escapes otherwise than its link does (a
+// ';', a ',') would not match it. It cuts the escaped path at the end of
+// the outbox's segment instead, and keeps the rest: a topic's own escapes
+// (a/b as a%2Fb in /topics/a%2Fb/trip) must reach the outbox's routes as
+// one segment.
 func stripOutbox(prefix string, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p, ok := strings.CutPrefix(r.URL.Path, prefix)
@@ -187,8 +189,26 @@ func stripOutbox(prefix string, h http.Handler) http.Handler {
 		r2.URL = new(url.URL)
 		*r2.URL = *r.URL
 		r2.URL.Path, r2.URL.RawPath = p, ""
+		if raw := escapedRest(r.URL.EscapedPath()); raw != "" {
+			if u, err := url.PathUnescape(raw); err == nil && u == p {
+				r2.URL.RawPath = raw
+			}
+		}
 		h.ServeHTTP(w, r2)
 	})
+}
+
+// escapedRest returns escaped path /outboxes/{name}/… past its name's
+// segment, which holds no unescaped /: "" if it is not such a path.
+func escapedRest(escaped string) string {
+	rest, ok := strings.CutPrefix(escaped, "/outboxes/")
+	if !ok {
+		return ""
+	}
+	if i := strings.IndexByte(rest, '/'); i >= 0 {
+		return rest[i:]
+	}
+	return ""
 }
 
 // outbox serves /outboxes/{name}/… with that outbox's API.

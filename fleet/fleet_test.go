@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -1071,6 +1072,15 @@ func TestFleetAdminAPIServesEachTenant(t *testing.T) {
 	code, body = call("GET", "/outboxes/nobody/status", true)
 	require.Equal(t, http.StatusNotFound, code)
 	require.Contains(t, body["error"], "GET /outboxes lists")
+
+	// A topic with a / in its name, escaped as one segment, reaches the
+	// tenant's own route.
+	code, body = call("POST", "/outboxes/"+a.Schema+"/topics/"+url.PathEscape("eu/orders")+"/trip", true)
+	require.Equal(t, http.StatusOK, code, "%v", body)
+	require.Equal(t, breaker.StateTripped, sa.TopicBreaker().State("eu/orders"))
+	code, body = call("POST", "/outboxes/"+a.Schema+"/topics/"+url.PathEscape("eu/orders")+"/reset", true)
+	require.Equal(t, http.StatusOK, code, "%v", body)
+	require.Equal(t, breaker.StateClosed, sa.TopicBreaker().State("eu/orders"))
 
 	p.HealTopic("orders")
 	code, body = call("POST", "/outboxes/"+a.Schema+"/topics/orders/reset", true)
