@@ -297,6 +297,11 @@ type fleetOutboxStatus struct {
 	TrippedTopics    []string `json:"tripped_topics"`
 	// SweepsFailing counts its sweeps that failed in a row (database errors).
 	SweepsFailing int `json:"sweeps_failing"`
+	// DatabaseUnreachable says its database did not answer this request:
+	// its backlog and dead letters read 0, unknown. The others are listed
+	// beside it: one tenant database down must not blank the list an
+	// operator reads to find it.
+	DatabaseUnreachable bool `json:"database_unreachable"`
 	// Path is the root of its API, its name escaped: a database's name may
 	// hold any character, a '#' or a '?' among them.
 	Path   string `json:"path"`
@@ -328,11 +333,18 @@ func (f *fleetAPI) list(w http.ResponseWriter, r *http.Request) {
 		schema string
 	}
 	backlog, dead := map[key]int64{}, map[key]int64{}
+	down := map[*pgxpool.Pool]bool{}
 	for pool, name := range pools {
 		b, d, err := estimates(r.Context(), pool, f.cfg.TableName)
 		if err != nil {
-			f.api.internal(w, r, onDatabase(name, err))
-			return
+			if r.Context().Err() != nil {
+				f.api.internal(w, r, onDatabase(name, err))
+				return
+			}
+			f.cfg.Base.Logger.Warn("GET /outboxes: a database does not answer; its outboxes are listed as unreachable, the others as they are",
+				"database", name, "err", err)
+			down[pool] = true
+			continue
 		}
 		for s, n := range b {
 			backlog[key{pool, s}], dead[key{pool, s}] = n, d[s]
@@ -343,10 +355,10 @@ func (f *fleetAPI) list(w http.ResponseWriter, r *http.Request) {
 		t, k, tr := o.Config.Table, key{o.Config.Pool, o.Config.Table.Schema}, o.Trouble()
 		list = append(list, &fleetOutboxStatus{Name: tr.Name, Database: o.Database, Schema: t.Schema, Table: t.String(),
 			Parked: o.Parked, BacklogEstimate: backlog[k], DeadLettersEstimate: dead[k], TrippedTopics: tr.TrippedTopics,
-			SweepsFailing: tr.SweepsFailing, Path: "/outboxes/" + url.PathEscape(tr.Name) + "/", outbox: o})
+			SweepsFailing: tr.SweepsFailing, DatabaseUnreachable: down[o.Config.Pool], Path: "/outboxes/" + url.PathEscape(tr.Name) + "/", outbox: o})
 	}
 	slices.SortFunc(list, func(a, b *fleetOutboxStatus) int {
-		return cmp.Or(-cmp.Compare(len(a.TrippedTopics), len(b.TrippedTopics)), -cmp.Compare(a.SweepsFailing, b.SweepsFailing),
+		return cmp.Or(-compareBool(a.DatabaseUnreachable, b.DatabaseUnreachable), -cmp.Compare(len(a.TrippedTopics), len(b.TrippedTopics)), -cmp.Compare(a.SweepsFailing, b.SweepsFailing),
 			-cmp.Compare(a.DeadLettersEstimate, b.DeadLettersEstimate), -cmp.Compare(a.BacklogEstimate, b.BacklogEstimate),
 			cmp.Compare(a.Name, b.Name))
 	})
@@ -359,24 +371,42 @@ func (f *fleetAPI) list(w http.ResponseWriter, r *http.Request) {
 	// which counting all would cost a statement each a hundred of them.
 	var sweeping []FleetOutbox
 	for _, st := range list {
-		if !st.Parked {
+		if !st.Parked && !st.DatabaseUnreachable {
 			sweeping = append(sweeping, st.outbox)
 		}
 	}
-	// Past the cap, the estimate read above.
+	// Past the cap, the estimate read above. A database that stops
+	// answering now leaves its outboxes uncounted, each with its estimate.
 	counted, err := countBacklogs(r.Context(), f.cfg.TableName, sweeping)
 	if err != nil {
-		f.api.internal(w, r, err)
-		return
+		if r.Context().Err() != nil {
+			f.api.internal(w, r, err)
+			return
+		}
+		f.cfg.Base.Logger.Warn("GET /outboxes: counting backlogs failed; those outboxes show Postgres's estimate", "err", err)
 	}
 	for _, st := range list {
-		b := counted[st.outbox.PathName()]
+		b, ok := counted[st.outbox.PathName()]
+		if !ok && !st.Parked && err != nil {
+			b.Rows = st.BacklogEstimate
+		}
 		st.Backlog, st.OldestAgeSeconds = b.Rows, b.OldestAgeSeconds
 		if b.Rows > FleetBacklogCounted {
 			st.Backlog = max(b.Rows, st.BacklogEstimate)
 		}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"outboxes": list, "total": len(outboxes), "omitted": omitted})
+}
+
+// compareBool orders false before true.
+func compareBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
 }
 
 // FleetBacklog is an outbox's backlog.

@@ -391,6 +391,40 @@ func TestDatabasesRefuseANameThatMakesDestinationsAmbiguous(t *testing.T) {
 	})
 }
 
+// One tenant database down leaves GET /outboxes to the others: its
+// outboxes are listed first, marked unreachable, where the whole list
+// failed, and with it the console, when an operator needed it.
+func TestDatabasesListOutboxesPastADatabaseDown(t *testing.T) {
+	good := databases(t, 1)[0]
+	srv := dbtest.StartServer(t)
+	require.NoError(t, migrate(srv.URL(), outbox.Table{Schema: "a", Name: "outbox"}))
+	addr := fmt.Sprintf("127.0.0.1:%d", dbtest.FreePort(t))
+	startDatabases(t, memory.New(memory.Config{}), func() ([]string, error) {
+		return []string{good, srv.URL()}, nil
+	}, fleet.Options{Admin: admin.Config{Addr: addr}})
+	dbtest.Eventually(t, time.Minute, "both databases' outboxes listed", func() bool {
+		resp, err := http.Get("http://" + addr + "/outboxes")
+		if err != nil {
+			return false // the admin API not listening yet
+		}
+		defer resp.Body.Close()
+		var body map[string]any
+		return resp.StatusCode == http.StatusOK && json.NewDecoder(resp.Body).Decode(&body) == nil && body["total"] == float64(3)
+	})
+
+	srv.Stop()
+	code, body := adminGet(t, addr, "/outboxes")
+	require.Equal(t, http.StatusOK, code, "%v", body)
+	list := body["outboxes"].([]any)
+	require.Len(t, list, 3)
+	for i, o := range list {
+		o := o.(map[string]any)
+		down := o["database"] == "postgres"
+		require.Equal(t, down, o["database_unreachable"], "%v", o)
+		require.Equal(t, down, i == 0, "the outbox of the database down comes first: %v", list)
+	}
+}
+
 // A relay whose every listed database is left out relays nothing, and
 // says so: it is not ready.
 func TestDatabasesNoneRelayedIsNotReady(t *testing.T) {

@@ -56,8 +56,9 @@ async function refresh() {
     name.href = o.path.replace(/^\//, "");
     name.textContent = o.name;
     cell(tr, "").appendChild(name);
-    const trouble = o.tripped_topics.length > 0 || o.sweeps_failing > 0;
-    cell(tr, trouble ? "in trouble" : o.parked ? "idle" : "sweeping", trouble ? "state degraded" : "state ok");
+    const trouble = o.database_unreachable || o.tripped_topics.length > 0 || o.sweeps_failing > 0;
+    const state = o.database_unreachable ? "database unreachable" : trouble ? "in trouble" : o.parked ? "idle" : "sweeping";
+    cell(tr, state, trouble ? "state degraded" : "state ok");
     cell(tr, String(o.backlog));
     cell(tr, age(o.oldest_age_seconds));
     cell(tr, String(o.dead_letters_estimate));
