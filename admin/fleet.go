@@ -337,7 +337,9 @@ func (f *fleetAPI) list(w http.ResponseWriter, r *http.Request) {
 	for pool, name := range pools {
 		b, d, err := estimates(r.Context(), pool, f.cfg.TableName)
 		if err != nil {
-			if r.Context().Err() != nil {
+			if r.Context().Err() != nil || len(down)+1 == len(pools) {
+				// No database answers (a relay of one database, whose
+				// only one is down): nothing to list but the outage.
 				f.api.internal(w, r, onDatabase(name, err))
 				return
 			}
