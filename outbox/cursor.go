@@ -46,7 +46,11 @@ import (
 // discovery floor that moves by the same rule: every topic with outstanding
 // rows below it is a member, with a floor of its own. A member whose floor
 // shows nothing outstanding is let go once the discovery floor has passed its
-// rows, so the cursor holds only topics with outstanding rows.
+// rows, so the cursor holds only topics with outstanding rows. A cursor that
+// knows nothing (the sweeper's start, a reset) first lists the topics with
+// outstanding rows by a skip scan, once (seedable): discovery alone, a
+// listing's limit of rows at a time, found the topics behind a tripped
+// topic's deep backlog only listings later.
 //
 // Anything that puts a row back below a floor other than a sweep (an
 // operator's copy of a sent row back from history with its own id, say) is
@@ -89,6 +93,9 @@ type cursor struct {
 	// flood's 100,000 tripped topics stay members, and stamping and ending
 	// each one's floor twice a sweep was a fifth of every sweep's time.
 	left map[string]bool
+	// seeded says the members were listed by seed since the cursor last
+	// knew nothing (seedable).
+	seeded bool
 }
 
 // floor is one topic's (or the discovery scan's) floor: every outstanding row
@@ -169,12 +176,7 @@ func newCursor(resetEvery time.Duration) *cursor {
 func (c *cursor) begin(excluded map[string]bool) (topics []string, after []int64, discovery, seen int64, reread bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.stale {
-		c.members = map[string]*floor{}
-		c.discovery = floor{}
-		c.seen = 0
-		c.stale = false
-	}
+	c.resetIfStale()
 	c.left = excluded
 	topics = make([]string, 0, len(c.members))
 	after = make([]int64, 0, len(c.members))
@@ -190,6 +192,51 @@ func (c *cursor) begin(excluded map[string]bool) (topics []string, after []int64
 	}
 	c.rereadSkipped = !reread
 	return topics, after, c.discovery.after, c.seen, reread
+}
+
+// resetIfStale forgets everything if a check asked for it, under mu.
+func (c *cursor) resetIfStale() {
+	if c.stale {
+		c.members = map[string]*floor{}
+		c.discovery = floor{}
+		c.seen = 0
+		c.stale = false
+		c.seeded = false
+	}
+}
+
+// seedable forgets everything if a check asked for it, and reports whether
+// the cursor knows nothing (the sweeper's start, a reset) and has not been
+// seeded since: the sweep then lists the topics with outstanding rows by a
+// skip scan (seed) before its listing.
+//
+// Why: discovery reads the outstanding rows by id, a listing's limit at a
+// time, and a cursor that knows nothing knows no topic. Behind a tripped
+// topic's backlog of 3,000,000 rows, the topics written after it were found
+// thirty listings later, at every start and every reset (an independent
+// review, 2026-11-29). The skip scan costs a seek per topic, and like the
+// probes that follow it from the lowest ids, it may walk the dead entries at
+// the head of each topic's rows while something holds the vacuum horizon;
+// it runs once per start or reset. A topic that first appears during the
+// crawl is still found by discovery alone.
+func (c *cursor) seedable() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.resetIfStale()
+	return !c.seeded && len(c.members) == 0 && c.seen == 0 && c.discovery.after == 0
+}
+
+// seed makes topics members, each with the discovery floor: a topic that
+// is not a member holds no outstanding row at or below it.
+func (c *cursor) seed(topics []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.seeded = true
+	for _, t := range topics {
+		if _, ok := c.members[t]; !ok {
+			c.members[t] = &floor{after: c.discovery.after}
+		}
+	}
 }
 
 // rereadAt returns when a sweep should come to read again the rows discovery

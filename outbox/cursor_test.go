@@ -403,3 +403,28 @@ func TestTheFloorCheckReadsATopicOnceHoweverDeepItsBacklog(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, below(topics, floors, late), "a dispatched row counted")
 }
+
+// A sweeper that starts (or whose cursor was reset) behind a tripped topic's
+// backlog deeper than a listing's discovery reads finds the other topics at
+// once, by a skip scan, rather than one discovery's limit of rows a listing
+// later: behind 3,000,000 tripped rows, thirty listings. Here discovery reads
+// 10 rows a listing, 300 tripped rows come first, and the next tick is an
+// hour away.
+func TestAStartBehindATrippedBacklogFindsTheOtherTopicsAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tbl := dbtest.Table(t)
+	pool := dbtest.Pool(t)
+	_, err := pool.Exec(ctx, "INSERT INTO "+ident(tbl)+" (topic, payload) SELECT 'stuck', 'x' FROM generate_series(1, 300)")
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "INSERT INTO "+ident(tbl)+" (topic, payload) VALUES ('orders', 'behind the backlog')")
+	require.NoError(t, err)
+
+	prod := memory.New(memory.Config{})
+	s := newSweeper(t, pool, prod, outbox.Config{Table: tbl, Tick: time.Hour})
+	outbox.SetDiscoveryLimit(s, 10)
+	s.TopicBreaker().Trip("stuck", "tripped before the start")
+	dbtest.RunSweeper(t, s)
+	dbtest.Eventually(t, 30*time.Second, "the row behind the tripped backlog sent", func() bool { return len(prod.Messages()) == 1 })
+	require.Equal(t, "orders", prod.Messages()[0].Topic)
+}

@@ -57,6 +57,10 @@ const MaxLockedTopics = maxLockedTopics
 // by the reset, set it beyond their length.
 func SetCursorReset(s *Sweeper, every time.Duration) { s.cursor = newCursor(every) }
 
+// SetDiscoveryLimit sets the most rows each half of s's listings'
+// discovery scan reads (by default discoveryLimit).
+func SetDiscoveryLimit(s *Sweeper, n int) { s.store.discoveryLimit = n }
+
 // SetCursorSettle sets how long s's cursor's findings wait before a floor
 // moves to them (by default settleAfter), after SetCursorReset.
 func SetCursorSettle(s *Sweeper, wait time.Duration) { s.cursor.settleAfter = wait }

@@ -58,8 +58,10 @@ type store struct {
 	pageSQL           pageStatements
 	outstandingTopics string
 	liveTopicsSQL     string
-	belowFloorsSQL    string
-	expireSQL         string
+	// discoveryLimit is discoveryLimit, a field so that tests can shrink it.
+	discoveryLimit int
+	belowFloorsSQL string
+	expireSQL      string
 
 	// progress is the sweeper's heartbeat, shared with it: every statement
 	// beats it as it returns.
@@ -98,6 +100,7 @@ func newStore(pool *pgxpool.Pool, t Table, policy deadLetterPolicy, ordering Ord
 		pageSQL:           newPageStatements(t),
 		outstandingTopics: statement(t, "outstanding_topics"),
 		liveTopicsSQL:     statement(t, "live_topics"),
+		discoveryLimit:    discoveryLimit,
 		belowFloorsSQL:    statement(t, "below_floors"),
 		expireSQL:         statement(t, "expire"),
 	}
@@ -126,6 +129,30 @@ func (s *store) topics(ctx context.Context, excluded []string) ([]string, error)
 		topics, err = list()
 	}
 	if err != nil {
+		return nil, s.explain(err)
+	}
+	return topics, nil
+}
+
+// seedTopics lists the topics with outstanding rows, for a cursor that
+// knows none (cursor.seedable), by outstanding_topics.sql's skip scan under
+// the page's planner settings (queryPlanned): statistics that read a
+// backlog as a few rows could otherwise have each of its seeks read the
+// table whole.
+func (s *store) seedTopics(ctx context.Context) ([]string, error) {
+	var (
+		topics []string
+		topic  string
+	)
+	scan := func(rows pgx.Rows) error {
+		_, err := pgx.ForEachRow(rows, []any{&topic}, func() error {
+			topics = append(topics, topic)
+			return nil
+		})
+		return err
+	}
+	defer s.beat()
+	if err := queryPlanned(ctx, s.pool, scan, s.outstandingTopics, []string{}); err != nil {
 		return nil, s.explain(err)
 	}
 	return topics, nil
@@ -196,7 +223,7 @@ func (s *store) liveTopics(ctx context.Context, topics []string, after []int64, 
 				if err != nil {
 					return fmt.Errorf("read the count of rows discovery read again %q: %w", topic, err)
 				}
-				if l.cut = n >= discoveryLimit; l.cut {
+				if l.cut = n >= int64(s.discoveryLimit); l.cut {
 					l.reread = *last
 				}
 			}
@@ -204,7 +231,7 @@ func (s *store) liveTopics(ctx context.Context, topics []string, after []int64, 
 		})
 		return err
 	}
-	if err := queryPlanned(ctx, s.pool, scan, s.liveTopicsSQL, topics, after, discovery, discoveryLimit, seen); err != nil {
+	if err := queryPlanned(ctx, s.pool, scan, s.liveTopicsSQL, topics, after, discovery, s.discoveryLimit, seen); err != nil {
 		return listing{}, s.explain(err)
 	}
 	return l, nil

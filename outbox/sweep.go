@@ -108,6 +108,13 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool, yi
 	// so that the sweep never walks again what earlier sweeps sent.
 	leftOut := pass.leftOut
 	var marks *sweepMarks
+	if s.cursor.seedable() {
+		topics, err := s.store.seedTopics(work)
+		if err != nil {
+			return res, fmt.Errorf("list topics with outstanding rows in %s: %w", s.cfg.Table, err)
+		}
+		s.cursor.seed(topics)
+	}
 	members, floorsIn, discovery, seen, reread := s.cursor.begin(leftOut)
 	defer func() { s.cursor.finish(err == nil, marks) }()
 	l, err := s.store.liveTopics(work, members, floorsIn, discovery, seen, reread)
