@@ -258,7 +258,11 @@ func TestFleetConsoleInABrowser(t *testing.T) {
 	step("the tenant's own console, at the link's address",
 		chromedp.Navigate("http://"+addr+"/outboxes/"+troubled.Schema+"/"),
 		until(fmt.Sprintf(`Array.from(document.querySelectorAll("#topics tr td.topic")).some(td => td.textContent === %q)`, xss)),
-		until(`document.getElementById("health-state").textContent === "degraded"`))
+		until(`document.getElementById("health-state").textContent === "degraded"`),
+		// Named, so that an operator with several tenants' consoles open
+		// acts on the one meant; its questions name it too.
+		until(fmt.Sprintf(`document.querySelector("h1").textContent === %q && document.title === %q`,
+			"outbox sweeper: "+troubled.Schema, "outbox sweeper: "+troubled.Schema)))
 }
 
 // heldListing wraps the page's fetch before the console's script runs: the

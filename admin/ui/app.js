@@ -24,6 +24,12 @@ function token() { return sessionStorage.getItem("outbox-admin-token") || ""; }
 // for one outbox of a relay of many (sweeper run --schemas).
 const base = location.pathname.replace(/\/+$/, "");
 
+// The outbox this console acts on, in a relay of many ("" at /): named in
+// the title and in every question before an action, so that an operator
+// with several tenants' consoles open acts on the one meant.
+const outboxName = base.startsWith("/outboxes/") ? decodeURIComponent(base.slice("/outboxes/".length)) : "";
+function ofOutbox() { return outboxName ? " of outbox " + outboxName : ""; }
+
 async function api(method, path, body) {
   const headers = {};
   if (token()) headers["Authorization"] = "Bearer " + token();
@@ -254,7 +260,7 @@ function describe(r) {
 // Topics travel in the body: a URL's path cannot carry the topics "." and
 // "..", which the browser resolves as folders however they are escaped.
 async function tripTopic(topic) {
-  const reason = await ask("Trip topic " + shown(topic) + "? Nothing of it is sent until it is reset or its cooldown ends.", true);
+  const reason = await ask("Trip topic " + shown(topic) + ofOutbox() + "? Nothing of it is sent until it is reset or its cooldown ends.", true);
   if (reason === null) return;
   act("Trip", "POST", "/topics/trip", { topic, reason });
 }
@@ -412,7 +418,7 @@ async function replayMatching() {
   const n = await count("/dlq/replay", sel, "replayed", "Replay");
   if (n === null) return;
   if (n === 0) { say("Nothing to replay: no dead letter matches.", true); return; }
-  if (await ask("Replay " + n + " dead letters (" + what + ") to the outbox?", false) === null) return;
+  if (await ask("Replay " + n + " dead letters (" + what + ") to the outbox" + (outboxName ? " " + outboxName : "") + "?", false) === null) return;
   if (await act("Replay", "POST", "/dlq/replay", sel)) listDeadLetters(false);
 }
 
@@ -432,7 +438,7 @@ async function purge(sel, what) {
   const n = await count("/dlq/purge", { ...sel }, "purged", "Purge");
   if (n === null) return;
   if (n === 0) { say("Nothing to purge: no dead letter matches.", true); return; }
-  if (await ask("Delete " + n + " dead letters (" + what + ") for good? They cannot be replayed after.", false) === null) return;
+  if (await ask("Delete " + n + " dead letters (" + what + ")" + ofOutbox() + " for good? They cannot be replayed after.", false) === null) return;
   if (await act("Purge", "POST", "/dlq/purge", sel)) listDeadLetters(false);
 }
 
@@ -446,6 +452,10 @@ async function count(path, sel, field, what) {
 }
 
 document.addEventListener("DOMContentLoaded", () => {
+  if (outboxName) {
+    document.title = "outbox sweeper: " + outboxName;
+    document.querySelector("h1").textContent = "outbox sweeper: " + outboxName;
+  }
   $("signin-form").addEventListener("submit", (ev) => {
     ev.preventDefault();
     sessionStorage.setItem("outbox-admin-token", $("token").value);
@@ -456,7 +466,8 @@ document.addEventListener("DOMContentLoaded", () => {
   $("ask-ok").addEventListener("click", () => pending && pending($("ask-reason").value));
   $("ask-cancel").addEventListener("click", () => pending && pending(null));
   $("broker-trip").addEventListener("click", async () => {
-    const reason = await ask("Trip the broker breaker? Nothing is sent, and nothing charged, until it is reset.", true);
+    const reason = await ask("Trip the broker breaker? Nothing is sent, and nothing charged, until it is reset" +
+      (outboxName ? ", by any outbox of this relay: the broker's breaker is shared." : "."), true);
     if (reason !== null) act("Broker trip", "POST", "/breaker/trip", { reason });
   });
   $("broker-reset").addEventListener("click", () => act("Broker reset", "POST", "/breaker/reset"));
