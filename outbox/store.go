@@ -115,12 +115,17 @@ func newStore(pool *pgxpool.Pool, t Table, policy deadLetterPolicy, ordering Ord
 // database can bring one in). Sent as they are, they would fail every sweep.
 func (s *store) topics(ctx context.Context, excluded []string) ([]string, error) {
 	excluded = slices.DeleteFunc(append([]string{}, excluded...), func(t string) bool { return strings.ContainsRune(t, 0) })
+	// Under the page's planner settings (queryPlanned): statistics that read
+	// a backlog as a few rows could otherwise have each of the skip scan's
+	// seeks read the table whole.
 	list := func() ([]string, error) {
-		rows, err := s.pool.Query(ctx, s.outstandingTopics, excluded)
-		if err != nil {
-			return nil, err
-		}
-		return pgx.CollectRows(rows, pgx.RowTo[string])
+		var topics []string
+		err := queryPlanned(ctx, s.pool, func(rows pgx.Rows) error {
+			var err error
+			topics, err = pgx.CollectRows(rows, pgx.RowTo[string])
+			return err
+		}, s.outstandingTopics, excluded)
+		return topics, err
 	}
 	defer s.beat()
 	topics, err := list()
@@ -129,30 +134,6 @@ func (s *store) topics(ctx context.Context, excluded []string) ([]string, error)
 		topics, err = list()
 	}
 	if err != nil {
-		return nil, s.explain(err)
-	}
-	return topics, nil
-}
-
-// seedTopics lists the topics with outstanding rows, for a cursor that
-// knows none (cursor.seedable), by outstanding_topics.sql's skip scan under
-// the page's planner settings (queryPlanned): statistics that read a
-// backlog as a few rows could otherwise have each of its seeks read the
-// table whole.
-func (s *store) seedTopics(ctx context.Context) ([]string, error) {
-	var (
-		topics []string
-		topic  string
-	)
-	scan := func(rows pgx.Rows) error {
-		_, err := pgx.ForEachRow(rows, []any{&topic}, func() error {
-			topics = append(topics, topic)
-			return nil
-		})
-		return err
-	}
-	defer s.beat()
-	if err := queryPlanned(ctx, s.pool, scan, s.outstandingTopics, []string{}); err != nil {
 		return nil, s.explain(err)
 	}
 	return topics, nil

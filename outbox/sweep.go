@@ -109,7 +109,7 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool, yi
 	leftOut := pass.leftOut
 	var marks *sweepMarks
 	if s.cursor.seedable() {
-		topics, err := s.store.seedTopics(work)
+		topics, err := s.store.topics(work, nil)
 		if err != nil {
 			return res, fmt.Errorf("list topics with outstanding rows in %s: %w", s.cfg.Table, err)
 		}
