@@ -410,3 +410,51 @@ func TestStormGuardCoversEveryDeadLetterPath(t *testing.T) {
 		require.Len(t, al.got, 1)
 	})
 }
+
+// A broker's error text or a dead-letter reason holding bytes Postgres will
+// not take in a text column (a NUL, invalid UTF-8) is written with those
+// bytes replaced: its refusal once rolled back the page, and with it every
+// batch the broker had taken, sent again at every sweep while the failing
+// row never counted its attempt.
+func TestErrorTextsPostgresWouldRefuseAreWrittenReplaced(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("A", 10)...)
+	prod := memory.New(memory.Config{MaxBatch: 10})
+	prod.FailMessage(5, errors.New("broker said \x00\xff\xfe no")) // transient, row 5 alone
+	prod.FailMessage(8, producer.NewMessageError("bad\xffreason", []int64{8}, errors.New("refused \x00 it")))
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, Retry: once, TopicBackoffMax: -1,
+		Ordering: outbox.OrderingNone, TopicBreaker: breaker.New(breaker.Settings{FailureThreshold: 1000})})
+	for range 3 {
+		_, err := s.Sweep(context.Background())
+		require.NoError(t, err)
+	}
+	sent := map[int64]int{}
+	for _, m := range prod.Messages() {
+		sent[m.ID]++
+	}
+	for id := int64(1); id <= 10; id++ {
+		switch id {
+		case 5, 8:
+			require.Zero(t, sent[id], "row %d", id)
+		default:
+			require.Equal(t, 1, sent[id], "row %d is sent once, not again at each sweep", id)
+		}
+	}
+	var left []row
+	for _, r := range readRows(t, tbl) {
+		if !r.Dispatched {
+			left = append(left, r)
+		}
+	}
+	require.Len(t, left, 1)
+	require.Equal(t, int64(5), left[0].ID)
+	require.Equal(t, 3, left[0].Attempts, "an attempt a sweep")
+	require.NotNil(t, left[0].LastError)
+	require.Equal(t, "broker said \uFFFD\uFFFD no", *left[0].LastError)
+	dead := readDeadLetters(t, tbl)
+	require.Len(t, dead, 1)
+	require.Equal(t, int64(8), dead[0].ID)
+	require.Equal(t, "bad\uFFFDreason", dead[0].Reason)
+	require.Contains(t, dead[0].Error, "refused \uFFFD it")
+}

@@ -127,7 +127,7 @@ func (t *topicSender) record(c *pageBatch, a action, o outcome) (outcome, action
 		if !a.attempt && !a.deadLetters() && !a.note {
 			return nil // the page's end releases the rows
 		}
-		errText := truncate(cause.Error(), maxErrorText)
+		errText := cause.Error() // recordFailure and deadLetter make it fit (dbText)
 		charged := []int64{}
 		if a.attempt {
 			charged = c.batch.IDs()

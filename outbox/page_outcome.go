@@ -47,7 +47,7 @@ func (p *page) recordFailure(ctx context.Context, topic string, ids, charged []i
 		id  int64
 		tid pgtype.TID
 	)
-	rows, _ := p.tx.Query(ctx, p.s.pageSQL.recordFailure, ids, charged, errText, note)
+	rows, _ := p.tx.Query(ctx, p.s.pageSQL.recordFailure, ids, charged, dbText(errText), note)
 	if _, err := pgx.ForEachRow(rows, []any{&id, &tid}, func() error {
 		p.row(id).tid = tid
 		return nil
@@ -87,7 +87,7 @@ func (p *page) deadLetter(ctx context.Context, topic string, ids []int64, minAtt
 	if topic == "" {
 		what = fmt.Sprintf("%d rows (%s)", len(ids), reason)
 	}
-	rows, err := p.tx.Query(ctx, p.s.pageSQL.deadLetter, ids, minAttempts, reason, errText)
+	rows, err := p.tx.Query(ctx, p.s.pageSQL.deadLetter, ids, minAttempts, dbText(reason), dbText(errText))
 	if err != nil {
 		return fmt.Errorf("dead-letter %s: %w", what, err)
 	}

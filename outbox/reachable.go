@@ -46,7 +46,7 @@ func (s *Sweeper) leaveOutUnreachable(ctx context.Context, pass *gatePass, live 
 			kept = append(kept, topic)
 			continue
 		}
-		text := truncate(err.Error(), maxErrorText)
+		text := dbText(err.Error())
 		s.breaker.Failure(topic, pass.gen(topic), true, text)
 		if len(noted) < maxNotedTopics {
 			noted, notes = append(noted, topic), append(notes, text)

@@ -287,6 +287,23 @@ func (s *store) explain(err error) error {
 // bloat the table.
 const maxErrorText = 2000
 
+// dbText makes s, an error's text or a reason that a producer, a broker or a
+// row composed, fit to write into a text column: invalid UTF-8 and NUL bytes
+// become U+FFFD, and it is cut to maxErrorText. Postgres refuses either in a
+// text parameter (SQLSTATE 22021), and the refusal of a page's last_error or
+// dead-letter reason rolled back the page, every batch the broker had taken
+// in it with it: they were sent again at every sweep, and the failing row
+// never counted its attempt (an independent review, 2026-11-29).
+func dbText(s string) string {
+	if !utf8.ValidString(s) {
+		s = strings.ToValidUTF8(s, "\uFFFD")
+	}
+	if strings.IndexByte(s, 0) >= 0 {
+		s = strings.ReplaceAll(s, "\x00", "\uFFFD")
+	}
+	return truncate(s, maxErrorText)
+}
+
 func truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
