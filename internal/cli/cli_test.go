@@ -209,6 +209,15 @@ func TestProducerSettingsAreValidatedAtStart(t *testing.T) {
 		{[]string{"--producer", "servicebus"}, nil, "needs --servicebus-connection-string (OUTBOX_SERVICEBUS_CONNECTION_STRING) or --servicebus-namespace (OUTBOX_SERVICEBUS_NAMESPACE)"},
 		{[]string{"--producer", "servicebus", "--servicebus-namespace", "ns"}, map[string]string{"OUTBOX_SERVICEBUS_CONNECTION_STRING": "x"}, "use one"},
 		{[]string{"--producer", "servicebus", "--servicebus-connection-string", "nonsense"}, nil, "invalid connection string (--servicebus-connection-string)"},
+		// A broker's setting with another producer chosen (stdout by default)
+		// would print the rows and count them sent.
+		{nil, map[string]string{"OUTBOX_RABBITMQ_URL": "amqp://x"}, "OUTBOX_RABBITMQ_URL (--rabbitmq-url) is set, but --producer is stdout: " +
+			"it configures --producer rabbitmq, and the messages would go to stdout and count as sent; " +
+			"set --producer rabbitmq (OUTBOX_PRODUCER) to send them there, or unset OUTBOX_RABBITMQ_URL"},
+		{[]string{"--producer", "rabbitmq", "--rabbitmq-url", "amqp://x", "--kafka-brokers", "a:9092"}, nil,
+			"--kafka-brokers is set, but --producer is rabbitmq: it configures --producer kafka"},
+		{[]string{"--producer", "nats", "--nats-url", "nats://a:4222"}, map[string]string{"OUTBOX_SERVICEBUS_BATCH_BY_KEY": "true"},
+			"or unset OUTBOX_SERVICEBUS_BATCH_BY_KEY"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			code, _, stderr := runMain(t, envOf(tc.env), append([]string{"run"}, tc.args...)...)

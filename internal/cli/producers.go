@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"flag"
 	"io"
 	"log/slog"
 	"net/url"
@@ -65,6 +66,9 @@ func (o *producerOptions) register(f *flags) {
 // build creates the chosen producer. A missing or bad setting is a usage error
 // naming its flag.
 func (o *producerOptions) build(f *flags, out io.Writer, logger *slog.Logger) (producer.Producer, error) {
+	if err := o.foreign(f); err != nil {
+		return nil, err
+	}
 	need := func(value, flag string) error {
 		if value == "" {
 			return usagef("%s %s needs %s", f.origin("producer"), o.name, f.originOrBoth(flag))
@@ -123,6 +127,35 @@ func (o *producerOptions) build(f *flags, out io.Writer, logger *slog.Logger) (p
 	default:
 		return stdout.New(out, stdout.Config{}), nil
 	}
+}
+
+// foreign refuses a setting of a producer other than the chosen one (a flag
+// named for it, given a value other than its default). Why: with
+// OUTBOX_RABBITMQ_URL set and OUTBOX_PRODUCER forgotten, the sweeper started
+// as the default stdout producer, printed every row, and moved each to
+// history as sent; the broker got nothing (an independent review,
+// 2026-11-29).
+func (o *producerOptions) foreign(f *flags) error {
+	var err error
+	f.fs.VisitAll(func(fl *flag.Flag) {
+		if err != nil || fl.Value.String() == fl.DefValue {
+			return
+		}
+		for _, name := range producerNames {
+			if name == o.name || !strings.HasPrefix(fl.Name, name+"-") {
+				continue
+			}
+			undo := "remove " + f.origin(fl.Name)
+			if f.source[fl.Name] == "env" {
+				undo = "unset " + envName(fl.Name)
+			}
+			err = usagef("%s is set, but %s is %s: it configures --producer %s, and the messages would go to %s and count as sent; "+
+				"set --producer %s (%s) to send them there, or %s",
+				f.origin(fl.Name), f.origin("producer"), o.name, name, o.name, name, envName("producer"), undo)
+			return
+		}
+	})
+	return err
 }
 
 // buildGuarded builds the producer and its broker breaker and retry; on an
