@@ -162,6 +162,11 @@ func isTerminal(w io.Writer) bool {
 // poolConfig parses the database URL and names the application, so an operator
 // looking at pg_stat_activity sees which sessions are the sweeper's.
 func (c *common) poolConfig(origin string) (*pgxpool.Config, error) {
+	if strings.TrimSpace(c.databaseURL) == "" {
+		// pgx reads "" as libpq's defaults: the local socket, as the OS user,
+		// into the database of that name, which a migrate would then change.
+		return nil, usagef("%s is empty: give the outbox's database, e.g. %s (the default when it is not set at all)", origin, DatabaseURLDefault)
+	}
 	cfg, err := pgxpool.ParseConfig(c.databaseURL)
 	if err != nil {
 		return nil, usagef("invalid %s: %v", origin, err)

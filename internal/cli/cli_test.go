@@ -285,3 +285,23 @@ func FuzzTopicMaxAge(f *testing.F) {
 		}
 	})
 }
+
+// An empty database URL is refused: pgx reads it as libpq's defaults (the
+// local socket, the OS user's database), where migrate would make an outbox.
+func TestAnEmptyDatabaseURLIsRefused(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{nil, []string{"run", "--database-url", " ", "--admin-addr", ""}, "--database-url is empty: give the outbox's database, e.g. postgres://"},
+		{map[string]string{"OUTBOX_DATABASE_URL": ""}, []string{"migrate", "status"}, "OUTBOX_DATABASE_URL (--database-url) is empty"},
+		{map[string]string{"OUTBOX_DATABASE_URL": ""}, []string{"migrate"}, "OUTBOX_DATABASE_URL (--database-url) is empty"},
+		{map[string]string{"OUTBOX_DATABASE_URL": ""}, []string{"dlq", "list"}, "OUTBOX_DATABASE_URL (--database-url) is empty"},
+	} {
+		code, _, stderr := runMain(t, envOf(tc.env), tc.args...)
+		require.Equal(t, ExitUsage, code, "%v: %s", tc.args, stderr)
+		require.Contains(t, stderr, tc.want, "%v", tc.args)
+	}
+}

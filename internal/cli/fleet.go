@@ -199,7 +199,7 @@ func (o *runOptions) runDatabases(ctx context.Context, f *flags, p producer.Prod
 			if o.databases != "" {
 				source = f.origin("databases")
 			}
-			cfg, err := c.poolConfig("a URL of " + source)
+			cfg, err := c.poolConfig("URL listed in " + source)
 			if err == nil {
 				cfg.MaxConns = int32(o.maxConnections - 1) // the LISTEN session is the last
 			}
@@ -251,6 +251,19 @@ func (o *fleetOptions) databaseURLs() ([]string, error) {
 	urls := strings.Fields(o.databases)
 	if len(urls) == 0 {
 		return nil, errors.New("it lists no database: give connection URLs separated by spaces or newlines")
+	}
+	// A keyword=value connection string, split at its spaces, made pieces
+	// that were each relayed as a database of their own, on the defaults'
+	// server (an independent review, 2026-11-29).
+	for _, u := range urls {
+		if _, conn, err := fleet.ListedName(u); err == nil && !strings.HasPrefix(conn, "postgres://") && !strings.HasPrefix(conn, "postgresql://") {
+			shown := redactURL(u)
+			if k, _, ok := strings.Cut(u, "="); ok {
+				shown = k + "=…" // a piece of a keyword=value string may be its password
+			}
+			return nil, fmt.Errorf("it lists %q, which is not a postgres:// URL: the list is split at spaces, so a keyword=value "+
+				"connection string falls apart here; write it as a URL, or give it in --databases-file, one a line", shown)
+		}
 	}
 	return urls, nil
 }

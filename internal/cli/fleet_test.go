@@ -46,11 +46,14 @@ func TestFleetFlagsRefuseWhatCannotWork(t *testing.T) {
 		{[]string{"run", "--databases", "postgres://x/y", "--database-url", "postgres://x/z"}, "--database-url and --databases both name databases"},
 		{[]string{"run", "--databases", "postgres://x/y", "--databases-file", empty}, "--databases and --databases-file both name databases"},
 		{[]string{"run", "--databases", " \n ", "--admin-addr", ""}, "--databases: it lists no database"},
+		{[]string{"run", "--databases", "dbname=app host=127.0.0.1 password=s3cret", "--admin-addr", ""},
+			`--databases: it lists "dbname=…", which is not a postgres:// URL: the list is split at spaces`},
 		{[]string{"migrate", "--schemas", "["}, `invalid pattern "[" for --schemas`},
 	} {
 		code, _, stderr := runMain(t, noEnv, c.args...)
 		require.Equal(t, ExitUsage, code, "%v: %s", c.args, stderr)
 		require.Contains(t, stderr, c.want, "%v", c.args)
+		require.NotContains(t, stderr, "s3cret", "%v", c.args)
 	}
 }
 
