@@ -391,6 +391,16 @@ func (p *Producer) Close(context.Context) error {
 	return nil
 }
 
+// JetStream's error codes (nats-server's errors.json) that nats.go names not:
+// a stream's store refusing a message past its limits ("maximum messages
+// exceeded", "maximum bytes exceeded", "maximum messages per subject
+// exceeded"), and an account or server out of JetStream resources.
+const (
+	errCodeAccountResourcesExceeded jetstream.ErrorCode = 10002
+	errCodeInsufficientResources    jetstream.ErrorCode = 10023
+	errCodeStreamStoreFailed        jetstream.ErrorCode = 10077
+)
+
 // classify maps NATS errors onto the failure classes.
 func classify(err error) error {
 	var apiErr *jetstream.APIError
@@ -407,6 +417,14 @@ func classify(err error) error {
 			return producer.NewMessageError(producer.ReasonMessageTooLarge, nil, err)
 		case jetstream.JSErrCodeJetStreamNotEnabled, jetstream.JSErrCodeJetStreamNotEnabledForAccount:
 			return producer.NewTopicError("jetstream_disabled", err)
+		case errCodeStreamStoreFailed, errCodeAccountResourcesExceeded, errCodeInsufficientResources:
+			// A stream at a limit with discard new (maximum messages, bytes,
+			// messages per subject) refuses every message until it is consumed.
+			// As a transient failure, the head row counted an attempt at each
+			// try, and valid messages were dead-lettered one after another
+			// (an independent review, 2026-11-29).
+			return producer.NewTopicError("stream_full", fmt.Errorf(
+				"%w (the stream, or the account's JetStream, is at a limit and refuses new messages: consume or purge it, or raise its limits)", err))
 		}
 		return producer.NewTransientError("jetstream_error", err)
 	case errors.Is(err, natsgo.ErrConnectionClosed), errors.Is(err, natsgo.ErrDisconnected),

@@ -147,6 +147,31 @@ func TestMessageOverStreamLimitIsMessageClass(t *testing.T) {
 	require.Equal(t, []int64{2}, producer.MessageIDs(err))
 }
 
+// A stream at its limit that discards new messages refuses each one past it:
+// topic class, naming what it took, so that the rows wait for the stream
+// rather than count attempts and go to the dead-letter table.
+func TestAFullStreamIsTopicClass(t *testing.T) {
+	t.Parallel()
+	for _, cfg := range []jetstream.StreamConfig{
+		{MaxMsgs: 1, Discard: jetstream.DiscardNew},
+		{MaxBytes: 1000, Discard: jetstream.DiscardNew},
+		{MaxMsgsPerSubject: 1, Discard: jetstream.DiscardNew, DiscardNewPerSubject: true},
+	} {
+		f := setup(t, outboxnats.Config{}, cfg)
+		subj := f.subject("t")
+		msgs := producertest.Messages(subj, 1, 3)
+		for i := range msgs {
+			msgs[i].Payload = make([]byte, 600) // one fits in 1,000 bytes, two do not
+		}
+		err := f.p.Send(context.Background(), producer.Batch{Topic: subj, Messages: msgs})
+		require.Error(t, err, "%+v", cfg)
+		require.Equal(t, producer.ClassTopic, producer.ClassOf(err), "%+v: %v", cfg, err)
+		require.Equal(t, "stream_full", producer.ReasonOf(err))
+		require.ErrorContains(t, err, "exceeded")
+		require.Equal(t, []int64{1}, producer.Delivered(err), "%+v: the message the stream took is named delivered", cfg)
+	}
+}
+
 // Issue 34's case: a stream that refuses messages over 1 KiB, 40 rows of one
 // topic, row 20 of 4 KiB. The error names row 20 and says the stream took
 // the 39 others, so the sweeper sends none of them again: a core

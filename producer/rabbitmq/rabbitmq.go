@@ -441,7 +441,15 @@ func (p *Producer) publish(ctx context.Context, c *pubChannel, b producer.Batch,
 			len(returned), len(pubs), p.cfg.Exchange, b.Topic, r.ReplyCode, r.ReplyText)))
 	}
 	if nacked > 0 {
-		return took(producer.NewTransientError("nacked", fmt.Errorf("RabbitMQ nacked %d of %d messages to %q", nacked, len(pubs), b.Topic)))
+		// Topic class: a queue bound to the topic that rejects publishes past
+		// its length (x-overflow reject-publish) nacks every message until it
+		// is consumed. As a transient failure, the head row counted an attempt
+		// at each try, and valid messages were dead-lettered one after another
+		// while a consumer was down (an independent review, 2026-11-29); as
+		// the topic's, they wait, and /status says why.
+		return took(producer.NewTopicError("nacked", fmt.Errorf(
+			"RabbitMQ nacked %d of %d messages to %q: a queue bound to it is full and rejects publishes (x-overflow reject-publish), "+
+				"or its process failed; consume or purge it, or raise its x-max-length", nacked, len(pubs), b.Topic)))
 	}
 	return nil
 }

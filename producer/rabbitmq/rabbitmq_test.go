@@ -162,8 +162,10 @@ func TestUnroutableTopicIsTopicClass(t *testing.T) {
 	require.Len(t, recv(2), 2)
 }
 
-// A queue that rejects publishes past its length makes RabbitMQ nack them.
-func TestNackIsTransient(t *testing.T) {
+// A queue that rejects publishes past its length makes RabbitMQ nack them:
+// topic class, so that the rows wait for the queue rather than count
+// attempts and go to the dead-letter table while its consumer is down.
+func TestNackIsTopicClass(t *testing.T) {
 	t.Parallel()
 	f := setup(t, rabbitmq.Config{})
 	// No consumer, so the queue stays full.
@@ -173,9 +175,10 @@ func TestNackIsTransient(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, ch.QueueBind(q.Name, "full", f.exchange, false, nil))
 	err = f.p.Send(context.Background(), producer.Batch{Topic: "full", Messages: producertest.Messages("full", 1, 3)})
-	require.Equal(t, producer.ClassTransient, producer.ClassOf(err), "%v", err)
+	require.Equal(t, producer.ClassTopic, producer.ClassOf(err), "%v", err)
 	require.Equal(t, "nacked", producer.ReasonOf(err))
 	require.ErrorContains(t, err, "nacked 2 of 3 messages")
+	require.ErrorContains(t, err, "x-overflow reject-publish")
 	require.Equal(t, []int64{1}, producer.Delivered(err), "the message the queue took is named delivered; the sweeper sends only the nacked again")
 }
 
