@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-sweeper/sweeper/breaker"
@@ -874,4 +875,88 @@ func TestATopicNoMessageCanReachTripsWithoutClaimingARow(t *testing.T) {
 	_, err = s.Sweep(context.Background())
 	require.NoError(t, err)
 	require.Zero(t, prod.checks.Load()-asked, "tripped topics are left out of the listing: nothing to ask")
+}
+
+// A broker that stops answering during a sweep, after sends of that sweep
+// went through, is asked again when a send times out: its check fails, and
+// the batch is released whole, no attempt charged, no split sent, and the
+// broker breaker told it is down. The sweep's earlier success once stood as
+// evidence that the broker was up: the batch was split, each half waited out
+// the timeout again, and rows counted attempts.
+func TestABrokerThatStopsAnsweringMidSweepIsCheckedNotSplit(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("A", 1)...)
+	writeMessages(t, tbl, topicMessages("B", 8)...)
+	prod := memory.New(memory.Config{})
+	aSent := make(chan struct{})
+	var closeOnce sync.Once
+	var bSends atomic.Int32
+	prod.SetSendFunc(func(ctx context.Context, b producer.Batch) error {
+		if b.Topic == "A" {
+			closeOnce.Do(func() { close(aSent) })
+			return nil
+		}
+		bSends.Add(1)
+		<-aSent      // the sweep has seen the broker take a batch
+		<-ctx.Done() // and now it answers nothing
+		return fmt.Errorf("waiting for confirms of %d messages: %w", len(b.Messages), ctx.Err())
+	})
+	var checks atomic.Int32
+	prod.SetCheck(func(context.Context) error {
+		checks.Add(1)
+		return producer.NewBrokerError("no_answer", errors.New("no answer to a passive declare"))
+	})
+	dep := brokerBreaker(t, breaker.DependencyConfig{Failures: 1, OpenDuration: time.Hour})
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, Retry: once, Concurrency: 2,
+		SendTimeout: 200 * time.Millisecond, BrokerBreaker: dep})
+	_, err := s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, int32(1), bSends.Load(), "the batch is not split")
+	require.Equal(t, int32(1), checks.Load(), "the broker is checked")
+	require.Equal(t, breaker.DependencyOpen, dep.State(), "the broker breaker heard it is down")
+	for _, r := range readRows(t, tbl) {
+		if r.Topic == "B" {
+			require.False(t, r.Dispatched)
+			require.Zero(t, r.Attempts, "row %d", r.ID)
+		}
+	}
+}
+
+// A refused topic whose oldest row another sweeper's page holds has its next
+// row noted instead, and the sweep goes on: the note once waited for that
+// page's transaction, holding every topic of the sweep.
+func TestNotingARefusedTopicPassesARowAnotherPageHolds(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("bug", 2)...)
+	writeMessages(t, tbl, topicMessages("good", 3)...)
+	pool := dbtest.Pool(t)
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	var held int64
+	require.NoError(t, tx.QueryRow(ctx, fmt.Sprintf("SELECT id FROM %s WHERE topic = 'bug' ORDER BY id LIMIT 1 FOR UPDATE",
+		pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize())).Scan(&held))
+
+	prod := &checkedTopics{Producer: memory.New(memory.Config{}), missing: map[string]bool{"bug": true}}
+	s := newSweeper(t, pool, prod, outbox.Config{Table: tbl})
+	// Bounded only so that a regression fails rather than hangs the run.
+	sweepCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	res, err := s.Sweep(sweepCtx)
+	require.NoError(t, err)
+	require.Equal(t, 3, res.Dispatched, "the topics that work are sent")
+	for _, r := range readRows(t, tbl) {
+		if r.Topic != "bug" {
+			continue
+		}
+		if r.ID == held {
+			require.Nil(t, r.LastError, "the held row is passed")
+		} else {
+			require.NotNil(t, r.LastError, "the next row says why the topic waits")
+			require.Contains(t, *r.LastError, "no stream captures bug")
+		}
+	}
 }

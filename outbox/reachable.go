@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/outbox-sweeper/sweeper/producer"
 )
@@ -66,10 +65,16 @@ func (s *Sweeper) leaveOutUnreachable(ctx context.Context, pass *gatePass, live 
 			"num_topics", len(live)-len(kept), "topics", refused, "reason", producer.ReasonOf(first), "err", first)
 	}
 	if len(noted) > 0 {
+		// The note is for the operator: its failure (a lock timeout, say)
+		// loses no row and must not stop the topics that work.
 		_, err := s.store.pool.Exec(ctx, statement(s.cfg.Table, "note_refused_topics"), noted, notes)
 		s.store.beat()
 		if err != nil {
-			return nil, fmt.Errorf("note why %d refused topics wait in %s: %w", len(noted), s.cfg.Table, err)
+			if ctx.Err() != nil {
+				return nil, err
+			}
+			s.logger.Warn("noting why refused topics wait failed; they wait all the same, their rows' last_error unchanged",
+				"table", s.cfg.Table.String(), "num_topics", len(noted), "err", err)
 		}
 	}
 	return kept, nil

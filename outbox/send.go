@@ -174,6 +174,16 @@ func (t *topicSender) sendBatch(b producer.Batch, retry bool) (stop bool, err er
 			c = &pageBatch{p: c.p, batch: b}
 		}
 
+		if len(delivered) == 0 && errors.Is(sendErr, context.DeadlineExceeded) && producer.ClassOf(sendErr) == producer.ClassTransient {
+			// No answer within --send-timeout: what the sweep saw of the broker
+			// before is no evidence now. A broker that stopped answering during
+			// a sweep (a half-open connection the client still thinks up, a
+			// RabbitMQ memory alarm) had its timeouts split batch after batch,
+			// each half waiting the timeout again, and its rows charged
+			// attempts, the broker breaker told only that it was up (an
+			// independent review, 2026-11-29). The check below asks it.
+			st.broker.forget()
+		}
 		named := intersect(b.IDs(), producer.MessageIDs(sendErr))
 		if mayHaveArrived(sendErr) {
 			// Whatever happens to them now, a later send of these rows may

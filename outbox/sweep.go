@@ -50,6 +50,12 @@ type sweepState struct {
 // check passed); down says a check failed and nothing has succeeded since.
 type brokerSeen struct{ up, down atomic.Bool }
 
+// forget drops the evidence: the next failure asks the producer's check.
+func (b *brokerSeen) forget() {
+	b.up.Store(false)
+	b.down.Store(false)
+}
+
 func (st *sweepState) evidence() evidence {
 	switch {
 	case st.broker.up.Load():

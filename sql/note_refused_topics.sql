@@ -5,8 +5,22 @@
 -- that an operator looking at the rows sees why they wait. One row a topic,
 -- found by a seek on the index of outstanding rows, and written only when the
 -- text changes: a topic refused again at each trial writes no row again.
+--
+-- SKIP LOCKED: a row another sweeper's page holds (another instance, whose
+-- view of the streams is older) is passed for the next one, rather than
+-- waited for. A plain UPDATE waited out that page's sends, and held this
+-- sweep, every topic of it, for as long (an independent review, 2026-11-29).
 UPDATE {{outbox}} o
-SET last_error = r.err
-FROM unnest($1::text[], $2::text[]) AS r(topic, err)
-WHERE o.id = (SELECT min(i.id) FROM {{outbox}} i WHERE i.topic = r.topic AND i.dispatched_at IS NULL)
-  AND o.last_error IS DISTINCT FROM r.err
+SET last_error = t.err
+FROM (SELECT h.id, r.err
+      FROM unnest($1::text[], $2::text[]) AS r(topic, err)
+      CROSS JOIN LATERAL (
+          SELECT i.id
+          FROM {{outbox}} i
+          WHERE i.topic = r.topic AND i.dispatched_at IS NULL
+          ORDER BY i.topic, i.id
+          LIMIT 1
+          FOR UPDATE SKIP LOCKED
+      ) h) t
+WHERE o.id = t.id
+  AND o.last_error IS DISTINCT FROM t.err
