@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-sweeper/sweeper/internal/brokertest"
@@ -164,4 +165,54 @@ func (fr *freezer) pipe(dst, src net.Conn) {
 			return
 		}
 	}
+}
+
+// A send that must open a channel on a connection gone silent (a broker whose
+// alarm blocks it) ends by its deadline as the broker's failure, not when
+// heartbeats give up.
+func TestASendOpeningAChannelOnASilentConnectionEndsByItsDeadline(t *testing.T) {
+	t.Parallel()
+	url := brokertest.RabbitMQURL(t)
+	fr := newFreezer(t, brokertest.HostPort(t, url))
+	exchange := brokertest.Name("outbox_test")
+	p, err := rabbitmq.New(rabbitmq.Config{URL: brokertest.WithHost(t, url, fr.addr()), Exchange: exchange})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close(context.Background()) })
+	require.NoError(t, p.Connect(context.Background()))
+	rabbitmq.DropIdle(p)
+
+	fr.set(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	err = p.Send(ctx, producer.Batch{Topic: "t", Messages: producertest.Messages("t", 1, 1)})
+	require.Equal(t, producer.ClassBroker, producer.ClassOf(err), "%v", err)
+	require.Equal(t, "no_answer", producer.ReasonOf(err))
+	require.ErrorContains(t, err, "open a RabbitMQ channel")
+	fr.set(false)
+}
+
+// An exchange that exists with another type refuses the declare every new
+// channel makes: the broker's failure, for every topic, not a transient one
+// the rows would be charged for.
+func TestAnExchangeOfAnotherTypeIsTheBrokersFailure(t *testing.T) {
+	t.Parallel()
+	url := brokertest.RabbitMQURL(t)
+	exchange := brokertest.Name("outbox_test")
+	conn, err := amqp.Dial(url)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	require.NoError(t, ch.ExchangeDeclare(exchange, "direct", true, false, false, false, nil))
+	t.Cleanup(func() { _ = ch.ExchangeDelete(exchange, false, false) })
+
+	p, err := rabbitmq.New(rabbitmq.Config{URL: url, Exchange: exchange})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close(context.Background()) })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err = p.Send(ctx, producer.Batch{Topic: "t", Messages: producertest.Messages("t", 1, 1)})
+	require.Equal(t, producer.ClassBroker, producer.ClassOf(err), "%v", err)
+	require.Equal(t, "exchange_refused", producer.ReasonOf(err))
+	require.ErrorContains(t, err, "inequivalent arg")
 }

@@ -38,3 +38,14 @@ func HeaderFrameSize(m producer.Message) int {
 	}
 	return headerFrameSize(&pre.pub)
 }
+
+// DropIdle closes the producer's idle channels, so that its next send opens
+// one.
+func DropIdle(p *Producer) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.idle {
+		_ = c.ch.Close()
+	}
+	p.idle = nil
+}

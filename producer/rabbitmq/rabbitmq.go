@@ -159,13 +159,48 @@ func (p *Producer) take(ctx context.Context) (*pubChannel, error) {
 	if c := p.idleChannel(); c != nil {
 		return c, nil
 	}
+	// amqp091 takes no context for opening a channel: a broker that stops
+	// reading a publishing connection (a memory or disk alarm blocks it)
+	// never answers, and the send waited past --send-timeout, holding its
+	// sweep, until heartbeats gave up (an independent review, 2026-11-29). The
+	// calls run aside; past ctx the send fails, and the channel, if it comes,
+	// is closed.
+	type opened struct {
+		c   *pubChannel
+		err error
+	}
+	done := make(chan opened, 1)
+	go func() {
+		c, err := p.open(conn, cork)
+		done <- opened{c, err}
+	}()
+	select {
+	case o := <-done:
+		return o.c, o.err
+	case <-ctx.Done():
+		go func() {
+			if o := <-done; o.c != nil {
+				_ = o.c.ch.Close()
+			}
+		}()
+		if errors.Is(ctx.Err(), context.Canceled) {
+			return nil, ctx.Err()
+		}
+		return nil, producer.NewBrokerError("no_answer", fmt.Errorf(
+			"open a RabbitMQ channel: no answer before the deadline (a blocked connection: is a memory or disk alarm raised?): %w", ctx.Err()))
+	}
+}
+
+// open opens a channel on conn, declares the exchange and puts the channel in
+// confirm mode.
+func (p *Producer) open(conn *amqp.Connection, cork *corkConn) (*pubChannel, error) {
 	ch, err := conn.Channel()
 	if err != nil {
 		return nil, classify(fmt.Errorf("open a RabbitMQ channel: %w", err))
 	}
 	if err := ch.ExchangeDeclare(p.cfg.Exchange, "topic", true, false, false, false, nil); err != nil {
 		go ch.Close()
-		return nil, classify(fmt.Errorf("declare exchange %q: %w", p.cfg.Exchange, err))
+		return nil, exchangeRefused(p.cfg.Exchange, err)
 	}
 	if err := ch.Confirm(false); err != nil {
 		go ch.Close()
@@ -179,6 +214,22 @@ func (p *Producer) take(ctx context.Context) (*pubChannel, error) {
 		returns: ch.NotifyReturn(make(chan amqp.Return, p.cfg.MaxBatch)),
 		closed:  ch.NotifyClose(make(chan *amqp.Error, 1)),
 	}, nil
+}
+
+// exchangeRefused classifies a failed declare of the exchange. Every topic
+// publishes through it, so the broker's refusal (the exchange exists with
+// another type or other arguments, 406; no configure permission, 403) is the
+// broker's failure for all of them: as a transient one, with the broker's
+// check passing, batches were split and valid rows charged until they were
+// dead-lettered; as a topic's, each topic tripped in turn (an independent
+// review, 2026-11-29).
+func exchangeRefused(exchange string, err error) error {
+	err = classify(fmt.Errorf("declare exchange %q: %w", exchange, err))
+	if c := producer.ClassOf(err); c == producer.ClassBroker || c == producer.ClassLocal {
+		return err
+	}
+	return producer.NewBrokerError("exchange_refused", fmt.Errorf(
+		"%w (every topic publishes through it: make it a durable topic exchange and grant configure on it, or publish through another)", err))
 }
 
 func (p *Producer) idleChannel() *pubChannel {
