@@ -283,7 +283,9 @@ type ProbeConfig struct {
 }
 
 // Probe watches the dead-letter table and alerts when it holds at least
-// Threshold rows and has rows dead-lettered after the last alert that went out:
+// Threshold rows and has rows dead-lettered after the last alert that went out
+// (or more rows than it held at this process's last probe, for those stamped
+// before that probe and committed after it):
 // one alert per growth (a replay or purge in between does not hide new rows),
 // naming the count and the new rows' correlation ids and reasons, never their
 // payloads. A post that fails is retried at the next run. A run that cannot
@@ -300,6 +302,13 @@ type Probe struct {
 	lockKey                       int64
 
 	dbAlerted bool // the database outage was alerted
+	// lastTotal is the count this process saw at its last probe that owed no
+	// alert (-1: none since it last held the probe's lock). A dead letter is
+	// stamped when its page moves it and counted once that page commits,
+	// seconds later: a probe in between moved the watermark past its stamp,
+	// and it never counted as new (an independent review, 2026-11-29). A
+	// count above the last one is growth, whatever the stamps say.
+	lastTotal int
 }
 
 // NewProbe returns a probe for cfg.Table.
@@ -320,7 +329,7 @@ func NewProbe(pool *pgxpool.Pool, cfg ProbeConfig) (*Probe, error) {
 	t := cfg.Table
 	return &Probe{cfg: cfg, pool: pool, stmt: statement(t, "dead_letter_probe"),
 		watermark: statement(t, "probe_watermark"), setWatermark: statement(t, "probe_watermark_set"),
-		lockKey: writer.AdvisoryKey("outbox-sweeper probe " + t.String())}, nil
+		lockKey: writer.AdvisoryKey("outbox-sweeper probe " + t.String()), lastTotal: -1}, nil
 }
 
 // ProbeResult says what one run saw and did.
@@ -344,6 +353,7 @@ func (p *Probe) RunOnce(ctx context.Context) (ProbeResult, error) {
 		}
 		if !locked {
 			res.Skipped = true
+			p.lastTotal = -1 // another instance alerts meanwhile
 			return nil
 		}
 		var since time.Time
@@ -380,7 +390,11 @@ func (p *Probe) RunOnce(ctx context.Context) (ProbeResult, error) {
 		if err != nil {
 			return err
 		}
+		if grown := res.Count - p.lastTotal; p.lastTotal >= 0 && grown > res.New {
+			res.New = grown // committed after the last probe, stamped before it
+		}
 		if res.Count < p.cfg.Threshold || res.New == 0 {
+			p.lastTotal = res.Count
 			return nil
 		}
 		a.Count = res.Count
@@ -395,6 +409,7 @@ func (p *Probe) RunOnce(ctx context.Context) (ProbeResult, error) {
 		if _, err := tx.Exec(ctx, p.setWatermark, latest); err != nil {
 			return err
 		}
+		p.lastTotal = res.Count
 		res.Alerted = true
 		return nil
 	})

@@ -308,3 +308,31 @@ func TestMigrationSetsTheOutboxAutovacuum(t *testing.T) {
 	require.Subset(t, opts, []string{"autovacuum_vacuum_scale_factor=0.01", "autovacuum_analyze_scale_factor=0.01",
 		"autovacuum_vacuum_threshold=1000"})
 }
+
+// A dead letter whose page committed after a probe, with a stamp from before
+// it (the page moved it, then sent on for seconds), is growth all the same:
+// the next probe alerts, once.
+func TestProbeAlertsADeadLetterStampedBeforeItsWatermark(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	p, rcv := newProbe(t, tbl, 0)
+	ctx := context.Background()
+	deadLetterMore(t, tbl, 1, 2)
+	res, err := p.RunOnce(ctx)
+	require.NoError(t, err)
+	require.True(t, res.Alerted)
+
+	deadLetterMore(t, tbl, 3, 1)
+	_, err = dbtest.Pool(t).Exec(ctx, fmt.Sprintf("UPDATE %s SET dead_lettered_at = dead_lettered_at - interval '1 hour' WHERE correlation_id = 'corr-3'",
+		pgx.Identifier{tbl.Schema, tbl.DeadLetterName()}.Sanitize()))
+	require.NoError(t, err)
+	res, err = p.RunOnce(ctx)
+	require.NoError(t, err)
+	require.True(t, res.Alerted, "the count grew")
+	require.Equal(t, 1, res.New)
+	require.Equal(t, 3, res.Count)
+	res, err = p.RunOnce(ctx)
+	require.NoError(t, err)
+	require.False(t, res.Alerted, "once")
+	require.Len(t, rcv.got(), 2)
+}
