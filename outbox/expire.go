@@ -125,16 +125,20 @@ func (s *Sweeper) expireRows(st *sweepState, msgs []producer.Message) ([]produce
 // expireLeftOut moves the rows that no page of this sweep will claim and that
 // are past their deadline to the dead-letter table (expire.sql): by age, those
 // of the topics left out of paging (tripped, cooling down, backing off), or of
-// every topic when leftOut is nil (the broker's breaker is open); by their own
+// every topic with every set (the broker's breaker is open); by their own
 // expires_at, those of every topic. It runs once per tick, a statement at a
 // time, until nothing more expires or the tick's time is up. Only a failure
 // to list the topics is returned.
-func (s *Sweeper) expireLeftOut(ctx context.Context, leftOut []string, due time.Time, res *SweepResult) error {
+//
+// every is a flag of its own, not a nil leftOut: a sweep that left no topic
+// out passes nil too, and listed every topic and ran their expiry at each
+// tick (an independent review, 2026-11-29).
+func (s *Sweeper) expireLeftOut(ctx context.Context, leftOut []string, every bool, due time.Time, res *SweepResult) error {
 	var topics []string
 	var ages []int64
 	var whys []string
 	if s.cfg.expiresByAge() {
-		if leftOut == nil {
+		if every {
 			all, err := s.store.topics(ctx, nil)
 			if err != nil {
 				return fmt.Errorf("list topics with outstanding rows in %s to expire their old rows: %w", s.cfg.Table, err)

@@ -6,10 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
@@ -420,4 +423,59 @@ func TestAFailingExpiryPassDoesNotStopTheTopicsThatSend(t *testing.T) {
 	require.Equal(t, []int64{1, 2, 3}, idsOf(prod.Messages()))
 	require.Contains(t, logs.String(), "expiring rows past their deadline failed")
 	require.Equal(t, 2, dbtest.Outstanding(t, tbl), "the held topic's rows stay, nothing lost")
+}
+
+// countingTracer counts the statements whose text holds marker, sent alone or
+// in a batch.
+type countingTracer struct {
+	marker string
+	n      atomic.Int64
+}
+
+func (c *countingTracer) count(sql string) {
+	if strings.Contains(sql, c.marker) {
+		c.n.Add(1)
+	}
+}
+
+func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	c.count(d.SQL)
+	return ctx
+}
+
+func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (c *countingTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (c *countingTracer) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	c.count(d.SQL)
+}
+
+func (c *countingTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// A tick with no topic left out expires nothing by age before paging (the
+// pages expire their own rows): it once took "nothing left out" for "the
+// broker is down" and listed every topic, and ran their expiry, each tick.
+func TestATickWithNoTopicLeftOutListsNoTopicToExpire(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	cfg, err := pgxpool.ParseConfig(dbtest.URL(t))
+	require.NoError(t, err)
+	tracer := &countingTracer{marker: "WITH RECURSIVE topics(topic)"} // outstanding_topics.sql
+	cfg.ConnConfig.Tracer = tracer
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	prod := memory.New(memory.Config{})
+	s := newSweeper(t, pool, prod, outbox.Config{Table: tbl, MaxAge: time.Hour})
+	for i := range 3 {
+		writeMessages(t, tbl, topicMessages(fmt.Sprintf("t%d", i), 2)...)
+		_, err := s.Sweep(context.Background())
+		require.NoError(t, err)
+	}
+	require.Len(t, prod.Messages(), 6)
+	require.Equal(t, int64(1), tracer.n.Load(), "the topics are listed once, by the cursor's seed at the start")
 }

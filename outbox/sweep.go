@@ -96,7 +96,7 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool, yi
 	if s.gate.brokerState() == breaker.DependencyOpen {
 		res.Blocked = true
 		if tick {
-			return res, s.expireLeftOut(work, nil, due, &res)
+			return res, s.expireLeftOut(work, nil, true, due, &res)
 		}
 		return res, nil
 	}
@@ -106,7 +106,7 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool, yi
 	st := &sweepState{stop: stop, work: work, gate: pass, broker: &brokerSeen{}, sends: make(chan struct{}, s.cfg.Concurrency), yield: yield}
 	excluded := pass.excluded
 	if tick {
-		if err := s.expireLeftOut(work, excluded, due, &res); err != nil {
+		if err := s.expireLeftOut(work, excluded, false, due, &res); err != nil {
 			return res, err
 		}
 	}
@@ -481,7 +481,7 @@ func (t *sweepTicks) tick(res *SweepResult) (end bool) {
 	defer t.working.Unlock()
 	s := t.s
 	s.breaker.OnTick()
-	if err := s.expireLeftOut(t.work, t.excluded, due, res); err != nil && !s.dropped(t.work, err) {
+	if err := s.expireLeftOut(t.work, t.excluded, false, due, res); err != nil && !s.dropped(t.work, err) {
 		s.logger.Error("expiring the rows of left-out topics failed; they will be tried at the next tick",
 			"table", s.cfg.Table.String(), "err", err)
 	}
