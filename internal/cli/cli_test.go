@@ -46,7 +46,7 @@ func TestEveryFlagRejectsABadValue(t *testing.T) {
 		{"run", "max-attempts", "-2", "max attempts (--max-attempts) is -2"},
 		{"run", "admin-addr", "0.0.0.0:8080", "is reachable from other hosts and no --admin-token (OUTBOX_ADMIN_TOKEN) is set"},
 		{"run", "admin-addr", "nonsense", `admin address "nonsense" (--admin-addr)`},
-		{"run", "alert-webhook-url", "ftp://x", `invalid value "ftp://x" for --alert-webhook-url`},
+		{"run", "alert-webhook-url", "ftp://x", `invalid value for --alert-webhook-url (scheme "ftp", host "x"`},
 		{"run", "dlq-alert-threshold", "0", "--dlq-alert-threshold is 0: it must be at least 1"},
 		{"run", "dlq-probe-schedule", "often", `invalid value "often" for --dlq-probe-schedule`},
 		{"run", "dlq-retention", "-1h", "--dlq-retention is -1h0m0s: it must not be negative"},
@@ -119,7 +119,9 @@ func TestEveryFlagRejectsABadValue(t *testing.T) {
 			require.Equal(t, ExitUsage, code, stderr)
 			require.Contains(t, stderr, envName(tc.flag))
 			require.Contains(t, stderr, "--"+tc.flag)
-			require.Contains(t, stderr, tc.value)
+			if tc.flag != "alert-webhook-url" { // its path may be its token: never shown
+				require.Contains(t, stderr, tc.value)
+			}
 		})
 	}
 }

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/url"
 	"time"
@@ -53,9 +54,19 @@ func (o *maintenanceOptions) alerters(f *flags, logger *slog.Logger, m *metrics.
 	var webhook alert.Alerter
 	probe := alert.Alerter(log)
 	if o.alertWebhookURL != "" {
+		// A webhook's path and query are its secret (Slack's and Teams'
+		// tokens live there): an error names the scheme and host alone.
 		u, err := url.Parse(o.alertWebhookURL)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return nil, nil, usagef("invalid value %q for %s: write an http:// or https:// URL", redactURL(o.alertWebhookURL), f.origin("alert-webhook-url"))
+		switch {
+		case err != nil:
+			var ue *url.Error
+			if errors.As(err, &ue) {
+				err = ue.Err // url.Error quotes the URL whole
+			}
+			return nil, nil, usagef("invalid value for %s: %v (its path and query are not shown: they may hold its token)", f.origin("alert-webhook-url"), err)
+		case (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
+			return nil, nil, usagef("invalid value for %s (scheme %q, host %q; its path and query are not shown: they may hold its token): write an http:// or https:// URL",
+				f.origin("alert-webhook-url"), u.Scheme, u.Host)
 		}
 		webhook = alert.Webhook{URL: o.alertWebhookURL}
 		probe = alert.Both{log, webhook}

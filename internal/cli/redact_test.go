@@ -32,6 +32,10 @@ func TestURLFlagsNeverPrintTheirPassword(t *testing.T) {
 		{"redis-url", "http://u:" + marker + "@h:6379/0", nil},
 		{"alert-webhook-url", "ftp://u:" + marker + "@h/x", nil},
 		{"alert-webhook-url", "http://u:" + marker + "%zz@h/x", nil},
+		// A webhook's token is in its path (Slack's, Teams').
+		{"alert-webhook-url", "hooks.slack.com/services/T0/B0/" + marker, nil},
+		{"alert-webhook-url", "ftp://hooks.example.com/services/" + marker + "?token=" + marker, nil},
+		{"alert-webhook-url", "https://hooks.example.com/%zz/" + marker, nil},
 	} {
 		code, stdout, stderr := runMain(t, noEnv, append([]string{"run", "--" + tc.flag + "=" + tc.value}, tc.more...)...)
 		require.Equal(t, ExitUsage, code, "%s: %s", tc.value, stderr)
