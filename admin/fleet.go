@@ -90,6 +90,12 @@ func (f *fleetAPI) routes() []route {
 			http.Redirect(w, r, r.URL.EscapedPath()+"/", http.StatusMovedPermanently) // the console's files are relative to it
 		})},
 		{"/outboxes/{name}/", http.HandlerFunc(f.outbox)},
+		// The broker breaker is one for the relay: at the root too, so that
+		// `sweeper breaker trip` before planned broker work needs no tenant's
+		// name (it answered 404 without --outbox).
+		{"GET /breaker", f.api.auth(f.api.breakerState)},
+		{"POST /breaker/trip", f.api.auth(f.api.breakerTrip)},
+		{"POST /breaker/reset", f.api.auth(f.api.breakerReset)},
 	}
 	rs = append(rs, f.api.profiles()...)
 	if base.Metrics != nil {

@@ -84,6 +84,8 @@ func TestFleetOpenAPIDescribesItsAPI(t *testing.T) {
 		{"/outboxes?limit=0", "/outboxes", "tok", 400},
 		{"/outboxes", "/outboxes", "", 401},
 		{"/outboxes/no_such_schema/status", "/outboxes/{name}/", "tok", 404},
+		{"/breaker", "/breaker", "tok", 200},
+		{"/breaker", "/breaker", "", 401},
 	} {
 		code, body := fleetCall(t, srv, tc.path, tc.token)
 		require.Equal(t, tc.status, code, "GET %s: %s", tc.path, body)
@@ -178,4 +180,51 @@ func TestFleetSaysWhereAnOutboxsEndpointsAre(t *testing.T) {
 	require.Equal(t, http.StatusNotFound, code)
 	require.Contains(t, string(raw), "no endpoint GET /no/such/path")
 	require.NotContains(t, string(raw), "--outbox")
+}
+
+// The broker breaker is one for the relay, so the fleet serves it at its root
+// too: `sweeper breaker trip` before planned broker work needs no tenant's
+// name. A trip there is the one every outbox's API shows.
+func TestFleetServesTheBrokerBreakerAtItsRoot(t *testing.T) {
+	t.Parallel()
+	srv := fleetServer(t)
+	post := func(path, token, body string) (int, string) {
+		req, err := http.NewRequest(http.MethodPost, srv.URL+path, strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		raw, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(raw)
+	}
+	state := func(path string) string {
+		code, raw := fleetCall(t, srv, path, "tok")
+		require.Equal(t, http.StatusOK, code, string(raw))
+		var b struct{ State string }
+		require.NoError(t, json.Unmarshal(raw, &b))
+		return b.State
+	}
+	code, body := post("/breaker/trip", "", `{"reason":"failover"}`)
+	require.Equal(t, http.StatusUnauthorized, code, body)
+	require.Equal(t, "closed", state("/breaker"))
+
+	code, body = post("/breaker/trip", "tok", `{"reason":"broker failover at 03:00"}`)
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, "broker failover at 03:00")
+	_, raw := fleetCall(t, srv, "/outboxes", "tok")
+	var list struct {
+		Outboxes []struct{ Path string } `json:"outboxes"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &list))
+	require.Len(t, list.Outboxes, 1)
+	require.Equal(t, "open", state(list.Outboxes[0].Path+"breaker"), "the outbox's API shows the same breaker")
+
+	code, body = post("/breaker/reset", "tok", "")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Equal(t, "closed", state("/breaker"))
 }
