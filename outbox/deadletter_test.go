@@ -289,8 +289,15 @@ func TestReplayDeadLetters(t *testing.T) {
 	}
 
 	_, err = d.Replay(ctx, outbox.DeadLetterFilter{IDs: []int64{1, 999}})
-	require.ErrorContains(t, err, "no dead letters with ids [999]")
+	require.ErrorContains(t, err, "no dead letters with ids [999] in "+tbl.Schema+"."+tbl.DeadLetterName())
 	left, _ := d.List(ctx, outbox.DeadLetterFilter{}, 50, false)
+	require.Len(t, left, 4, "nothing replayed")
+	// A dead letter the selection's other conditions leave out is told
+	// from one that does not exist.
+	_, err = d.Replay(ctx, outbox.DeadLetterFilter{IDs: []int64{2, 3, 999}, Topic: "A"})
+	require.ErrorContains(t, err, "no dead letters with ids [999] in "+tbl.Schema+"."+tbl.DeadLetterName()+
+		"; the dead letters with ids [3] in "+tbl.Schema+"."+tbl.DeadLetterName()+" do not match the selection's topic, reason or time: nothing replayed")
+	left, _ = d.List(ctx, outbox.DeadLetterFilter{}, 50, false)
 	require.Len(t, left, 4, "nothing replayed")
 
 	_, err = d.Replay(ctx, outbox.DeadLetterFilter{})

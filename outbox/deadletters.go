@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -213,7 +214,22 @@ func (d *DeadLetters) Replay(ctx context.Context, f DeadLetterFilter) (int, erro
 			return err
 		}
 		if missing := missingIDs(f.IDs, replayed); len(missing) > 0 {
-			return &MissingDeadLettersError{IDs: missing, Table: d.table.DeadLetterName()}
+			// Tell the ids that are not dead letters from those the other
+			// filters left out: the runbook's `--reason expired --id 43` of a
+			// dead letter 43 of another reason once read "no dead letters
+			// with ids [43]", while 43 was there (an independent review).
+			e := &MissingDeadLettersError{Table: d.table.Schema + "." + d.table.DeadLetterName()}
+			if f.Topic != "" || f.Reason != "" || !f.Since.IsZero() || !f.Before.IsZero() {
+				rows, err := tx.Query(ctx, "SELECT id FROM "+d.table.DeadLetterIdent()+" WHERE id = ANY($1) ORDER BY id", missing)
+				if err != nil {
+					return err
+				}
+				if e.Unmatched, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil {
+					return err
+				}
+			}
+			e.IDs = missingIDs(missing, e.Unmatched)
+			return e
 		}
 		return nil
 	})
@@ -334,12 +350,21 @@ func (d *DeadLetters) Count(ctx context.Context, f DeadLetterFilter) (int, error
 // MissingDeadLettersError is a replay of ids that are not all dead letters:
 // nothing was replayed.
 type MissingDeadLettersError struct {
-	IDs   []int64
-	Table string
+	// IDs are not dead letters; Unmatched are, but the filter's other
+	// conditions (topic, reason, time) leave them out.
+	IDs, Unmatched []int64
+	Table          string // schema.table
 }
 
 func (e *MissingDeadLettersError) Error() string {
-	return fmt.Sprintf("no dead letters with ids %v in %s: nothing replayed (list them with `sweeper dlq list`)", e.IDs, e.Table)
+	var parts []string
+	if len(e.IDs) > 0 {
+		parts = append(parts, fmt.Sprintf("no dead letters with ids %v in %s", e.IDs, e.Table))
+	}
+	if len(e.Unmatched) > 0 {
+		parts = append(parts, fmt.Sprintf("the dead letters with ids %v in %s do not match the selection's topic, reason or time", e.Unmatched, e.Table))
+	}
+	return strings.Join(parts, "; ") + ": nothing replayed (list them with `sweeper dlq list`)"
 }
 
 func missingIDs(want, got []int64) []int64 {
