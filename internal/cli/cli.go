@@ -181,6 +181,20 @@ func (c *common) poolConfig(origin string) (*pgxpool.Config, error) {
 // field, and descriptors such as @every 2s or @hourly.
 var cronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
 
+// parseSchedule reads flag name's cron spec. A spec that parses but never
+// fires (February 30th: '0 0 30 2 *') is refused too: it started cleanly,
+// and the sweeps, or retention, never ran (an independent review).
+func parseSchedule(f *flags, name, spec string) (cron.Schedule, error) {
+	s, err := cronParser.Parse(spec)
+	if err != nil {
+		return nil, usagef("invalid value %q for %s: %v; write a cron spec such as \"*/10 * * * * *\" or \"@every 2s\"", spec, f.origin(name), err)
+	}
+	if s.Next(time.Now()).IsZero() {
+		return nil, usagef("invalid value %q for %s: it never fires (no such day in the next five years); write a cron spec such as \"*/10 * * * * *\" or \"@every 2s\"", spec, f.origin(name))
+	}
+	return s, nil
+}
+
 // runOptions are the flags of run.
 type runOptions struct {
 	adminAddr      string
@@ -272,9 +286,9 @@ func (o *runOptions) sweeperConfig(f *flags) (outbox.Config, error) {
 		if f.set("tick") {
 			return outbox.Config{}, usagef("%s %s and %s %q are both set: use one", f.origin("tick"), o.tick, f.origin("schedule"), o.schedule)
 		}
-		s, err := cronParser.Parse(o.schedule)
+		s, err := parseSchedule(f, "schedule", o.schedule)
 		if err != nil {
-			return outbox.Config{}, usagef("invalid value %q for %s: %v; write a cron spec such as \"*/10 * * * * *\" or \"@every 2s\"", o.schedule, f.origin("schedule"), err)
+			return outbox.Config{}, err
 		}
 		cfg.Schedule = s
 	}

@@ -86,13 +86,13 @@ func (o *maintenanceOptions) services(f *flags, opts *relay.Options, alerter ale
 	if o.dlqRetention < 0 {
 		return usagef("%s is %s: it must not be negative (0 keeps dead letters until purged)", f.origin("dlq-retention"), o.dlqRetention)
 	}
-	retentionSched, err := cronParser.Parse(o.retentionSchedule)
+	retentionSched, err := parseSchedule(f, "retention-schedule", o.retentionSchedule)
 	if err != nil {
-		return usagef("invalid value %q for %s: %v", o.retentionSchedule, f.origin("retention-schedule"), err)
+		return err
 	}
-	probeSched, err := cronParser.Parse(o.dlqProbeSchedule)
+	probeSched, err := parseSchedule(f, "dlq-probe-schedule", o.dlqProbeSchedule)
 	if err != nil {
-		return usagef("invalid value %q for %s: %v", o.dlqProbeSchedule, f.origin("dlq-probe-schedule"), err)
+		return err
 	}
 	dispatched := o.retention
 	if dispatched == 0 {
