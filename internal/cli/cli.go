@@ -97,6 +97,9 @@ func (l *logOptions) register(f *flags) {
 }
 
 func (c *common) tableName(f *flags) (outbox.Table, error) {
+	if err := oneOutboxOfMany(f); err != nil {
+		return outbox.Table{}, err
+	}
 	t := outbox.Table{Schema: c.schema, Name: c.table}
 	if err := t.Validate(); err != nil {
 		return t, f.configError(err)
@@ -180,6 +183,32 @@ func (c *common) poolConfig(origin string) (*pgxpool.Config, error) {
 // cronParser accepts standard five-field specs, an optional leading seconds
 // field, and descriptors such as @every 2s or @hourly.
 var cronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
+
+// oneOutboxOfMany refuses a command of one outbox (dlq, migrate status) run
+// in a relay of many's environment without naming its outbox: there
+// OUTBOX_SCHEMAS (or a list of databases) says which outboxes the relay
+// serves, and the command, which takes no such variable, read public.outbox
+// of the default database instead, silently (an independent review).
+func oneOutboxOfMany(f *flags) error {
+	if f.lookupEnv == nil || f.fs.Lookup("schemas") != nil {
+		return nil
+	}
+	for _, name := range []string{"schemas", "databases", "databases-file"} {
+		v, ok := f.lookupEnv(envName(name))
+		if !ok || strings.TrimSpace(v) == "" {
+			continue
+		}
+		if name == "schemas" && f.set("schema") || name != "schemas" && f.set("database-url") {
+			continue
+		}
+		what := "name the tenant's schema with --schema"
+		if name != "schemas" {
+			what = "name the tenant's database with --database-url (and its schema with --schema)"
+		}
+		return usagef("%s is set, so this environment is a relay of many outboxes, and this command acts on one: %s", envName(name), what)
+	}
+	return nil
+}
 
 // parseSchedule reads flag name's cron spec. A spec that parses but never
 // fires (February 30th: '0 0 30 2 *') is refused too: it started cleanly,

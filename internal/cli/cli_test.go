@@ -310,3 +310,29 @@ func TestAnEmptyDatabaseURLIsRefused(t *testing.T) {
 		require.Contains(t, stderr, tc.want, "%v", tc.args)
 	}
 }
+
+// A command of one outbox, run where the environment describes a relay of
+// many, must be told which: it read public.outbox of the default database.
+func TestACommandOfOneOutboxInARelayOfManysEnvironmentNamesIt(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{map[string]string{"OUTBOX_SCHEMAS": "tenant_*"}, []string{"dlq", "list"},
+			"OUTBOX_SCHEMAS is set, so this environment is a relay of many outboxes, and this command acts on one: name the tenant's schema with --schema"},
+		{map[string]string{"OUTBOX_SCHEMAS": "tenant_*"}, []string{"migrate", "status"}, "name the tenant's schema with --schema"},
+		{map[string]string{"OUTBOX_DATABASES": "postgres://a/b"}, []string{"dlq", "purge", "--all", "--schema", "x"},
+			"OUTBOX_DATABASES is set, so this environment is a relay of many outboxes, and this command acts on one: name the tenant's database with --database-url"},
+	} {
+		code, _, stderr := runMain(t, envOf(tc.env), tc.args...)
+		require.Equal(t, ExitUsage, code, "%v: %s", tc.args, stderr)
+		require.Contains(t, stderr, tc.want, "%v", tc.args)
+	}
+	// Named, it goes on (to the database, which is not there).
+	code, _, stderr := runMain(t, envOf(map[string]string{"OUTBOX_SCHEMAS": "tenant_*"}), "migrate", "status", "--schema", "tenant_1",
+		"--database-url", "postgres://nobody@127.0.0.1:1/x?connect_timeout=1")
+	require.NotEqual(t, ExitOK, code)
+	require.NotContains(t, stderr, "relay of many", stderr)
+}

@@ -47,6 +47,8 @@ type flags struct {
 	// TOPIC; parse fills args with them, in order.
 	operands []string
 	args     []string
+	// lookupEnv is the environment parse read.
+	lookupEnv func(string) (string, bool)
 }
 
 type flagHelp struct{ name, value, def, usage string }
@@ -98,6 +100,7 @@ func (f *flags) Enum(p *string, name, def string, choices []string, usage string
 // bad value, or flag.ErrHelp.
 func (f *flags) parse(args []string, lookupEnv func(string) (string, bool)) error {
 	var envErr error
+	f.lookupEnv = lookupEnv
 	f.phase = "env"
 	f.fs.VisitAll(func(fl *flag.Flag) {
 		if envErr != nil || f.noEnv[fl.Name] {
