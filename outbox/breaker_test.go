@@ -960,3 +960,35 @@ func TestNotingARefusedTopicPassesARowAnotherPageHolds(t *testing.T) {
 		}
 	}
 }
+
+// hungBatches is a producer whose Batches waits for the broker (as Service
+// Bus's does, sizing a batch on its link) and the broker never answers.
+type hungBatches struct{ *memory.Producer }
+
+func (hungBatches) Batches(ctx context.Context, _ string, _ []producer.Message) ([]producer.Batch, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// Cutting a topic's rows into batches ends by --send-timeout, as a send does,
+// and a cut that gets no answer is the broker's failure: no row is charged.
+func TestACutTheBrokerNeverAnswersEndsByTheSendTimeout(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("A", 3)...)
+	dep := brokerBreaker(t, breaker.DependencyConfig{Failures: 1, OpenDuration: time.Hour})
+	s := newSweeper(t, dbtest.Pool(t), hungBatches{memory.New(memory.Config{})}, outbox.Config{Table: tbl, Retry: once,
+		SendTimeout: 200 * time.Millisecond, BrokerBreaker: dep})
+	// Bounded only so that a regression fails rather than hangs the run.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := s.Sweep(ctx)
+	require.NoError(t, err)
+	require.NoError(t, ctx.Err(), "the sweep ended by the send timeout")
+	require.Zero(t, res.Dispatched)
+	require.Equal(t, breaker.DependencyOpen, dep.State(), "the broker's failure")
+	for _, r := range readRows(t, tbl) {
+		require.False(t, r.Dispatched)
+		require.Zero(t, r.Attempts, "row %d", r.ID)
+	}
+}

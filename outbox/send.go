@@ -49,7 +49,12 @@ func (t *topicSender) send(g topicGroup) error {
 // sendGroup cuts and sends g; it reports whether the topic stops.
 func (t *topicSender) sendGroup(g topicGroup) (stop bool, err error) {
 	t.s.deadline(g.msgs)
-	batches, err := t.s.producer.Batches(t.st.work, g.topic, g.msgs)
+	// Cutting may ask the broker (Service Bus attaches its link to size a
+	// batch): bounded as a send is, so that a namespace that hangs holds
+	// the topic no longer than --send-timeout (an independent review).
+	cutCtx, cancel := context.WithTimeout(t.st.work, t.s.cfg.SendTimeout)
+	batches, err := t.s.producer.Batches(cutCtx, g.topic, g.msgs)
+	cancel()
 	if err != nil {
 		if done, dbErr := t.rejectCut(g, err); done || dbErr != nil {
 			return t.out.failed || t.out.contended || dbErr != nil, dbErr
