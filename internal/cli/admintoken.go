@@ -16,10 +16,17 @@ import (
 // an error to fix, not a guess: trimmed silently, the same variable would
 // work here and fail in every other client of the API.
 func adminToken(f *flags, token, file string) (string, error) {
-	if file != "" {
-		if token != "" {
+	if file != "" && token != "" {
+		switch {
+		case f.overrides("admin-token", "admin-token-file"):
+			file = ""
+		case f.overrides("admin-token-file", "admin-token"):
+			token = ""
+		default:
 			return "", usagef("%s and %s are both set: give the token one way", f.origin("admin-token"), f.origin("admin-token-file"))
 		}
+	}
+	if file != "" {
 		raw, err := os.ReadFile(file)
 		if err != nil {
 			return "", usagef("%s: cannot read the token: %v", f.origin("admin-token-file"), err)

@@ -311,8 +311,11 @@ func (o *runOptions) sweeperConfig(f *flags) (outbox.Config, error) {
 		Tick:             o.tick,
 		TopicBackoffMax:  o.topicBackoffMax,
 	}
+	if o.schedule != "" && f.overrides("tick", "schedule") {
+		o.schedule = "" // --tick typed over OUTBOX_SCHEDULE: the command line wins
+	}
 	if o.schedule != "" {
-		if f.set("tick") {
+		if f.set("tick") && !f.overrides("schedule", "tick") {
 			return outbox.Config{}, usagef("%s %s and %s %q are both set: use one", f.origin("tick"), o.tick, f.origin("schedule"), o.schedule)
 		}
 		s, err := parseSchedule(f, "schedule", o.schedule)

@@ -3,6 +3,8 @@ package cli
 import (
 	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -151,6 +153,49 @@ func TestCommandLineWinsOverEnvironment(t *testing.T) {
 	require.Equal(t, "3s", o.tick.String())
 	require.True(t, f.set("tick"), "a variable counts as set")
 	require.False(t, f.set("concurrency"))
+}
+
+// Of two flags that exclude each other, one typed wins over the other's
+// variable, as the command line wins everywhere; both typed, or both in the
+// environment, are refused.
+func TestTheCommandLineWinsOverAPairedFlagsVariable(t *testing.T) {
+	t.Parallel()
+	var o runOptions
+	f := o.flags()
+	require.NoError(t, f.parse([]string{"--schedule", "@every 5s"}, envOf(map[string]string{"OUTBOX_TICK": "3s"})))
+	cfg, err := o.sweeperConfig(f)
+	require.NoError(t, err)
+	require.NotNil(t, cfg.Schedule)
+
+	o = runOptions{}
+	f = o.flags()
+	require.NoError(t, f.parse([]string{"--tick", "2s"}, envOf(map[string]string{"OUTBOX_SCHEDULE": "@every 5s"})))
+	cfg, err = o.sweeperConfig(f)
+	require.NoError(t, err)
+	require.Nil(t, cfg.Schedule)
+	require.Equal(t, 2*time.Second, cfg.Tick)
+
+	file := filepath.Join(t.TempDir(), "token")
+	require.NoError(t, os.WriteFile(file, []byte("from-file\n"), 0o600))
+	f = newFlags("x")
+	var token, tokenFile string
+	adminTokenFlags(f, &token, &tokenFile, "")
+	require.NoError(t, f.parse([]string{"--admin-token-file", file}, envOf(map[string]string{"OUTBOX_ADMIN_TOKEN": "from-env"})))
+	got, err := adminToken(f, token, tokenFile)
+	require.NoError(t, err)
+	require.Equal(t, "from-file", got)
+
+	f = newFlags("x")
+	token, tokenFile = "", ""
+	adminTokenFlags(f, &token, &tokenFile, "")
+	require.NoError(t, f.parse([]string{"--admin-token", "typed"}, envOf(map[string]string{"OUTBOX_ADMIN_TOKEN_FILE": file})))
+	got, err = adminToken(f, token, tokenFile)
+	require.NoError(t, err)
+	require.Equal(t, "typed", got)
+
+	code, _, stderr := runMain(t, envOf(map[string]string{"OUTBOX_TICK": "3s", "OUTBOX_SCHEDULE": "@every 5s"}), "run")
+	require.Equal(t, ExitUsage, code)
+	require.Contains(t, stderr, "are both set: use one")
 }
 
 func TestTickAndScheduleTogetherAreRejected(t *testing.T) {

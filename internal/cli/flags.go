@@ -160,6 +160,14 @@ func (f *flags) set(name string) bool {
 	return found
 }
 
+// overrides reports whether flag a, given on the command line, overrides
+// flag b, given by a variable: the command line wins, over the other flag of
+// a pair that excludes each other too (OUTBOX_ADMIN_TOKEN in the environment
+// and --admin-token-file typed, say).
+func (f *flags) overrides(a, b string) bool {
+	return f.source[a] == "args" && f.source[b] == "env"
+}
+
 // origin names where flag name's value came from: its variable (and flag), or
 // the flag.
 func (f *flags) origin(name string) string {
