@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -384,6 +385,8 @@ func (c *cursor) checkFloors(ctx context.Context, s *store, logger *slog.Logger,
 			logger.Warn("checking the cursor's floors failed; the next sweep reads every topic from its first row",
 				"table", s.table.String(), "err", err)
 			c.markStale()
+		case below && c.nonPositiveAside(ctx, s, logger):
+			// Only rows no sweep could ever send were below: nothing to forget.
 		case below:
 			logger.Info("an outstanding row lies below where the sweeps read (put back by hand, or its writer stalled); "+
 				"the next sweep reads every topic from its first row", "table", s.table.String())
@@ -394,6 +397,42 @@ func (c *cursor) checkFloors(ctx context.Context, s *store, logger *slog.Logger,
 		c.mu.Unlock()
 	}
 }
+
+// nonPositiveAside moves the outstanding rows whose id is not positive, if
+// any, to the dead-letter table: no floor starts below 0, so no sweep would
+// ever read them, and forgetting the floors for them only made every sweep
+// read every topic again, once a minute (dead_letter_nonpositive.sql). It
+// reports whether the floors then hold no outstanding row below them.
+func (c *cursor) nonPositiveAside(ctx context.Context, s *store, logger *slog.Logger) bool {
+	moveCtx, cancel := context.WithTimeout(ctx, dbTimeout)
+	defer cancel()
+	moved, err := s.deadLetterNonPositive(moveCtx, maxNonPositive)
+	rows := len(moved)
+	if err != nil {
+		logger.Warn("moving the rows whose id is not positive to the dead-letter table failed; they are never sent: "+
+			"give each an id of its own (UPDATE … SET id = DEFAULT WHERE id <= 0)", "table", s.table.String(), "err", err)
+		return false
+	}
+	if len(moved) == 0 {
+		return false
+	}
+	slices.Sort(moved)
+	moved = slices.Compact(moved)
+	shown := make([]string, 0, min(len(moved), maxLoggedTopics))
+	for _, t := range moved[:min(len(moved), maxLoggedTopics)] {
+		shown = append(shown, logText(t))
+	}
+	logger.Warn("rows written with an id of 0 or less were dead-lettered (reason invalid_id): the sweeper reads ids from 1 up "+
+		"and would never send them; replay them to send them under ids of their own (sweeper dlq replay --reason invalid_id)",
+		"table", s.table.String(), "num_rows", rows, "topics", shown)
+	topics, after, discovery := c.floors()
+	below, err := s.belowFloors(moveCtx, topics, after, discovery)
+	return err == nil && !below
+}
+
+// maxNonPositive bounds the rows one check moves aside; more wait for the
+// next check.
+const maxNonPositive = 1000
 
 // start stamps the last sweep's finding and takes the settled one.
 func (f *floor) start(xmin, xmax uint64, now time.Time, wait time.Duration) {

@@ -428,3 +428,67 @@ func TestAStartBehindATrippedBacklogFindsTheOtherTopicsAtOnce(t *testing.T) {
 	dbtest.Eventually(t, 30*time.Second, "the row behind the tripped backlog sent", func() bool { return len(prod.Messages()) == 1 })
 	require.Equal(t, "orders", prod.Messages()[0].Topic)
 }
+
+// A row written with an id of 0 or less, which no sweep reads (the floors
+// start at 0), is moved to the dead-letter table by the check of the floors,
+// reason invalid_id, and the floors are kept: it once made every sweep read
+// every topic from its first row, once a minute, and was never sent. A replay
+// sends it, under an id of its own.
+func TestARowWithANonPositiveIDIsDeadLetteredNotLeftForever(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tbl := dbtest.Table(t)
+	pool := dbtest.Pool(t)
+	prod := memory.New(memory.Config{})
+	s := newSweeper(t, pool, prod, outbox.Config{Table: tbl, Tick: 5 * time.Millisecond})
+	outbox.SetCursorReset(s, 20*time.Millisecond) // a check every 20 ms
+	outbox.SetCursorSettle(s, 0)
+	dbtest.RunSweeper(t, s)
+	name := pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()
+
+	var last int64
+	for i := range 5 {
+		body := fmt.Sprintf("first-%d", i)
+		require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+name+" (topic, payload) VALUES ('a', $1) RETURNING id",
+			[]byte(body)).Scan(&last))
+		dbtest.Eventually(t, 30*time.Second, body+" sent", func() bool { return delivered(prod, body) })
+	}
+	lowest := func() int64 {
+		members, discovery := outbox.Floors(s)
+		low := discovery
+		for _, f := range members {
+			low = min(low, f)
+		}
+		return low
+	}
+	dbtest.Eventually(t, time.Minute, "the floors to pass the rows sent", func() bool {
+		_, err := pool.Exec(ctx, "INSERT INTO "+name+" (topic, payload) VALUES ('tick', '\\x00')")
+		require.NoError(t, err)
+		return lowest() >= last
+	})
+
+	_, err := pool.Exec(ctx, "INSERT INTO "+name+" (id, topic, payload) OVERRIDING SYSTEM VALUE VALUES (-5, 'neg', 'minus-five'), (0, 'a', 'zero')")
+	require.NoError(t, err)
+	d, err := outbox.NewDeadLetters(pool, tbl)
+	require.NoError(t, err)
+	dbtest.Eventually(t, time.Minute, "the two rows dead-lettered", func() bool {
+		dead, err := d.List(ctx, outbox.DeadLetterFilter{Reason: outbox.ReasonInvalidID}, 10, false)
+		require.NoError(t, err)
+		return len(dead) == 2
+	})
+	dead := readDeadLetters(t, tbl)
+	require.Len(t, dead, 2)
+	for _, x := range dead {
+		require.Contains(t, x.Error, "is not positive")
+	}
+	before := outbox.FloorChecks(s)
+	dbtest.Eventually(t, time.Minute, "three more checks of the floors", func() bool { return outbox.FloorChecks(s) >= before+3 })
+	require.GreaterOrEqual(t, lowest(), last, "the floors were kept")
+
+	n, err := d.Replay(ctx, outbox.DeadLetterFilter{Reason: outbox.ReasonInvalidID})
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	dbtest.Eventually(t, time.Minute, "the replayed rows sent", func() bool {
+		return delivered(prod, "minus-five") && delivered(prod, "zero")
+	})
+}

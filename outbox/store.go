@@ -61,6 +61,7 @@ type store struct {
 	// discoveryLimit is discoveryLimit, a field so that tests can shrink it.
 	discoveryLimit int
 	belowFloorsSQL string
+	nonPositiveSQL string
 	expireSQL      string
 
 	// progress is the sweeper's heartbeat, shared with it: every statement
@@ -102,6 +103,7 @@ func newStore(pool *pgxpool.Pool, t Table, policy deadLetterPolicy, ordering Ord
 		liveTopicsSQL:     statement(t, "live_topics"),
 		discoveryLimit:    discoveryLimit,
 		belowFloorsSQL:    statement(t, "below_floors"),
+		nonPositiveSQL:    statement(t, "dead_letter_nonpositive"),
 		expireSQL:         statement(t, "expire"),
 	}
 }
@@ -216,6 +218,25 @@ func (s *store) liveTopics(ctx context.Context, topics []string, after []int64, 
 		return listing{}, s.explain(err)
 	}
 	return l, nil
+}
+
+// ReasonInvalidID is the dead-letter reason of a row written with an id of 0
+// or less, which the sweeper would never send (dead_letter_nonpositive.sql).
+const ReasonInvalidID = "invalid_id"
+
+// deadLetterNonPositive moves up to limit outstanding rows whose id is not
+// positive to the dead-letter table (dead_letter_nonpositive.sql) and returns
+// their topics.
+func (s *store) deadLetterNonPositive(ctx context.Context, limit int) ([]string, error) {
+	rows, err := s.pool.Query(ctx, s.nonPositiveSQL, limit)
+	if err != nil {
+		return nil, s.explain(err)
+	}
+	topics, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, s.explain(err)
+	}
+	return topics, nil
 }
 
 // belowFloors reports whether an outstanding row lies at or below the
