@@ -118,6 +118,13 @@ type condition struct {
 	repeats  int       // firing alerts grouped since
 	resolve  *time.Timer
 	resolved Alert // what the timer sends
+	// unheard says its last firing notification was dropped (the queue was
+	// full, or the receiver never took it): the receiver has not heard it
+	// fire, so its next firing goes out at once, and its resolution nowhere.
+	// Counted as notified, a dropped firing held back the firings after it
+	// for RepeatInterval, and the receiver got a resolved for an alert it
+	// never saw (an independent review, 2026-11-29).
+	unheard bool
 }
 
 // NewNotifier starts a notifier in front of next (nil: alerts go to Echo
@@ -138,10 +145,7 @@ func (n *Notifier) Alert(_ context.Context, a Alert) error {
 	if a.Key == "" || (a.Status != Firing && a.Status != Resolved) {
 		return n.enqueue(a)
 	}
-	key := a.Key
-	if a.Outbox != "" {
-		key = a.Outbox + "\x00" + a.Key
-	}
+	key := conditionKey(a)
 	c := n.conditions[key]
 	if a.Status == Resolved {
 		if c == nil {
@@ -149,6 +153,10 @@ func (n *Notifier) Alert(_ context.Context, a Alert) error {
 		}
 		if c.resolve != nil {
 			c.resolve.Stop()
+		}
+		if c.unheard {
+			delete(n.conditions, key) // the receiver never heard it fire
+			return nil
 		}
 		a.Repeats, a.FiringSince = c.repeats, timePtr(c.since)
 		if n.cfg.GroupWindow < 0 {
@@ -176,7 +184,7 @@ func (n *Notifier) Alert(_ context.Context, a Alert) error {
 		}
 		// A graver alert of the condition (an automatic trip after an
 		// operator's) is news: it goes out at once.
-		if now.Sub(c.notified) < n.cfg.RepeatInterval && rank(a.Severity) <= rank(c.severity) {
+		if !c.unheard && now.Sub(c.notified) < n.cfg.RepeatInterval && rank(a.Severity) <= rank(c.severity) {
 			c.repeats++
 			return nil
 		}
@@ -185,8 +193,16 @@ func (n *Notifier) Alert(_ context.Context, a Alert) error {
 		n.conditions[key] = c
 	}
 	a.Repeats, a.FiringSince = c.repeats, timePtr(c.since)
-	c.notified, c.repeats, c.severity = now, 0, a.Severity
-	return n.enqueue(a)
+	c.notified, c.repeats, c.severity, c.unheard = now, 0, a.Severity, false
+	return n.enqueue(a) // a drop marks it unheard again
+}
+
+// conditionKey is the key of a's condition in n.conditions.
+func conditionKey(a Alert) string {
+	if a.Outbox != "" {
+		return a.Outbox + "\x00" + a.Key
+	}
+	return a.Key
 }
 
 // rank orders severities: info, warning, critical.
@@ -226,11 +242,24 @@ func (n *Notifier) enqueue(a Alert) error {
 	}
 }
 
+// drop tells of a dropped alert. Call with mu held.
 func (n *Notifier) drop(a Alert, why string) {
 	n.cfg.Logger.Error("alert dropped", "why", why, "severity", a.Severity, "component", a.Component, "key", a.Key,
 		"status", a.Status, "summary", a.Summary)
+	n.unheard(a)
 	if n.cfg.OnDrop != nil {
 		n.cfg.OnDrop(a, why)
+	}
+}
+
+// unheard notes that firing alert a never reached the receiver (see
+// condition.unheard). Call with mu held.
+func (n *Notifier) unheard(a Alert) {
+	if a.Key == "" || a.Status != Firing {
+		return
+	}
+	if c := n.conditions[conditionKey(a)]; c != nil {
+		c.unheard = true
 	}
 }
 
@@ -263,6 +292,9 @@ func (n *Notifier) deliver(a Alert) {
 		}
 		if closing || time.Now().Add(wait).After(giveUp) {
 			n.cfg.Logger.Error("alert not delivered; dropped", "component", a.Component, "key", a.Key, "tries", tries, "err", err)
+			n.mu.Lock()
+			n.unheard(a)
+			n.mu.Unlock()
 			if n.cfg.OnDrop != nil {
 				n.cfg.OnDrop(a, "undeliverable")
 			}

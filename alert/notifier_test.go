@@ -236,3 +236,60 @@ func TestCloseSendsEveryHeldResolvedOnce(t *testing.T) {
 		require.Equal(t, alert.Resolved, got[1].Status)
 	}
 }
+
+// downUntil is a receiver that refuses every alert until up is set, and then
+// keeps what it gets.
+type downUntil struct {
+	alerts
+	up atomic.Bool
+}
+
+func (d *downUntil) Alert(ctx context.Context, a alert.Alert) error {
+	if !d.up.Load() {
+		return errors.New("503 Service Unavailable")
+	}
+	return d.alerts.Alert(ctx, a)
+}
+
+// A firing alert the receiver never took is not counted as notified: the
+// condition's next firing goes out at once, not a repeat interval later, and
+// a resolution with no firing heard goes nowhere.
+func TestAFiringAlertDroppedUndeliveredIsNotCountedAsNotified(t *testing.T) {
+	t.Parallel()
+	rec := &downUntil{}
+	dropped := make(chan alert.Alert, 4)
+	n := alert.NewNotifier(rec, alert.NotifierConfig{RepeatInterval: 4 * time.Hour, GroupWindow: -1,
+		RetryInitial: time.Millisecond, RetryMax: time.Millisecond, RetryFor: 20 * time.Millisecond,
+		OnDrop: func(a alert.Alert, _ string) { dropped <- a }})
+	ctx := context.Background()
+	wait := func() alert.Alert {
+		select {
+		case a := <-dropped:
+			return a
+		case <-time.After(time.Minute):
+			t.Fatal("the alert was never given up")
+		}
+		return alert.Alert{}
+	}
+
+	// Fired while the receiver is down, and resolved: the receiver hears
+	// nothing of it, the resolution neither.
+	require.NoError(t, n.Alert(ctx, firing("a", "open")))
+	require.Equal(t, "open", wait().Summary)
+	require.NoError(t, n.Alert(ctx, resolved("a")))
+
+	// Fired while down, then again once it is up: the second goes out.
+	require.NoError(t, n.Alert(ctx, firing("b", "open")))
+	require.Equal(t, "open", wait().Summary)
+	rec.up.Store(true)
+	require.NoError(t, n.Alert(ctx, firing("b", "open again")))
+	got := rec.waitFor(t, 1)
+	require.Equal(t, "open again", got[0].Summary)
+	require.NoError(t, n.Alert(ctx, resolved("b")))
+	got = rec.waitFor(t, 2)
+	require.Equal(t, alert.Resolved, got[1].Status)
+	require.Equal(t, "b", got[1].Key)
+	n.Close(ctx)
+	require.Len(t, rec.snapshot(), 2, "nothing of a")
+	require.Empty(t, dropped)
+}
