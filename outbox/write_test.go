@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -135,6 +136,15 @@ func TestWriteRejectsBadMessagesBeforeSendingAnything(t *testing.T) {
 		"empty topic":     {outbox.Message{Payload: []byte("x")}, "message 2 of 2: topic is empty"},
 		"bad message id":  {outbox.Message{Topic: "a", MessageID: "42"}, `message id "42" is not a UUID`},
 		"unencodable hdr": {outbox.Message{Topic: "a", Headers: map[string]any{"f": func() {}}}, `headers of topic "a" cannot be encoded`},
+		// Refused here, naming the message, rather than by the server, which
+		// aborts the transaction naming none; or silently changed.
+		"topic not UTF-8":   {outbox.Message{Topic: "a\xff"}, `message 2 of 2: topic "a\xff" is not valid UTF-8`},
+		"corr not UTF-8":    {outbox.Message{Topic: "a", CorrelationID: "\xfe"}, `correlation id "\xfe" is not valid UTF-8`},
+		"header key merged": {outbox.Message{Topic: "a", Headers: map[string]any{"\xff": "one", "\xfe": "two"}}, `headers key "\x`},
+		"header value":      {outbox.Message{Topic: "a", Headers: map[string]any{"k": []any{"ok", "a\xffb"}}}, `headers["k"][1] of topic "a" is not valid UTF-8`},
+		"headers too deep":  {outbox.Message{Topic: "a", Headers: map[string]any{"k": deepHeaders(10_001)}}, `nest deeper than the 10,000 levels`},
+		"topic too long":    {outbox.Message{Topic: strings.Repeat("t", 3000)}, `is 3000 bytes: the outbox's indexes take at most 2048`},
+		"expires too late":  {outbox.Message{Topic: "a", ExpiresAt: time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC)}, `outside the years -4712 to 294275`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			err := w.Write(context.Background(), dbtest.Pool(t), outbox.Message{Topic: "ok"}, tc.msg)
@@ -142,6 +152,35 @@ func TestWriteRejectsBadMessagesBeforeSendingAnything(t *testing.T) {
 			require.Empty(t, readRows(t, tbl), "a rejected call writes nothing")
 		})
 	}
+}
+
+// deepHeaders nests n levels of JSON arrays.
+func deepHeaders(n int) any {
+	var v any = "leaf"
+	for range n - 1 {
+		v = []any{v}
+	}
+	return v
+}
+
+// WriteOrdered checks every message before it locks a topic: a refused call
+// leaves the transaction holding nothing, and other writers of the topic
+// never wait on it.
+func TestWriteOrderedChecksBeforeLocking(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	w, err := outbox.NewWriter(tbl)
+	require.NoError(t, err)
+	ctx := context.Background()
+	tx, err := dbtest.Pool(t).Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	err = w.WriteOrdered(ctx, tx, outbox.Message{Topic: "orders"}, outbox.Message{Topic: "orders", MessageID: "42"})
+	require.ErrorContains(t, err, `message id "42" is not a UUID`)
+	var locks int
+	require.NoError(t, tx.QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()").Scan(&locks))
+	require.Zero(t, locks, "no topic lock taken")
+	require.NoError(t, w.WriteOrdered(ctx, tx, outbox.Message{Topic: "orders"}), "the transaction is untouched")
 }
 
 func TestNewWriterRejectsBadTableNames(t *testing.T) {
@@ -293,4 +332,56 @@ func waitBlockedBy(t *testing.T, holder, waiter int32, done <-chan error, what s
 			"SELECT $1::int = ANY(pg_blocking_pids($2))", holder, waiter).Scan(&blocked))
 		return blocked
 	})
+}
+
+// Every path of Write (one message, a multi-row insert, COPY; with and without
+// a deadline) keeps every column in each of pgx's query modes: exec and
+// simple_protocol are what PgBouncer's transaction mode asks for, and in them
+// a one-message write once sent its headers as bytea, and failed.
+func TestWriteWorksInEveryQueryExecMode(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe,
+		pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			tbl := dbtest.Table(t)
+			cfg, err := pgxpool.ParseConfig(dbtest.URL(t))
+			require.NoError(t, err)
+			cfg.ConnConfig.DefaultQueryExecMode = mode
+			cfg.MaxConns = 2
+			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+			w, err := outbox.NewWriter(tbl)
+			require.NoError(t, err)
+			msg := func(i int, expires bool) outbox.Message {
+				m := outbox.Message{Topic: "t", Payload: []byte{0, byte(i), 0xff}, Headers: map[string]any{"n": i},
+					ContentType: "application/octet-stream", CorrelationID: fmt.Sprint("c-", i), PartitionKey: "k"}
+				if expires {
+					m.ExpiresAt = time.Now().Add(time.Hour)
+				}
+				return m
+			}
+			var want int
+			for _, n := range []int{1, 3, outbox.CopyThresholdDefault} {
+				for _, expires := range []bool{false, true} {
+					msgs := make([]outbox.Message, n)
+					for i := range msgs {
+						msgs[i] = msg(want+i, expires)
+					}
+					ctx := context.Background()
+					require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return w.Write(ctx, tx, msgs...) }),
+						"%d messages, expiring %v", n, expires)
+					want += n
+				}
+			}
+			rows := readRows(t, tbl)
+			require.Len(t, rows, want)
+			for i, r := range rows {
+				require.Equal(t, []byte{0, byte(i), 0xff}, r.Payload)
+				require.Equal(t, map[string]any{"n": float64(i)}, r.Headers)
+				require.Equal(t, fmt.Sprint("c-", i), *r.Correlation)
+			}
+		})
+	}
 }

@@ -21,7 +21,7 @@ type Tables struct {
 	Outbox     string // {{outbox}}
 	DeadLetter string // {{dead_letter}}
 	Probe      string // {{probe}}, the dead-letter probe's watermark
-	History    string // {{history}}, the dispatched rows (migration 8)
+	History    string // {{history}}, the dispatched rows (migration 10)
 	// HistoryDefault is {{history_default}}, the history table's DEFAULT
 	// partition.
 	HistoryDefault string

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"slices"
 	"time"
-	"unicode/utf8"
 )
 
 // SQLDB is what [Writer.WriteSQL] needs of a database/sql handle: *sql.Tx,
@@ -100,9 +99,6 @@ func (w *Writer) encodeJSON(msgs []Message) (string, error) {
 	cols := make([]columns, len(msgs))
 	for i := range msgs {
 		c, err := toColumns(&msgs[i])
-		if err == nil {
-			err = checkUTF8(&msgs[i])
-		}
 		if err != nil {
 			return "", fmt.Errorf("outbox message %d of %d: %w", i+1, len(msgs), err)
 		}
@@ -123,17 +119,6 @@ func (w *Writer) encodeJSON(msgs []Message) (string, error) {
 		return "", fmt.Errorf("encode %d outbox messages for %s: %w", len(msgs), w.table, err)
 	}
 	return string(doc), nil
-}
-
-// checkUTF8 refuses text JSON would change: encoding/json writes invalid
-// UTF-8 as U+FFFD, which would store another topic than the one given.
-func checkUTF8(m *Message) error {
-	for _, f := range m.texts() {
-		if !utf8.ValidString(f.v) {
-			return fmt.Errorf("%s %q is not valid UTF-8: WriteSQL carries text as JSON, which holds UTF-8 only", f.name, f.v)
-		}
-	}
-	return nil
 }
 
 // orderedKeys returns the advisory lock keys of msgs' topics, in byte order of

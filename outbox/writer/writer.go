@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -161,25 +162,42 @@ func (w *Writer) Write(ctx context.Context, db DBTX, msgs ...Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
+	msgs, cols, err := w.prepare(ctx, msgs)
+	if err != nil {
+		return err
+	}
+	return w.insert(ctx, db, msgs, cols)
+}
+
+// prepare checks msgs, with the context's headers added, and returns them
+// with their columns; an error names the first message it refuses.
+func (w *Writer) prepare(ctx context.Context, msgs []Message) ([]Message, []columns, error) {
 	msgs = w.withContext(ctx, msgs)
 	cols := make([]columns, len(msgs))
 	for i := range msgs {
 		c, err := toColumns(&msgs[i])
 		if err != nil {
-			return fmt.Errorf("outbox message %d of %d: %w", i+1, len(msgs), err)
+			return nil, nil, fmt.Errorf("outbox message %d of %d: %w", i+1, len(msgs), err)
 		}
 		cols[i] = c
 	}
 	if i, j := repeatedMessageID(cols); j >= 0 {
-		return &DuplicateMessageIDError{MessageID: uuidString(cols[j].messageID.Bytes), Positions: []int{i + 1, j + 1},
+		return nil, nil, &DuplicateMessageIDError{MessageID: uuidString(cols[j].messageID.Bytes), Positions: []int{i + 1, j + 1},
 			Table: w.table.String(), Total: len(msgs)}
 	}
+	return msgs, cols, nil
+}
 
+// insert writes msgs, prepared, as Write says.
+func (w *Writer) insert(ctx context.Context, db DBTX, msgs []Message, cols []columns) error {
 	expiring := slices.ContainsFunc(cols, func(c columns) bool { return c.expiresAt != nil })
 	switch {
 	case len(msgs) == 1 && !expiring:
 		c := cols[0]
-		if _, err := db.Exec(ctx, w.insertOne, c.messageID, c.topic, c.payload, c.headers, c.contentType, c.correlationID, c.partitionKey); err != nil {
+		// The headers go as text: in pgx's exec and simple_protocol modes
+		// (PgBouncer's transaction mode) a []byte is sent as bytea, which
+		// jsonb refuses, and every one-message write failed.
+		if _, err := db.Exec(ctx, w.insertOne, c.messageID, c.topic, c.payload, string(c.headers), c.contentType, c.correlationID, c.partitionKey); err != nil {
 			if dup := w.duplicate(err, msgs); dup != nil {
 				return dup
 			}
@@ -256,6 +274,13 @@ func (w *Writer) WriteOrdered(ctx context.Context, tx pgx.Tx, msgs ...Message) e
 	if len(msgs) == 0 {
 		return nil
 	}
+	// Every message is checked before any lock: a refused call leaves the
+	// transaction as it was, holding no topic's lock either (as
+	// WriteOrderedSQL does).
+	msgs, cols, err := w.prepare(ctx, msgs)
+	if err != nil {
+		return err
+	}
 	names, keys, err := w.orderedKeys(msgs)
 	if err != nil {
 		return err
@@ -263,7 +288,7 @@ func (w *Writer) WriteOrdered(ctx context.Context, tx pgx.Tx, msgs ...Message) e
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended(k, 0)) FROM unnest($1::text[]) AS k", keys); err != nil {
 		return fmt.Errorf("lock outbox topics %q of %s for ordered writes: %w", names, w.table, err)
 	}
-	return w.Write(ctx, tx, msgs...)
+	return w.insert(ctx, tx, msgs, cols)
 }
 
 // DuplicateMessageIDError is a write of a message id that the outbox already
@@ -272,7 +297,7 @@ func (w *Writer) WriteOrdered(ctx context.Context, tx pgx.Tx, msgs ...Message) e
 // write committed) or giving two messages one id. A broker that de-duplicates
 // would drop the second, so the outbox refuses it with a unique index on
 // message_id (migration 005). The index covers the outbox, which since
-// migration 8 holds outstanding rows only: the id is free again once the
+// migration 10 holds outstanding rows only: the id is free again once the
 // earlier row has been sent (moved to the history table).
 //
 // When Err is set, Postgres refused the id: the call wrote nothing, and the
@@ -396,10 +421,22 @@ func toColumns(m *Message) (columns, error) {
 	if m.Topic == "" {
 		return c, errors.New("topic is empty: every message needs a destination")
 	}
+	if len(m.Topic) > MaxTopicBytes {
+		return c, fmt.Errorf("topic %q… is %d bytes: the outbox's indexes take at most %d (brokers far less: Kafka 249, RabbitMQ 255)",
+			m.Topic[:64], len(m.Topic), MaxTopicBytes)
+	}
 	for _, f := range m.texts() {
 		if strings.IndexByte(f.v, 0) >= 0 {
 			return c, fmt.Errorf("%s %q holds a NUL byte, which Postgres text cannot store", f.name, f.v)
 		}
+		// Refused here rather than by the server, which would abort the
+		// caller's transaction with an error naming no message.
+		if !utf8.ValidString(f.v) {
+			return c, fmt.Errorf("%s %q is not valid UTF-8, which the outbox's text columns hold", f.name, f.v)
+		}
+	}
+	if y := m.ExpiresAt.Year(); !m.ExpiresAt.IsZero() && (y < minYear || y > maxYear) {
+		return c, fmt.Errorf("expires at %s, outside the years %d to %d a Postgres timestamptz holds", m.ExpiresAt.Format(time.RFC3339), minYear, maxYear)
 	}
 	if c.payload == nil {
 		c.payload = []byte{}
@@ -414,7 +451,7 @@ func toColumns(m *Message) (columns, error) {
 		// Time-ordered ids land on the unique index's newest pages: random
 		// ones (the column's default) touch a random page each, which costs
 		// batches 2.3x on an outbox that keeps millions of rows (BENCHMARKS.md;
-		// measured when dispatched rows stayed in the outbox, before migration 8).
+		// measured when dispatched rows stayed in the outbox, before migration 10).
 		c.messageID = pgtype.UUID{Bytes: newUUIDv7(), Valid: true}
 	}
 	c.headers = []byte("{}")
@@ -426,6 +463,17 @@ func toColumns(m *Message) (columns, error) {
 		if hasNUL(h) {
 			return c, fmt.Errorf("headers of topic %q hold a NUL character, which Postgres's jsonb cannot store", m.Topic)
 		}
+		// encoding/json writes invalid UTF-8 as U+FFFD: two keys could
+		// become one, a header silently lost.
+		if path, bad := invalidUTF8(m.Headers, "headers"); bad {
+			return c, fmt.Errorf("%s of topic %q is not valid UTF-8, which JSON holds only", path, m.Topic)
+		}
+		// The sweeper reads headers with Go's decoder, which stops at 10,000
+		// levels of nesting: deeper ones would be dead-lettered unsent
+		// (unreadable_row). json.Valid has the same limit.
+		if !json.Valid(h) {
+			return c, fmt.Errorf("headers of topic %q nest deeper than the 10,000 levels the sweeper reads", m.Topic)
+		}
 		c.headers = h
 	}
 	c.contentType = nullable(m.ContentType)
@@ -435,6 +483,57 @@ func toColumns(m *Message) (columns, error) {
 		c.expiresAt = &m.ExpiresAt
 	}
 	return c, nil
+}
+
+// MaxTopicBytes bounds a topic: the outbox indexes it (a btree entry holds
+// at most about 2,700 bytes), and no broker takes one nearly that long.
+const MaxTopicBytes = 2048
+
+// The years a Postgres timestamptz holds.
+const (
+	minYear = -4712
+	maxYear = 294275
+)
+
+// invalidUTF8 finds a key or a string value in v (headers: maps, slices and
+// strings, as applications build them) that is not valid UTF-8, and returns
+// where it is.
+func invalidUTF8(v any, path string) (string, bool) {
+	switch x := v.(type) {
+	case string:
+		return path, !utf8.ValidString(x)
+	case map[string]any:
+		for k, e := range x {
+			if !utf8.ValidString(k) {
+				return fmt.Sprintf("%s key %q", path, k), true
+			}
+			if p, bad := invalidUTF8(e, fmt.Sprintf("%s[%q]", path, k)); bad {
+				return p, true
+			}
+		}
+	case map[string]string:
+		for k, e := range x {
+			if !utf8.ValidString(k) {
+				return fmt.Sprintf("%s key %q", path, k), true
+			}
+			if !utf8.ValidString(e) {
+				return fmt.Sprintf("%s[%q]", path, k), true
+			}
+		}
+	case []any:
+		for i, e := range x {
+			if p, bad := invalidUTF8(e, fmt.Sprintf("%s[%d]", path, i)); bad {
+				return p, true
+			}
+		}
+	case []string:
+		for i, e := range x {
+			if !utf8.ValidString(e) {
+				return fmt.Sprintf("%s[%d]", path, i), true
+			}
+		}
+	}
+	return "", false
 }
 
 // texts names m's text columns, for the checks of their bytes.
