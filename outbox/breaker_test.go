@@ -992,3 +992,29 @@ func TestACutTheBrokerNeverAnswersEndsByTheSendTimeout(t *testing.T) {
 		require.Zero(t, r.Attempts, "row %d", r.ID)
 	}
 }
+
+// A tripped topic whose rows are gone by its trial (expired, or deleted by
+// hand) closes at its trial's sweep, rather than stay half-open until a row
+// comes: its alert resolves, and a closed topic is forgotten in time.
+func TestAHalfOpenTopicWithNoRowsLeftCloses(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("gone", 2)...)
+	prod := memory.New(memory.Config{})
+	prod.FailTopic("gone", producer.NewTopicError("not_found", errors.New("no such queue")))
+	b := breaker.New(breaker.Settings{CooldownTicks: 1})
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, TopicBreaker: b})
+	sweep := sweeps(t, s)
+	sweep()
+	require.Equal(t, breaker.StateTripped, b.State("gone"))
+	_, err := dbtest.Pool(t).Exec(context.Background(), "DELETE FROM "+pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()+" WHERE topic = 'gone'")
+	require.NoError(t, err)
+	for range 4 { // the cooldown's tick, the one it turns half-open in, and its trial's
+		sweep()
+		if b.State("gone") == breaker.StateClosed {
+			break
+		}
+	}
+	require.Equal(t, breaker.StateClosed, b.State("gone"), "no row to try: it closes")
+	require.Empty(t, prod.Messages())
+}

@@ -128,6 +128,16 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool, yi
 		return res, fmt.Errorf("list topics with outstanding rows in %s: %w", s.cfg.Table, err)
 	}
 	floors := s.cursor.listed(l.xmin, l.xmax, l.live, l.empty, l.fresh, l.last, reread, l.cut, l.reread)
+	// A half-open topic whose probe found no outstanding row has no trial to
+	// send: it closes. It stayed half-open until a row came (its rows
+	// expired, or deleted by hand after a flood of bad topics), its alert
+	// firing, its series set, a turn of the trials taken each sweep, and,
+	// never closed, never forgotten (an independent review, 2026-11-29).
+	for _, t := range l.empty {
+		if pass.trial(t) {
+			s.breaker.Success(t, pass.gen(t))
+		}
+	}
 	for t := range floors {
 		if leftOut[t] {
 			delete(floors, t)
