@@ -465,3 +465,34 @@ func TestErrorTextsPostgresWouldRefuseAreWrittenReplaced(t *testing.T) {
 	require.Equal(t, "bad\uFFFDreason", dead[0].Reason)
 	require.Contains(t, dead[0].Error, "refused \uFFFD it")
 }
+
+// Each storm is posted, through the notifier too: a second storm of a topic
+// after its reset, within the repeat interval, once counted as a repeat of
+// the first and never posted.
+func TestEveryStormIsPostedThroughTheNotifier(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("A", 30)...)
+	prod := memory.New(memory.Config{MaxBatch: 5})
+	for id := int64(1); id <= 30; id++ {
+		prod.FailMessage(id, producer.NewMessageError(producer.ReasonInvalidMessage, nil, errors.New("rejected")))
+	}
+	al := &alerts{}
+	n := alert.NewNotifier(al, alert.NotifierConfig{RepeatInterval: 4 * time.Hour})
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, DeadLetterLimit: 10, Alerter: n})
+	_, err := s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, breaker.StateTripped, s.TopicBreaker().State("A"))
+	s.TopicBreaker().Reset("A")
+	_, err = s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, breaker.StateTripped, s.TopicBreaker().State("A"), "it storms again")
+	n.Close(context.Background())
+	storms := 0
+	for _, a := range al.got {
+		if a.Component == "dead-letter-storm-guard" {
+			storms++
+		}
+	}
+	require.Equal(t, 2, storms)
+}

@@ -127,8 +127,14 @@ func (s *Sweeper) stopStorm(topic string, n int, err error) {
 	if s.cfg.Alerter != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
+		// A one-off notice, not a condition: nothing resolves a storm, and
+		// keyed as one, a second storm of the topic within the repeat
+		// interval (after a reset) was only counted, unposted, while the
+		// trip that came with it alerts at warning, as an operator's
+		// (an independent review, 2026-11-29). A storm trips the topic until
+		// it is reset, so storms cannot repeat faster than resets.
 		_ = s.cfg.Alerter.Alert(ctx, alert.Alert{Time: time.Now().UTC(), Severity: alert.Critical, Component: "dead-letter-storm-guard",
-			Key: "dead-letter-storm/" + topic, Status: alert.Firing, Summary: summary})
+			Summary: summary})
 	}
 }
 
