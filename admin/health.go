@@ -49,7 +49,11 @@ func (a *api) readyz(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": "cannot read the schema version (see the sweeper's log)"})
 		return
 	}
-	if want := outbox.SchemaVersion(); v != want {
+	// Older only: a schema a newer sweeper migrated (migrate, then deploy;
+	// or a rollback of the binary) serves this one, as the relay of many
+	// takes it; refused, every pod of the older binary stayed unready
+	// (an independent review, 2026-11-29).
+	if want := outbox.SchemaVersion(); v < want {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable",
 			"reason": fmt.Sprintf("schema version %d, want %d: run `sweeper migrate`", v, want)})
 		return
