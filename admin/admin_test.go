@@ -322,7 +322,7 @@ func TestOperatorChangesAreAudited(t *testing.T) {
 	for _, c := range []struct{ method, path, body string }{
 		{http.MethodPost, "/topics/orders/trip", `{"reason":"maintenance window"}`},
 		{http.MethodPost, "/topics/orders/reset", ""},
-		{http.MethodPost, "/dlq/replay", `{"topic":"invoices"}`},
+		{http.MethodPost, "/dlq/replay", `{"topic":"invoices","since":"720h"}`},
 		{http.MethodPost, "/dlq/purge", `{"topic":"orders","dry_run":true}`},
 		{http.MethodPost, "/dlq/purge", `{"topic":"orders"}`},
 		{http.MethodGet, "/dlq", ""},
@@ -349,6 +349,7 @@ func TestOperatorChangesAreAudited(t *testing.T) {
 	require.Equal(t, "dead letters replay", audits[2]["action"])
 	require.Equal(t, 1.0, audits[2]["count"])
 	require.Equal(t, "invoices", audits[2]["topic"])
+	require.Equal(t, "720h", audits[2]["since"], "the selection's time, too")
 	require.Equal(t, "dead letters purge", audits[3]["action"])
 	require.Equal(t, 2.0, audits[3]["count"])
 }

@@ -185,7 +185,8 @@ func (a *api) dlqReplay(w http.ResponseWriter, r *http.Request) {
 	case err != nil:
 		a.internal(w, r, err)
 	default:
-		a.audit(r, "dead letters replay", "count", n, "ids", f.IDs, "topic", f.Topic, "reason", f.Reason, "all", f.All)
+		a.audit(r, "dead letters replay", "count", n, "ids", f.IDs, "topic", f.Topic, "reason", f.Reason,
+			"since", s.Since, "older_than", s.OlderThan, "all", f.All)
 		writeJSON(w, http.StatusOK, map[string]any{"replayed": n, "dry_run": false})
 	}
 }
