@@ -13,6 +13,7 @@
 package admin
 
 import (
+	"context"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -71,6 +72,9 @@ type Config struct {
 	// StatusCacheFor is how long GET /status answers from the backlog it
 	// read last. Zero means StatusCacheForDefault.
 	StatusCacheFor time.Duration
+	// RequestTimeout bounds a call that reads or changes the database; zero
+	// means RequestTimeoutDefault.
+	RequestTimeout time.Duration
 	// UI serves the console, a web page over this API, at /.
 	UI bool
 	// Stalled, when set, makes /healthz answer 503 while it reports the
@@ -107,6 +111,9 @@ func Handler(cfg Config) http.Handler {
 	if cfg.StatusCacheFor == 0 {
 		cfg.StatusCacheFor = StatusCacheForDefault
 	}
+	if cfg.RequestTimeout == 0 {
+		cfg.RequestTimeout = RequestTimeoutDefault
+	}
 	a := &api{cfg: cfg, hosts: newHostRule(cfg.Addr, cfg.AllowedHosts)}
 	a.backlog, a.backlogErr = outbox.NewBacklog(cfg.Pool, cfg.Table)
 	mux := http.NewServeMux()
@@ -127,8 +134,28 @@ type api struct {
 
 	// The last answer of the backlog queries, for StatusCacheFor: several
 	// pages polling /status cost the database one query at a time.
-	cacheMu    sync.Mutex
+	cacheMu    ctxMutex
 	cachedAt   time.Time
 	cachedTops []outbox.TopicBacklog
 	cachedDead []outbox.DeadLetterGroup
 }
+
+// ctxMutex is a mutex whose lock gives up when the caller's context ends: a
+// request waiting for another's read of a database that hangs must end by
+// its own deadline. The zero value is unlocked.
+type ctxMutex struct {
+	once sync.Once
+	ch   chan struct{}
+}
+
+func (m *ctxMutex) lock(ctx context.Context) error {
+	m.once.Do(func() { m.ch = make(chan struct{}, 1) })
+	select {
+	case m.ch <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (m *ctxMutex) unlock() { <-m.ch }

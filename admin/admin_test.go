@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -797,4 +798,36 @@ func TestAChangeCutOffMidwaySaysItMayHaveBeenMade(t *testing.T) {
 		require.Equal(t, http.StatusServiceUnavailable, w.Code, c.method)
 		require.Contains(t, w.Body.String(), c.want, c.method)
 	}
+}
+
+// A call whose statement waits on the database (here behind a lock another
+// session holds) ends by the request timeout, 503 saying so, and a second
+// call waiting for the first's read of the backlog ends by its own: neither
+// holds its request, nor the relay's connection, for as long as the lock.
+func TestACallTheDatabaseDoesNotAnswerEndsByTheRequestTimeout(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "tok", func(c *admin.Config) { c.RequestTimeout = 300 * time.Millisecond; c.StatusCacheFor = -1 })
+	ctx := context.Background()
+	tx, err := dbtest.Pool(t).Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "LOCK TABLE "+b.tbl.DeadLetterIdent()+" IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+
+	code, body := b.call(t, http.MethodGet, "/dlq", "tok", "")
+	require.Equal(t, http.StatusServiceUnavailable, code, "%v", body)
+	require.Contains(t, body["error"], "the database did not answer within 300ms")
+	require.Contains(t, body["error"], "nothing was read or changed; call again")
+
+	var wg sync.WaitGroup
+	codes := make([]int, 2)
+	for i := range codes {
+		wg.Go(func() { codes[i], _ = b.call(t, http.MethodGet, "/status", "tok", "") })
+	}
+	wg.Wait()
+	require.Equal(t, []int{http.StatusServiceUnavailable, http.StatusServiceUnavailable}, codes)
+
+	code, body = b.call(t, http.MethodPost, "/dlq/purge", "tok", `{"all":true}`)
+	require.Equal(t, http.StatusServiceUnavailable, code, "%v", body)
+	require.Contains(t, body["error"], "the change may or may not have been made")
 }

@@ -1,13 +1,17 @@
 package admin
 
 import (
+	"cmp"
+	"context"
 	"crypto/subtle"
 	"embed"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/pprof"
 	"strings"
+	"time"
 )
 
 // route is one endpoint: its method and path, as the mux takes them.
@@ -20,7 +24,7 @@ type route struct {
 // and a test holds the two to each other.
 func (a *api) routes() []route {
 	open := func(pattern string, h http.HandlerFunc) route { return route{pattern, h} }
-	guarded := func(pattern string, h http.HandlerFunc) route { return route{pattern, a.auth(h)} }
+	guarded := func(pattern string, h http.HandlerFunc) route { return route{pattern, a.auth(a.bounded(h))} }
 	rs := []route{
 		open("GET /healthz", a.healthz),
 		open("GET /readyz", a.readyz),
@@ -61,7 +65,7 @@ func (a *api) routes() []route {
 // Behind the token: a profile names functions and a heap dump holds data. A
 // fleet serves them at its root too (fleet.go): they are the process's.
 func (a *api) profiles() []route {
-	guarded := func(pattern string, h http.HandlerFunc) route { return route{pattern, a.auth(h)} }
+	guarded := func(pattern string, h http.HandlerFunc) route { return route{pattern, a.auth(a.bounded(h))} }
 	return []route{
 		guarded("GET /debug/pprof/", pprof.Index),
 		guarded("GET /debug/pprof/cmdline", pprof.Cmdline),
@@ -178,6 +182,22 @@ func (a *api) auth(h http.HandlerFunc) http.Handler {
 	})
 }
 
+// RequestTimeoutDefault bounds a call of the API that reads or changes the
+// database: its statements end with it, and the answer says so, within the
+// server's 30 s write deadline. Without it a database that hung held the
+// call, and the relay's connection it used, for good (an independent
+// review, 2026-11-29).
+const RequestTimeoutDefault = 20 * time.Second
+
+// bounded runs h with the request timeout on its request's context.
+func (a *api) bounded(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), cmp.Or(a.cfg.RequestTimeout, RequestTimeoutDefault))
+		defer cancel()
+		h(w, r.WithContext(ctx))
+	}
+}
+
 type errorBody struct {
 	Error string `json:"error"`
 }
@@ -199,6 +219,18 @@ func badRequest(w http.ResponseWriter, format string, args ...any) {
 // whether the call can be made again as it was (a read, or a change that
 // never reached the database) or should be looked at first.
 func (a *api) internal(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, context.DeadlineExceeded) && errors.Is(r.Context().Err(), context.DeadlineExceeded) {
+		a.cfg.Logger.Warn("admin API call failed: the database did not answer in time", "method", r.Method, "path", r.URL.Path,
+			"timeout", cmp.Or(a.cfg.RequestTimeout, RequestTimeoutDefault), "err", err)
+		outcome := "nothing was read or changed; call again"
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			outcome = "the change may or may not have been made: look (GET) before calling again"
+		}
+		w.Header().Set("Retry-After", "5")
+		writeJSON(w, http.StatusServiceUnavailable, errorBody{fmt.Sprintf(
+			"the database did not answer within %s (a lock held, or the server hung): %s", cmp.Or(a.cfg.RequestTimeout, RequestTimeoutDefault), outcome)})
+		return
+	}
 	if unreachable(err) {
 		name := databaseName(err, a.cfg)
 		a.cfg.Logger.Warn("admin API call failed: database unreachable", "method", r.Method, "path", r.URL.Path, "database", name, "err", err)

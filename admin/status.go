@@ -32,8 +32,10 @@ const StatusCacheForDefault = 5 * time.Second
 // readBacklog returns the backlog by topic and the dead letters by group, and
 // when they were read: from the cache when it is fresh.
 func (a *api) readBacklog(ctx context.Context) ([]outbox.TopicBacklog, []outbox.DeadLetterGroup, time.Time, error) {
-	a.cacheMu.Lock()
-	defer a.cacheMu.Unlock() // one read at a time: the others wait for it, then share it
+	if err := a.cacheMu.lock(ctx); err != nil {
+		return nil, nil, time.Time{}, err
+	}
+	defer a.cacheMu.unlock() // one read at a time: the others wait for it, then share it
 	if !a.cachedAt.IsZero() && time.Since(a.cachedAt) < a.cfg.StatusCacheFor {
 		return a.cachedTops, a.cachedDead, a.cachedAt, nil
 	}
