@@ -282,6 +282,12 @@ func (r *Relay) startServices(ctx context.Context) (wait func()) {
 		topics := r.sweeper.TopicBreaker()
 		wg.Go(func() {
 			outbox.RunOnSchedule(ctx, outbox.Every(r.opts.MetricsRefresh), logger, "metrics refresh", func(ctx context.Context) error {
+				// Bounded by its interval: a refresh that hung (a lock, a
+				// connection gone silent) stopped every later one, the
+				// gauges frozen and OutboxLagHigh blind (an independent
+				// review, 2026-11-29).
+				ctx, cancel := context.WithTimeout(ctx, max(r.opts.MetricsRefresh, time.Second))
+				defer cancel()
 				return m.Refresh(ctx, r.pool, tbl, topics)
 			})
 		})

@@ -5,14 +5,19 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-sweeper/sweeper/admin"
 	"github.com/outbox-sweeper/sweeper/alert"
 	"github.com/outbox-sweeper/sweeper/breaker"
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
+	"github.com/outbox-sweeper/sweeper/internal/syncbuf"
+	"github.com/outbox-sweeper/sweeper/metrics"
 	"github.com/outbox-sweeper/sweeper/outbox"
 	"github.com/outbox-sweeper/sweeper/producer"
 	"github.com/outbox-sweeper/sweeper/producer/memory"
@@ -84,4 +89,35 @@ func TestNewRefusesAConfigOutOfRangeAsAConfigError(t *testing.T) {
 	// New takes nothing over: the caller closes what it gave.
 	_ = b.opts.Dependency.Close(context.Background())
 	b.notifier.Close(context.Background())
+}
+
+// A metrics refresh the database does not answer (behind a lock) ends by its
+// interval and the next one runs: one that hung stopped every later refresh,
+// the gauges frozen, the lag alert blind.
+func TestAMetricsRefreshThatHangsEndsAndTheNextRuns(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var logs syncbuf.Buffer
+	b.opts.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	b.opts.Metrics = metrics.New(prometheus.NewRegistry())
+	b.opts.MetricsRefresh = 100 * time.Millisecond
+	b.opts.Admin.Addr = ""
+	ctx := context.Background()
+	tx, err := dbtest.Pool(t).Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "LOCK TABLE "+b.opts.Sweeper.Table.DeadLetterIdent()+" IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+
+	r, err := relay.New(dbtest.Pool(t), b.producer, b.opts)
+	require.NoError(t, err)
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+	dbtest.Eventually(t, time.Minute, "two refreshes failed by their deadline", func() bool {
+		return strings.Count(logs.String(), "metrics refresh failed") >= 2
+	})
+	require.NoError(t, tx.Rollback(ctx))
+	cancel()
+	require.NoError(t, <-done)
 }
