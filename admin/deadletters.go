@@ -65,6 +65,9 @@ func parseIDs(s string) ([]int64, error) {
 	return ids, nil
 }
 
+// maxPayloadPage bounds a page of dead letters with their payloads.
+const maxPayloadPage = 100
+
 func (a *api) dlqList(w http.ResponseWriter, r *http.Request) {
 	f, err := filterFromQuery(r)
 	if err != nil {
@@ -79,6 +82,11 @@ func (a *api) dlqList(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	showPayload := r.URL.Query().Get("show_payload") == "true"
+	if showPayload && limit > maxPayloadPage {
+		// Payloads may be large, and the page is held whole to be encoded.
+		badRequest(w, "limit=%d with show_payload=true: at most %d dead letters with their payloads a page; follow next_cursor for more", limit, maxPayloadPage)
+		return
+	}
 	var after *outbox.DeadLetterCursor
 	if c := r.URL.Query().Get("cursor"); c != "" {
 		if after, err = parseCursor(c); err != nil {

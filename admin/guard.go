@@ -20,6 +20,9 @@ import (
 //   - The same POST from a browser that says where it comes from
 //     (Sec-Fetch-Site, else Origin): refused unless it is the API's own
 //     origin, whatever its content type (http.CrossOriginProtection).
+//   - A read from a script of another site (Sec-Fetch-Site cross-site or
+//     same-site, not a navigation): its answer is opaque to the page, but
+//     the API would do the work, a large one at will.
 //   - Any request, reads included, through a name the attacker controls and
 //     points at this address (DNS rebinding): the browser then sends that
 //     name as Host. Only the listening address's names, IP literals where the
@@ -110,7 +113,20 @@ func (a *api) check(r *http.Request, route bool) *refusal {
 			"other names are refused so that a web page cannot reach the API through a name of its own (DNS rebinding)",
 			quoteShort(r.Host), a.listening())}
 	}
-	if r.Method != http.MethodPost || !route {
+	if !route {
+		return nil
+	}
+	if r.Method != http.MethodPost {
+		// A read a page of another site makes a browser send (fetch with
+		// mode no-cors) gets no answer it can read, but the API does the
+		// work: /dlq with payloads, in a loop, exhausted memory (an
+		// independent review, 2026-11-29). A browser says so in
+		// Sec-Fetch-Site; a link followed to the console is a navigation,
+		// and served.
+		if site := r.Header.Get("Sec-Fetch-Site"); (site == "cross-site" || site == "same-site") && r.Header.Get("Sec-Fetch-Mode") != "navigate" {
+			return &refusal{http.StatusForbidden, "cross-origin request refused: a web page of another site cannot read the sweeper's API " +
+				"(Sec-Fetch-Site: " + site + "); use the console served here, the CLI or curl"}
+		}
 		return nil
 	}
 	if err := crossOrigin.Check(r); err != nil {

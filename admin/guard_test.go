@@ -83,6 +83,20 @@ func TestRequestsABrowserOfAnotherSiteCanSendAreRefused(t *testing.T) {
 		require.Equal(t, http.StatusForbidden, code, "GET %s", path)
 		require.Contains(t, msg, "--admin-allowed-hosts")
 	}
+	// A read a script of another site makes: refused (its answer is opaque to
+	// the page, but the API would do the work); a link followed is served.
+	for _, site := range []string{"cross-site", "same-site"} {
+		for _, path := range []string{"/dlq?show_payload=true&limit=100", "/status"} {
+			code, msg := b.raw(t, "GET", path, "", map[string]string{"Sec-Fetch-Site": site, "Sec-Fetch-Mode": "no-cors"})
+			require.Equal(t, http.StatusForbidden, code, "GET %s from %s", path, site)
+			require.Contains(t, msg, "cannot read the sweeper's API")
+		}
+		code, msg := b.raw(t, "GET", "/status", "", map[string]string{"Sec-Fetch-Site": site, "Sec-Fetch-Mode": "navigate"})
+		require.Equal(t, http.StatusOK, code, "a link followed from %s: %s", site, msg)
+	}
+	code, msg := b.raw(t, "GET", "/dlq?show_payload=true&limit=101", "", nil)
+	require.Equal(t, http.StatusBadRequest, code)
+	require.Contains(t, msg, "limit=101 with show_payload=true: at most 100")
 	require.Len(t, readDead(t, b.tbl), 3, "nothing purged or replayed")
 	require.Equal(t, breaker.DependencyClosed, b.dep.State(), "the broker breaker was not tripped")
 	require.Equal(t, breaker.StateClosed, b.topics.State("orders"), "the topic was not tripped")
