@@ -137,10 +137,24 @@ func (w Webhook) Alert(ctx context.Context, a Alert) error {
 	defer resp.Body.Close()
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("post alert to %s: %s", w.where(), resp.Status)
+		err := fmt.Errorf("post alert to %s: %s", w.where(), resp.Status)
+		if c := resp.StatusCode; c/100 == 4 && c != http.StatusRequestTimeout && c != http.StatusTooManyRequests {
+			return &RefusedError{Err: err}
+		}
+		return err
 	}
 	return nil
 }
+
+// RefusedError is a receiver's refusal of an alert for what it is (a 4xx
+// answer other than 408 and 429: a payload too large, a format it does not
+// take, a token it does not know): sent again, it is refused again. The
+// notifier drops it at once, rather than hold every alert behind it for
+// RetryFor.
+type RefusedError struct{ Err error }
+
+func (e *RefusedError) Error() string { return e.Err.Error() + " (refused: not sent again)" }
+func (e *RefusedError) Unwrap() error { return e.Err }
 
 // where names the receiver without its path and query, which often carry a
 // token (chat and paging services put it there).

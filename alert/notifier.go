@@ -2,6 +2,7 @@ package alert
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -46,7 +47,9 @@ type NotifierConfig struct {
 	// RetryInitial and RetryMax bound the exponential backoff (with jitter)
 	// between tries of a delivery that failed; RetryFor, how long one alert
 	// is tried before it is dropped (told to OnDrop). Alerts behind it wait:
-	// they go to the same receiver, which is failing.
+	// they go to the same receiver, which is failing. One the receiver
+	// refuses for what it is (RefusedError: a 4xx but 408 and 429) is
+	// dropped at its first try.
 	RetryInitial, RetryMax, RetryFor time.Duration
 	// Echo, when set, is given every alert the notifier sends, once, as it
 	// is queued, whatever becomes of its delivery: the log, which must not
@@ -290,7 +293,8 @@ func (n *Notifier) deliver(a Alert) {
 			closing = true
 		default:
 		}
-		if closing || time.Now().Add(wait).After(giveUp) {
+		_, refused := errors.AsType[*RefusedError](err)
+		if closing || refused || time.Now().Add(wait).After(giveUp) {
 			n.cfg.Logger.Error("alert not delivered; dropped", "component", a.Component, "key", a.Key, "tries", tries, "err", err)
 			n.mu.Lock()
 			n.unheard(a)

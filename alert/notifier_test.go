@@ -2,6 +2,7 @@ package alert_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -292,4 +293,40 @@ func TestAFiringAlertDroppedUndeliveredIsNotCountedAsNotified(t *testing.T) {
 	n.Close(ctx)
 	require.Len(t, rec.snapshot(), 2, "nothing of a")
 	require.Empty(t, dropped)
+}
+
+// An alert the receiver refuses for what it is (400, 413: sent again, it is
+// refused again) is dropped at its first try, and the alerts behind it go at
+// once rather than wait out its retries.
+func TestAnAlertTheReceiverRefusesIsDroppedAtOnce(t *testing.T) {
+	t.Parallel()
+	var posts atomic.Int32
+	got := make(chan string, 4)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		posts.Add(1)
+		var a alert.Alert
+		_ = json.NewDecoder(r.Body).Decode(&a)
+		if a.Summary == "too big" {
+			w.WriteHeader(http.StatusRequestEntityTooLarge)
+			return
+		}
+		got <- a.Summary
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer srv.Close()
+	dropped := make(chan string, 2)
+	n := alert.NewNotifier(alert.Webhook{URL: srv.URL}, alert.NotifierConfig{RetryFor: time.Hour,
+		OnDrop: func(a alert.Alert, why string) { dropped <- a.Summary + " " + why }})
+	ctx := context.Background()
+	require.NoError(t, n.Alert(ctx, alert.Alert{Summary: "too big"}))
+	require.NoError(t, n.Alert(ctx, alert.Alert{Summary: "next"}))
+	select {
+	case s := <-got:
+		require.Equal(t, "next", s)
+	case <-time.After(time.Minute):
+		t.Fatal("the alert behind the refused one never went")
+	}
+	require.Equal(t, "too big undeliverable", <-dropped)
+	n.Close(ctx)
+	require.Equal(t, int32(2), posts.Load(), "the refused alert was posted once")
 }
