@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -106,6 +107,35 @@ type outboxesCollector struct {
 	maxTopics                                 int
 	tripped, failing, parked, backlog, oldest *prometheus.Desc
 	topicTripped, mostFailing, mostBehind     *prometheus.Desc
+
+	// The backlogs read last, for backlogCacheFor: /metrics needs no token,
+	// and each scrape read the databases (a count of up to 10,001 rows per
+	// outbox in trouble), so whoever could reach the port could load every
+	// tenant database at will (an independent review, 2026-11-29). Scrapes
+	// at once wait for one read and share it.
+	mu       sync.Mutex
+	cachedAt time.Time
+	cached   map[string]Backlog
+}
+
+// backlogCacheFor is how long a scrape answers from the backlogs read last.
+const backlogCacheFor = 2 * time.Second
+
+// backlogs returns the backlogs of the outboxes named: those read last, when
+// fresh and holding every one, else read now.
+func (c *outboxesCollector) backlogs(names []string) map[string]Backlog {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if time.Since(c.cachedAt) < backlogCacheFor && !slices.ContainsFunc(names, func(n string) bool { _, ok := c.cached[n]; return !ok }) {
+		return c.cached
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), backlogTimeout)
+	defer cancel()
+	// Those read: an outbox whose database failed has no backlog series in
+	// this scrape, the others keep theirs.
+	b, _ := c.src.Backlogs(ctx, names)
+	c.cached, c.cachedAt = b, time.Now()
+	return b
 }
 
 func (c *outboxesCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -149,11 +179,7 @@ func (c *outboxesCollector) Collect(ch chan<- prometheus.Metric) {
 	if len(shown) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), backlogTimeout)
-	defer cancel()
-	// Those read: an outbox whose database failed has no backlog series
-	// in this scrape, the others keep theirs.
-	backlogs, _ := c.src.Backlogs(ctx, shown)
+	backlogs := c.backlogs(shown)
 	for _, name := range shown {
 		b, ok := backlogs[name]
 		if !ok {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -136,4 +138,41 @@ outbox_topic_tripped{topic="_other"} 2
 outbox_topic_tripped{topic="orders"} 2
 `
 	require.NoError(t, testutil.GatherAndCompare(capped, strings.NewReader(want), "outbox_topic_tripped"))
+}
+
+// countedBacklogs counts its reads of the backlogs.
+type countedBacklogs struct {
+	withBacklogs
+	reads *atomic.Int32
+}
+
+func (c countedBacklogs) Backlogs(ctx context.Context, names []string) (map[string]metrics.Backlog, error) {
+	c.reads.Add(1)
+	return c.withBacklogs.Backlogs(ctx, names)
+}
+
+// Scrapes close together share one read of the backlogs: /metrics needs no
+// token, and each scrape read the databases.
+func TestScrapesCloseTogetherShareOneReadOfTheBacklogs(t *testing.T) {
+	t.Parallel()
+	var reads atomic.Int32
+	src := countedBacklogs{withBacklogs: withBacklogs{states: states{{Name: "a", Tripped: []string{"orders"}}},
+		backlogs: map[string]metrics.Backlog{"a": {Rows: 3}}}, reads: &reads}
+	reg := prometheus.NewRegistry()
+	metrics.RegisterOutboxes(reg, src, nil, 0)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Go(func() {
+			got, err := reg.Gather()
+			require.NoError(t, err)
+			require.NotEmpty(t, got)
+		})
+	}
+	wg.Wait()
+	// One read a window of two seconds: the twenty scrapes fall in one on
+	// any machine but a stalled one.
+	windows := 1 + int32(time.Since(start)/(2*time.Second))
+	require.Positive(t, reads.Load())
+	require.LessOrEqual(t, reads.Load(), windows, "twenty scrapes, %d reads", reads.Load())
 }
