@@ -170,7 +170,9 @@ func TestConsoleRefusesOtherSitesAndStillActs(t *testing.T) {
 	code, body = get("/topics/tripped", "")
 	require.Equal(t, 200, code)
 	require.Contains(t, body, `"topic":"."`)
-	step("reset it from the page", js(row(".")+`.querySelector("button").click()`), message("topic . was tripped, is closed"))
+	step("reset it from the page", js(row(".")+`.querySelector("button").click()`),
+		until(`!document.getElementById("ask").hidden && document.getElementById("ask-text").textContent.includes("Reset topic .?")`),
+		chromedp.Click("#ask-ok"), message("topic . was tripped, is closed"))
 	code, body = get("/topics/tripped", "")
 	require.Equal(t, 200, code)
 	require.False(t, strings.Contains(body, `"topic":"."`), body)

@@ -161,8 +161,10 @@ func TestConsoleInABrowser(t *testing.T) {
 		until(`document.querySelectorAll("img, b").length === 0`),
 		until(`document.getElementById("health-state").textContent === "degraded" && document.getElementById("health-reasons").textContent.includes("1 topics tripped or half-open")`))
 
-	step("reset it from the page", until(row(xss)+`.querySelector("button").textContent === "Reset"`),
+	step("reset it from the page, after a question that names it", until(row(xss)+`.querySelector("button").textContent === "Reset"`),
 		js(row(xss)+`.querySelector("button").click()`),
+		until(fmt.Sprintf(`!document.getElementById("ask").hidden && document.getElementById("ask-text").textContent.startsWith(%q)`, "Reset topic "+xss)),
+		chromedp.Click("#ask-ok"),
 		message("was tripped, is closed"),
 		// Closed, its row is sent by the sweeper, and the topic shows what
 		// was sent in the last minute.

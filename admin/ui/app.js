@@ -265,7 +265,12 @@ async function tripTopic(topic) {
   act("Trip", "POST", "/topics/trip", { topic, reason });
 }
 
-function resetTopic(topic) {
+// resetTopic asks first, naming the topic: the rows re-sort as the backlog
+// moves, and a click meant for one row's Reset could land on another's, a
+// topic held on purpose for a downstream migration.
+async function resetTopic(topic) {
+  const ok = await ask("Reset topic " + shown(topic) + ofOutbox() + "? It sends again at once.", false);
+  if (ok === null) return;
   act("Reset", "POST", "/topics/reset", { topic });
 }
 
