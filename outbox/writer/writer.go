@@ -421,10 +421,6 @@ func toColumns(m *Message) (columns, error) {
 	if m.Topic == "" {
 		return c, errors.New("topic is empty: every message needs a destination")
 	}
-	if len(m.Topic) > MaxTopicBytes {
-		return c, fmt.Errorf("topic %q… is %d bytes: the outbox's indexes take at most %d (brokers far less: Kafka 249, RabbitMQ 255)",
-			m.Topic[:64], len(m.Topic), MaxTopicBytes)
-	}
 	for _, f := range m.texts() {
 		if strings.IndexByte(f.v, 0) >= 0 {
 			return c, fmt.Errorf("%s %q holds a NUL byte, which Postgres text cannot store", f.name, f.v)
@@ -484,10 +480,6 @@ func toColumns(m *Message) (columns, error) {
 	}
 	return c, nil
 }
-
-// MaxTopicBytes bounds a topic: the outbox indexes it (a btree entry holds
-// at most about 2,700 bytes), and no broker takes one nearly that long.
-const MaxTopicBytes = 2048
 
 // The years a Postgres timestamptz holds.
 const (
