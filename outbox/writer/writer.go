@@ -459,15 +459,19 @@ func toColumns(m *Message) (columns, error) {
 		if hasNUL(h) {
 			return c, fmt.Errorf("headers of topic %q hold a NUL character, which Postgres's jsonb cannot store", m.Topic)
 		}
-		// encoding/json writes invalid UTF-8 as U+FFFD: two keys could
-		// become one, a header silently lost.
-		if path, bad := invalidUTF8(m.Headers, "headers"); bad {
-			return c, fmt.Errorf("%s of topic %q is not valid UTF-8, which JSON holds only", path, m.Topic)
+		// encoding/json writes invalid UTF-8 as the escape \ufffd: two keys
+		// could become one, a header silently lost. It writes a U+FFFD given
+		// as it is, so the escape is the sign to look.
+		if bytes.Contains(h, []byte(`\ufffd`)) {
+			if path, bad := invalidUTF8(m.Headers, "headers"); bad {
+				return c, fmt.Errorf("%s of topic %q is not valid UTF-8, which JSON holds only", path, m.Topic)
+			}
 		}
 		// The sweeper reads headers with Go's decoder, which stops at 10,000
 		// levels of nesting: deeper ones would be dead-lettered unsent
-		// (unreadable_row). json.Valid has the same limit.
-		if !json.Valid(h) {
+		// (unreadable_row). json.Valid has the same limit; a document
+		// shorter than the limit cannot pass it.
+		if len(h) > maxJSONDepth && !json.Valid(h) {
 			return c, fmt.Errorf("headers of topic %q nest deeper than the 10,000 levels the sweeper reads", m.Topic)
 		}
 		c.headers = h
@@ -480,6 +484,9 @@ func toColumns(m *Message) (columns, error) {
 	}
 	return c, nil
 }
+
+// maxJSONDepth is the nesting Go's JSON decoder reads, which the sweeper's is.
+const maxJSONDepth = 10_000
 
 // The years a Postgres timestamptz holds.
 const (
