@@ -36,8 +36,17 @@ func fleetServer(t *testing.T) *httptest.Server {
 
 func fleetCall(t *testing.T, srv *httptest.Server, path, token string) (int, []byte) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, srv.URL+path, nil)
+	return fleetRequest(t, srv, http.MethodGet, path, token, "")
+}
+
+// fleetRequest calls srv; a POST carries body as JSON.
+func fleetRequest(t *testing.T, srv *httptest.Server, method, path, token, body string) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
 	require.NoError(t, err)
+	if method == http.MethodPost {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
@@ -189,18 +198,8 @@ func TestFleetServesTheBrokerBreakerAtItsRoot(t *testing.T) {
 	t.Parallel()
 	srv := fleetServer(t)
 	post := func(path, token, body string) (int, string) {
-		req, err := http.NewRequest(http.MethodPost, srv.URL+path, strings.NewReader(body))
-		require.NoError(t, err)
-		req.Header.Set("Content-Type", "application/json")
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		raw, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		return resp.StatusCode, string(raw)
+		code, raw := fleetRequest(t, srv, http.MethodPost, path, token, body)
+		return code, string(raw)
 	}
 	state := func(path string) string {
 		code, raw := fleetCall(t, srv, path, "tok")

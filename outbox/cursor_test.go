@@ -225,16 +225,34 @@ func TestCursorFindsARowWhoseIdWasDrawnBeforeItsTransactionStarted(t *testing.T)
 func TestCursorForgetsItsFloorsOnlyForARowPutBackBelowThem(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	tbl := dbtest.Table(t)
 	pool := dbtest.Pool(t)
-	prod := memory.New(memory.Config{})
-	s := newSweeper(t, pool, prod, outbox.Config{Table: tbl, Tick: 5 * time.Millisecond})
+	_, name, prod, s, last, lowest := checkedEvery20ms(t, 30)
+	before := outbox.FloorChecks(s)
+	dbtest.Eventually(t, time.Minute, "five checks of the floors", func() bool { return outbox.FloorChecks(s) >= before+5 })
+	require.GreaterOrEqual(t, lowest(), last, "the floors were forgotten with no row below them")
+
+	// A sent row copied back with its own id, far below every floor.
+	_, err := pool.Exec(ctx, "INSERT INTO "+name+" (id, topic, payload) OVERRIDING SYSTEM VALUE VALUES (1, 'a', 'back')")
+	require.NoError(t, err)
+	dbtest.Eventually(t, time.Minute, "the row put back sent", func() bool { return delivered(prod, "back") })
+}
+
+// checkedEvery20ms runs a sweeper of a table of its own whose floors are
+// checked every 20 ms and settle at once; it sends rows of topic 'a' until
+// the floors have passed them, and returns the last one's id, with the
+// lowest of the floors as it stands at each call.
+func checkedEvery20ms(t *testing.T, rows int) (tbl outbox.Table, name string, prod *memory.Producer, s *outbox.Sweeper, last int64, lowest func() int64) {
+	t.Helper()
+	ctx := context.Background()
+	tbl = dbtest.Table(t)
+	pool := dbtest.Pool(t)
+	prod = memory.New(memory.Config{})
+	s = newSweeper(t, pool, prod, outbox.Config{Table: tbl, Tick: 5 * time.Millisecond})
 	outbox.SetCursorReset(s, 20*time.Millisecond) // a check every 20 ms
 	outbox.SetCursorSettle(s, 0)
 	dbtest.RunSweeper(t, s)
-	name := pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()
-
-	lowest := func() int64 {
+	name = pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()
+	lowest = func() int64 {
 		members, discovery := outbox.Floors(s)
 		low := discovery
 		for _, f := range members {
@@ -242,8 +260,7 @@ func TestCursorForgetsItsFloorsOnlyForARowPutBackBelowThem(t *testing.T) {
 		}
 		return low
 	}
-	var last int64
-	for i := range 30 {
+	for i := range rows {
 		body := fmt.Sprintf("first-%d", i)
 		require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+name+" (topic, payload) VALUES ('a', $1) RETURNING id",
 			[]byte(body)).Scan(&last))
@@ -254,14 +271,7 @@ func TestCursorForgetsItsFloorsOnlyForARowPutBackBelowThem(t *testing.T) {
 		require.NoError(t, err)
 		return lowest() >= last
 	})
-	before := outbox.FloorChecks(s)
-	dbtest.Eventually(t, time.Minute, "five checks of the floors", func() bool { return outbox.FloorChecks(s) >= before+5 })
-	require.GreaterOrEqual(t, lowest(), last, "the floors were forgotten with no row below them")
-
-	// A sent row copied back with its own id, far below every floor.
-	_, err := pool.Exec(ctx, "INSERT INTO "+name+" (id, topic, payload) OVERRIDING SYSTEM VALUE VALUES (1, 'a', 'back')")
-	require.NoError(t, err)
-	dbtest.Eventually(t, time.Minute, "the row put back sent", func() bool { return delivered(prod, "back") })
+	return tbl, name, prod, s, last, lowest
 }
 
 // parkedChecking runs a sweeper woken by host on a table of its own, its
@@ -437,35 +447,8 @@ func TestAStartBehindATrippedBacklogFindsTheOtherTopicsAtOnce(t *testing.T) {
 func TestARowWithANonPositiveIDIsDeadLetteredNotLeftForever(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	tbl := dbtest.Table(t)
 	pool := dbtest.Pool(t)
-	prod := memory.New(memory.Config{})
-	s := newSweeper(t, pool, prod, outbox.Config{Table: tbl, Tick: 5 * time.Millisecond})
-	outbox.SetCursorReset(s, 20*time.Millisecond) // a check every 20 ms
-	outbox.SetCursorSettle(s, 0)
-	dbtest.RunSweeper(t, s)
-	name := pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()
-
-	var last int64
-	for i := range 5 {
-		body := fmt.Sprintf("first-%d", i)
-		require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+name+" (topic, payload) VALUES ('a', $1) RETURNING id",
-			[]byte(body)).Scan(&last))
-		dbtest.Eventually(t, 30*time.Second, body+" sent", func() bool { return delivered(prod, body) })
-	}
-	lowest := func() int64 {
-		members, discovery := outbox.Floors(s)
-		low := discovery
-		for _, f := range members {
-			low = min(low, f)
-		}
-		return low
-	}
-	dbtest.Eventually(t, time.Minute, "the floors to pass the rows sent", func() bool {
-		_, err := pool.Exec(ctx, "INSERT INTO "+name+" (topic, payload) VALUES ('tick', '\\x00')")
-		require.NoError(t, err)
-		return lowest() >= last
-	})
+	tbl, name, prod, s, last, lowest := checkedEvery20ms(t, 5)
 
 	_, err := pool.Exec(ctx, "INSERT INTO "+name+" (id, topic, payload) OVERRIDING SYSTEM VALUE VALUES (-5, 'neg', 'minus-five'), (0, 'a', 'zero')")
 	require.NoError(t, err)
