@@ -186,19 +186,26 @@ func (a *alerts) Alert(_ context.Context, al alert.Alert) error {
 	return nil
 }
 
-// The storm guard: a producer that rejects every message of a topic as
-// message-class stops dead-lettering at the limit, trips the topic and alerts;
-// the remaining rows stay outstanding.
-func TestDeadLetterStormGuard(t *testing.T) {
-	t.Parallel()
+// storming returns a sweeper, alerting to al, of a table of 30 rows of topic
+// A that its producer rejects every one of, with a dead-letter limit of 10.
+func storming(t *testing.T, al alert.Alerter) (outbox.Table, *outbox.Sweeper) {
+	t.Helper()
 	tbl := dbtest.Table(t)
 	writeMessages(t, tbl, topicMessages("A", 30)...)
 	prod := memory.New(memory.Config{MaxBatch: 5})
 	for id := int64(1); id <= 30; id++ {
 		prod.FailMessage(id, producer.NewMessageError(producer.ReasonInvalidMessage, nil, errors.New("rejected")))
 	}
+	return tbl, newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, DeadLetterLimit: 10, Alerter: al})
+}
+
+// The storm guard: a producer that rejects every message of a topic as
+// message-class stops dead-lettering at the limit, trips the topic and alerts;
+// the remaining rows stay outstanding.
+func TestDeadLetterStormGuard(t *testing.T) {
+	t.Parallel()
 	al := &alerts{}
-	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, DeadLetterLimit: 10, Alerter: al})
+	tbl, s := storming(t, al)
 	res, err := s.Sweep(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, 10, res.DeadLettered, "dead-lettering stops at the limit")
@@ -471,15 +478,9 @@ func TestErrorTextsPostgresWouldRefuseAreWrittenReplaced(t *testing.T) {
 // the first and never posted.
 func TestEveryStormIsPostedThroughTheNotifier(t *testing.T) {
 	t.Parallel()
-	tbl := dbtest.Table(t)
-	writeMessages(t, tbl, topicMessages("A", 30)...)
-	prod := memory.New(memory.Config{MaxBatch: 5})
-	for id := int64(1); id <= 30; id++ {
-		prod.FailMessage(id, producer.NewMessageError(producer.ReasonInvalidMessage, nil, errors.New("rejected")))
-	}
 	al := &alerts{}
 	n := alert.NewNotifier(al, alert.NotifierConfig{RepeatInterval: 4 * time.Hour})
-	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, DeadLetterLimit: 10, Alerter: n})
+	_, s := storming(t, n)
 	_, err := s.Sweep(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, breaker.StateTripped, s.TopicBreaker().State("A"))
