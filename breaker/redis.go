@@ -489,7 +489,9 @@ func (r *Redis) Plan() Plan {
 	r.mu.Lock()
 	r.trials = maps.Clone(p.Trials)
 	r.planLocal = false
+	keep := maps.Clone(r.pending)
 	r.mu.Unlock()
+	r.local.mirror(topics, keep)
 	return p
 }
 

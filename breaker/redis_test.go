@@ -482,3 +482,31 @@ func (r *redisErrors) list() []error {
 	defer r.mu.Unlock()
 	return slices.Clone(r.events)
 }
+
+// A trip another instance made (an operator's, for a downstream migration)
+// holds on this one while Redis does not answer: the shadow this instance
+// plans from then held only its own trips, and it sent to the topic again.
+// A topic the shared state closed is closed in the shadow too.
+func TestRedisOutageKeepsTheTripsOfOtherInstances(t *testing.T) {
+	t.Parallel()
+	url, stop, _ := brokertest.StartRedis(t)
+	client := brokertest.RedisClient(t, url)
+	mk := func(instance string) *breaker.Redis {
+		b, err := breaker.NewRedis(breaker.RedisConfig{Client: client, Prefix: "mirror", Instance: instance, OpTimeout: patientOp})
+		require.NoError(t, err)
+		return b
+	}
+	one, two := mk("one"), mk("two")
+	one.Trip("stale", "tripped by one, reset by two")
+	two.Reset("stale")
+	two.Trip("orders", "downstream migration")
+	p := one.Plan()
+	require.Contains(t, p.Excluded, "orders")
+	require.NotContains(t, p.Excluded, "stale")
+
+	stop()
+	p = one.Plan() // from the local shadow
+	require.True(t, one.Degraded())
+	require.Contains(t, p.Excluded, "orders", "the other instance's trip holds")
+	require.NotContains(t, p.Excluded, "stale", "the reset made elsewhere holds too")
+}

@@ -451,6 +451,43 @@ func (b *Topics) trip(name string, t *topic, now time.Time, cooldown int, reason
 	return b.setState(name, t, StateTripped, reason)
 }
 
+// mirror makes b, a Redis breaker's local shadow, hold the shared state as
+// its last read found it, so that a plan made from the shadow while Redis
+// does not answer keeps the trips other instances and operators made there:
+// an operator's trip for a downstream migration, made through another
+// instance, was sent to again by this one at the first Redis outage (an
+// independent review, 2026-11-29). Each topic shared holds tripped or
+// half-open is so here, with the ticks it has left; one it holds closed (not
+// in shared) is closed here; keep names the topics whose local state stands
+// (this instance's trips and resets that Redis does not hold yet). Nothing
+// is told: each change was told where it was made.
+func (b *Topics) mirror(shared map[string]remote, keep map[string]bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for name, st := range shared {
+		if keep[name] {
+			continue
+		}
+		state := parseState(st.State)
+		t, ok := b.topics[name]
+		if !ok {
+			t = &topic{}
+			b.topics[name] = t
+		}
+		if t.state != state {
+			b.setState(name, t, state, "")
+			t.failures, t.trialOut = nil, false
+		}
+		t.ticksLeft, t.cooldown, t.trips, t.lastError = st.TicksLeft, st.Cooldown, st.Trips, st.LastError
+		t.trippedAt = time.UnixMilli(st.TrippedAt)
+	}
+	for name, t := range b.topics {
+		if _, ok := shared[name]; !ok && !keep[name] && t.state != StateClosed {
+			b.close(name, t, "")
+		}
+	}
+}
+
 // close closes t and forgets its history. The topic stays in the map, closed,
 // so its generation keeps counting: a batch begun before the close must not
 // count after it. Call with b.mu held.
