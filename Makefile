@@ -27,8 +27,10 @@ SHELL       := /bin/bash
 
 .PHONY: build run run-tenants test test-under-load services bench bench-binary bench-tenants soak vet check-deploy clean
 
-# Loads .services.env (if scripts/services.sh wrote one) into a recipe line.
-LOADENV := set -a; [ ! -f .services.env ] || . ./.services.env; set +a;
+# Loads .services.env (if scripts/services.sh wrote one) into a recipe line:
+# each of its variables that the environment does not set already, so that an
+# OUTBOX_TEST_DATABASE_URL exported by hand wins, as the README says.
+LOADENV := [ ! -f .services.env ] || while IFS='=' read -r k v; do [ -n "$$k" ] && [ -z "$${!k:-}" ] && export "$$k=$$v"; done < .services.env;
 
 build:
 	go build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/sweeper

@@ -67,8 +67,9 @@ ensure_postgres() {
   # The sweeper and the tests connect as postgres over TCP. A fresh Debian
   # install asks for a password there: give the role one and say so.
   rm -f .services.env
-  if ! psql "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable" -qAtc 'select 1' >/dev/null 2>&1; then
-    if ! psql "postgres://postgres:postgres@127.0.0.1:5432/postgres?sslmode=disable" -qAtc 'select 1' >/dev/null 2>&1; then
+  # -w: a server that wants a password fails the probe rather than prompt.
+  if ! psql -w "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable" -qAtc 'select 1' >/dev/null 2>&1 </dev/null; then
+    if ! psql -w "postgres://postgres:postgres@127.0.0.1:5432/postgres?sslmode=disable" -qAtc 'select 1' >/dev/null 2>&1 </dev/null; then
       root || { echo "Postgres wants a password for postgres over TCP: as root, run su postgres -c \"psql -c \\\"ALTER ROLE postgres PASSWORD 'postgres'\\\"\"" >&2; exit 1; }
       log "Postgres wants a password over TCP: setting one for the postgres role"
       su postgres -c "psql -qc \"ALTER ROLE postgres PASSWORD 'postgres'\""
@@ -87,13 +88,40 @@ ensure_rabbitmq() {
   for _ in $(seq 1 30); do rabbitmqctl -q status >/dev/null 2>&1 && break; sleep 1; done
 }
 
+# jetstream_up asks the NATS server on 4222 for its JetStream account info, in
+# the protocol's own text: a server without JetStream (Debian's package starts
+# one from its default config) never answers the request.
+jetstream_up() { # [port]
+  timeout 3 bash -c 'exec 3<>/dev/tcp/127.0.0.1/'"${1:-4222}"' || exit 1
+    printf "CONNECT {\"verbose\":false}\r\nSUB _INBOX.jsprobe 1\r\nPUB \$JS.API.INFO _INBOX.jsprobe 0\r\n\r\n" >&3
+    while IFS= read -r -t 2 line <&3; do
+      case $line in *account_info_response*|*jetstream*) exit 0 ;; esac
+    done
+    exit 1' 2>/dev/null
+}
+
 ensure_nats() {
-  port_open 4222 && return
+  if port_open 4222; then
+    jetstream_up && return
+    # Debian's nats-server package starts its service without JetStream:
+    # stop it, and start one with JetStream below.
+    root || { echo "a NATS server on 127.0.0.1:4222 has no JetStream: as root, stop it (systemctl stop nats-server) and run this again" >&2; exit 1; }
+    log "the NATS server on 4222 has no JetStream: stopping it"
+    systemctl stop nats-server 2>/dev/null || pkill -x nats-server || true
+    for _ in $(seq 1 30); do port_open 4222 || break; sleep 1; done
+  fi
   command -v nats-server >/dev/null || need "no NATS server" nats-server
+  # The package's own service, started at install, has no JetStream either.
+  if port_open 4222 && ! jetstream_up; then
+    systemctl stop nats-server 2>/dev/null || pkill -x nats-server || true
+    for _ in $(seq 1 30); do port_open 4222 || break; sleep 1; done
+  fi
   mkdir -p /var/lib/nats-server 2>/dev/null || true
   start "NATS with JetStream" start-stop-daemon --start --oknodo --background --exec "$(command -v nats-server)" -- \
     -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log
   wait_port 4222 NATS 30
+  for _ in $(seq 1 30); do jetstream_up && return; sleep 1; done
+  echo "NATS answers on 4222 without JetStream: see /var/log/nats-server.log" >&2; exit 1
 }
 
 ensure_redis() {
@@ -126,13 +154,16 @@ ensure_promtool() {
 vacuum_catalogs() {
   local url="${OUTBOX_TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}"
   [ -f .services.env ] && url=$(sed -n 's/^OUTBOX_TEST_DATABASE_URL=//p' .services.env)
-  psql "$url" -qAtc 'VACUUM pg_catalog.pg_class, pg_catalog.pg_attribute, pg_catalog.pg_depend,
-    pg_catalog.pg_type, pg_catalog.pg_constraint, pg_catalog.pg_index, pg_catalog.pg_namespace' >/dev/null 2>&1 ||
+  psql -w "$url" -qAtc 'VACUUM pg_catalog.pg_class, pg_catalog.pg_attribute, pg_catalog.pg_depend,
+    pg_catalog.pg_type, pg_catalog.pg_constraint, pg_catalog.pg_index, pg_catalog.pg_namespace' >/dev/null 2>&1 </dev/null ||
     log "could not vacuum the test database's catalogs (not a superuser?): tests run on as they are"
 }
 
 ensure_postgres
 if [ "$what" = test ]; then
+  # go test -race needs cgo, so a C compiler; make runs the suite.
+  command -v gcc >/dev/null || need "no C compiler (go test -race needs cgo)" gcc
+  command -v make >/dev/null || need "no make (make test runs the suite)" make
   vacuum_catalogs
   ensure_rabbitmq
   ensure_nats

@@ -24,7 +24,7 @@ if ! command -v stress-ng >/dev/null; then
     echo "stress-ng is not installed: run as root (or with sudo): apt-get install -y stress-ng" >&2
     exit 1
   fi
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq stress-ng >/dev/null
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq stress-ng; } >/dev/null
 fi
 scripts/services.sh test
 set -a; [ ! -f .services.env ] || . ./.services.env; set +a
