@@ -1,6 +1,6 @@
 module github.com/outbox-sweeper/sweeper
 
-go 1.26.8
+go 1.26.0
 
 require (
 	github.com/Azure/azure-sdk-for-go/sdk/azidentity v1.15.0
