@@ -302,13 +302,17 @@ type Probe struct {
 	lockKey                       int64
 
 	dbAlerted bool // the database outage was alerted
-	// lastTotal is the count this process saw at its last probe that owed no
-	// alert (-1: none since it last held the probe's lock). A dead letter is
-	// stamped when its page moves it and counted once that page commits,
-	// seconds later: a probe in between moved the watermark past its stamp,
-	// and it never counted as new (an independent review, 2026-11-29). A
-	// count above the last one is growth, whatever the stamps say.
+	// lastTotal is the count this process saw at its last probe, when the
+	// watermark was lastMark (-1: none since it last held the probe's lock).
+	// A dead letter is stamped when its page moves it and counted once that
+	// page commits, seconds later: a probe in between moved the watermark
+	// past its stamp, and it never counted as new (an independent review,
+	// 2026-11-29). A count above the last one is growth, whatever the
+	// stamps say, but only while the watermark is the one this process saw:
+	// a watermark moved since says another instance probed (and alerted),
+	// and its count is then this process's to take, not to alert again.
 	lastTotal int
+	lastMark  time.Time
 }
 
 // NewProbe returns a probe for cfg.Table.
@@ -390,11 +394,11 @@ func (p *Probe) RunOnce(ctx context.Context) (ProbeResult, error) {
 		if err != nil {
 			return err
 		}
-		if grown := res.Count - p.lastTotal; p.lastTotal >= 0 && grown > res.New {
+		if grown := res.Count - p.lastTotal; p.lastTotal >= 0 && since.Equal(p.lastMark) && grown > res.New {
 			res.New = grown // committed after the last probe, stamped before it
 		}
 		if res.Count < p.cfg.Threshold || res.New == 0 {
-			p.lastTotal = res.Count
+			p.lastTotal, p.lastMark = res.Count, since
 			return nil
 		}
 		a.Count = res.Count
@@ -406,10 +410,16 @@ func (p *Probe) RunOnce(ctx context.Context) (ProbeResult, error) {
 		if postErr = p.cfg.Alerter.Alert(ctx, a); postErr != nil {
 			return nil
 		}
+		// An alert always moves the watermark, so that another instance
+		// knows it went out (and does not alert the same growth again),
+		// even one of rows stamped before it.
+		if !latest.After(since) {
+			latest = since.Add(time.Microsecond)
+		}
 		if _, err := tx.Exec(ctx, p.setWatermark, latest); err != nil {
 			return err
 		}
-		p.lastTotal = res.Count
+		p.lastTotal, p.lastMark = res.Count, latest
 		res.Alerted = true
 		return nil
 	})

@@ -336,3 +336,33 @@ func TestProbeAlertsADeadLetterStampedBeforeItsWatermark(t *testing.T) {
 	require.False(t, res.Alerted, "once")
 	require.Len(t, rcv.got(), 2)
 }
+
+// Two instances probing in turn alert a growth once: the second sees the
+// watermark the first moved, and takes the count without alerting it again,
+// even a growth of rows stamped before the watermark.
+func TestTwoInstancesAlertAGrowthOnce(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	a, rcv := newProbe(t, tbl, 0)
+	b, err := outbox.NewProbe(dbtest.Pool(t), outbox.ProbeConfig{Table: tbl, Alerter: alert.Webhook{URL: rcv.url}})
+	require.NoError(t, err)
+	ctx := context.Background()
+	run := func(p *outbox.Probe) outbox.ProbeResult {
+		res, err := p.RunOnce(ctx)
+		require.NoError(t, err)
+		return res
+	}
+	deadLetterMore(t, tbl, 1, 2)
+	require.True(t, run(a).Alerted)
+	require.False(t, run(b).Alerted, "b takes the count a alerted")
+
+	// A dead letter stamped before the watermark, committed after it.
+	deadLetterMore(t, tbl, 3, 1)
+	_, err = dbtest.Pool(t).Exec(ctx, fmt.Sprintf("UPDATE %s SET dead_lettered_at = dead_lettered_at - interval '1 hour' WHERE correlation_id = 'corr-3'",
+		pgx.Identifier{tbl.Schema, tbl.DeadLetterName()}.Sanitize()))
+	require.NoError(t, err)
+	require.True(t, run(b).Alerted, "the growth")
+	require.False(t, run(a).Alerted, "once: a sees the watermark b moved")
+	require.False(t, run(b).Alerted)
+	require.Len(t, rcv.got(), 2)
+}
