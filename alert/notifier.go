@@ -108,7 +108,8 @@ type Notifier struct {
 	mu         sync.Mutex
 	conditions map[string]*condition
 	closed     bool
-	ch         chan Alert
+	ch         chan queued
+	seq        uint64        // numbers the firing notifications queued
 	stop       chan struct{} // closed by Close: retries end
 	done       chan struct{} // closed when the delivery loop has ended
 }
@@ -128,6 +129,18 @@ type condition struct {
 	// for RepeatInterval, and the receiver got a resolved for an alert it
 	// never saw (an independent review, 2026-11-29).
 	unheard bool
+	// last numbers its latest firing notification queued: a drop of an
+	// earlier one (tried for RetryFor while a graver one queued behind it)
+	// leaves it heard.
+	last uint64
+}
+
+// queued is an alert waiting for delivery; of a condition's firing
+// notification, that condition and the notification's number.
+type queued struct {
+	a   Alert
+	c   *condition
+	seq uint64
 }
 
 // NewNotifier starts a notifier in front of next (nil: alerts go to Echo
@@ -135,7 +148,7 @@ type condition struct {
 func NewNotifier(next Alerter, cfg NotifierConfig) *Notifier {
 	cfg = cfg.withDefaults()
 	n := &Notifier{next: next, cfg: cfg, conditions: map[string]*condition{},
-		ch: make(chan Alert, cfg.QueueSize), stop: make(chan struct{}), done: make(chan struct{})}
+		ch: make(chan queued, cfg.QueueSize), stop: make(chan struct{}), done: make(chan struct{})}
 	go n.loop()
 	return n
 }
@@ -146,7 +159,7 @@ func (n *Notifier) Alert(_ context.Context, a Alert) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if a.Key == "" || (a.Status != Firing && a.Status != Resolved) {
-		return n.enqueue(a)
+		return n.enqueue(queued{a: a})
 	}
 	key := conditionKey(a)
 	c := n.conditions[key]
@@ -164,7 +177,7 @@ func (n *Notifier) Alert(_ context.Context, a Alert) error {
 		a.Repeats, a.FiringSince = c.repeats, timePtr(c.since)
 		if n.cfg.GroupWindow < 0 {
 			delete(n.conditions, key)
-			return n.enqueue(a)
+			return n.enqueue(queued{a: a})
 		}
 		c.resolved = a
 		var t *time.Timer
@@ -173,7 +186,7 @@ func (n *Notifier) Alert(_ context.Context, a Alert) error {
 			defer n.mu.Unlock()
 			if n.conditions[key] == c && c.resolve == t {
 				delete(n.conditions, key)
-				_ = n.enqueue(c.resolved)
+				_ = n.enqueue(queued{a: c.resolved})
 			}
 		})
 		c.resolve = t
@@ -196,8 +209,9 @@ func (n *Notifier) Alert(_ context.Context, a Alert) error {
 		n.conditions[key] = c
 	}
 	a.Repeats, a.FiringSince = c.repeats, timePtr(c.since)
-	c.notified, c.repeats, c.severity, c.unheard = now, 0, a.Severity, false
-	return n.enqueue(a) // a drop marks it unheard again
+	n.seq++
+	c.notified, c.repeats, c.severity, c.unheard, c.last = now, 0, a.Severity, false, n.seq
+	return n.enqueue(queued{a: a, c: c, seq: n.seq}) // a drop marks it unheard again
 }
 
 // conditionKey is the key of a's condition in n.conditions.
@@ -224,8 +238,9 @@ func timePtr(t time.Time) *time.Time {
 	return &u
 }
 
-// enqueue queues a for delivery. Call with mu held.
-func (n *Notifier) enqueue(a Alert) error {
+// enqueue queues q for delivery. Call with mu held.
+func (n *Notifier) enqueue(q queued) error {
+	a := q.a
 	if n.cfg.Echo != nil && !n.closed {
 		_ = n.cfg.Echo.Alert(context.Background(), a)
 	}
@@ -233,49 +248,48 @@ func (n *Notifier) enqueue(a Alert) error {
 		return nil
 	}
 	if n.closed {
-		n.drop(a, "closed")
+		n.drop(q, "closed")
 		return fmt.Errorf("alert not sent: the notifier is closed")
 	}
 	select {
-	case n.ch <- a:
+	case n.ch <- q:
 		return nil
 	default:
-		n.drop(a, "queue_full")
+		n.drop(q, "queue_full")
 		return fmt.Errorf("alert dropped: %d alerts already wait for delivery (the receiver fails or is slow)", n.cfg.QueueSize)
 	}
 }
 
 // drop tells of a dropped alert. Call with mu held.
-func (n *Notifier) drop(a Alert, why string) {
+func (n *Notifier) drop(q queued, why string) {
+	a := q.a
 	n.cfg.Logger.Error("alert dropped", "why", why, "severity", a.Severity, "component", a.Component, "key", a.Key,
 		"status", a.Status, "summary", a.Summary)
-	n.unheard(a)
+	n.unheard(q)
 	if n.cfg.OnDrop != nil {
 		n.cfg.OnDrop(a, why)
 	}
 }
 
-// unheard notes that firing alert a never reached the receiver (see
-// condition.unheard). Call with mu held.
-func (n *Notifier) unheard(a Alert) {
-	if a.Key == "" || a.Status != Firing {
-		return
-	}
-	if c := n.conditions[conditionKey(a)]; c != nil {
+// unheard notes that q, a condition's latest firing notification, never
+// reached the receiver (see condition.unheard). Call with mu held.
+func (n *Notifier) unheard(q queued) {
+	if c := q.c; c != nil && n.conditions[conditionKey(q.a)] == c && c.last == q.seq {
 		c.unheard = true
 	}
 }
 
 func (n *Notifier) loop() {
 	defer close(n.done)
-	for a := range n.ch {
-		n.deliver(a)
+	for q := range n.ch {
+		n.deliver(q)
 	}
 }
 
 // deliver tries a until it goes, RetryFor has passed, or Close has begun (a
 // failing receiver then gets one try per alert still queued).
-func (n *Notifier) deliver(a Alert) {
+func (n *Notifier) deliver(q queued) {
+	a := q.a
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval, b.MaxInterval, b.Multiplier = n.cfg.RetryInitial, n.cfg.RetryMax, 2
 	giveUp := time.Now().Add(n.cfg.RetryFor)
@@ -297,7 +311,7 @@ func (n *Notifier) deliver(a Alert) {
 		if closing || refused || time.Now().Add(wait).After(giveUp) {
 			n.cfg.Logger.Error("alert not delivered; dropped", "component", a.Component, "key", a.Key, "tries", tries, "err", err)
 			n.mu.Lock()
-			n.unheard(a)
+			n.unheard(q)
 			n.mu.Unlock()
 			if n.cfg.OnDrop != nil {
 				n.cfg.OnDrop(a, "undeliverable")
@@ -326,7 +340,7 @@ func (n *Notifier) Close(ctx context.Context) {
 			// gone and sends nothing: the alert goes out here, once.
 			c.resolve.Stop()
 			delete(n.conditions, key)
-			_ = n.enqueue(c.resolved)
+			_ = n.enqueue(queued{a: c.resolved})
 		}
 	}
 	n.closed = true

@@ -330,3 +330,42 @@ func TestAnAlertTheReceiverRefusesIsDroppedAtOnce(t *testing.T) {
 	n.Close(ctx)
 	require.Equal(t, int32(2), posts.Load(), "the refused alert was posted once")
 }
+
+// failFirst holds the first alert it is given until released, failing it then,
+// and takes the others.
+type failFirst struct {
+	alerts
+	started, release chan struct{}
+	first            atomic.Bool
+}
+
+func (f *failFirst) Alert(ctx context.Context, a alert.Alert) error {
+	if f.first.CompareAndSwap(false, true) {
+		close(f.started)
+		<-f.release
+		return errors.New("503 Service Unavailable")
+	}
+	return f.alerts.Alert(ctx, a)
+}
+
+// A firing alert dropped after a graver one of its condition went out behind
+// it leaves the condition heard: its resolution goes out.
+func TestADroppedFiringAlertBehindAGraverOneLeavesItsResolution(t *testing.T) {
+	t.Parallel()
+	rec := &failFirst{started: make(chan struct{}), release: make(chan struct{})}
+	n := alert.NewNotifier(rec, alert.NotifierConfig{GroupWindow: -1, RetryInitial: time.Millisecond, RetryMax: time.Millisecond,
+		RetryFor: time.Millisecond})
+	ctx := context.Background()
+	warn := firing("k", "tripped by an operator")
+	warn.Severity = alert.Warning
+	require.NoError(t, n.Alert(ctx, warn))
+	<-rec.started // the warning is in delivery
+	require.NoError(t, n.Alert(ctx, firing("k", "tripped: no such queue"))) // graver: queued at once
+	close(rec.release)                                                          // the warning is dropped
+	rec.waitFor(t, 1)
+	require.NoError(t, n.Alert(ctx, resolved("k")))
+	got := rec.waitFor(t, 2)
+	require.Equal(t, "tripped: no such queue", got[0].Summary)
+	require.Equal(t, alert.Resolved, got[1].Status, "the receiver heard it fire: it hears it clear")
+	n.Close(ctx)
+}
