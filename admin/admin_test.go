@@ -831,3 +831,35 @@ func TestACallTheDatabaseDoesNotAnswerEndsByTheRequestTimeout(t *testing.T) {
 	require.Equal(t, http.StatusServiceUnavailable, code, "%v", body)
 	require.Contains(t, body["error"], "the change may or may not have been made")
 }
+
+// Dead letters with an id of 0 or less (reason invalid_id: rows written so)
+// are paged through, and read by id, like any other: a next_cursor of such a
+// row ("…-0", "…--5") was refused as not one the API gave.
+func TestDeadLettersWithNonPositiveIDsArePagedAndRead(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "tok")
+	_, err := dbtest.Pool(t).Exec(context.Background(), "INSERT INTO "+b.tbl.DeadLetterIdent()+
+		" (id, message_id, topic, payload, created_at, reason, dead_lettered_at) "+
+		"SELECT i, gen_random_uuid(), 'neg', '\\x00', now(), 'invalid_id', now() - interval '1 day' + i * interval '1 second' "+
+		"FROM (VALUES (0), (-5)) AS v(i)")
+	require.NoError(t, err)
+	var ids []float64
+	path := "/dlq?limit=1"
+	for pages := 0; ; pages++ {
+		require.Less(t, pages, 6, "five dead letters in pages of one")
+		code, body := b.call(t, http.MethodGet, path, "tok", "")
+		require.Equal(t, http.StatusOK, code, "%v", body)
+		for _, x := range body["dead_letters"].([]any) {
+			ids = append(ids, x.(map[string]any)["id"].(float64))
+		}
+		next, ok := body["next_cursor"].(string)
+		if !ok {
+			break
+		}
+		path = "/dlq?limit=1&cursor=" + url.QueryEscape(next)
+	}
+	require.ElementsMatch(t, []float64{1, 2, 3, 0, -5}, ids, "each once")
+	code, body := b.call(t, http.MethodGet, "/dlq?show_payload=true&limit=1&id=-5", "tok", "")
+	require.Equal(t, http.StatusOK, code, "%v", body)
+	require.Len(t, body["dead_letters"], 1)
+}

@@ -44,10 +44,12 @@ func filterFromQuery(r *http.Request) (outbox.DeadLetterFilter, error) {
 // parseCursor reads the next_cursor of a previous page: the microseconds of
 // its last row's dead_lettered_at and its id.
 func parseCursor(s string) (*outbox.DeadLetterCursor, error) {
+	// The id may be 0 or negative (a dead letter of reason invalid_id):
+	// "123-0", "123--5".
 	at, id, ok := strings.Cut(s, "-")
 	micros, err1 := strconv.ParseInt(at, 10, 64)
 	n, err2 := strconv.ParseInt(id, 10, 64)
-	if !ok || err1 != nil || err2 != nil || n < 1 {
+	if !ok || err1 != nil || err2 != nil {
 		return nil, fmt.Errorf("cursor=%s is not a next_cursor this API gave: pass the previous page's next_cursor as it is", quoteShort(s))
 	}
 	return &outbox.DeadLetterCursor{At: time.UnixMicro(micros), ID: n}, nil
@@ -57,7 +59,7 @@ func parseIDs(s string) ([]int64, error) {
 	var ids []int64
 	for _, p := range strings.Split(s, ",") {
 		id, err := strconv.ParseInt(strings.TrimSpace(p), 10, 64)
-		if err != nil || id < 1 {
+		if err != nil { // 0 and below too: dead letters of reason invalid_id
 			return nil, fmt.Errorf("id=%s: ids are whole numbers separated by commas", quoteShort(s))
 		}
 		ids = append(ids, id)

@@ -96,7 +96,7 @@ func (o *dlqOptions) filter(f *flags) (outbox.DeadLetterFilter, error) {
 	if strings.TrimSpace(o.ids) != "" {
 		for _, s := range strings.Split(o.ids, ",") {
 			id, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
-			if err != nil || id < 1 {
+			if err != nil { // 0 and below too: dead letters of reason invalid_id
 				return flt, usagef("invalid value %q for %s: write ids as whole numbers separated by commas", o.ids, f.origin("id"))
 			}
 			flt.IDs = append(flt.IDs, id)
