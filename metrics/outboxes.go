@@ -116,6 +116,7 @@ type outboxesCollector struct {
 	mu       sync.Mutex
 	cachedAt time.Time
 	cached   map[string]Backlog
+	asked    map[string]bool // the names of the last read, read or not (a database down)
 }
 
 // backlogCacheFor is how long a scrape answers from the backlogs read last.
@@ -126,7 +127,10 @@ const backlogCacheFor = 2 * time.Second
 func (c *outboxesCollector) backlogs(names []string) map[string]Backlog {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if time.Since(c.cachedAt) < backlogCacheFor && !slices.ContainsFunc(names, func(n string) bool { _, ok := c.cached[n]; return !ok }) {
+	// A name asked last time and not read (its database down) is not read
+	// again within backlogCacheFor either: each scrape waited out the 5 s
+	// timeout under mu, and a second scraper behind it passed its own.
+	if time.Since(c.cachedAt) < backlogCacheFor && !slices.ContainsFunc(names, func(n string) bool { return !c.asked[n] }) {
 		return c.cached
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), backlogTimeout)
@@ -134,7 +138,10 @@ func (c *outboxesCollector) backlogs(names []string) map[string]Backlog {
 	// Those read: an outbox whose database failed has no backlog series in
 	// this scrape, the others keep theirs.
 	b, _ := c.src.Backlogs(ctx, names)
-	c.cached, c.cachedAt = b, time.Now()
+	c.cached, c.cachedAt, c.asked = b, time.Now(), make(map[string]bool, len(names))
+	for _, n := range names {
+		c.asked[n] = true
+	}
 	return b
 }
 

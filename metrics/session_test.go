@@ -151,13 +151,15 @@ func (c countedBacklogs) Backlogs(ctx context.Context, names []string) (map[stri
 	return c.withBacklogs.Backlogs(ctx, names)
 }
 
-// Scrapes close together share one read of the backlogs: /metrics needs no
-// token, and each scrape read the databases.
+// Scrapes close together share one read of the backlogs, one whose database
+// does not answer too: /metrics needs no token, and each scrape read the
+// databases (and waited out the timeout of one down, one scrape after the
+// other).
 func TestScrapesCloseTogetherShareOneReadOfTheBacklogs(t *testing.T) {
 	t.Parallel()
 	var reads atomic.Int32
-	src := countedBacklogs{withBacklogs: withBacklogs{states: states{{Name: "a", Tripped: []string{"orders"}}},
-		backlogs: map[string]metrics.Backlog{"a": {Rows: 3}}}, reads: &reads}
+	src := countedBacklogs{withBacklogs: withBacklogs{states: states{{Name: "a", Tripped: []string{"orders"}}, {Name: "down", SweepsFailing: 3}},
+		backlogs: map[string]metrics.Backlog{"a": {Rows: 3}}, err: errors.New("database down: not read")}, reads: &reads}
 	reg := prometheus.NewRegistry()
 	metrics.RegisterOutboxes(reg, src, nil, 0)
 	start := time.Now()
