@@ -1018,3 +1018,44 @@ func TestAHalfOpenTopicWithNoRowsLeftCloses(t *testing.T) {
 	require.Equal(t, breaker.StateClosed, b.State("gone"), "no row to try: it closes")
 	require.Empty(t, prod.Messages())
 }
+
+// uncheckable is a producer without a health check (as Service Bus's).
+type uncheckable struct{ p *memory.Producer }
+
+func (u uncheckable) Batches(ctx context.Context, topic string, msgs []producer.Message) ([]producer.Batch, error) {
+	return u.p.Batches(ctx, topic, msgs)
+}
+func (u uncheckable) Send(ctx context.Context, b producer.Batch) error { return u.p.Send(ctx, b) }
+func (u uncheckable) Close(ctx context.Context) error                  { return u.p.Close(ctx) }
+
+// With a producer that has no check, a timeout keeps what the sweep saw of
+// the broker: a row that times out alone while other sends go through counts
+// its attempt, rather than read as the broker down every time (and never be
+// dead-lettered).
+func TestATimeoutWithoutACheckKeepsTheSweepsEvidence(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("A", 1)...)
+	writeMessages(t, tbl, topicMessages("B", 1)...)
+	mem := memory.New(memory.Config{})
+	aSent := make(chan struct{})
+	var first sync.Once
+	mem.SetSendFunc(func(ctx context.Context, b producer.Batch) error {
+		if b.Topic == "A" {
+			first.Do(func() { close(aSent) })
+			return nil
+		}
+		<-aSent
+		<-ctx.Done()
+		return fmt.Errorf("send: %w", ctx.Err())
+	})
+	s := newSweeper(t, dbtest.Pool(t), uncheckable{mem}, outbox.Config{Table: tbl, Retry: once, Concurrency: 2,
+		SendTimeout: 200 * time.Millisecond, TopicBackoffMax: -1})
+	_, err := s.Sweep(context.Background())
+	require.NoError(t, err)
+	for _, r := range readRows(t, tbl) {
+		if r.Topic == "B" {
+			require.Equal(t, 1, r.Attempts, "the row that timed out alone counted its attempt")
+		}
+	}
+}

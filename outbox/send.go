@@ -179,7 +179,11 @@ func (t *topicSender) sendBatch(b producer.Batch, retry bool) (stop bool, err er
 			c = &pageBatch{p: c.p, batch: b}
 		}
 
-		if len(delivered) == 0 && errors.Is(sendErr, context.DeadlineExceeded) && producer.ClassOf(sendErr) == producer.ClassTransient {
+		// A producer without a check (Service Bus) keeps what the sweep saw:
+		// with nothing to ask, every timeout would read as the broker down,
+		// and a row that always times out would never count an attempt.
+		if _, checks := s.producer.(producer.Checker); checks && len(delivered) == 0 &&
+			errors.Is(sendErr, context.DeadlineExceeded) && producer.ClassOf(sendErr) == producer.ClassTransient {
 			// No answer within --send-timeout: what the sweep saw of the broker
 			// before is no evidence now. A broker that stopped answering during
 			// a sweep (a half-open connection the client still thinks up, a
