@@ -138,7 +138,10 @@ func (w Webhook) Alert(ctx context.Context, a Alert) error {
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	if resp.StatusCode/100 != 2 {
 		err := fmt.Errorf("post alert to %s: %s", w.where(), resp.Status)
-		if c := resp.StatusCode; c/100 == 4 && c != http.StatusRequestTimeout && c != http.StatusTooManyRequests {
+		// Refusals of the alert itself; a 401, 403 or 404 may be a receiver
+		// being redeployed or its token rotated, and is tried again.
+		switch resp.StatusCode {
+		case http.StatusBadRequest, http.StatusRequestEntityTooLarge, http.StatusUnsupportedMediaType, http.StatusUnprocessableEntity:
 			return &RefusedError{Err: err}
 		}
 		return err
@@ -146,9 +149,9 @@ func (w Webhook) Alert(ctx context.Context, a Alert) error {
 	return nil
 }
 
-// RefusedError is a receiver's refusal of an alert for what it is (a 4xx
-// answer other than 408 and 429: a payload too large, a format it does not
-// take, a token it does not know): sent again, it is refused again. The
+// RefusedError is a receiver's refusal of an alert for what it is (400, 413,
+// 415 or 422: a payload too large, a format it does not take): sent again, it
+// is refused again. The
 // notifier drops it at once, rather than hold every alert behind it for
 // RetryFor.
 type RefusedError struct{ Err error }

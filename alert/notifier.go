@@ -48,8 +48,8 @@ type NotifierConfig struct {
 	// between tries of a delivery that failed; RetryFor, how long one alert
 	// is tried before it is dropped (told to OnDrop). Alerts behind it wait:
 	// they go to the same receiver, which is failing. One the receiver
-	// refuses for what it is (RefusedError: a 4xx but 408 and 429) is
-	// dropped at its first try.
+	// refuses for what it is (RefusedError: 400, 413, 415, 422) is dropped
+	// at its first try.
 	RetryInitial, RetryMax, RetryFor time.Duration
 	// Echo, when set, is given every alert the notifier sends, once, as it
 	// is queued, whatever becomes of its delivery: the log, which must not
