@@ -359,9 +359,9 @@ func TestADroppedFiringAlertBehindAGraverOneLeavesItsResolution(t *testing.T) {
 	warn := firing("k", "tripped by an operator")
 	warn.Severity = alert.Warning
 	require.NoError(t, n.Alert(ctx, warn))
-	<-rec.started // the warning is in delivery
+	<-rec.started                                                           // the warning is in delivery
 	require.NoError(t, n.Alert(ctx, firing("k", "tripped: no such queue"))) // graver: queued at once
-	close(rec.release)                                                          // the warning is dropped
+	close(rec.release)                                                      // the warning is dropped
 	rec.waitFor(t, 1)
 	require.NoError(t, n.Alert(ctx, resolved("k")))
 	got := rec.waitFor(t, 2)
