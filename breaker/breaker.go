@@ -33,6 +33,17 @@ type Breaker interface {
 
 var _ Breaker = (*Topics)(nil)
 
+// Emptier is a Breaker that closes a half-open topic with no row left to try
+// as such, rather than as a trial that succeeded (Success).
+type Emptier interface {
+	Empty(topic string, gen uint64)
+}
+
+var (
+	_ Emptier = (*Topics)(nil)
+	_ Emptier = (*Redis)(nil)
+)
+
 // TripCounter is a Breaker that counts the trips it makes. A sweep takes its
 // plan once, at its start, and pages on with it, past its tick while a drain
 // lasts; without a count, a topic tripped meanwhile (by an operator, or, in

@@ -532,7 +532,15 @@ func (r *Redis) localPlan() Plan {
 // Success reports an accepted batch. Only a trial's success changes the shared
 // state, so other batches cost no Redis call.
 func (r *Redis) Success(topic string, gen uint64) {
-	r.local.Success(topic, r.localGen(topic, gen))
+	r.closeHalfOpen(topic, gen, "trial batch succeeded")
+}
+
+// Empty closes a half-open topic that has no row left to try, in the shared
+// state too when this instance holds its trial.
+func (r *Redis) Empty(topic string, gen uint64) { r.closeHalfOpen(topic, gen, "no rows left to try") }
+
+func (r *Redis) closeHalfOpen(topic string, gen uint64, reason string) {
+	r.local.closeHalfOpen(topic, r.localGen(topic, gen), reason)
 	r.mu.Lock()
 	trial, planLocal := r.trials[topic], r.planLocal
 	r.mu.Unlock()
@@ -547,7 +555,7 @@ func (r *Redis) Success(topic string, gen uint64) {
 		return
 	}
 	if res == "closed" {
-		r.tell(topic, StateHalfOpen, StateClosed, "trial batch succeeded")
+		r.tell(topic, StateHalfOpen, StateClosed, reason)
 	}
 }
 

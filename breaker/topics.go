@@ -287,6 +287,15 @@ func takeTurns(waiting []string, turn *string, max int) (trials, later []string)
 // Success reports a batch of topic accepted. A half-open topic closes and its
 // failures are forgotten.
 func (b *Topics) Success(name string, gen uint64) {
+	b.closeHalfOpen(name, gen, "trial batch succeeded")
+}
+
+// Empty closes a half-open topic that has no row left to try (its rows
+// expired, or were deleted): with no trial to send it would stay half-open
+// until a row came, and never be forgotten.
+func (b *Topics) Empty(name string, gen uint64) { b.closeHalfOpen(name, gen, "no rows left to try") }
+
+func (b *Topics) closeHalfOpen(name string, gen uint64, reason string) {
 	b.mu.Lock()
 	t, ok := b.topics[name]
 	if !ok || t.gen != gen {
@@ -295,7 +304,7 @@ func (b *Topics) Success(name string, gen uint64) {
 	}
 	var changes []change
 	if t.state == StateHalfOpen {
-		changes = append(changes, b.close(name, t, "trial batch succeeded"))
+		changes = append(changes, b.close(name, t, reason))
 	}
 	b.mu.Unlock()
 	b.notify(changes)

@@ -1002,7 +1002,13 @@ func TestAHalfOpenTopicWithNoRowsLeftCloses(t *testing.T) {
 	writeMessages(t, tbl, topicMessages("gone", 2)...)
 	prod := memory.New(memory.Config{})
 	prod.FailTopic("gone", producer.NewTopicError("not_found", errors.New("no such queue")))
-	b := breaker.New(breaker.Settings{CooldownTicks: 1})
+	var mu sync.Mutex
+	var reasons []string
+	b := breaker.New(breaker.Settings{CooldownTicks: 1, OnStateChange: func(_ string, _, to breaker.State, reason string) {
+		mu.Lock()
+		defer mu.Unlock()
+		reasons = append(reasons, to.String()+": "+reason)
+	}})
 	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, TopicBreaker: b})
 	sweep := sweeps(t, s)
 	sweep()
@@ -1017,6 +1023,9 @@ func TestAHalfOpenTopicWithNoRowsLeftCloses(t *testing.T) {
 	}
 	require.Equal(t, breaker.StateClosed, b.State("gone"), "no row to try: it closes")
 	require.Empty(t, prod.Messages())
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, "closed: no rows left to try", reasons[len(reasons)-1], "not as a trial that succeeded")
 }
 
 // uncheckable is a producer without a health check (as Service Bus's).

@@ -134,7 +134,12 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool, yi
 	// firing, its series set, a turn of the trials taken each sweep, and,
 	// never closed, never forgotten (an independent review, 2026-11-29).
 	for _, t := range l.empty {
-		if pass.trial(t) {
+		if !pass.trial(t) {
+			continue
+		}
+		if e, ok := s.breaker.(breaker.Emptier); ok {
+			e.Empty(t, pass.gen(t))
+		} else {
 			s.breaker.Success(t, pass.gen(t))
 		}
 	}
