@@ -322,6 +322,12 @@ func TestDLQCommands(t *testing.T) {
 	require.NoError(t, err)
 	db := []string{"--database-url", url, "--schema", tbl.Schema}
 
+	// An outbox not there (not migrated, or another named): the error says
+	// to migrate it or to name the outbox.
+	code, _, stderr := runOnce(t, "dlq", "list", "--database-url", url, "--schema", "no_such_outbox")
+	require.Equal(t, 1, code, stderr)
+	require.Contains(t, stderr, "is the outbox no_such_outbox.outbox migrated? run `sweeper migrate --schema no_such_outbox --table outbox`")
+
 	code, out, stderr := runOnce(t, append([]string{"dlq", "list"}, db...)...)
 	require.Equal(t, 0, code, stderr)
 	require.Contains(t, out, "max_retries_exceeded")

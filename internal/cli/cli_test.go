@@ -103,6 +103,7 @@ func TestEveryFlagRejectsABadValue(t *testing.T) {
 		{"run", "topic-max-age", "codes=soon", `"soon" for topic "codes" is not a positive duration`},
 		{"run", "topic-max-age", "codes=0s", `"0s" for topic "codes" is not a positive duration`},
 		{"run", "topic-max-age", "codes=1m,codes=2m", `topic "codes" is given twice`},
+		{"run", "topic-cooldown", "orders=3,orders=5", `topic "orders" is given twice in --topic-cooldown "orders=3,orders=5"`},
 		{"migrate", "database-url", "postgres://h:notaport/db", "invalid --database-url"},
 		{"migrate", "schema", "a b", `schema (--schema) is "a b": not a valid name`},
 		{"migrate", "table", "", `table (--table) is "": not a valid name`},

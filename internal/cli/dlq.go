@@ -15,6 +15,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-sweeper/sweeper/outbox"
@@ -106,8 +107,16 @@ func (o *dlqOptions) filter(f *flags) (outbox.DeadLetterFilter, error) {
 }
 
 // dlqCommand runs `sweeper dlq list|replay|purge`.
-func dlqCommand(ctx context.Context, o *dlqOptions, f *flags, out, errOut io.Writer) error {
+func dlqCommand(ctx context.Context, o *dlqOptions, f *flags, out, errOut io.Writer) (err error) {
 	cmd := o.cmd
+	defer func() {
+		// A table not there is an outbox not migrated, or another named:
+		// say so, as run does, rather than Postgres's "does not exist" alone.
+		if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == "42P01" {
+			err = fmt.Errorf("%w: is the outbox %s.%s migrated? run `sweeper migrate --schema %s --table %s` against this database, "+
+				"or name the outbox with --schema, --table and --database-url", err, o.schema, o.table, o.schema, o.table)
+		}
+	}()
 	tbl, err := o.tableName(f)
 	if err != nil {
 		return err

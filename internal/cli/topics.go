@@ -121,6 +121,10 @@ func (o *topicBreakerOptions) settings(f *flags) (breaker.Settings, error) {
 			if p := textProblem(topic); p != "" {
 				return breaker.Settings{}, usagef("topic %q in %s %s; write the entry's topic as the rows spell it", topic, f.origin("topic-cooldown"), p)
 			}
+			if _, twice := cooldowns[strings.TrimSpace(topic)]; twice {
+				return breaker.Settings{}, usagef("topic %q is given twice in %s %q: give each topic one cooldown", strings.TrimSpace(topic),
+					f.origin("topic-cooldown"), o.cooldown)
+			}
 			cooldowns[strings.TrimSpace(topic)] = n
 		}
 	}
