@@ -371,7 +371,11 @@ func (b *Topics) Reset(name string) {
 	if ok && t.state != StateClosed {
 		changes = append(changes, b.close(name, t, resetByOperator))
 	} else if ok {
-		t.failures = nil // a closed topic's failures are forgotten, without a change to report
+		// A closed topic's failures are forgotten, without a change to
+		// report; and those of batches sent before the reset must not count
+		// after it: its generation moves.
+		t.failures = nil
+		t.gen++
 	}
 	b.mu.Unlock()
 	b.notify(changes)

@@ -198,6 +198,16 @@ func TestStaleOutcomesAreIgnored(t *testing.T) {
 	b.Trip("B", "again")
 	b.Success("B", p.Gen("B"))
 	require.Equal(t, breaker.StateTripped, b.State("B"), "stale success ignored")
+
+	// A reset of a closed topic forgets its failures, and the batches sent
+	// before it do not count after it.
+	c, _, _ := setup(breaker.Settings{FailureThreshold: 2})
+	before = c.Plan().Gen("C")
+	fail(c, "C", false)
+	c.Reset("C")
+	fail(c, "C", false) // one since the reset
+	c.Failure("C", before, false, "from a batch sent before the reset")
+	require.Equal(t, breaker.StateClosed, c.State("C"), "one failure since the reset, not two")
 }
 
 func TestManualTripAndResetAndListing(t *testing.T) {
