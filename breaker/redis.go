@@ -227,7 +227,11 @@ type remote struct {
 // so that the hash, which every plan reads, holds the topics that are not
 // closed and no more: rows that each carry a topic of their own would
 // otherwise grow it, and every plan, by one entry per topic ever tripped. A
-// closed topic's generation is then 0, as for a topic never tripped. The
+// close notes instead when it came, in the sequence, in a key of the topic's
+// own that lives an hour; a plan carries the sequence it read as every
+// closed topic's generation, so a report of a batch planned before the close
+// (an operator's trip and reset in between) is told stale (current), where
+// both once read as generation 0. The
 // other generations come from one sequence (bump), so that a topic tripped
 // again never gets back a generation it had: a report from a batch planned
 // while the topic was tripped or half-open is ignored whatever happened since.
@@ -253,7 +257,21 @@ local function close(topic)
   redis.call('HDEL', topics, topic)
   redis.call('HDEL', gens, topic)
   redis.call('DEL', prefix .. ':failures:' .. topic, prefix .. ':trial:' .. topic)
+  -- When it closed, in the sequence of generations: a failure of a batch
+  -- planned before (its plan read a lower sequence) is stale. Kept for an
+  -- hour, past any batch in flight.
+  redis.call('SET', prefix .. ':closed:' .. topic, redis.call('INCR', prefix .. ':genseq'), 'PX', 3600000)
+  redis.call('PERSIST', prefix .. ':genseq')
   return 'closed'
+end
+-- current says whether gen, a report's, is topic's generation now: its own
+-- while tripped or half-open; while closed, any plan's sequence since the
+-- close (a plan read before it is stale).
+local function current(topic, gen)
+  local g = redis.call('HGET', gens, topic)
+  if g then return tonumber(g) == gen end
+  local closed = redis.call('GET', prefix .. ':closed:' .. topic)
+  return not closed or tonumber(closed) <= gen
 end
 `
 
@@ -261,7 +279,7 @@ end
 // cooldown, max cooldown, error text, member.
 var failureScript = redis.NewScript(luaHelpers + `
 local topic, gen = ARGV[2], tonumber(ARGV[3])
-if tonumber(redis.call('HGET', gens, topic) or '0') ~= gen then return '' end
+if not current(topic, gen) then return '' end
 local raw = redis.call('HGET', topics, topic)
 local st = raw and cjson.decode(raw)
 local now, maxc = tonumber(ARGV[5]), tonumber(ARGV[9])
@@ -420,19 +438,22 @@ func (r *Redis) reconcile(ctx context.Context) error {
 	return nil
 }
 
-// load reads every non-closed topic and every generation.
-func (r *Redis) load(ctx context.Context) (map[string]remote, map[string]uint64, error) {
+// load reads every non-closed topic, every generation, and the sequence of
+// generations (the closed topics' generation in a plan).
+func (r *Redis) load(ctx context.Context) (map[string]remote, map[string]uint64, uint64, error) {
 	pipe := r.cfg.Client.Pipeline()
 	topicsCmd := pipe.HGetAll(ctx, r.key("topics"))
 	gensCmd := pipe.HGetAll(ctx, r.key("gens"))
-	if _, err := pipe.Exec(ctx); err != nil {
-		return nil, nil, err
+	seqCmd := pipe.Get(ctx, r.key("genseq"))
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, nil, 0, err
 	}
+	seq, _ := strconv.ParseUint(seqCmd.Val(), 10, 64) // none yet: 0
 	topics := make(map[string]remote, len(topicsCmd.Val()))
 	for t, raw := range topicsCmd.Val() {
 		var st remote
 		if err := json.Unmarshal([]byte(raw), &st); err != nil {
-			return nil, nil, fmt.Errorf("topic %q in %s: %w", t, r.key("topics"), err)
+			return nil, nil, 0, fmt.Errorf("topic %q in %s: %w", t, r.key("topics"), err)
 		}
 		topics[t] = st
 	}
@@ -441,7 +462,7 @@ func (r *Redis) load(ctx context.Context) (map[string]remote, map[string]uint64,
 		n, _ := strconv.ParseUint(v, 10, 64)
 		gens[t] = n
 	}
-	return topics, gens, nil
+	return topics, gens, seq, nil
 }
 
 // Plan reads the shared state: tripped topics are left out, and each half-open
@@ -456,12 +477,12 @@ func (r *Redis) Plan() Plan {
 	}
 	ctx, cancel := r.ctx()
 	defer cancel()
-	topics, gens, err := r.load(ctx)
+	topics, gens, seq, err := r.load(ctx)
 	if err != nil {
 		r.fail(fmt.Errorf("topic breaker plan: %w", err))
 		return r.localPlan()
 	}
-	p := Plan{Excluded: make([]string, 0, len(topics)), Trials: map[string]bool{}, gens: gens}
+	p := Plan{Excluded: make([]string, 0, len(topics)), Trials: map[string]bool{}, gens: gens, closed: seq}
 	var waiting []string
 	for t, st := range topics {
 		if st.State != StateHalfOpen.String() {
@@ -709,7 +730,7 @@ func (r *Redis) Tripped() []TopicStatus {
 	}
 	ctx, cancel := r.ctx()
 	defer cancel()
-	topics, _, err := r.load(ctx)
+	topics, _, _, err := r.load(ctx)
 	if err != nil {
 		r.fail(fmt.Errorf("topic breaker list: %w", err))
 		return r.local.Tripped()

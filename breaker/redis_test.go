@@ -510,3 +510,21 @@ func TestRedisOutageKeepsTheTripsOfOtherInstances(t *testing.T) {
 	require.Contains(t, p.Excluded, "orders", "the other instance's trip holds")
 	require.NotContains(t, p.Excluded, "stale", "the reset made elsewhere holds too")
 }
+
+// A failure of a batch planned while the topic was closed, reported after an
+// operator tripped and reset it, is stale: it must not undo the reset. Redis
+// keeps no generation of a closed topic, and the close once read as the same
+// generation 0 as the plan.
+func TestRedisAStaleFailureDoesNotUndoAReset(t *testing.T) {
+	t.Parallel()
+	one, two := sharedPair(t, breaker.Settings{}, time.Minute)
+	p := one.Plan() // a batch of orders begins, orders closed
+	two.Trip("orders", "maintenance")
+	two.Reset("orders")
+	one.Failure("orders", p.Gen("orders"), true, "from the batch begun before the trip")
+	require.Equal(t, breaker.StateClosed, two.State("orders"), "the reset holds")
+
+	// A failure planned after the reset counts.
+	one.Failure("orders", one.Plan().Gen("orders"), true, "no such queue")
+	require.Equal(t, breaker.StateTripped, two.State("orders"))
+}

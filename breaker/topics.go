@@ -113,12 +113,23 @@ type Plan struct {
 	// Trials lists the half-open topics this sweep may send one batch of.
 	Trials map[string]bool
 	gens   map[string]uint64
+	// closed is the generation of a topic not in gens (closed): 0, or, in a
+	// plan read from Redis, the sequence of generations as the plan read it,
+	// so that an outcome of a batch planned before a close there is told
+	// from one planned after it (Redis keeps no generation of a closed
+	// topic).
+	closed uint64
 }
 
 // Gen returns the topic's generation when the plan was made. Report outcomes
 // with it, so that a batch started before a trip or a reset does not count
 // after it.
-func (p Plan) Gen(topic string) uint64 { return p.gens[topic] }
+func (p Plan) Gen(topic string) uint64 {
+	if g, ok := p.gens[topic]; ok {
+		return g
+	}
+	return p.closed
+}
 
 // Topics is the per-topic breaker of the outbox ADR, in memory. It is safe for
 // concurrent use.
