@@ -363,7 +363,11 @@ if raw then
   close(ARGV[2])
   return cjson.decode(raw).state
 end
+-- Closed already: its failures go, and those of batches planned before the
+-- reset must not count after it (close's mark, as in memory a generation).
 redis.call('DEL', prefix .. ':failures:' .. ARGV[2])
+redis.call('SET', prefix .. ':closed:' .. ARGV[2], redis.call('INCR', prefix .. ':genseq'), 'PX', 3600000)
+redis.call('PERSIST', prefix .. ':genseq')
 return ''
 `)
 
@@ -441,7 +445,9 @@ func (r *Redis) reconcile(ctx context.Context) error {
 // load reads every non-closed topic, every generation, and the sequence of
 // generations (the closed topics' generation in a plan).
 func (r *Redis) load(ctx context.Context) (map[string]remote, map[string]uint64, uint64, error) {
-	pipe := r.cfg.Client.Pipeline()
+	// One transaction: a topic read closed in one hash and half-open in the
+	// other would send an ordinary batch under its trial's generation.
+	pipe := r.cfg.Client.TxPipeline()
 	topicsCmd := pipe.HGetAll(ctx, r.key("topics"))
 	gensCmd := pipe.HGetAll(ctx, r.key("gens"))
 	seqCmd := pipe.Get(ctx, r.key("genseq"))
@@ -618,10 +624,19 @@ func (r *Redis) Failure(topic string, gen uint64, topicClass bool, errText strin
 
 // remember notes a local trip of topic, made while Redis did not answer, for
 // reconcile to copy.
+//
+// A trip noted while the breaker is not degraded (a sweep planned from the
+// shadow during an outage, reporting after Redis came back) makes it so
+// again, due at once: reconcile copies only while degraded, and the trip,
+// kept from every mirror by pending, would never have reached Redis (an
+// independent review, 2026-11-29).
 func (r *Redis) remember(topic string) {
 	if st, _, ok := r.local.status(topic); ok && st.State == StateTripped.String() {
 		r.mu.Lock()
 		r.pending[topic] = true
+		if !r.degraded {
+			r.degraded, r.tried = true, time.Time{}
+		}
 		r.mu.Unlock()
 	}
 }

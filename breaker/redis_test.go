@@ -528,3 +528,38 @@ func TestRedisAStaleFailureDoesNotUndoAReset(t *testing.T) {
 	one.Failure("orders", one.Plan().Gen("orders"), true, "no such queue")
 	require.Equal(t, breaker.StateTripped, two.State("orders"))
 }
+
+// A reset of a closed topic in Redis marks it, as a close does: a failure of
+// a batch planned before the reset does not count after it.
+func TestRedisResetOfAClosedTopicMakesEarlierFailuresStale(t *testing.T) {
+	t.Parallel()
+	one, two := sharedPair(t, breaker.Settings{FailureThreshold: 2}, time.Minute)
+	p := one.Plan()
+	one.Failure("x", p.Gen("x"), false, "one before the reset")
+	two.Reset("x")
+	one.Failure("x", one.Plan().Gen("x"), false, "one since")
+	one.Failure("x", p.Gen("x"), false, "from a batch planned before the reset")
+	require.Equal(t, breaker.StateClosed, two.State("x"), "one failure since the reset, not two")
+}
+
+// A trip made under a plan from the local shadow, reported once Redis is back
+// (the plan was made during the outage), reaches Redis.
+func TestRedisATripReportedAfterTheOutageUnderAnOutagePlanReachesRedis(t *testing.T) {
+	t.Parallel()
+	url, stop, start := brokertest.StartRedis(t)
+	client := brokertest.RedisClient(t, url)
+	mk := func(instance string) *breaker.Redis {
+		b, err := breaker.NewRedis(breaker.RedisConfig{Client: client, Prefix: "late", Instance: instance, OpTimeout: patientOp})
+		require.NoError(t, err)
+		return b
+	}
+	one := mk("one")
+	stop()
+	p := one.Plan() // from the shadow
+	require.True(t, one.Degraded())
+	start()
+	require.Eventually(t, func() bool { one.OnTick(); return !one.Degraded() }, time.Minute, 50*time.Millisecond)
+	one.Failure("orders", p.Gen("orders"), true, "no such queue") // the outage plan's batch fails now
+	one.Plan()                                                      // tries Redis again, and copies the trip
+	require.Equal(t, breaker.StateTripped, mk("two").State("orders"), "the trip is in Redis")
+}
