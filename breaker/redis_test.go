@@ -560,6 +560,6 @@ func TestRedisATripReportedAfterTheOutageUnderAnOutagePlanReachesRedis(t *testin
 	start()
 	require.Eventually(t, func() bool { one.OnTick(); return !one.Degraded() }, time.Minute, 50*time.Millisecond)
 	one.Failure("orders", p.Gen("orders"), true, "no such queue") // the outage plan's batch fails now
-	one.Plan()                                                      // tries Redis again, and copies the trip
+	one.Plan()                                                    // tries Redis again, and copies the trip
 	require.Equal(t, breaker.StateTripped, mk("two").State("orders"), "the trip is in Redis")
 }
