@@ -129,6 +129,10 @@ type condition struct {
 	// for RepeatInterval, and the receiver got a resolved for an alert it
 	// never saw (an independent review, 2026-11-29).
 	unheard bool
+	// heard says a firing notification of it reached the receiver: its
+	// resolution then goes out, whatever became of a later one (a repeat
+	// dropped while the receiver was down).
+	heard bool
 	// last numbers its latest firing notification queued: a drop of an
 	// earlier one (tried for RetryFor while a graver one queued behind it)
 	// leaves it heard.
@@ -170,7 +174,7 @@ func (n *Notifier) Alert(_ context.Context, a Alert) error {
 		if c.resolve != nil {
 			c.resolve.Stop()
 		}
-		if c.unheard {
+		if c.unheard && !c.heard {
 			delete(n.conditions, key) // the receiver never heard it fire
 			return nil
 		}
@@ -186,7 +190,9 @@ func (n *Notifier) Alert(_ context.Context, a Alert) error {
 			defer n.mu.Unlock()
 			if n.conditions[key] == c && c.resolve == t {
 				delete(n.conditions, key)
-				_ = n.enqueue(queued{a: c.resolved})
+				if c.heard || !c.unheard {
+					_ = n.enqueue(queued{a: c.resolved})
+				}
 			}
 		})
 		c.resolve = t
@@ -298,6 +304,13 @@ func (n *Notifier) deliver(q queued) {
 		err := n.next.Alert(ctx, a)
 		cancel()
 		if err == nil {
+			if q.c != nil {
+				n.mu.Lock()
+				if n.conditions[conditionKey(a)] == q.c {
+					q.c.heard = true
+				}
+				n.mu.Unlock()
+			}
 			return
 		}
 		wait := b.NextBackOff()
@@ -340,7 +353,9 @@ func (n *Notifier) Close(ctx context.Context) {
 			// gone and sends nothing: the alert goes out here, once.
 			c.resolve.Stop()
 			delete(n.conditions, key)
-			_ = n.enqueue(queued{a: c.resolved})
+			if c.heard || !c.unheard {
+				_ = n.enqueue(queued{a: c.resolved})
+			}
 		}
 	}
 	n.closed = true

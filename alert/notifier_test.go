@@ -369,3 +369,29 @@ func TestADroppedFiringAlertBehindAGraverOneLeavesItsResolution(t *testing.T) {
 	require.Equal(t, alert.Resolved, got[1].Status, "the receiver heard it fire: it hears it clear")
 	n.Close(ctx)
 }
+
+// A condition the receiver heard fire keeps its resolution when a later
+// notification of it (the repeat after the repeat interval) is dropped: the
+// receiver would otherwise show it firing for good.
+func TestAResolutionGoesOutAfterADroppedRepeat(t *testing.T) {
+	t.Parallel()
+	rec := &downUntil{}
+	rec.up.Store(true)
+	clk := &clock{now: time.Date(2026, 11, 29, 3, 0, 0, 0, time.UTC)}
+	dropped := make(chan struct{}, 1)
+	n := alert.NewNotifier(rec, alert.NotifierConfig{RepeatInterval: time.Hour, GroupWindow: -1, Now: clk.Now,
+		RetryInitial: time.Millisecond, RetryMax: time.Millisecond, RetryFor: 20 * time.Millisecond,
+		OnDrop: func(alert.Alert, string) { dropped <- struct{}{} }})
+	ctx := context.Background()
+	require.NoError(t, n.Alert(ctx, firing("k", "open")))
+	rec.waitFor(t, 1)
+	rec.up.Store(false)
+	clk.add(2 * time.Hour)
+	require.NoError(t, n.Alert(ctx, firing("k", "still open"))) // the repeat, dropped
+	<-dropped
+	rec.up.Store(true)
+	require.NoError(t, n.Alert(ctx, resolved("k")))
+	got := rec.waitFor(t, 2)
+	require.Equal(t, alert.Resolved, got[1].Status)
+	n.Close(ctx)
+}
