@@ -873,3 +873,61 @@ func TestDeadLettersWithNonPositiveIDsArePagedAndRead(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, "%v", body)
 	require.Len(t, body["dead_letters"], 1)
 }
+
+// A purge waiting on the database ends when the relay stops (the server's
+// requests end with it): it once held its connection, and the pool's close
+// at shutdown, until the purge ended.
+func TestAPurgeWaitingOnTheDatabaseEndsWithTheRelay(t *testing.T) {
+	t.Parallel()
+	var cfg admin.Config
+	b := setup(t, "tok", func(c *admin.Config) { cfg = *c })
+	ctx := context.Background()
+	tx, err := dbtest.Pool(t).Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "LOCK TABLE "+b.tbl.DeadLetterIdent()+" IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+
+	cfg.Addr = "127.0.0.1:0"
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	cfg.Addr = ln.Addr().String()
+	require.NoError(t, ln.Close())
+	relayCtx, stop := context.WithCancel(ctx)
+	wait, err := admin.Start(relayCtx, cfg)
+	require.NoError(t, err)
+	answered := make(chan error, 1)
+	go func() {
+		req, err := http.NewRequest(http.MethodPost, "http://"+cfg.Addr+"/dlq/purge", strings.NewReader(`{"all":true}`))
+		if err != nil {
+			answered <- err
+			return
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer tok")
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		answered <- err
+	}()
+	// The purge waits on the lock: held until the test ends, it cannot
+	// finish; the relay stops.
+	dbtest.Eventually(t, time.Minute, "the purge waiting on the lock", func() bool {
+		var n int
+		require.NoError(t, dbtest.Pool(t).QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%"+b.tbl.DeadLetterName()+"%'").Scan(&n))
+		return n > 0
+	})
+	stop()
+	wait()
+	select {
+	case <-answered:
+	case <-time.After(time.Minute):
+		t.Fatal("the purge still holds its request after the relay stopped")
+	}
+	dbtest.Eventually(t, time.Minute, "its statement cancelled, the lock still held", func() bool {
+		var n int
+		require.NoError(t, dbtest.Pool(t).QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%"+b.tbl.DeadLetterName()+"%'").Scan(&n))
+		return n == 0
+	})
+}

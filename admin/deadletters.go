@@ -161,7 +161,16 @@ func decodeSelection(r *http.Request) (selection, outbox.DeadLetterFilter, error
 	return s, f, nil
 }
 
+// unboundedWrite lifts the server's write deadline (30 s) from a purge's or a
+// replay's answer: one statement, all or nothing, that may run longer, and
+// whose outcome the caller must learn (as Go's pprof handlers do for a
+// profile).
+func unboundedWrite(w http.ResponseWriter) {
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Time{})
+}
+
 func (a *api) dlqReplay(w http.ResponseWriter, r *http.Request) {
+	unboundedWrite(w)
 	s, f, err := decodeSelection(r)
 	if err != nil {
 		badRequest(w, "%v", err)
@@ -202,6 +211,7 @@ func (a *api) dlqReplay(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *api) dlqPurge(w http.ResponseWriter, r *http.Request) {
+	unboundedWrite(w)
 	s, f, err := decodeSelection(r)
 	if err != nil {
 		badRequest(w, "%v", err)

@@ -35,6 +35,10 @@ func serve(ctx context.Context, cfg Config, h http.Handler) (wait func(), err er
 		return nil, fmt.Errorf("admin API: listen on %s (--admin-addr): %w", cfg.Addr, err)
 	}
 	srv := &http.Server{
+		// Requests end with the relay: a purge or a replay (not bounded by
+		// the request timeout) would otherwise hold its connection, and
+		// the pool's close at shutdown, until it ended.
+		BaseContext:       func(net.Listener) context.Context { return ctx },
 		Handler:           h,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
