@@ -100,21 +100,39 @@ jetstream_up() { # [port]
     exit 1' 2>/dev/null
 }
 
+# stop_plain_nats stops the nats-server that listens on 4222 without
+# JetStream: that one process (through systemd when it is the package's
+# service), never another nats-server of the host, nor something else on the
+# port.
+stop_plain_nats() {
+  root || { echo "a NATS server on 127.0.0.1:4222 has no JetStream: as root, stop it (systemctl stop nats-server) and run this again" >&2; exit 1; }
+  local pid
+  pid=$(ss -Hltnp 'sport = :4222' 2>/dev/null | grep -o 'pid=[0-9]*' | head -n 1 | cut -d= -f2)
+  if [ -z "$pid" ] || [ "$(cat "/proc/$pid/comm" 2>/dev/null)" != nats-server ]; then
+    echo "what listens on 127.0.0.1:4222 is no NATS server with JetStream, and not one this script can tell is nats-server: stop it, or free the port" >&2
+    exit 1
+  fi
+  log "the NATS server on 4222 (pid $pid) has no JetStream: stopping it"
+  if [ "$(systemctl show -p MainPID --value nats-server 2>/dev/null)" = "$pid" ]; then
+    systemctl stop nats-server
+  else
+    kill "$pid"
+  fi
+  for _ in $(seq 1 30); do port_open 4222 || return 0; sleep 1; done
+  echo "the NATS server on 4222 (pid $pid) did not stop" >&2; exit 1
+}
+
 ensure_nats() {
+  # Debian's nats-server package starts its service without JetStream: such
+  # a server is replaced by one with it.
   if port_open 4222; then
     jetstream_up && return
-    # Debian's nats-server package starts its service without JetStream:
-    # stop it, and start one with JetStream below.
-    root || { echo "a NATS server on 127.0.0.1:4222 has no JetStream: as root, stop it (systemctl stop nats-server) and run this again" >&2; exit 1; }
-    log "the NATS server on 4222 has no JetStream: stopping it"
-    systemctl stop nats-server 2>/dev/null || pkill -x nats-server || true
-    for _ in $(seq 1 30); do port_open 4222 || break; sleep 1; done
+    stop_plain_nats
   fi
   command -v nats-server >/dev/null || need "no NATS server" nats-server
   # The package's own service, started at install, has no JetStream either.
   if port_open 4222 && ! jetstream_up; then
-    systemctl stop nats-server 2>/dev/null || pkill -x nats-server || true
-    for _ in $(seq 1 30); do port_open 4222 || break; sleep 1; done
+    stop_plain_nats
   fi
   mkdir -p /var/lib/nats-server 2>/dev/null || true
   start "NATS with JetStream" start-stop-daemon --start --oknodo --background --exec "$(command -v nats-server)" -- \
@@ -152,8 +170,13 @@ ensure_promtool() {
 # the morning. Vacuumed before each run, every run starts from alike
 # catalogs. Best effort: it needs a superuser (or the catalogs' owner).
 vacuum_catalogs() {
-  local url="${OUTBOX_TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}"
-  [ -f .services.env ] && url=$(sed -n 's/^OUTBOX_TEST_DATABASE_URL=//p' .services.env)
+  # The URL the tests use: the environment's, else the file's (as the
+  # Makefile reads them), else the default.
+  local url="${OUTBOX_TEST_DATABASE_URL:-}"
+  if [ -z "$url" ] && [ -f .services.env ]; then
+    url=$(sed -n 's/^OUTBOX_TEST_DATABASE_URL=//p' .services.env)
+  fi
+  url="${url:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}"
   psql -w "$url" -qAtc 'VACUUM pg_catalog.pg_class, pg_catalog.pg_attribute, pg_catalog.pg_depend,
     pg_catalog.pg_type, pg_catalog.pg_constraint, pg_catalog.pg_index, pg_catalog.pg_namespace' >/dev/null 2>&1 </dev/null ||
     log "could not vacuum the test database's catalogs (not a superuser?): tests run on as they are"
