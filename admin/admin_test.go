@@ -477,15 +477,15 @@ func TestEveryAnswerCarriesTheSecurityHeaders(t *testing.T) {
 	}
 }
 
-// The dead-letter list pages with a cursor: each page starts after the last
-// row of the one before, so every dead letter is seen once, newest first.
-func TestDeadLettersPageWithACursor(t *testing.T) {
-	t.Parallel()
-	b := setup(t, "tok")
+// pageAll reads every dead letter through GET /dlq, limit a page, following
+// next_cursor, and returns their ids; rows is how many there are (a page
+// more than they fill fails the test).
+func pageAll(t *testing.T, b *bundle, limit, rows int) []float64 {
+	t.Helper()
 	var ids []float64
-	path := "/dlq?limit=2"
+	path := fmt.Sprintf("/dlq?limit=%d", limit)
 	for pages := 0; ; pages++ {
-		require.Less(t, pages, 3, "three dead letters in pages of two")
+		require.Less(t, pages, (rows+limit-1)/limit+1, "%d dead letters in pages of %d", rows, limit)
 		code, body := b.call(t, http.MethodGet, path, "tok", "")
 		require.Equal(t, http.StatusOK, code, "%v", body)
 		for _, x := range body["dead_letters"].([]any) {
@@ -493,10 +493,18 @@ func TestDeadLettersPageWithACursor(t *testing.T) {
 		}
 		next, ok := body["next_cursor"].(string)
 		if !ok {
-			break
+			return ids
 		}
-		path = "/dlq?limit=2&cursor=" + url.QueryEscape(next)
+		path = fmt.Sprintf("/dlq?limit=%d&cursor=%s", limit, url.QueryEscape(next))
 	}
+}
+
+// The dead-letter list pages with a cursor: each page starts after the last
+// row of the one before, so every dead letter is seen once, newest first.
+func TestDeadLettersPageWithACursor(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "tok")
+	ids := pageAll(t, b, 2, 3)
 	require.Len(t, ids, 3)
 	require.ElementsMatch(t, []float64{1, 2, 3}, ids, "each once")
 
@@ -853,21 +861,7 @@ func TestDeadLettersWithNonPositiveIDsArePagedAndRead(t *testing.T) {
 		"SELECT i, gen_random_uuid(), 'neg', '\\x00', now(), 'invalid_id', now() - interval '1 day' + i * interval '1 second' "+
 		"FROM (VALUES (0), (-5)) AS v(i)")
 	require.NoError(t, err)
-	var ids []float64
-	path := "/dlq?limit=1"
-	for pages := 0; ; pages++ {
-		require.Less(t, pages, 6, "five dead letters in pages of one")
-		code, body := b.call(t, http.MethodGet, path, "tok", "")
-		require.Equal(t, http.StatusOK, code, "%v", body)
-		for _, x := range body["dead_letters"].([]any) {
-			ids = append(ids, x.(map[string]any)["id"].(float64))
-		}
-		next, ok := body["next_cursor"].(string)
-		if !ok {
-			break
-		}
-		path = "/dlq?limit=1&cursor=" + url.QueryEscape(next)
-	}
+	ids := pageAll(t, b, 1, 5)
 	require.ElementsMatch(t, []float64{1, 2, 3, 0, -5}, ids, "each once")
 	code, body := b.call(t, http.MethodGet, "/dlq?show_payload=true&limit=1&id=-5", "tok", "")
 	require.Equal(t, http.StatusOK, code, "%v", body)

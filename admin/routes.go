@@ -194,10 +194,16 @@ func (a *api) auth(h http.HandlerFunc) http.Handler {
 // review, 2026-11-29).
 const RequestTimeoutDefault = 20 * time.Second
 
+// requestTimeout is Config.RequestTimeout, or its default: an api made
+// without Handler (a fleet's own routes, tests) has no defaults filled in.
+func (a *api) requestTimeout() time.Duration {
+	return cmp.Or(a.cfg.RequestTimeout, RequestTimeoutDefault)
+}
+
 // bounded runs h with the request timeout on its request's context.
 func (a *api) bounded(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), cmp.Or(a.cfg.RequestTimeout, RequestTimeoutDefault))
+		ctx, cancel := context.WithTimeout(r.Context(), a.requestTimeout())
 		defer cancel()
 		h(w, r.WithContext(ctx))
 	}
@@ -226,14 +232,14 @@ func badRequest(w http.ResponseWriter, format string, args ...any) {
 func (a *api) internal(w http.ResponseWriter, r *http.Request, err error) {
 	if errors.Is(err, context.DeadlineExceeded) && errors.Is(r.Context().Err(), context.DeadlineExceeded) {
 		a.cfg.Logger.Warn("admin API call failed: the database did not answer in time", "method", r.Method, "path", r.URL.Path,
-			"timeout", cmp.Or(a.cfg.RequestTimeout, RequestTimeoutDefault), "err", err)
+			"timeout", a.requestTimeout(), "err", err)
 		outcome := "nothing was read or changed; call again"
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			outcome = "the change may or may not have been made: look (GET) before calling again"
 		}
 		w.Header().Set("Retry-After", "5")
 		writeJSON(w, http.StatusServiceUnavailable, errorBody{fmt.Sprintf(
-			"the database did not answer within %s (a lock held, or the server hung): %s", cmp.Or(a.cfg.RequestTimeout, RequestTimeoutDefault), outcome)})
+			"the database did not answer within %s (a lock held, or the server hung): %s", a.requestTimeout(), outcome)})
 		return
 	}
 	if unreachable(err) {

@@ -253,15 +253,18 @@ local function trip(topic, st, cooldown, now, err)
   redis.call('DEL', prefix .. ':failures:' .. topic, prefix .. ':trial:' .. topic)
   return 'tripped'
 end
+-- mark_closed notes when topic closed (or was reset closed), in the
+-- sequence of generations: a failure of a batch planned before (its plan read
+-- a lower sequence) is stale. Kept for an hour, past any batch in flight.
+local function mark_closed(topic)
+  redis.call('SET', prefix .. ':closed:' .. topic, redis.call('INCR', prefix .. ':genseq'), 'PX', 3600000)
+  redis.call('PERSIST', prefix .. ':genseq')
+end
 local function close(topic)
   redis.call('HDEL', topics, topic)
   redis.call('HDEL', gens, topic)
   redis.call('DEL', prefix .. ':failures:' .. topic, prefix .. ':trial:' .. topic)
-  -- When it closed, in the sequence of generations: a failure of a batch
-  -- planned before (its plan read a lower sequence) is stale. Kept for an
-  -- hour, past any batch in flight.
-  redis.call('SET', prefix .. ':closed:' .. topic, redis.call('INCR', prefix .. ':genseq'), 'PX', 3600000)
-  redis.call('PERSIST', prefix .. ':genseq')
+  mark_closed(topic)
   return 'closed'
 end
 -- current says whether gen, a report's, is topic's generation now: its own
@@ -364,10 +367,9 @@ if raw then
   return cjson.decode(raw).state
 end
 -- Closed already: its failures go, and those of batches planned before the
--- reset must not count after it (close's mark, as in memory a generation).
+-- reset must not count after it (as in memory a generation).
 redis.call('DEL', prefix .. ':failures:' .. ARGV[2])
-redis.call('SET', prefix .. ':closed:' .. ARGV[2], redis.call('INCR', prefix .. ':genseq'), 'PX', 3600000)
-redis.call('PERSIST', prefix .. ':genseq')
+mark_closed(ARGV[2])
 return ''
 `)
 

@@ -487,15 +487,22 @@ func (r *redisErrors) list() []error {
 // holds on this one while Redis does not answer: the shadow this instance
 // plans from then held only its own trips, and it sent to the topic again.
 // A topic the shared state closed is closed in the shadow too.
-func TestRedisOutageKeepsTheTripsOfOtherInstances(t *testing.T) {
-	t.Parallel()
-	url, stop, _ := brokertest.StartRedis(t)
+// instances returns a maker of breakers sharing state under prefix on the
+// Redis at url, one per instance name.
+func instances(t *testing.T, url, prefix string) func(instance string) *breaker.Redis {
+	t.Helper()
 	client := brokertest.RedisClient(t, url)
-	mk := func(instance string) *breaker.Redis {
-		b, err := breaker.NewRedis(breaker.RedisConfig{Client: client, Prefix: "mirror", Instance: instance, OpTimeout: patientOp})
+	return func(instance string) *breaker.Redis {
+		b, err := breaker.NewRedis(breaker.RedisConfig{Client: client, Prefix: prefix, Instance: instance, OpTimeout: patientOp})
 		require.NoError(t, err)
 		return b
 	}
+}
+
+func TestRedisOutageKeepsTheTripsOfOtherInstances(t *testing.T) {
+	t.Parallel()
+	url, stop, _ := brokertest.StartRedis(t)
+	mk := instances(t, url, "mirror")
 	one, two := mk("one"), mk("two")
 	one.Trip("stale", "tripped by one, reset by two")
 	two.Reset("stale")
@@ -547,12 +554,7 @@ func TestRedisResetOfAClosedTopicMakesEarlierFailuresStale(t *testing.T) {
 func TestRedisATripReportedAfterTheOutageUnderAnOutagePlanReachesRedis(t *testing.T) {
 	t.Parallel()
 	url, stop, start := brokertest.StartRedis(t)
-	client := brokertest.RedisClient(t, url)
-	mk := func(instance string) *breaker.Redis {
-		b, err := breaker.NewRedis(breaker.RedisConfig{Client: client, Prefix: "late", Instance: instance, OpTimeout: patientOp})
-		require.NoError(t, err)
-		return b
-	}
+	mk := instances(t, url, "late")
 	one := mk("one")
 	stop()
 	p := one.Plan() // from the shadow
