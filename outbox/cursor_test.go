@@ -3,6 +3,8 @@ package outbox_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
+	"github.com/outbox-sweeper/sweeper/internal/syncbuf"
 	"github.com/outbox-sweeper/sweeper/outbox"
 	"github.com/outbox-sweeper/sweeper/producer/memory"
 	outboxsql "github.com/outbox-sweeper/sweeper/sql"
@@ -474,4 +477,31 @@ func TestARowWithANonPositiveIDIsDeadLetteredNotLeftForever(t *testing.T) {
 	dbtest.Eventually(t, time.Minute, "the replayed rows sent", func() bool {
 		return delivered(prod, "minus-five") && delivered(prod, "zero")
 	})
+}
+
+// A row with an id of 0 or less that cannot be moved aside (the dead-letter
+// table holds its id already: a copy put back by hand) stays where it is,
+// nothing lost, and the check says what failed and what to do.
+func TestARowWithANonPositiveIDThatCannotBeMovedStays(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tbl := dbtest.Table(t)
+	pool := dbtest.Pool(t)
+	var logs syncbuf.Buffer
+	s := newSweeper(t, pool, memory.New(memory.Config{}), outbox.Config{Table: tbl, Tick: 5 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	outbox.SetCursorReset(s, 20*time.Millisecond)
+	_, err := pool.Exec(ctx, "INSERT INTO "+tbl.DeadLetterIdent()+" (id, message_id, topic, payload, created_at, reason) "+
+		"VALUES (-5, gen_random_uuid(), 'neg', '\\x00', now(), 'invalid_id')")
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "INSERT INTO "+pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()+
+		" (id, topic, payload) OVERRIDING SYSTEM VALUE VALUES (-5, 'neg', 'again')")
+	require.NoError(t, err)
+	dbtest.RunSweeper(t, s)
+	dbtest.Eventually(t, time.Minute, "the failed move logged", func() bool {
+		return strings.Contains(logs.String(), "moving the rows whose id is not positive to the dead-letter table failed")
+	})
+	require.Contains(t, logs.String(), "UPDATE … SET id = DEFAULT WHERE id <= 0")
+	require.Equal(t, 1, dbtest.Outstanding(t, tbl), "the row stays in the outbox")
+	require.Len(t, readDeadLetters(t, tbl), 1, "the dead letter holding its id too")
 }
