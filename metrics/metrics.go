@@ -57,6 +57,7 @@ type Metrics struct {
 	topics          *topicLabels
 	maxTopics       int
 	sweepsFailing   prometheus.Gauge
+	refreshed       prometheus.Gauge
 	// sessions: the LISTEN sessions' states in a relay of many (Session).
 	sessions sessions
 }
@@ -146,6 +147,9 @@ func NewWithConfig(reg prometheus.Registerer, cfg Config) *Metrics {
 			Help: "Dead row versions in the outbox table, Postgres's estimate: they go when vacuum removes them, which nothing holding the horizon prevents (refreshed on a schedule)."}),
 		horizonHeld: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_horizon_held_seconds",
 			Help: "How long the transaction that holds the vacuum horizon back the longest has been open, 0 when Postgres does not say (a replication slot; a session of another role without pg_read_all_stats); GET /status names it (refreshed on a schedule)."}),
+		refreshed: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_metrics_refreshed_timestamp_seconds",
+			Help: "When the gauges refreshed on a schedule (backlog, oldest age, dead letters, table health) were last read in full, in Unix seconds; 0 until the first refresh. " +
+				"Minutes old: the refresh fails (the log says why, \"metrics refresh failed\") and those gauges hold old values, so OutboxLagHigh cannot see a lag."}),
 		horizonAge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_horizon_xmin_age",
 			Help: "How many transactions ago the oldest snapshot that holds the vacuum horizon (a session, replication slot or prepared transaction) began (refreshed on a schedule)."}),
 	}
@@ -161,7 +165,7 @@ func NewWithConfig(reg prometheus.Registerer, cfg Config) *Metrics {
 	reg.MustRegister(m.dispatched, m.batches, m.errors, m.deadLettered, m.expired, m.alertsDropped, m.tripped, m.dependency, m.outstanding,
 		m.oldestAge, m.deadLetters, m.listening, m.sweepDuration, m.dispatchLatency, m.batchSize,
 		m.sendDuration, m.retries, m.resent, m.topicChanges, m.brokerChanges, m.deadByReason, m.oldestDeadAge, m.buildInfo,
-		m.tableBytes, m.tableDeadRows, m.horizonHeld, m.horizonAge, m.sweepsFailing)
+		m.tableBytes, m.tableDeadRows, m.horizonHeld, m.horizonAge, m.sweepsFailing, m.refreshed)
 	return m
 }
 
@@ -347,8 +351,15 @@ func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool, t outbox.Tabl
 		}
 		m.horizonAge.Set(float64(h.Horizon.XminAge))
 	}
+	// Only a refresh read in full: a gauge that stopped moving because its
+	// query fails looks the same as one whose value holds still, and without
+	// this the lag alert went blind without a word (an independent review).
+	m.refreshed.SetToCurrentTime()
 	return nil
 }
+
+// RefreshedGauge returns outbox_metrics_refreshed_timestamp_seconds, for tests.
+func (m *Metrics) RefreshedGauge() prometheus.Gauge { return m.refreshed }
 
 // setTripped makes outbox_topic_tripped list exactly the topics of list: at
 // most MaxTopics of them by name, those with series of their own first, and

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -282,4 +283,26 @@ func TestRefreshReadsAnInfiniteCreatedAt(t *testing.T) {
 	require.NoError(t, err)
 	m := metrics.New(prometheus.NewRegistry())
 	require.NoError(t, m.Refresh(ctx, dbtest.Pool(t), tbl, breaker.New(breaker.Settings{})))
+}
+
+// outbox_metrics_refreshed_timestamp_seconds moves with a refresh read in
+// full and holds still when one fails: the gauges it dates then hold old
+// values, and only this says so.
+func TestRefreshedTimestampMovesOnlyWithARefreshReadInFull(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	ctx := context.Background()
+	m := metrics.New(prometheus.NewRegistry())
+	require.Zero(t, testutil.ToFloat64(m.RefreshedGauge()), "no refresh yet")
+
+	before := float64(time.Now().UnixNano()) / 1e9
+	require.NoError(t, m.Refresh(ctx, dbtest.Pool(t), tbl, breaker.New(breaker.Settings{})))
+	first := testutil.ToFloat64(m.RefreshedGauge())
+	require.GreaterOrEqual(t, first, before-1)
+	require.LessOrEqual(t, first, float64(time.Now().UnixNano())/1e9+1)
+
+	_, err := dbtest.Pool(t).Exec(ctx, "DROP TABLE "+pgx.Identifier{tbl.Schema, tbl.DeadLetterName()}.Sanitize())
+	require.NoError(t, err)
+	require.Error(t, m.Refresh(ctx, dbtest.Pool(t), tbl, breaker.New(breaker.Settings{})))
+	require.Equal(t, first, testutil.ToFloat64(m.RefreshedGauge()), "a failed refresh dates nothing")
 }
