@@ -37,6 +37,9 @@ func granted(tb testing.TB, c <-chan error, what string) {
 	}
 }
 
+// notGranted says a sweep that should still wait has not been given a turn.
+// Callers check first that it is still queued (queued): a grant made wrongly
+// whose goroutine has not sent its result yet would pass the read alone.
 func notGranted(tb testing.TB, c <-chan error, what string) {
 	tb.Helper()
 	select {
@@ -115,6 +118,7 @@ func TestTurnsAnOverdueResumingSweepIsNotPassedByLaterStartingOnes(t *testing.T)
 
 	tr.release(false)
 	granted(t, resumed, "the resuming sweep that waited its hold")
+	queued(t, tr, 1)
 	notGranted(t, starting, "the starting sweep that came after it")
 	tr.release(true)
 	granted(t, starting, "the starting sweep, after the drain's page")
@@ -137,6 +141,7 @@ func TestTurnsAnOverdueResumingSweepGoesAheadOfOneNotYetOverdue(t *testing.T) {
 
 	tr.release(false)
 	granted(t, second, "the resuming sweep that waited its hold")
+	queued(t, tr, 1)
 	notGranted(t, first, "the one that came first, its hold not out")
 	tr.release(true)
 	granted(t, first, "the first, once no sweep runs")
