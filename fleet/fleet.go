@@ -185,9 +185,6 @@ func (o Options) withDefaults() Options {
 	o.Destination = cmp.Or(o.Destination, producer.DestinationDefault)
 	o.StallTicks = cmp.Or(o.StallTicks, 60)
 	o.AwakeRate = cmp.Or(o.AwakeRate, AwakeRateDefault)
-	if o.Admin.Logger == nil {
-		o.Admin.Logger = o.Logger
-	}
 	if o.Retention.Ahead == 0 {
 		// As a relay of one outbox: ready for two rounds. An idle outbox's
 		// partitions may run out between its rare runs; the rows it sends
@@ -197,6 +194,11 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	// After the Logger's own default: the admin API's logs an outbox's calls
+	// with it, and a nil one panicked at the first GET /outboxes or scrape.
+	if o.Admin.Logger == nil {
+		o.Admin.Logger = o.Logger
 	}
 	return o
 }

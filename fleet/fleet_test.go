@@ -1692,3 +1692,21 @@ func TestFleetLetsADroppedTenantsSharedBreakerGo(t *testing.T) {
 	require.NotContains(t, l.String(), "level=ERROR", "the fleet logged errors")
 	require.NotContains(t, l.String(), "stays in Redis", "the fleet could not delete a's state")
 }
+
+// Options.Logger left nil defaults to discarding, the admin API's included:
+// it was copied to the admin's while still nil, and the first listing of the
+// outboxes (a scrape, GET /outboxes) panicked.
+func TestFleetWithoutALoggerListsItsOutboxes(t *testing.T) {
+	base := dbtest.Schema(t)
+	tbls := tenants(t, base, 1)
+	f, err := fleet.New(dbtest.NamedPool(t, "fleet-"+base), memory.New(memory.Config{}), fleet.Options{Schemas: base + "_t*",
+		Discover: 200 * time.Millisecond, Probe: outbox.ProbeConfig{Alerter: alert.Log{Logger: slog.New(slog.DiscardHandler)}}})
+	require.NoError(t, err)
+	start(t, f)
+	dbtest.Eventually(t, time.Minute, "the tenant found", func() bool { return len(f.Outboxes()) == 1 })
+	states := f.States()
+	require.Len(t, states, 1)
+	backlogs, err := f.Backlogs(context.Background(), []string{tbls[0].Schema})
+	require.NoError(t, err)
+	require.Contains(t, backlogs, tbls[0].Schema)
+}
