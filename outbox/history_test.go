@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outbox-sweeper/sweeper/internal/dbtest"
@@ -172,6 +173,33 @@ func TestRetentionDropsWholeHistoryPartitionsAndNeverAnOutstandingRow(t *testing
 		payloads(t, "SELECT convert_from(payload, 'UTF8') FROM "+ident+" ORDER BY 1"))
 	require.Equal(t, 3, dbtest.Outstanding(t, tbl))
 	require.Contains(t, partitions(t, tbl), tbl.Name+"_history_default")
+}
+
+// Retention reads the partitions' bounds back right whatever the session's
+// DateStyle and TimeZone: under DateStyle SQL a bound prints with a zone's
+// abbreviation, and Shanghai's CST read back as US Central, 14 hours off: the
+// next run planned a partition that existed and failed, every run.
+func TestRetentionReadsPartitionBoundsInAnyDateStyle(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tbl := dbtest.Table(t)
+	cfg, err := pgxpool.ParseConfig(dbtest.URL(t))
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["datestyle"] = "SQL, MDY"
+	cfg.ConnConfig.RuntimeParams["timezone"] = "Asia/Shanghai"
+	cfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	r, err := outbox.NewRetention(pool, outbox.RetentionConfig{Table: tbl, Dispatched: 7 * 24 * time.Hour})
+	require.NoError(t, err)
+	require.NoError(t, r.Prepare(ctx))
+	made := partitions(t, tbl)
+	for range 2 {
+		_, err := r.RunOnce(ctx)
+		require.NoError(t, err)
+	}
+	require.Equal(t, made, partitions(t, tbl), "the partitions Prepare made are all there were to make")
 }
 
 // The partitions the sweeper creates take no autovacuum, nor does their

@@ -83,14 +83,27 @@ func partitionName(t Table, start time.Time) string {
 // clock.
 func (r *Retention) listPartitions(ctx context.Context, conn *pgx.Conn) ([]historyPartition, time.Time, error) {
 	var now time.Time
-	rows, err := conn.Query(ctx, r.historyPartitions, HistoryIdent(r.cfg.Table))
-	if err != nil {
-		return nil, now, err
-	}
-	var p historyPartition
-	parts, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (historyPartition, error) {
-		err := row.Scan(&p.name, &p.isDefault, &p.lower, &p.upper, &now)
-		return p, err
+	var parts []historyPartition
+	// The bounds are parsed from the catalog's text, which the session's
+	// DateStyle prints: under SQL or Postgres a zone's abbreviation, which
+	// reads back as another zone's (Shanghai's CST as US Central's, 14 h
+	// off). ISO in UTC prints an offset, which reads back as written.
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		for _, set := range []string{"SET LOCAL DateStyle = 'ISO'", "SET LOCAL TimeZone = 'UTC'"} {
+			if _, err := tx.Exec(ctx, set); err != nil {
+				return err
+			}
+		}
+		rows, err := tx.Query(ctx, r.historyPartitions, HistoryIdent(r.cfg.Table))
+		if err != nil {
+			return err
+		}
+		var p historyPartition
+		parts, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (historyPartition, error) {
+			err := row.Scan(&p.name, &p.isDefault, &p.lower, &p.upper, &now)
+			return p, err
+		})
+		return err
 	})
 	return parts, now, err
 }

@@ -2,8 +2,10 @@
 -- bare name, its bounds (NULL for the DEFAULT partition, which is_default
 -- marks, or for bounds the sweeper did not write: MINVALUE, MAXVALUE), and the
 -- database's clock, which the partitions are planned by (the moves stamp rows
--- with it). The bounds are read back from the catalog's text form in this
--- session's own DateStyle and TimeZone, so the casts read what was printed.
+-- with it). The bounds are read back from the catalog's text form, which the
+-- caller has printed in DateStyle ISO and TimeZone UTC (SET LOCAL): another
+-- DateStyle prints zone abbreviations, which the casts may read as another
+-- zone's.
 SELECT c.relname::text,
        pg_get_expr(c.relpartbound, c.oid) = 'DEFAULT' AS is_default,
        b.m[1]::timestamptz AS lower,
