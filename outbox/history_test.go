@@ -202,6 +202,42 @@ func TestRetentionReadsPartitionBoundsInAnyDateStyle(t *testing.T) {
 	require.Equal(t, made, partitions(t, tbl), "the partitions Prepare made are all there were to make")
 }
 
+// A partition retention cannot make (a hand-made one ending at MAXVALUE is
+// in its way) stops nothing else: the run still drops the partitions past
+// retention and deletes the old dead letters, and says what failed.
+func TestRetentionGoesOnPastAPartitionItCannotMake(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tbl := dbtest.Table(t)
+	pool := dbtest.Pool(t)
+	const retention = 7 * 24 * time.Hour
+	r, err := outbox.NewRetention(pool, outbox.RetentionConfig{Table: tbl, Dispatched: retention, DeadLetters: retention})
+	require.NoError(t, err)
+
+	// In the way of the partitions retention plans ahead: from tomorrow on.
+	tomorrow := time.Now().UTC().Truncate(24 * time.Hour).Add(24 * time.Hour)
+	_, err = pool.Exec(ctx, fmt.Sprintf("CREATE TABLE %s PARTITION OF %s FOR VALUES FROM ('%s') TO (MAXVALUE)",
+		pgx.Identifier{tbl.Schema, "by_hand"}.Sanitize(), outbox.HistoryIdent(tbl), tomorrow.Format(time.RFC3339)))
+	require.NoError(t, err)
+	// Past retention: a partition of long ago and a dead letter.
+	old := time.Now().Add(-30 * 24 * time.Hour).UTC().Truncate(24 * time.Hour)
+	oldName := outbox.PartitionName(tbl, old)
+	_, err = pool.Exec(ctx, fmt.Sprintf("CREATE TABLE %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')",
+		pgx.Identifier{tbl.Schema, oldName}.Sanitize(), outbox.HistoryIdent(tbl), old.Format(time.RFC3339), old.Add(24*time.Hour).Format(time.RFC3339)))
+	require.NoError(t, err)
+	deadLetterAll(t, tbl, topicMessages("A", 2)...)
+	_, err = pool.Exec(ctx, "UPDATE "+pgx.Identifier{tbl.Schema, tbl.DeadLetterName()}.Sanitize()+
+		" SET dead_lettered_at = now() - interval '30 days' WHERE id = 1")
+	require.NoError(t, err)
+
+	res, err := r.RunOnce(ctx)
+	require.ErrorContains(t, err, "create history partition")
+	require.Equal(t, 1, res.PartitionsDropped)
+	require.NotContains(t, partitions(t, tbl), oldName)
+	require.Equal(t, 1, res.DeadLetters)
+	require.Len(t, readDeadLetters(t, tbl), 1)
+}
+
 // The partitions the sweeper creates take no autovacuum, nor does their
 // TOAST table (a partition only takes inserts and is dropped whole; its
 // insert-triggered vacuums ran for seconds beside a drain's neighbours,

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -189,28 +190,33 @@ func (r *Retention) locked(ctx context.Context, f func(*pgx.Conn) error) (skippe
 func (r *Retention) RunOnce(ctx context.Context) (RetentionResult, error) {
 	var res RetentionResult
 	skipped, err := r.locked(ctx, func(conn *pgx.Conn) error {
+		// Each step is tried whatever the others did: a partition that
+		// cannot be made (a hand-made one in the way) once stopped every
+		// drop and delete after it, run after run, and history and dead
+		// letters grew without bound behind one logged error.
+		var errs []error
 		var err error
 		if res.PartitionsCreated, err = r.ensurePartitions(ctx, conn); err != nil {
-			return err
+			errs = append(errs, err)
 		}
 		if r.cfg.Dispatched > 0 {
 			var inDefault int
 			if res.PartitionsDropped, inDefault, err = r.dropPartitions(ctx, conn); err != nil {
-				return err
+				errs = append(errs, err)
 			}
 			res.Dispatched += inDefault
 			legacy, err := r.deleteDispatchedRows(ctx, conn)
 			res.Dispatched += legacy
 			if err != nil {
-				return fmt.Errorf("delete dispatched rows older than %s: %w", r.cfg.Dispatched, err)
+				errs = append(errs, fmt.Errorf("delete dispatched rows older than %s: %w", r.cfg.Dispatched, err))
 			}
 		}
 		if r.cfg.DeadLetters > 0 {
 			if res.DeadLetters, err = r.deleteAll(ctx, conn, r.deleteDeadLetters, r.cfg.DeadLetters); err != nil {
-				return fmt.Errorf("delete dead letters older than %s: %w", r.cfg.DeadLetters, err)
+				errs = append(errs, fmt.Errorf("delete dead letters older than %s: %w", r.cfg.DeadLetters, err))
 			}
 		}
-		return nil
+		return errors.Join(errs...)
 	})
 	res.Skipped = skipped
 	if err != nil {

@@ -160,6 +160,7 @@ func (r *Retention) ensurePartitions(ctx context.Context, conn *pgx.Conn) (int, 
 		return 0, r.explainHistory(err)
 	}
 	created := 0
+	var errs []error
 	ahead := max(historyAhead, int((r.cfg.Ahead+r.width-1)/r.width))
 	for _, rg := range planPartitions(parts, newest, now, r.width, ahead) {
 		name := pgx.Identifier{r.cfg.Table.Schema, partitionName(r.cfg.Table, rg[0])}.Sanitize()
@@ -184,11 +185,15 @@ func (r *Retention) ensurePartitions(ctx context.Context, conn *pgx.Conn) (int, 
 			continue
 		}
 		if err != nil {
-			return created, fmt.Errorf("create history partition %s: %w", name, err)
+			// The next range may yet be made: a hand-made partition in
+			// this one's way is no reason to leave the moves of later
+			// hours to DEFAULT.
+			errs = append(errs, fmt.Errorf("create history partition %s: %w", name, err))
+			continue
 		}
 		created++
 	}
-	return created, nil
+	return created, errors.Join(errs...)
 }
 
 // dropPartitions drops the history partitions whose every row is older than
@@ -201,6 +206,7 @@ func (r *Retention) dropPartitions(ctx context.Context, conn *pgx.Conn) (dropped
 		return 0, 0, r.explainHistory(err)
 	}
 	horizon := now.Add(-r.cfg.Dispatched)
+	var errs []error
 	for _, p := range parts {
 		if p.isDefault || p.upper == nil || p.upper.After(horizon) {
 			continue
@@ -219,15 +225,17 @@ func (r *Retention) dropPartitions(ctx context.Context, conn *pgx.Conn) (dropped
 			continue
 		}
 		if err != nil {
-			return dropped, deleted, fmt.Errorf("drop history partition %s: %w", name, err)
+			// Another partition, and DEFAULT, may yet be emptied.
+			errs = append(errs, fmt.Errorf("drop history partition %s: %w", name, err))
+			continue
 		}
 		dropped++
 	}
 	deleted, err = r.deleteAll(ctx, conn, r.deleteHistoryDefault, r.cfg.Dispatched)
 	if err != nil {
-		return dropped, deleted, fmt.Errorf("delete from the DEFAULT history partition: %w", err)
+		errs = append(errs, fmt.Errorf("delete from the DEFAULT history partition: %w", err))
 	}
-	return dropped, deleted, nil
+	return dropped, deleted, errors.Join(errs...)
 }
 
 // explainHistory says what to do when the history table is missing.
