@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// History partitions. The history table (migration 8) holds the dispatched
+// History partitions. The history table (migration 10) holds the dispatched
 // rows, partitioned by range of dispatched_at; retention retires them by
 // dropping whole partitions, which leaves no dead row behind, however long
 // something holds the vacuum horizon (DESIGN.md, "It lives for months").
@@ -29,11 +29,13 @@ import (
 // never fails for want of one. Retention empties it by row DELETE.
 //
 // Locks: attaching a partition takes SHARE UPDATE EXCLUSIVE on the history
-// table, which the moves' inserts (ROW EXCLUSIVE) do not conflict with;
-// dropping one takes ACCESS EXCLUSIVE on the history table, for the moment of
-// the drop. Either waits at most partitionLockTimeout for the moves running
-// then, then gives up until the next run: a move waits behind it that long at
-// most. Neither ever locks the outbox.
+// table, which the moves' inserts (ROW EXCLUSIVE) do not conflict with, and
+// ACCESS EXCLUSIVE on the DEFAULT partition, which it scans for rows of the
+// new range: moves that land in DEFAULT wait for that scan, a moment while
+// DEFAULT is empty as it normally is; dropping one takes ACCESS EXCLUSIVE on
+// the history table, for the moment of the drop. Either waits at most
+// partitionLockTimeout for the moves running then, then gives up until the
+// next run. Neither ever locks the outbox.
 
 // historyAhead is how many partitions past the current one retention keeps
 // ready.
@@ -52,6 +54,11 @@ const historyAhead = 2
 // autovacuum_freeze_max_age, whatever this says. The DEFAULT partition, which
 // retention deletes from, keeps autovacuum.
 const partitionStorage = "WITH (autovacuum_enabled = false, toast.autovacuum_enabled = false)"
+
+// defaultMargin is how far past the database's clock a partition starts
+// while the moves land in DEFAULT (planPartitions): longer than any move
+// waits behind the ATTACH's scan of DEFAULT.
+const defaultMargin = time.Minute
 
 // partitionLockTimeout bounds how long creating or dropping a partition waits
 // for its lock (and so how long moves queue behind it).
@@ -116,11 +123,23 @@ func (r *Retention) listPartitions(ctx context.Context, conn *pgx.Conn) ([]histo
 // that changed (a new --retention) never overlaps the partitions made before.
 func planPartitions(parts []historyPartition, defaultNewest *time.Time, now time.Time, width time.Duration, ahead int) [][2]time.Time {
 	pos := now.Truncate(width)
-	if defaultNewest != nil && !defaultNewest.Before(pos) {
-		// A partition may not take rows the DEFAULT partition holds.
+	end := pos.Add(time.Duration(ahead+1) * width)
+	if defaultNewest != nil && (!defaultNewest.Before(pos) || defaultNewest.After(now.Add(-defaultMargin))) {
+		// A partition may not take rows the DEFAULT partition holds, nor,
+		// while moves land there (its newest row is recent), start where
+		// they are stamped: the ATTACH locks DEFAULT and scans it, and a
+		// move stamped past the new lower bound that waited behind it fails
+		// its insert (the partition constraint), rolling back a page whose
+		// rows the broker took: each sent again. defaultMargin later, the
+		// moves still landing in DEFAULT are stamped below it.
 		pos = defaultNewest.Truncate(time.Second).Add(time.Second)
+		if margin := now.Add(defaultMargin).Truncate(time.Second); margin.After(pos) {
+			pos = margin
+		}
+		if e := pos.Truncate(width).Add(time.Duration(ahead+1) * width); e.After(end) {
+			end = e
+		}
 	}
-	end := now.Truncate(width).Add(time.Duration(ahead+1) * width)
 	var out [][2]time.Time
 	for pos.Before(end) {
 		next := pos.Truncate(width).Add(width)

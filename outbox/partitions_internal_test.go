@@ -64,10 +64,19 @@ func TestPlanPartitionsCoversNowAndTwoAheadWithoutOverlap(t *testing.T) {
 	}, planPartitions(narrow, nil, now, h, 2))
 
 	// Rows in the DEFAULT partition (no partition took them): the current
-	// partition starts after the newest, which it may not hold.
+	// partition starts after the newest, which it may not hold, and a
+	// minute ahead of the clock, past the moves landing in DEFAULT while
+	// it is attached: one stamped past its lower bound would fail.
 	require.Equal(t, [][2]time.Time{
-		{at("2026-11-25T14:30:06Z"), at("2026-11-25T15:00:00Z")},
+		{at("2026-11-25T14:31:10Z"), at("2026-11-25T15:00:00Z")},
 		{at("2026-11-25T15:00:00Z"), at("2026-11-25T16:00:00Z")},
 		{at("2026-11-25T16:00:00Z"), at("2026-11-25T17:00:00Z")},
 	}, planPartitions(nil, ptr(at("2026-11-25T14:30:05.5Z")), now, h, 2))
+	// With a second's width, still two ahead past that start.
+	s := time.Second
+	require.Equal(t, [][2]time.Time{
+		{at("2026-11-25T14:31:10Z"), at("2026-11-25T14:31:11Z")},
+		{at("2026-11-25T14:31:11Z"), at("2026-11-25T14:31:12Z")},
+		{at("2026-11-25T14:31:12Z"), at("2026-11-25T14:31:13Z")},
+	}, planPartitions(nil, ptr(at("2026-11-25T14:30:09Z")), now, s, 2))
 }

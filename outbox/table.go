@@ -45,7 +45,7 @@ func NewWriter(t Table) (*Writer, error) { return writer.New(t) }
 func probeIdent(t Table) string { return pgx.Identifier{t.Schema, t.Name + "_probe"}.Sanitize() }
 
 // historyName returns the bare name of t's history table, which holds the
-// dispatched rows (migration 8).
+// dispatched rows (migration 10).
 func historyName(t Table) string { return t.Name + "_history" }
 
 // HistoryIdent returns the quoted name of t's history table, which holds the

@@ -11,7 +11,7 @@
 -- never, so a delete that started from the oldest entry every run would walk
 -- every row deleted since the hold began, and slow with each run.
 --
--- Since the history table (migration 8) the sweeper no longer marks rows in
+-- Since the history table (migration 10) the sweeper no longer marks rows in
 -- the outbox: it moves them. The rows this deletes are those marked before the
 -- upgrade (or by sweepers of the previous version during a rolling upgrade),
 -- and they are gone one retention period after it; the statement then finds
