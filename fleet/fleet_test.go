@@ -1710,3 +1710,45 @@ func TestFleetWithoutALoggerListsItsOutboxes(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, backlogs, tbls[0].Schema)
 }
+
+// A tenant whose table DDL holds (VACUUM FULL, LOCK TABLE, an ALTER under
+// way) does not hold the database's only turn: its listing gives up on the
+// lock, and another tenant's row goes. It waited for as long as the lock
+// lasted, and every tenant with it.
+func TestFleetALockedTenantDoesNotHoldTheTurn(t *testing.T) {
+	base := dbtest.Schema(t)
+	tbls := tenants(t, base, 2)
+	locked, other := tbls[0], tbls[1]
+	name := "fleet-" + base
+	cfg, err := pgxpool.ParseConfig(dbtest.NamedURL(t, dbtest.URL(t), name))
+	require.NoError(t, err)
+	cfg.MaxConns = 3 // one turn
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	p := memory.New(memory.Config{})
+	f, logs := newFleetOn(t, pool, base+"_t*", p, fleet.Options{Reconcile: time.Hour})
+	dbtest.Eventually(t, time.Minute, "both tenants relayed", func() bool { return len(f.Outboxes()) == 2 })
+	waitParked(t, f, tbls)
+
+	ctx := context.Background()
+	lock, err := dbtest.Pool(t).Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = lock.Rollback(ctx) }()
+	_, err = lock.Exec(ctx, "LOCK TABLE "+locked.Ident()+" IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+	_, err = dbtest.Pool(t).Exec(ctx, "SELECT pg_notify('outbox_sweeper', $1)", locked.Schema+"."+locked.Name)
+	require.NoError(t, err)
+	dbtest.Eventually(t, time.Minute, "the locked tenant's sweep waiting on its lock", func() bool {
+		var n int
+		require.NoError(t, dbtest.Pool(t).QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'",
+			name).Scan(&n))
+		return n > 0
+	})
+
+	write(t, other, outbox.Message{Topic: "orders", Payload: []byte("goes")})
+	dbtest.Eventually(t, time.Minute, "the other tenant's row delivered", func() bool { return len(p.Messages()) == 1 })
+	dbtest.Eventually(t, time.Minute, "the locked tenant's sweep failing on the lock, logged", func() bool {
+		return strings.Contains(logs.String(), "lock timeout")
+	})
+}

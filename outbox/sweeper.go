@@ -639,9 +639,9 @@ type Stall struct {
 // than StallFloor of the send timeout. A live sweep moves on at least once per
 // send (bounded by the send timeout) or statement (bounded by its own
 // timeout), however long a drain or a split takes; what stops it for longer is
-// a statement waiting on a lock nobody releases (DDL, LOCK TABLE), or a
-// producer's call that ignores its context, and restarting the process frees
-// it. Between sweeps Run waits for a time it knows (the next tick, or the
+// a producer's call that ignores its context, or a page's move waiting on a
+// lock nobody releases (the listing and the claim give up on a lock after
+// readLockTimeout), and restarting the process frees it. Between sweeps Run waits for a time it knows (the next tick, or the
 // backoff after a failed sweep), so a sweeper that fails fast against a dead
 // database is not stalled: readiness reports that. Safe to call from any
 // goroutine.

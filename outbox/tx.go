@@ -36,7 +36,13 @@ func beginWith(ctx context.Context, pool *pgxpool.Pool, scan func(pgx.Rows) erro
 	var b pgx.Batch
 	b.Queue("begin")
 	b.Queue(txSettings)
+	// The claim gives up on a lock DDL holds, as the listing does
+	// (readLockTimeout): nothing is sent yet. The page's later statements
+	// wait as long as they must: one that gave up would roll back rows the
+	// broker took.
+	b.Queue(readLockSetting)
 	b.Queue(sql, args...).Query(scan)
+	b.Queue("SET LOCAL lock_timeout TO DEFAULT")
 	if err := conn.SendBatch(ctx, &b).Close(); err != nil {
 		tx.rollback(ctx)
 		return nil, err
@@ -78,6 +84,14 @@ const txSettings = "SELECT set_config('enable_seqscan', 'off', true), set_config
 	"set_config('enable_sort', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true), " +
 	"set_config('jit', 'off', true)"
 
+// readLockTimeout bounds how long the statements that run outside a page
+// (queryPlanned: the listing, the floors' check, the expiry pass) wait for a
+// lock on the outbox or its dead-letter table: only DDL takes one that
+// blocks them, so a wait is a wedge, not contention between sweeps.
+const readLockTimeout = "2s"
+
+const readLockSetting = "SELECT set_config('lock_timeout', '" + readLockTimeout + "', true)"
+
 // queryPlanned runs sql alone in a transaction under txSettings, in one round
 // trip (BEGIN, the settings, the statement, COMMIT); scan reads its rows. It
 // is for the statements that read the outbox outside a page (the listing, the
@@ -85,7 +99,16 @@ const txSettings = "SELECT set_config('enable_seqscan', 'off', true), set_config
 // itself would come too late for its plan. The listing runs every sweep, so
 // the COMMIT travels with the statement rather than in a round trip of its
 // own.
+//
+// Each is bounded, by dbTimeout and, for a lock, by readLockTimeout: a table
+// that DDL holds (VACUUM FULL, ALTER TABLE, LOCK TABLE, a DROP under way)
+// made the listing wait for as long as the lock lasted, holding its
+// connection and, in a relay of many, a turn that every other outbox of the
+// database waited for (an independent review). The sweep fails instead, says
+// why, and tries again after its backoff.
 func queryPlanned(ctx context.Context, pool *pgxpool.Pool, scan func(pgx.Rows) error, sql string, args ...any) error {
+	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
+	defer cancel()
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -94,6 +117,7 @@ func queryPlanned(ctx context.Context, pool *pgxpool.Pool, scan func(pgx.Rows) e
 	var b pgx.Batch
 	b.Queue("begin")
 	b.Queue(txSettings)
+	b.Queue(readLockSetting)
 	b.Queue(sql, args...).Query(scan)
 	b.Queue("commit")
 	if err := conn.SendBatch(ctx, &b).Close(); err != nil {
