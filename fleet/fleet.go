@@ -816,8 +816,10 @@ func (f *Fleet) add(ctx context.Context, t outbox.Table) error {
 // and may drop some under load: a row whose count was dropped, its
 // notification lost too, waits for its turn.)
 func (f *Fleet) reconcile(ctx context.Context, full bool, pass int64) error {
-	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	// The whole pass is bounded, each ask within it too (ask).
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
+	qctx := ctx
 	// A partitioned table's own count stays 0 (its partitions count): it is
 	// asked in turn as often as an uncounted one.
 	rows, err := f.pool.Query(qctx, `SELECT n.nspname, c.oid::bigint, pg_catalog.pg_stat_get_tuples_inserted(c.oid),
@@ -882,26 +884,32 @@ func (f *Fleet) reconcile(ctx context.Context, full bool, pass int64) error {
 	}
 	var errs []error
 	for chunk := range slices.Chunk(ask, reconcileChunk) {
-		var q strings.Builder
-		for i, m := range chunk {
-			if i > 0 {
-				q.WriteString(" UNION ALL ")
+		found, err := f.ask(ctx, chunk)
+		if err != nil && len(chunk) > 1 {
+			// One outbox failed the whole statement (a schema dropped since
+			// the listing, a grant revoked, a table DDL holds): ask each
+			// alone, so that its trouble stays its own. Asked together
+			// again and again, its neighbours in name order were never
+			// answered, their lost rows waiting for a commit that notified.
+			found, err = nil, nil
+			for i := range chunk {
+				one, e := f.ask(ctx, chunk[i:i+1])
+				if e != nil {
+					f.compareAgain(chunk[i : i+1])
+					errs = append(errs, fmt.Errorf("ask %s: %w", chunk[i].table, e))
+					continue
+				}
+				if len(one) > 0 {
+					found = append(found, i)
+				}
 			}
-			fmt.Fprintf(&q, "SELECT %d WHERE EXISTS (SELECT 1 FROM %s WHERE dispatched_at IS NULL)", i, m.table.Ident())
-		}
-		// Simple protocol: each text is asked once, so preparing it would
-		// only add a round trip and a statement the connection keeps.
-		rows, err := f.pool.Query(qctx, q.String(), pgx.QueryExecModeSimpleProtocol)
-		var found []int
-		if err == nil {
-			found, err = pgx.CollectRows(rows, pgx.RowTo[int])
-		}
-		if err != nil {
-			// A schema dropped since the last listing fails its chunk: list
-			// them again, and the next pass asks the others again.
+			f.listAgain()
+		} else if err != nil {
+			// A schema dropped since the last listing fails its ask: list
+			// them again, and the next pass asks it again.
 			f.listAgain()
 			f.compareAgain(chunk)
-			errs = append(errs, err)
+			errs = append(errs, fmt.Errorf("ask %s: %w", chunk[0].table, err))
 			continue
 		}
 		for _, i := range found {
@@ -921,6 +929,41 @@ func (f *Fleet) reconcile(ctx context.Context, full bool, pass int64) error {
 	}
 	return errors.Join(errs...)
 }
+
+// ask returns the indexes of the outboxes of chunk that hold outstanding
+// rows, in one statement. It gives up on a lock after 2 s and on the whole
+// after reconcileAsk: a table that DDL holds (VACUUM FULL, an ALTER under
+// way) once held the pass's every later chunk up to its 30 s, failing them
+// all.
+func (f *Fleet) ask(ctx context.Context, chunk []*member) ([]int, error) {
+	ctx, cancel := context.WithTimeout(ctx, reconcileAsk)
+	defer cancel()
+	var q strings.Builder
+	for i, m := range chunk {
+		if i > 0 {
+			q.WriteString(" UNION ALL ")
+		}
+		fmt.Fprintf(&q, "SELECT %d WHERE EXISTS (SELECT 1 FROM %s WHERE dispatched_at IS NULL)", i, m.table.Ident())
+	}
+	var found []int
+	err := pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '2s'"); err != nil {
+			return err
+		}
+		// Simple protocol: each text is asked once, so preparing it would
+		// only add a round trip and a statement the connection keeps.
+		rows, err := tx.Query(ctx, q.String(), pgx.QueryExecModeSimpleProtocol)
+		if err != nil {
+			return err
+		}
+		found, err = pgx.CollectRows(rows, pgx.RowTo[int])
+		return err
+	})
+	return found, err
+}
+
+// reconcileAsk bounds one statement of a reconciliation pass (ask).
+const reconcileAsk = 10 * time.Second
 
 // madeAgain tells m's sweeper, when its table's oid is not the one the
 // listings and reconciliations read before, that its outbox was made again under its name (a

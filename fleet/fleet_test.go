@@ -1752,3 +1752,28 @@ func TestFleetALockedTenantDoesNotHoldTheTurn(t *testing.T) {
 		return strings.Contains(logs.String(), "lock timeout")
 	})
 }
+
+// An outbox whose reconciliation ask fails every time (here a column it
+// reads renamed by hand) does not keep its neighbours from being answered:
+// asked in one statement with it, they failed with it at every pass, and a
+// row of theirs whose commit notified nobody waited for good.
+func TestFleetAFailingAskLeavesItsNeighboursAnswered(t *testing.T) {
+	base := dbtest.Schema(t)
+	tbls := tenants(t, base, 3)
+	broken, kept := tbls[0], tbls[2] // in one chunk
+	p := memory.New(memory.Config{})
+	f, l := newFleet(t, base+"_t*", p, "fleet-"+base, fleet.WithoutSlices(fleet.Options{Reconcile: 100 * time.Millisecond}))
+	waitParked(t, f, tbls)
+	passedParked(t, f)
+	_, err := dbtest.Pool(t).Exec(context.Background(), "ALTER TABLE "+broken.Ident()+" RENAME COLUMN dispatched_at TO gone")
+	require.NoError(t, err)
+	// One transaction, so that one pass finds both counts moved and asks
+	// both at once.
+	silently(t, "kept", "", broken, kept)
+	dbtest.Eventually(t, time.Minute, "the kept outbox's row delivered", func() bool {
+		return slices.ContainsFunc(p.Messages(), func(m producer.Message) bool { return string(m.Payload) == "kept" })
+	})
+	dbtest.Eventually(t, time.Minute, "the broken outbox's ask failing, named", func() bool {
+		return strings.Contains(l.String(), "ask "+broken.String())
+	})
+}
