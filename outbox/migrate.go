@@ -21,6 +21,10 @@ type MigrateResult struct {
 	From, To int32
 	// Applied names the migrations applied, in order.
 	Applied []string
+	// Newer says the table was at a version newer than this binary's
+	// (SchemaVersion): a newer sweeper migrated it, and this one, rolled
+	// back to, relays it as it is. Nothing was applied.
+	Newer bool
 }
 
 // Migrate brings the outbox table t and its dead-letter table to the newest
@@ -49,8 +53,17 @@ func Migrate(ctx context.Context, conn *pgx.Conn, t Table) (MigrateResult, error
 		_, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", lock)
 	}()
 
-	if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{t.Schema}.Sanitize()); err != nil {
-		return MigrateResult{}, fmt.Errorf("create schema %q: %w", t.Schema, err)
+	// Only when missing: CREATE SCHEMA IF NOT EXISTS needs CREATE on the
+	// database even when the schema is there, which a role that owns its
+	// schema (a DBA made the tenants' schemas) need not have.
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = $1)", t.Schema).Scan(&exists); err != nil {
+		return MigrateResult{}, fmt.Errorf("look for schema %q: %w", t.Schema, err)
+	}
+	if !exists {
+		if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{t.Schema}.Sanitize()); err != nil {
+			return MigrateResult{}, fmt.Errorf("create schema %q: %w", t.Schema, err)
+		}
 	}
 
 	m, err := migrate.NewMigrator(ctx, conn, versionTable(t))
@@ -64,6 +77,13 @@ func Migrate(ctx context.Context, conn *pgx.Conn, t Table) (MigrateResult, error
 	var res MigrateResult
 	if res.From, err = m.GetCurrentVersion(ctx); err != nil {
 		return res, fmt.Errorf("read schema version from %s: %w", versionTable(t), err)
+	}
+	if res.From > SchemaVersion() {
+		// A rollback of the binary: its init step (deploy/) ran migrate and
+		// failed on tern's "outside the valid versions", and no pod of the
+		// older sweeper started, where /readyz takes a newer schema.
+		res.To, res.Newer = res.From, true
+		return res, nil
 	}
 	m.OnStart = func(_ int32, name, _, _ string) { res.Applied = append(res.Applied, name) }
 	if err := m.Migrate(ctx); err != nil {
@@ -214,7 +234,8 @@ type MigrationStatus struct {
 
 // CheckMigrations reads t's schema version through db and says what Migrate
 // would apply. It changes nothing. A version above the newest this build
-// knows (a newer sweeper migrated the table) is reported as an error.
+// knows (a newer sweeper migrated the table) has nothing pending: Current
+// above Latest says so.
 func CheckMigrations(ctx context.Context, db interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
 }, t Table) (MigrationStatus, error) {
@@ -227,8 +248,7 @@ func CheckMigrations(ctx context.Context, db interface {
 		return st, fmt.Errorf("read the schema version of %s: %w", t.WithDefaults(), err)
 	}
 	if st.Current > st.Latest {
-		return st, fmt.Errorf("%s is at schema version %d, newer than this sweeper's %d: a newer sweeper migrated it; run that version",
-			t.WithDefaults(), st.Current, st.Latest)
+		return st, nil // a newer sweeper migrated it: nothing to apply
 	}
 	st.Pending = steps[st.Current:]
 	return st, nil

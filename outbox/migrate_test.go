@@ -158,3 +158,64 @@ func TestMigrationScriptBuildsWhatMigrateBuilds(t *testing.T) {
 	_, err = outbox.MigrationScript(outbox.Table{Name: "Bad"}, 0, true)
 	require.ErrorContains(t, err, "not a valid name")
 }
+
+// A table a newer sweeper migrated is left as it is, without an error: the
+// older binary's migrate step (an init container) ran at a rollback and
+// failed on tern's "outside the valid versions", and no pod started.
+func TestMigrateLeavesANewerSchemaAsItIs(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	ctx := context.Background()
+	newer := outbox.SchemaVersion() + 1
+	_, err := dbtest.Pool(t).Exec(ctx, fmt.Sprintf("UPDATE %s SET version = %d", outbox.VersionIdent(tbl), newer))
+	require.NoError(t, err)
+	conn, err := pgx.Connect(ctx, dbtest.URL(t))
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	res, err := outbox.Migrate(ctx, conn, tbl)
+	require.NoError(t, err)
+	require.True(t, res.Newer)
+	require.Empty(t, res.Applied)
+	require.Equal(t, newer, res.From)
+	require.Equal(t, newer, res.To)
+	st, err := outbox.CheckMigrations(ctx, conn, tbl)
+	require.NoError(t, err)
+	require.Equal(t, newer, st.Current)
+	require.Empty(t, st.Pending)
+	v, err := outbox.CurrentSchemaVersion(ctx, conn, tbl)
+	require.NoError(t, err)
+	require.Equal(t, newer, v, "nothing changed")
+}
+
+// A role that owns its schema, with no right to create schemas in the
+// database (a DBA made the tenants' schemas), migrates its outbox: the
+// schema was created IF NOT EXISTS, which Postgres refuses without CREATE
+// on the database even when the schema is there.
+func TestMigrateInASchemaTheRoleOwnsWithoutCreateOnTheDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := dbtest.Schema(t) // dropped at cleanup
+	role := schema + "_owner"
+	pool := dbtest.Pool(t)
+	_, err := pool.Exec(ctx, "CREATE ROLE "+pgx.Identifier{role}.Sanitize()+" LOGIN")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP OWNED BY "+pgx.Identifier{role}.Sanitize())
+		_, _ = pool.Exec(context.Background(), "DROP ROLE "+pgx.Identifier{role}.Sanitize())
+	})
+	_, err = pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()+" AUTHORIZATION "+pgx.Identifier{role}.Sanitize())
+	require.NoError(t, err)
+
+	cfg, err := pgx.ParseConfig(dbtest.URL(t))
+	require.NoError(t, err)
+	cfg.User = role
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	var canCreate bool
+	require.NoError(t, conn.QueryRow(ctx, "SELECT has_database_privilege(current_database(), 'CREATE')").Scan(&canCreate))
+	require.False(t, canCreate, "the role must not create schemas for this test to mean anything")
+	res, err := outbox.Migrate(ctx, conn, outbox.Table{Schema: schema, Name: "outbox"})
+	require.NoError(t, err)
+	require.Equal(t, outbox.SchemaVersion(), res.To)
+}

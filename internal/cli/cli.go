@@ -579,6 +579,11 @@ func migrateOne(ctx context.Context, conn *pgx.Conn, tbl outbox.Table, out io.Wr
 	if err != nil {
 		return err
 	}
+	if res.Newer {
+		fmt.Fprintf(out, "%s is at schema version %d, newer than this sweeper's %d (a newer sweeper migrated it): nothing to apply; this sweeper relays it as it is\n",
+			tbl, res.To, outbox.SchemaVersion())
+		return nil
+	}
 	if len(res.Applied) == 0 {
 		fmt.Fprintf(out, "%s is up to date at schema version %d\n", tbl, res.To)
 		return nil

@@ -62,6 +62,9 @@ func migrateStatusCommand(ctx context.Context, c *common, f *flags, out, _ io.Wr
 		return err
 	}
 	switch {
+	case st.Current > st.Latest:
+		fmt.Fprintf(out, "%s is at schema version %d, newer than this sweeper's %d (a newer sweeper migrated it): `sweeper migrate` has nothing to apply, "+
+			"and this sweeper relays it as it is\n", tbl, st.Current, st.Latest)
 	case len(st.Pending) == 0:
 		fmt.Fprintf(out, "%s is at schema version %d, the newest: `sweeper migrate` has nothing to apply\n", tbl, st.Current)
 	case st.Current == 0:
