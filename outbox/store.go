@@ -291,6 +291,26 @@ func serverRefused(err error) bool {
 }
 
 // explain adds what to do to errors an operator can fix.
+// findHistory returns an error wrapping ErrNoHistory, saying what to do,
+// when the history table the page's moves write to does not exist, and says
+// whether it found it. Without the outbox table either it reports nothing:
+// the sweep's first statement fails on that, as it always has (explain; a
+// host's dropped tenant).
+func (s *store) findHistory(ctx context.Context) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
+	defer cancel()
+	var found, outbox bool
+	if err := s.pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL",
+		HistoryIdent(s.table), s.table.Ident()).Scan(&found, &outbox); err != nil {
+		return false, fmt.Errorf("look for the history table of %s: %w", s.table, err)
+	}
+	if !found && outbox {
+		return false, fmt.Errorf("%w: %s does not exist (schema version 10 makes it), so no row could be recorded as sent and none is sent: "+
+			"run `sweeper migrate --schema %s --table %s` against this database", ErrNoHistory, HistoryIdent(s.table), s.table.Schema, s.table.Name)
+	}
+	return found, nil
+}
+
 func (s *store) explain(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {

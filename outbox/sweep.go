@@ -100,6 +100,19 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool, yi
 		}
 		return res, nil
 	}
+	// A page's rows could be sent but never recorded as sent without the
+	// history table: sent again at every sweep. Retention's Prepare refuses
+	// the start on it, but a relay that started while the database was
+	// down, or a tenant's schema made again from an old dump, met it only
+	// at the moves, every page rolled back after its sends (an independent
+	// review).
+	if !s.historyFound.Load() {
+		found, err := s.store.findHistory(work)
+		if err != nil {
+			return res, err
+		}
+		s.historyFound.Store(found)
+	}
 	pass := s.gate.open(time.Now())
 	defer s.gate.close(pass)
 	res.retrying = pass.backingOff

@@ -200,6 +200,10 @@ type Sweeper struct {
 	// tableGone says a statement found the outbox table dropped and the
 	// host was told (dropped), until a sweep succeeds again.
 	tableGone atomic.Bool
+	// historyFound says the history table was found since the sweeper began,
+	// or since Recheck (a table made again may lack it): until then each
+	// sweep looks for it before any page (store.findHistory).
+	historyFound atomic.Bool
 	// behind is when the oldest row of the last page claimed was written
 	// (Unix nanoseconds), kept while the sweep runs and after one that left
 	// rows (a drain, a failure); 0 once a sweep ends with none left. Behind
@@ -550,7 +554,10 @@ func (s *Sweeper) Asleep() bool {
 // before it wakes a parked sweeper whose outbox it found holding rows, which
 // may lie below the floors (put back by hand, or committed while no
 // notification could come).
-func (s *Sweeper) Recheck() { s.cursor.markStale() }
+func (s *Sweeper) Recheck() {
+	s.cursor.markStale()
+	s.historyFound.Store(false)
+}
 
 // SweepFailure describes Run's sweeps failing one after another.
 type SweepFailure struct {

@@ -220,12 +220,22 @@ func (r *Relay) Sweeper() *outbox.Sweeper { return r.sweeper }
 func (r *Relay) Run(ctx context.Context) error {
 	defer r.closeAlerting(ctx)
 	if r.opts.Admin.Addr != "" {
-		waitAdmin, err := admin.Start(ctx, r.adminConfig())
+		// The API's own end, at Run's return whatever the cause: it served
+		// until ctx was done, and a start refused (a schema without
+		// history) waited for it, Run never returning, /healthz ok, the
+		// error unsaid until someone stopped the process (an independent
+		// review).
+		adminCtx, stopAdmin := context.WithCancel(ctx)
+		waitAdmin, err := admin.Start(adminCtx, r.adminConfig())
 		if err != nil {
+			stopAdmin()
 			_ = r.producer.Close(ctx)
 			return err
 		}
-		defer waitAdmin()
+		defer func() {
+			stopAdmin()
+			waitAdmin()
+		}()
 		r.opts.Logger.Info("admin API listening", "addr", r.opts.Admin.Addr, "token", r.opts.Admin.Token != "",
 			"allowed_hosts", r.opts.Admin.AllowedHosts)
 	}

@@ -79,6 +79,31 @@ func TestAnAdminAPIThatCannotListenFailsRunWithEverythingClosed(t *testing.T) {
 	requireClosed(t, b)
 }
 
+// A schema without the history table refuses the start with the admin API
+// serving: Run returns the error, saying to migrate, with everything closed.
+// It waited for the API, which ended only with ctx: Run never returned,
+// /healthz said ok, and the error went unsaid.
+func TestAStartRefusedEndsTheAdminAPIAndRunReturns(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tbl := b.opts.Sweeper.Table
+	_, err := dbtest.Pool(t).Exec(context.Background(), "DROP TABLE "+outbox.HistoryIdent(tbl))
+	require.NoError(t, err)
+	b.opts.Admin = admin.Config{Addr: "127.0.0.1:0"}
+	r, err := relay.New(dbtest.Pool(t), b.producer, b.opts)
+	require.NoError(t, err)
+	ran := make(chan error, 1)
+	go func() { ran <- r.Run(context.Background()) }()
+	select {
+	case err := <-ran:
+		require.ErrorIs(t, err, outbox.ErrNoHistory)
+		require.ErrorContains(t, err, "sweeper migrate")
+	case <-time.After(time.Minute):
+		t.Fatal("Run did not return on a start it refused")
+	}
+	requireClosed(t, b)
+}
+
 func TestNewRefusesAConfigOutOfRangeAsAConfigError(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
