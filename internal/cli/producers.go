@@ -96,7 +96,9 @@ func (o *producerOptions) build(f *flags, out io.Writer, logger *slog.Logger) (p
 		for _, u := range strings.Split(o.natsURL, ",") {
 			parsed, err := url.Parse(strings.TrimSpace(u))
 			if err != nil || parsed.Host == "" || !slices.Contains([]string{"nats", "tls", "ws", "wss"}, parsed.Scheme) {
-				return nil, usagef("invalid value %q for %s: write nats://host:port (or tls://, ws://, wss://), several separated by commas", redactURL(u), f.origin("nats-url"))
+				// redactIn, not redactURL: a NATS URL's user may be a token
+				// alone (nats://TOKEN@host), which has no password to hide.
+				return nil, usagef("invalid value %q for %s: write nats://host:port (or tls://, ws://, wss://), several separated by commas", redactIn(u, u), f.origin("nats-url"))
 			}
 		}
 		if o.natsStreamsRefresh == 0 {

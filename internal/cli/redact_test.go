@@ -24,6 +24,9 @@ func TestURLFlagsNeverPrintTheirPassword(t *testing.T) {
 		{"rabbitmq-url", "amqp://u:" + marker + "%zz@h", []string{"--producer", "rabbitmq"}},
 		{"nats-url", "http://u:" + marker + "@h", []string{"--producer", "nats"}},
 		{"nats-url", "nats://a:4222,nats://u:" + marker + "%zz@h:4222", []string{"--producer", "nats"}},
+		// NATS's token authentication: the token alone, where a user would be.
+		{"nats-url", "nats://" + marker + "@", []string{"--producer", "nats"}},
+		{"nats-url", "http://" + marker + "@h:4222", []string{"--producer", "nats"}},
 		{"servicebus-connection-string", "Endpoint=sb://x/;SharedAccessKeyName=k;SharedAccessKey=" + marker + ";junk", []string{"--producer", "servicebus"}},
 		{"kafka-sasl-password", marker, []string{"--producer", "kafka", "--kafka-brokers", "a:9092"}},
 		{"kafka-sasl-password", marker, []string{"--producer", "kafka", "--kafka-brokers", "a:9092", "--kafka-sasl-mechanism", "scram-sha-512"}},
