@@ -1,6 +1,10 @@
 # Build: docker build --build-arg VERSION=$(git describe --tags --always) -t outbox-sweeper .
-# Run:   docker run --rm -e OUTBOX_DATABASE_URL=postgres://user:pass@db:5432/app outbox-sweeper
+# Run:   docker run --rm -e OUTBOX_DATABASE_URL=postgres://user:pass@db:5432/app \
+#          -e OUTBOX_PRODUCER=rabbitmq -e OUTBOX_RABBITMQ_URL=amqp://user:pass@broker:5672/ outbox-sweeper
 #        docker run --rm -e OUTBOX_DATABASE_URL=… outbox-sweeper migrate
+# Name the producer: the default, stdout, prints every row to the container's
+# log and counts it sent (for trying the sweeper out, not for an outbox of
+# record).
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
 COPY go.mod go.sum ./

@@ -27,6 +27,11 @@ func main() {
 	if _, set := os.LookupEnv("GOGC"); !set {
 		debug.SetGCPercent(gcPercent)
 	}
+	// SIGHUP re-reads a list of databases (the relay of many asks for it
+	// then); otherwise it is ignored rather than ending the process at once,
+	// its pages rolled back and sent again, as its default action did (a
+	// terminal closed, a `systemctl reload`).
+	signal.Ignore(syscall.SIGHUP)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := cli.Main(ctx, os.Args[1:], os.Stdout, os.Stderr, os.LookupEnv)
 	stop()
