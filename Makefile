@@ -38,7 +38,7 @@ build:
 run: build
 	scripts/services.sh run
 	@$(LOADENV) url='$(DATABASE_URL)'; \
-	  if [ '$(origin DATABASE_URL)' = file ] && [ -n "$${RUN_DATABASE_URL:-}" ]; then url=$$RUN_DATABASE_URL; fi; \
+	  if [ '$(origin DATABASE_URL)' = file ]; then url=$${OUTBOX_DATABASE_URL:-$${RUN_DATABASE_URL:-$$url}}; fi; \
 	  set -x; $(BIN) migrate --database-url "$$url" && psql -q "$$url" -f sql/examples/demo.sql && \
 	  { set +x; echo "relaying; the messages follow as JSON lines. Ctrl-C stops."; } && \
 	  exec $(BIN) run --database-url "$$url"
@@ -48,7 +48,7 @@ run: build
 run-tenants: build
 	scripts/services.sh run
 	@$(LOADENV) url='$(DATABASE_URL)'; \
-	  if [ '$(origin DATABASE_URL)' = file ] && [ -n "$${RUN_DATABASE_URL:-}" ]; then url=$$RUN_DATABASE_URL; fi; \
+	  if [ '$(origin DATABASE_URL)' = file ]; then url=$${OUTBOX_DATABASE_URL:-$${RUN_DATABASE_URL:-$$url}}; fi; \
 	  set -x; psql -q "$$url" -f sql/examples/tenants.sql && $(BIN) migrate --database-url "$$url" --schemas 'demo_tenant_*' && \
 	  psql -q "$$url" -f sql/examples/tenants_demo.sql && \
 	  { set +x; echo "relaying the tenants; the messages follow as JSON lines. Ctrl-C stops."; } && \
