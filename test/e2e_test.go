@@ -150,11 +150,16 @@ func TestRunRelaysToStdoutAndExitsZeroOnSIGTERM(t *testing.T) {
 	p := start(t, []string{"OUTBOX_DATABASE_URL=" + dbtest.URL(t), "OUTBOX_SCHEMA=" + tbl.Schema, "OUTBOX_LOG_FORMAT=json"},
 		"run", "--tick", "50ms", "--page-size", "16")
 	dbtest.Eventually(t, 2*time.Minute, "50 lines on stdout", func() bool { return len(p.Lines()) >= 50 })
+	// SIGHUP does not stop a relay of one (it ended the process at once,
+	// its pages rolled back): it relays on, and exits 0 on the SIGTERM.
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGHUP))
+	insertRows(t, tbl, "orders", 5)
+	dbtest.Eventually(t, 2*time.Minute, "55 lines on stdout, after a SIGHUP", func() bool { return len(p.Lines()) >= 55 })
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
 	require.Equal(t, 0, p.wait(t, time.Minute), p.Stderr())
 
 	msgs := parseLines(t, p.Lines())
-	require.Len(t, msgs, 50)
+	require.Len(t, msgs, 55)
 	last := map[string]int64{}
 	for _, m := range msgs {
 		require.Greater(t, m.ID, last[m.Topic], "order within %s", m.Topic)
@@ -508,10 +513,22 @@ func TestBinaryAdminAPI(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	require.Contains(t, out, "broker breaker is open (tripped by hand: broker failover")
 	insertRows(t, tbl, "held", 5)
-	dbtest.Eventually(t, time.Minute, "a sweep blocked by the breaker", func() bool {
-		_, body := call("GET", "/metrics", "")
-		return strings.Contains(body, "outbox_dependency_circuit_breaker_state 1")
+	// And a row past its deadline: a tick expires it even with the breaker
+	// open, so its dead letter says a tick ran after the rows were written
+	// (the breaker's gauge is set by the trip itself, before any sweep met
+	// it, and a blocked sweep is not counted).
+	_, err := dbtest.Pool(t).Exec(context.Background(), "INSERT INTO "+tbl.Ident()+" (topic, payload, expires_at) VALUES ('held', 'late', now() - interval '1 minute')")
+	require.NoError(t, err)
+	dbtest.Eventually(t, time.Minute, "a tick after the rows were written", func() bool {
+		var n int
+		require.NoError(t, dbtest.Pool(t).QueryRow(context.Background(), "SELECT count(*) FROM "+tbl.DeadLetterIdent()+" WHERE reason = 'expired'").Scan(&n))
+		return n == 1
 	})
+	// It served as a witness; requireNothingCharged counts dead letters too.
+	_, err = dbtest.Pool(t).Exec(context.Background(), "DELETE FROM "+tbl.DeadLetterIdent())
+	require.NoError(t, err)
+	_, metricsBody := call("GET", "/metrics", "")
+	require.Contains(t, metricsBody, "outbox_dependency_circuit_breaker_state 1")
 	require.Equal(t, 5, dbtest.Outstanding(t, tbl))
 	requireNothingCharged(t, tbl)
 	code, out, _ = runOnce(t, append([]string{"breaker", "status"}, cli...)...)

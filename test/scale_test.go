@@ -161,7 +161,11 @@ func TestChaosKilledInstancesLoseNothing(t *testing.T) {
 				return false
 			}
 		})
-		inFlight += lockedRows(t, tbl) + 2*200 // and what may be claimed before the kill lands: a page a lane
+		// And what may be claimed before the kill lands: a transaction
+		// claims up to 8 pages (outbox's pagesPerTransaction), one ahead of
+		// another, in each of the 2 lanes; a page a lane was too little
+		// when the test's goroutine waited for the CPU before the kill.
+		inFlight += lockedRows(t, tbl) + 2*8*200
 		i := rng.IntN(len(procs))
 		require.NoError(t, procs[i].cmd.Process.Kill())
 		procs[i].wait(t, time.Minute)
