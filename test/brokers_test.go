@@ -257,7 +257,9 @@ func TestRoundTripRabbitMQ(t *testing.T) {
 }
 
 // A topic no queue is bound to fails as topic-class through the whole relay:
-// its rows stay outstanding with the reason, the other topics are delivered.
+// its rows stay outstanding with the reason, none charged or dead-lettered,
+// the other topics are delivered; once a queue is bound, every one of its
+// rows arrives.
 func TestRabbitMQUnroutableTopicThroughTheSweeper(t *testing.T) {
 	t.Parallel()
 	url := brokertest.RabbitMQURL(t)
@@ -279,6 +281,19 @@ func TestRabbitMQUnroutableTopicThroughTheSweeper(t *testing.T) {
 		"SELECT last_error FROM "+pgx.Identifier{tbl.Schema, tbl.Name}.Sanitize()+" WHERE topic = 'unbound' ORDER BY id LIMIT 1").Scan(&lastError))
 	require.Contains(t, lastError, "topic failure (unroutable)")
 	dbtest.Eventually(t, time.Minute, "20 messages", func() bool { return rc.count() >= 20 })
+	require.Equal(t, 5, dbtest.Outstanding(t, tbl), "the unroutable topic's rows wait")
+	requireNothingCharged(t, tbl)
+
+	// The queue the application forgot, bound: the topic's trial, once its
+	// cooldown's ticks have passed (a Sweep is a tick), delivers every row.
+	late := consumeRabbitMQ(t, url, exchange, []string{"unbound"})
+	dbtest.Eventually(t, time.Minute, "the unbound topic's 5 rows, once bound", func() bool {
+		_, err := s.Sweep(context.Background())
+		require.NoError(t, err)
+		return late.count() >= 5
+	})
+	require.Zero(t, dbtest.Outstanding(t, tbl))
+	require.Empty(t, deadLetterReasons(t, tbl))
 	require.NoError(t, p.Close(context.Background()))
 }
 
@@ -513,6 +528,46 @@ func TestRoundTripNATS(t *testing.T) {
 		count += fetched
 	}
 	checkRoundTrip(t, got, ids, topics, n)
+}
+
+// A subject no stream captures fails as topic-class through the whole relay:
+// its rows wait, none charged or dead-lettered, while a healthy subject's
+// are delivered; once a stream captures it, every one of its rows arrives.
+func TestNATSSubjectWithoutAStreamWaitsUntilOneCapturesIt(t *testing.T) {
+	t.Parallel()
+	url := brokertest.NATSURL(t)
+	healthy, missing := brokertest.Name("captured"), brokertest.Name("nostream")
+	_, healthyStream := brokertest.PrefixStream(t, url, healthy)
+	tbl := migrated(t)
+	insertRows(t, tbl, healthy+".orders", 20)
+	insertRows(t, tbl, missing+".orders", 5)
+	p, err := outboxnats.New(outboxnats.Config{URL: url})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close(context.Background()) })
+	s, err := outbox.NewSweeper(dbtest.Pool(t), p, outbox.Config{Table: tbl})
+	require.NoError(t, err)
+	res, err := s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 20, res.Dispatched)
+	require.Equal(t, []string{missing + ".orders"}, res.FailedTopics)
+	info, err := healthyStream.Info(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, uint64(20), info.State.Msgs)
+	require.Equal(t, 5, dbtest.Outstanding(t, tbl), "the uncaptured subject's rows wait")
+	requireNothingCharged(t, tbl)
+
+	// The stream the application forgot, created: the subject's trial, once
+	// its cooldown's ticks have passed (a Sweep is a tick), delivers them.
+	_, late := brokertest.PrefixStream(t, url, missing)
+	dbtest.Eventually(t, time.Minute, "the uncaptured subject's 5 rows, once captured", func() bool {
+		_, err := s.Sweep(context.Background())
+		require.NoError(t, err)
+		return dbtest.Outstanding(t, tbl) == 0
+	})
+	info, err = late.Info(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, uint64(5), info.State.Msgs)
+	require.Empty(t, deadLetterReasons(t, tbl))
 }
 
 // RabbitMQ goes away for longer than the dependency breaker's open duration
