@@ -227,6 +227,7 @@ func TestDatabaseDownAtStartThenDroppedMidRun(t *testing.T) {
 	// Cut every connection while rows keep arriving: 100 rows at a time, each
 	// time cut once the sweeper has begun relaying them, so that every cut
 	// falls in the middle of the relay whatever the machine's pace.
+	failedBefore := strings.Count(p.Stderr(), "sweep failed; retrying")
 	for i := range 5 {
 		relayed := len(p.Lines())
 		insertRows(t, tbl, fmt.Sprint("b", 2*i), 50)
@@ -235,6 +236,10 @@ func TestDatabaseDownAtStartThenDroppedMidRun(t *testing.T) {
 		proxy.Cut()
 	}
 	dbtest.Eventually(t, 2*time.Minute, "every row dispatched", func() bool { return dbtest.Outstanding(t, tbl) == 0 })
+	// The cuts were met: a statement on a cut connection failed its sweep,
+	// which was tried again (a cut of idle connections alone would prove
+	// nothing of a drop mid-run).
+	require.Greater(t, strings.Count(p.Stderr(), "sweep failed; retrying"), failedBefore, "no sweep met a cut connection")
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
 	require.Equal(t, 0, p.wait(t, time.Minute))
 

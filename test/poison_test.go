@@ -422,6 +422,12 @@ func TestLongBrokerOutageChargesNoRow(t *testing.T) {
 				require.Zero(t, dead, "nothing dead-lettered during the outage")
 				time.Sleep(time.Second) // paces the writes during the outage; the loop ends on the clock by design (the outage's length), not on an event
 			}
+			// The sweeper met the outage (a sender that hung past its
+			// timeout, or was never refused, would pass the checks above):
+			// its broker breaker opened on the failed sends.
+			dbtest.Eventually(t, 2*time.Minute, "the broker breaker open on the outage", func() bool {
+				return strings.Contains(p.Stderr(), "broker circuit breaker open")
+			})
 			proxy.Refuse(false)
 			proxy.Hang(false)
 			proxy.Cut() // the hung connections
