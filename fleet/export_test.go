@@ -3,6 +3,7 @@ package fleet
 import (
 	"maps"
 	"slices"
+	"time"
 )
 
 // ReconcilePasses is how many reconciliation passes are done.
@@ -34,5 +35,12 @@ func InTurnEvery(o Options, passes int) Options {
 // is about to ask, once their insert counts are read.
 func Asking(o Options, hook func(schemas []string)) Options {
 	o.asking = hook
+	return o
+}
+
+// MaintainEach bounds each outbox's retention and probe in o's maintenance
+// rounds.
+func MaintainEach(o Options, d time.Duration) Options {
+	o.maintainEach = d
 	return o
 }

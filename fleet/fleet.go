@@ -170,6 +170,9 @@ type Options struct {
 	// turn: 0 is fullReconcile, below 0 none (for tests that prove what the
 	// insert counts find alone).
 	turns int
+	// maintainEach bounds one outbox's retention and probe in a maintenance
+	// round (maintainEachDefault when 0).
+	maintainEach time.Duration
 	// asking, when set, is called with the schemas a reconciliation pass
 	// is about to ask (when it asks any), after their counts are read: for
 	// a test that drops one of them there, so that its chunk fails.
@@ -1003,6 +1006,9 @@ func (f *Fleet) compareAgain(ms []*member) {
 // whose sweeps moved rows since their last run, and retention alone of a
 // share of the idle ones, so that each idle outbox has it once per
 // IdleMaintenance (an idle outbox makes no dead letter for the probe).
+// maintainEachDefault bounds one outbox's share of a maintenance round.
+const maintainEachDefault = time.Minute
+
 func (f *Fleet) maintain(ctx context.Context) {
 	outbox.RunOnSchedule(ctx, outbox.Every(f.opts.Maintenance), f.opts.Logger, "maintenance", func(ctx context.Context) error {
 		f.mu.Lock()
@@ -1018,7 +1024,9 @@ func (f *Fleet) maintain(ctx context.Context) {
 				idle = append(idle, m)
 			}
 		}
-		slices.SortFunc(idle, func(a, b *member) int { return a.maintained.Compare(b.maintained) })
+		slices.SortFunc(idle, func(a, b *member) int {
+			return cmp.Or(a.maintained.Compare(b.maintained), strings.Compare(a.table.String(), b.table.String()))
+		})
 		quota := max(1, (len(members)*int(f.opts.Maintenance)+int(f.opts.IdleMaintenance)-1)/int(f.opts.IdleMaintenance))
 		idle = idle[:min(len(idle), quota)]
 		var errs []error
@@ -1027,15 +1035,21 @@ func (f *Fleet) maintain(ctx context.Context) {
 				return nil
 			}
 			m.maintained = now
-			if _, err := m.retention.RunOnce(ctx); err != nil {
+			// Each outbox's turn is bounded: one whose table DDL holds
+			// (VACUUM FULL, LOCK TABLE) or whose database stalls held up
+			// every outbox after it, their partitions not made ahead and
+			// their dead letters not told, for as long as it lasted. Its
+			// deletes commit batch by batch: the next round goes on.
+			mctx, cancel := context.WithTimeout(ctx, cmp.Or(f.opts.maintainEach, maintainEachDefault))
+			if _, err := m.retention.RunOnce(mctx); err != nil {
 				errs = append(errs, fmt.Errorf("retention of %s: %w", m.table, err))
 			}
-			if i >= len(busy) {
-				continue
+			if i < len(busy) {
+				if _, err := m.probe.RunOnce(mctx); err != nil {
+					errs = append(errs, fmt.Errorf("dead-letter probe of %s: %w", m.table, err))
+				}
 			}
-			if _, err := m.probe.RunOnce(ctx); err != nil {
-				errs = append(errs, fmt.Errorf("dead-letter probe of %s: %w", m.table, err))
-			}
+			cancel()
 		}
 		return errors.Join(errs...)
 	})

@@ -1777,3 +1777,31 @@ func TestFleetAFailingAskLeavesItsNeighboursAnswered(t *testing.T) {
 		return strings.Contains(l.String(), "ask "+broken.String())
 	})
 }
+
+// One tenant whose table DDL holds does not hold up the maintenance of the
+// others: its turn ends by its bound and the next tenant's retention runs
+// (its old dead letter deleted). It waited for as long as the lock lasted,
+// every tenant after it unmaintained.
+func TestFleetALockedTenantDoesNotHoldUpTheOthersMaintenance(t *testing.T) {
+	base := dbtest.Schema(t)
+	tbls := tenants(t, base, 2)
+	locked, other := tbls[0], tbls[1] // in this order: idle tenants by name
+	ctx := context.Background()
+	_, err := dbtest.Pool(t).Exec(ctx, "INSERT INTO "+other.DeadLetterIdent()+
+		" (id, message_id, topic, payload, created_at, reason, dead_lettered_at) VALUES (1, gen_random_uuid(), 'orders', 'x', now(), 'invalid_message', now() - interval '2 hours')")
+	require.NoError(t, err)
+	lock, err := dbtest.Pool(t).Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = lock.Rollback(ctx) }()
+	_, err = lock.Exec(ctx, "LOCK TABLE "+locked.Ident()+", "+locked.DeadLetterIdent()+" IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+
+	_, logs := newFleet(t, base+"_t*", memory.New(memory.Config{}), "fleet-"+base, fleet.MaintainEach(fleet.Options{
+		Reconcile: time.Hour, Maintenance: 100 * time.Millisecond, IdleMaintenance: 100 * time.Millisecond,
+		Retention: outbox.RetentionConfig{DeadLetters: time.Hour},
+	}, time.Second))
+	dbtest.Eventually(t, time.Minute, "the other tenant's old dead letter deleted by its retention", func() bool {
+		return deadLetters(t, other) == 0
+	})
+	require.Contains(t, logs.String(), "retention of "+locked.String(), "the locked tenant's turn ended on its bound")
+}
