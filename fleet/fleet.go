@@ -1282,10 +1282,17 @@ func (m *member) done(resume bool, res outbox.SweepResult) {
 
 func (m *member) Waiting() bool { return m.fleet.turns.busy(m.resumed.Load()) }
 
+// DeadLetteredAside makes the outbox's maintenance due, its probe with it,
+// for rows its sweeper dead-lettered outside a sweep (outbox.AsideHost).
+func (m *member) DeadLetteredAside(int) { m.touched.Store(true) }
+
 // PageLimit keeps a drain's pages short while quiet outboxes sweep (turns).
 func (m *member) PageLimit() int { return m.fleet.turns.pageLimit() }
 
-var _ outbox.PagingHost = (*member)(nil)
+var (
+	_ outbox.PagingHost = (*member)(nil)
+	_ outbox.AsideHost  = (*member)(nil)
+)
 
 // Gone lists the schemas again at once: the outbox's sweep found its table
 // dropped, and the listing stops its sweeper (outbox.ListingHost).

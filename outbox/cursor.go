@@ -328,7 +328,7 @@ func (c *cursor) markStale() {
 // says parked was cleared: a thousand parked outboxes' tickers of a minute
 // woke an idle fleet 17 times a second, each a futex and a scheduler pass,
 // half of the process's CPU at rest (BENCHMARKS.md, 2026-11-28).
-func (c *cursor) checkFloors(ctx context.Context, s *store, logger *slog.Logger, parked *atomic.Bool, changed <-chan struct{}) {
+func (c *cursor) checkFloors(ctx context.Context, s *store, logger *slog.Logger, parked *atomic.Bool, changed <-chan struct{}, aside func(n int)) {
 	t := time.NewTimer(c.resetEvery)
 	defer t.Stop()
 	// due is when the next check falls: a timer started again resumes the
@@ -385,7 +385,7 @@ func (c *cursor) checkFloors(ctx context.Context, s *store, logger *slog.Logger,
 			logger.Warn("checking the cursor's floors failed; the next sweep reads every topic from its first row",
 				"table", s.table.String(), "err", err)
 			c.markStale()
-		case below && c.nonPositiveAside(ctx, s, logger):
+		case below && c.nonPositiveAside(ctx, s, logger, aside):
 			// Only rows no sweep could ever send were below: nothing to forget.
 		case below:
 			logger.Info("an outstanding row lies below where the sweeps read (put back by hand, or its writer stalled); "+
@@ -403,7 +403,7 @@ func (c *cursor) checkFloors(ctx context.Context, s *store, logger *slog.Logger,
 // ever read them, and forgetting the floors for them only made every sweep
 // read every topic again, once a minute (dead_letter_nonpositive.sql). It
 // reports whether the floors then hold no outstanding row below them.
-func (c *cursor) nonPositiveAside(ctx context.Context, s *store, logger *slog.Logger) bool {
+func (c *cursor) nonPositiveAside(ctx context.Context, s *store, logger *slog.Logger, aside func(n int)) bool {
 	moveCtx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
 	moved, err := s.deadLetterNonPositive(moveCtx, maxNonPositive)
@@ -416,6 +416,7 @@ func (c *cursor) nonPositiveAside(ctx context.Context, s *store, logger *slog.Lo
 	if len(moved) == 0 {
 		return false
 	}
+	aside(rows)
 	slices.Sort(moved)
 	moved = slices.Compact(moved)
 	shown := make([]string, 0, min(len(moved), maxLoggedTopics))

@@ -505,3 +505,19 @@ func TestARowWithANonPositiveIDThatCannotBeMovedStays(t *testing.T) {
 	require.Equal(t, 1, dbtest.Outstanding(t, tbl), "the row stays in the outbox")
 	require.Len(t, readDeadLetters(t, tbl), 1, "the dead letter holding its id too")
 }
+
+// The rows the floors' check moves aside are told to the host (AsideHost),
+// which no sweep's result carries: a relay of many probed only the outboxes
+// whose sweeps moved rows, and these dead letters went untold.
+func TestRowsMovedAsideAreTold(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tbl := dbtest.Table(t)
+	_, err := dbtest.Pool(t).Exec(ctx, "INSERT INTO "+tbl.Ident()+" (id, topic, payload) OVERRIDING SYSTEM VALUE VALUES (-5, 'neg', 'x'), (0, 'a', 'y')")
+	require.NoError(t, err)
+	s := newSweeper(t, dbtest.Pool(t), memory.New(memory.Config{}), outbox.Config{Table: tbl})
+	told := 0
+	require.True(t, outbox.MoveNonPositiveAside(ctx, s, func(n int) { told += n }))
+	require.Equal(t, 2, told)
+	require.Len(t, readDeadLetters(t, tbl), 2)
+}

@@ -137,3 +137,9 @@ func (c ClaimedPage) Misplace(id int64) {
 
 // End ends the page.
 func (c ClaimedPage) End(ctx context.Context) error { return c.p.end(ctx) }
+
+// MoveNonPositiveAside runs the floors' check's move of the rows whose id is
+// not positive, telling aside how many it moved.
+func MoveNonPositiveAside(ctx context.Context, s *Sweeper, aside func(n int)) bool {
+	return s.cursor.nonPositiveAside(ctx, s.store, s.logger, aside)
+}

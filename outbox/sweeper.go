@@ -121,6 +121,16 @@ type ListingHost interface {
 	Gone()
 }
 
+// AsideHost is a Host told of the rows a sweeper dead-lettered outside a
+// sweep, which no sweep's result carries: the floors' check moving rows whose
+// id is not positive aside (invalid_id). A host that maintains the outboxes
+// whose sweeps moved rows (their dead-letter probe) counts these too, or
+// their dead letters went untold.
+type AsideHost interface {
+	Host
+	DeadLetteredAside(n int)
+}
+
 // AwakeHost is a Host that keeps its outboxes' awake locks on a session of
 // its own, the one it LISTENs on (Listener.AwakeLock): a sweeper of its own
 // opens a connection for its lock, which a host of a thousand outboxes could
@@ -330,7 +340,11 @@ func (s *Sweeper) Run(ctx context.Context) error {
 	// The cursor's floors are checked beside the sweeps (cursor.go).
 	checkCtx, stopChecking := context.WithCancel(ctx)
 	var checking sync.WaitGroup
-	checking.Go(func() { s.cursor.checkFloors(checkCtx, s.store, s.logger, &s.parked, s.parkChanged) })
+	aside := func(int) {}
+	if h, ok := s.cfg.Host.(AsideHost); ok {
+		aside = h.DeadLetteredAside
+	}
+	checking.Go(func() { s.cursor.checkFloors(checkCtx, s.store, s.logger, &s.parked, s.parkChanged, aside) })
 	defer checking.Wait()
 	defer stopChecking()
 
