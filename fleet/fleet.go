@@ -310,7 +310,10 @@ func New(pool *pgxpool.Pool, p producer.Producer, opts Options) (*Fleet, error) 
 // expiry pass beside it), and one is kept for everything else (the listing
 // of schemas, reconciliation, maintenance, the cursors' checks), which holds
 // one at a time and waits for none while it does. So no sweep ever waits for
-// a connection that another sweep holds while it waits in turn.
+// a connection that another sweep holds while it waits in turn. Except in
+// the smallest pool, 2 (--max-connections 3): its one sweep may hold both
+// while a tick's expiry pass runs, and the rest wait for it to end (each
+// does, on its own: no deadlock, only their delay).
 func sweepsAtOnce(size int) int { return max(1, (size-1)/2) }
 
 // Outboxes returns the outboxes the fleet relays now, sorted.
