@@ -442,6 +442,13 @@ func (f *Fleet) follow(ctx context.Context) {
 			passes := f.passes.Load() + 1
 			if err := f.reconcile(ctx, at != 0, passes); err != nil && ctx.Err() == nil {
 				f.opts.Logger.Warn("reconciliation failed; it is tried again at its next time", "err", err)
+				if at != 0 {
+					// The full pass a reconnection asked for is owed still:
+					// its failure (the database just back) left the rows
+					// committed while no one listened to the passes in turn,
+					// up to an hour.
+					f.reconcileAt.CompareAndSwap(0, at)
+				}
 			}
 			f.passes.Store(passes)
 			reconcile = time.Now().Add(f.opts.Reconcile)
