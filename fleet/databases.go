@@ -208,7 +208,9 @@ func (d *Databases) sync(ctx context.Context) error {
 	d.mu.Unlock()
 	// At once: a halt waits for its database's sends in flight (up to the
 	// send timeout), and one database's slow broker must not hold up the
-	// others' letting go, nor the databases listed since.
+	// others' letting go. The databases listed since wait for the slowest
+	// halt (its sends, up to the send timeout): a changed URL must not be
+	// relayed twice, by its old fleet and its new, at once.
 	var halting sync.WaitGroup
 	for _, db := range gone {
 		d.opts.Fleet.Logger.Info("database no longer listed as it was (taken off, or its URL or name changed); its outboxes are let go", "database", db.name)

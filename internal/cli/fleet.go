@@ -186,7 +186,7 @@ func (o *runOptions) runFleet(ctx context.Context, f *flags, cfg outbox.Config, 
 }
 
 // runDatabases relays the databases --databases-file lists, a fleet each,
-// reading the file again on SIGHUP and whenever it changes.
+// reading the file again on SIGHUP and every 10 s.
 func (o *runOptions) runDatabases(ctx context.Context, f *flags, p producer.Producer, opts fleet.Options, logger *slog.Logger,
 	reg prometheus.Registerer, keep func(string) bool) error {
 	d, err := fleet.NewDatabases(p, fleet.DatabasesOptions{
