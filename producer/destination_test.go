@@ -23,6 +23,9 @@ func TestDestinationFor(t *testing.T) {
 		{"t/{database}/{topic}/{topic}", "db1", "s", "x", "t/db1/x/x"},
 		{"{database}.{topic}", "odd{topic}{schema}", "public", "orders", "odd{topic}{schema}.orders"},
 		{"{schema}.{topic}", "db1", "s", "{database}", "s.{database}"},
+		{"{schema}-{topic}", "db1", "t_1", "a_b", "t_1-a_b"},
+		{"ns.{topic}@{schema}", "db1", "t_1", "a", "ns.a@t_1"},
+		{"{database}/{schema}/{topic}", "db1", "t_1", "a", "db1/t_1/a"},
 	} {
 		require.NoError(t, producer.Destination(tc.tmpl).Validate(), tc.tmpl)
 		require.Equal(t, tc.want, producer.Destination(tc.tmpl).For(tc.database, tc.schema)(tc.topic), "%q with %q", tc.tmpl, tc.database)
@@ -38,6 +41,14 @@ func TestDestinationValidate(t *testing.T) {
 		"{topic}.{schema":       `has an unclosed {: the placeholders are {database}, {schema} and {topic}`,
 		"{Database}.{topic}":    `names {Database}`,
 		"{database}{schema}{x}": `does not contain {topic}`,
+		// Text a schema's name may hold between {schema} and another
+		// placeholder: two tenants' topics could meet.
+		"{schema}_{topic}":            `joins {schema} to another placeholder with "_"`,
+		"{schema}{topic}":             `joins {schema} to another placeholder with ""`,
+		"x.{topic}v2{schema}":         `joins {schema} to another placeholder with "v2"`,
+		"{topic}__{schema}":           `joins {schema} to another placeholder with "__"`,
+		"{database}_{schema}.{topic}": `joins {schema} to another placeholder with "_"`,
+		"{schema}/{schema}0{topic}":   `joins {schema} to another placeholder with "0"`,
 	} {
 		err := producer.Destination(tmpl).Validate()
 		require.Error(t, err, tmpl)
