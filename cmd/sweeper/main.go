@@ -33,6 +33,13 @@ func main() {
 	// terminal closed, a `systemctl reload`).
 	signal.Ignore(syscall.SIGHUP)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// The first signal starts the graceful stop; a second one ends the
+	// process at once (its default action), where it was swallowed while
+	// the stop waited, say, on a broker client that ignores its deadline.
+	go func() {
+		<-ctx.Done()
+		stop()
+	}()
 	code := cli.Main(ctx, os.Args[1:], os.Stdout, os.Stderr, os.LookupEnv)
 	stop()
 	os.Exit(code)
