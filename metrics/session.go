@@ -65,15 +65,16 @@ func (m *Metrics) setListening() {
 
 // ForMany unregisters from reg the gauges a relay of one outbox sets, which
 // in a relay of many would say one outbox's state as the process's: those
-// it refreshes from its table (Refresh), which a relay of many never
-// refreshes (they would read 0 for good, no lag and no dead letters,
-// whatever the tenants hold; a relay of many says those per tenant), and
+// it refreshes from its table (Refresh) and the time of that refresh, which
+// a relay of many never refreshes (they would read 0 for good, no lag and no
+// dead letters, whatever the tenants hold, and OutboxMetricsStale firing for
+// good; a relay of many says those per tenant), and
 // outbox_topic_tripped and outbox_sweeps_failed_consecutive, which every
 // outbox would set over the others'. RegisterOutboxes exports those two,
 // and the lag, read from all.
 func (m *Metrics) ForMany(reg prometheus.Registerer) {
 	for _, c := range []prometheus.Collector{m.outstanding, m.oldestAge, m.deadLetters, m.deadByReason, m.oldestDeadAge,
-		m.tableBytes, m.tableDeadRows, m.horizonHeld, m.horizonAge, m.tripped, m.sweepsFailing} {
+		m.tableBytes, m.tableDeadRows, m.horizonHeld, m.horizonAge, m.tripped, m.sweepsFailing, m.refreshed} {
 		reg.Unregister(c)
 	}
 }
