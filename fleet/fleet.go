@@ -423,6 +423,7 @@ func (f *Fleet) follow(ctx context.Context) {
 	reconcile := time.Now().Add(f.opts.Reconcile)
 	failing := false
 	var listed time.Time // when the last listing began
+	owed := false        // a full reconciliation failed: the next pass is full
 	for {
 		if !time.Now().Before(discover) {
 			listed = time.Now()
@@ -440,15 +441,17 @@ func (f *Fleet) follow(ctx context.Context) {
 		}
 		if at := f.reconcileAt.Swap(0); at != 0 || !time.Now().Before(reconcile) {
 			passes := f.passes.Load() + 1
-			if err := f.reconcile(ctx, at != 0, passes); err != nil && ctx.Err() == nil {
+			full := at != 0 || owed
+			asked, err := f.reconcile(ctx, full, passes)
+			// A full pass that could not ask (the database just back) is
+			// owed still, at the next pass in time: the rows committed while
+			// no one listened would otherwise wait for the passes in turn,
+			// up to an hour. Not sooner: asked again at once, a pass that
+			// failed every time ran again without a pause. An ask that
+			// failed is its outbox's own, asked again at the next pass.
+			owed = full && !asked
+			if err != nil && ctx.Err() == nil {
 				f.opts.Logger.Warn("reconciliation failed; it is tried again at its next time", "err", err)
-				if at != 0 {
-					// The full pass a reconnection asked for is owed still:
-					// its failure (the database just back) left the rows
-					// committed while no one listened to the passes in turn,
-					// up to an hour.
-					f.reconcileAt.CompareAndSwap(0, at)
-				}
 			}
 			f.passes.Store(passes)
 			reconcile = time.Now().Add(f.opts.Reconcile)
@@ -828,7 +831,7 @@ func (f *Fleet) add(ctx context.Context, t outbox.Table) error {
 // (full) asks every one. (Postgres 14 and older send their counts over UDP
 // and may drop some under load: a row whose count was dropped, its
 // notification lost too, waits for its turn.)
-func (f *Fleet) reconcile(ctx context.Context, full bool, pass int64) error {
+func (f *Fleet) reconcile(ctx context.Context, full bool, pass int64) (asked bool, err error) {
 	// The whole pass is bounded, each ask within it too (ask).
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -840,7 +843,7 @@ func (f *Fleet) reconcile(ctx context.Context, full bool, pass int64) error {
 		FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 		WHERE c.relname = $1 AND c.relkind IN ('r', 'p')`, f.opts.Sweeper.Table.Name)
 	if err != nil {
-		return fmt.Errorf("read the outboxes' insert counts: %w", err)
+		return false, fmt.Errorf("read the outboxes' insert counts: %w", err)
 	}
 	type insertCount struct {
 		oid, n   int64
@@ -853,7 +856,7 @@ func (f *Fleet) reconcile(ctx context.Context, full bool, pass int64) error {
 		inserted[schema] = c
 		return nil
 	}); err != nil {
-		return fmt.Errorf("read the outboxes' insert counts: %w", err)
+		return false, fmt.Errorf("read the outboxes' insert counts: %w", err)
 	}
 	turns := f.opts.turns
 	if turns == 0 {
@@ -940,7 +943,7 @@ func (f *Fleet) reconcile(ctx context.Context, full bool, pass int64) error {
 			m.signal()
 		}
 	}
-	return errors.Join(errs...)
+	return true, errors.Join(errs...)
 }
 
 // ask returns the indexes of the outboxes of chunk that hold outstanding
@@ -1012,13 +1015,14 @@ func (f *Fleet) compareAgain(ms []*member) {
 	}
 }
 
+// maintainEachDefault bounds one outbox's retention, and its probe, in a
+// maintenance round.
+const maintainEachDefault = time.Minute
+
 // maintain runs, every Maintenance, retention and the probe of the outboxes
 // whose sweeps moved rows since their last run, and retention alone of a
 // share of the idle ones, so that each idle outbox has it once per
 // IdleMaintenance (an idle outbox makes no dead letter for the probe).
-// maintainEachDefault bounds one outbox's share of a maintenance round.
-const maintainEachDefault = time.Minute
-
 func (f *Fleet) maintain(ctx context.Context) {
 	outbox.RunOnSchedule(ctx, outbox.Every(f.opts.Maintenance), f.opts.Logger, "maintenance", func(ctx context.Context) error {
 		f.mu.Lock()
@@ -1050,16 +1054,22 @@ func (f *Fleet) maintain(ctx context.Context) {
 			// every outbox after it, their partitions not made ahead and
 			// their dead letters not told, for as long as it lasted. Its
 			// deletes commit batch by batch: the next round goes on.
-			mctx, cancel := context.WithTimeout(ctx, cmp.Or(f.opts.maintainEach, maintainEachDefault))
-			if _, err := m.retention.RunOnce(mctx); err != nil {
+			each := cmp.Or(f.opts.maintainEach, maintainEachDefault)
+			rctx, cancel := context.WithTimeout(ctx, each)
+			if _, err := m.retention.RunOnce(rctx); err != nil {
 				errs = append(errs, fmt.Errorf("retention of %s: %w", m.table, err))
 			}
-			if i < len(busy) {
-				if _, err := m.probe.RunOnce(mctx); err != nil {
-					errs = append(errs, fmt.Errorf("dead-letter probe of %s: %w", m.table, err))
-				}
-			}
 			cancel()
+			if i < len(busy) {
+				// A bound of its own: a retention that took its whole turn
+				// (a backlog of old rows to delete) left the probe none.
+				pctx, cancel := context.WithTimeout(ctx, each)
+				if _, err := m.probe.RunOnce(pctx); err != nil {
+					errs = append(errs, fmt.Errorf("dead-letter probe of %s: %w", m.table, err))
+					m.touched.Store(true) // probed again next round
+				}
+				cancel()
+			}
 		}
 		return errors.Join(errs...)
 	})

@@ -290,7 +290,6 @@ func serverRefused(err error) bool {
 	return ok
 }
 
-// explain adds what to do to errors an operator can fix.
 // findHistory returns an error wrapping ErrNoHistory, saying what to do,
 // when the history table the page's moves write to does not exist, and says
 // whether it found it. Without the outbox table either it reports nothing:
@@ -311,6 +310,7 @@ func (s *store) findHistory(ctx context.Context) (bool, error) {
 	return found, nil
 }
 
+// explain adds what to do to errors an operator can fix.
 func (s *store) explain(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {

@@ -661,8 +661,8 @@ type Stall struct {
 // send (bounded by the send timeout) or statement (bounded by its own
 // timeout), however long a drain or a split takes; what stops it for longer is
 // a producer's call that ignores its context, or a page's move waiting on a
-// lock nobody releases (the listing and the claim give up on a lock after
-// readLockTimeout), and restarting the process frees it. Between sweeps Run waits for a time it knows (the next tick, or the
+// lock nobody releases (the listing and a page's first claim give up on a
+// lock after readLockTimeout), and restarting the process frees it. Between sweeps Run waits for a time it knows (the next tick, or the
 // backoff after a failed sweep), so a sweeper that fails fast against a dead
 // database is not stalled: readiness reports that. Safe to call from any
 // goroutine.

@@ -36,10 +36,10 @@ func beginWith(ctx context.Context, pool *pgxpool.Pool, scan func(pgx.Rows) erro
 	var b pgx.Batch
 	b.Queue("begin")
 	b.Queue(txSettings)
-	// The claim gives up on a lock DDL holds, as the listing does
-	// (readLockTimeout): nothing is sent yet. The page's later statements
-	// wait as long as they must: one that gave up would roll back rows the
-	// broker took.
+	// The page's first claim gives up on a lock DDL holds, as the listing
+	// does (readLockTimeout): nothing is sent yet. The page's later
+	// statements (the claims ahead, the moves) wait as long as they must:
+	// one that gave up would roll back rows the broker took.
 	b.Queue(readLockSetting)
 	b.Queue(sql, args...).Query(scan)
 	b.Queue("SET LOCAL lock_timeout TO DEFAULT")

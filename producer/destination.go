@@ -23,7 +23,7 @@ const placeholders = "{database}, {schema} and {topic}"
 
 // Validate reports a template that does not name the topic, names a
 // placeholder other than {database}, {schema} and {topic}, or joins {schema}
-// to another placeholder with text a schema's name may hold.
+// and {topic} with text a schema's name may hold.
 func (d Destination) Validate() error {
 	rest := string(d)
 	if !strings.Contains(rest, "{topic}") {
@@ -45,26 +45,23 @@ func (d Destination) Validate() error {
 	}
 }
 
-// schemaApart refuses a template whose {schema} is joined to another
-// placeholder by text a schema's name may hold (lower-case letters, digits,
-// _; the fleet relays no other), or by none: with {schema}_{topic}, tenant
-// t1's topic a_b and tenant t1_a's topic b both went to t1_a_b, one tenant's
-// messages under another's name.
+// schemaApart refuses a template whose {schema} is joined to {topic} by text
+// a schema's name may hold (lower-case letters, digits, _; the fleet relays
+// no other), or by none: with {schema}_{topic}, tenant t1's topic a_b and
+// tenant t1_a's topic b both went to t1_a_b, one tenant's messages under
+// another's name. Next to {database} it takes any text: a relay of one
+// database fills in one name, and a list of databases leaves out a database
+// whose name holds the text after {database}.
 func (d Destination) schemaApart() error {
 	parts := strings.Split(string(d), "{schema}")
 	for i := range len(parts) - 1 {
 		before, after := parts[i], parts[i+1]
-		// The text between this {schema} and the placeholder before it, if
-		// any, and the one after it.
-		if k := strings.LastIndexByte(before, '}'); k >= 0 || i > 0 {
+		if k := strings.LastIndexByte(before, '}'); k >= 0 && strings.HasSuffix(before[:k+1], "{topic}") {
 			if err := d.separates(before[k+1:]); err != nil {
 				return err
 			}
 		}
-		if k := strings.IndexByte(after, '{'); k >= 0 || i+1 < len(parts)-1 {
-			if k < 0 {
-				k = len(after)
-			}
+		if k := strings.IndexByte(after, '{'); k >= 0 && strings.HasPrefix(after[k:], "{topic}") {
 			if err := d.separates(after[:k]); err != nil {
 				return err
 			}
@@ -73,15 +70,15 @@ func (d Destination) schemaApart() error {
 	return nil
 }
 
-// separates says whether sep, the text between {schema} and another
-// placeholder, holds a byte no schema name the fleet relays holds.
+// separates says whether sep, the text between {schema} and {topic}, holds
+// a byte no schema name the fleet relays holds.
 func (d Destination) separates(sep string) error {
 	for _, c := range []byte(sep) {
 		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
 			return nil
 		}
 	}
-	return fmt.Errorf("destination template %q joins {schema} to another placeholder with %q, which a schema's name may hold too: "+
+	return fmt.Errorf("destination template %q joins {schema} and {topic} with %q, which a schema's name may hold too: "+
 		"two tenants' topics could share a destination (tenant t1's topic a_b and tenant t1_a's topic b); "+
 		"separate them with a character no schema name holds, as in {schema}.{topic}", string(d), sep)
 }

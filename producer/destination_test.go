@@ -26,6 +26,7 @@ func TestDestinationFor(t *testing.T) {
 		{"{schema}-{topic}", "db1", "t_1", "a_b", "t_1-a_b"},
 		{"ns.{topic}@{schema}", "db1", "t_1", "a", "ns.a@t_1"},
 		{"{database}/{schema}/{topic}", "db1", "t_1", "a", "db1/t_1/a"},
+		{"{database}_{schema}.{topic}", "db1", "t_1", "a", "db1_t_1.a"},
 	} {
 		require.NoError(t, producer.Destination(tc.tmpl).Validate(), tc.tmpl)
 		require.Equal(t, tc.want, producer.Destination(tc.tmpl).For(tc.database, tc.schema)(tc.topic), "%q with %q", tc.tmpl, tc.database)
@@ -41,14 +42,13 @@ func TestDestinationValidate(t *testing.T) {
 		"{topic}.{schema":       `has an unclosed {: the placeholders are {database}, {schema} and {topic}`,
 		"{Database}.{topic}":    `names {Database}`,
 		"{database}{schema}{x}": `does not contain {topic}`,
-		// Text a schema's name may hold between {schema} and another
-		// placeholder: two tenants' topics could meet.
-		"{schema}_{topic}":            `joins {schema} to another placeholder with "_"`,
-		"{schema}{topic}":             `joins {schema} to another placeholder with ""`,
-		"x.{topic}v2{schema}":         `joins {schema} to another placeholder with "v2"`,
-		"{topic}__{schema}":           `joins {schema} to another placeholder with "__"`,
-		"{database}_{schema}.{topic}": `joins {schema} to another placeholder with "_"`,
-		"{schema}/{schema}0{topic}":   `joins {schema} to another placeholder with "0"`,
+		// Text a schema's name may hold between {schema} and {topic}: two
+		// tenants' topics could meet.
+		"{schema}_{topic}":            `joins {schema} and {topic} with "_"`,
+		"{schema}{topic}":             `joins {schema} and {topic} with ""`,
+		"x.{topic}v2{schema}":         `joins {schema} and {topic} with "v2"`,
+		"{topic}__{schema}":           `joins {schema} and {topic} with "__"`,
+		"{database}.{schema}0{topic}": `joins {schema} and {topic} with "0"`,
 	} {
 		err := producer.Destination(tmpl).Validate()
 		require.Error(t, err, tmpl)
