@@ -567,10 +567,14 @@ func loadTenant(b *testing.B, pool *pgxpool.Pool, tbl outbox.Table, prefix strin
 // binary, the commit-to-arrival latency of 10 quiet tenants writing 50
 // single-row transactions a second each, in windows of 15 s that take turns:
 // alone (no other tenant busy), then beside tenant_0000 draining a backlog of
-// 3,000,000 rows, alone again, and so on, four windows alone and three
-// beside, after one alone that is not counted (settle, below). Issue 33's
-// goal: the quiet tenants' p99 beside the busy one within 1.5 times their
-// p99 alone, each side the rows of its windows pooled.
+// 3,000,000 rows, alone again, and so on, nine windows alone and eight
+// beside (OUTBOX_BENCH_QUIET_PAIRS pairs), after one alone that is not
+// counted (settle, below). Issue 33's goal: the quiet tenants' p99 beside
+// the busy one within 1.5 times their p99 alone. Each window beside is held
+// against the two alone around it, and the median of those ratios, with an
+// interval that holds the true median at 90 % or more, says whether this run
+// meets the goal, misses it, or leaves it undecided (paired-p99-ratio-*);
+// the pooled ratio (p99-beside/alone) is kept for the figures before.
 //
 // Why windows that take turns: with one window beside between two alone
 // (2026-11-27), a window alone's own p99 ranged from 15 to 59 ms between
@@ -609,7 +613,8 @@ func loadTenant(b *testing.B, pool *pgxpool.Pool, tbl outbox.Table, prefix strin
 // flushes lengthens that queue.
 func BenchmarkTenantsQuietLatency(b *testing.B) {
 	bin := build(b, "", "cmd/sweeper")
-	const backlog, window, pairs = 3_000_000, 15 * time.Second, 3
+	const backlog, window = 3_000_000, 15 * time.Second
+	pairs := envInt(b, "OUTBOX_BENCH_QUIET_PAIRS", 8)
 	for range b.N {
 		dbURL := ownTenantDatabase(b, bin)
 		quiet := tenantTables(1, 10)
@@ -735,6 +740,29 @@ func BenchmarkTenantsQuietLatency(b *testing.B) {
 		b.ReportMetric(besideMid, "beside-window-p99-median-ms")
 		b.ReportMetric(hi, "beside-window-p99-max-ms")
 		b.ReportMetric(besideMid/aloneMid, "window-p99-median-beside/alone")
+		// The goal's verdict: each window beside against the two alone
+		// around it (the machine's drift over the run cancels), the median
+		// of those ratios, and an interval that holds the true median with
+		// 90 % or more, whatever the ratios' distribution. A window's p99
+		// rests on a few stalls (a stall of the notify lock delays hundreds
+		// of commits at once), so a single ratio, pooled or not, moved from
+		// 0.44 to 2.35 between runs of one binary; the interval says
+		// whether the goal is met, missed, or not decided by this run.
+		p99s := func(rs []benchutil.LatencyResult) []float64 {
+			out := make([]float64, len(rs))
+			for i, r := range rs {
+				out[i] = ms(r.Quantile(0.99))
+			}
+			return out
+		}
+		ratios := benchutil.PairedRatios(p99s(alone), p99s(beside))
+		plo, pmid, phi, cov := benchutil.MedianInterval(ratios, 0.9)
+		b.Logf("p99 beside / alone, each window beside against the two alone around it: %.2f; median %.2f, interval %.2f to %.2f (%.0f %%): goal (<= 1.5) %s",
+			ratios, pmid, plo, phi, 100*cov, benchutil.Verdict(plo, phi, 1.5))
+		b.ReportMetric(pmid, "paired-p99-ratio-median")
+		b.ReportMetric(plo, "paired-p99-ratio-lo")
+		b.ReportMetric(phi, "paired-p99-ratio-hi")
+		b.ReportMetric(cov, "paired-p99-ratio-coverage")
 		all, next := benchutil.MergeLatency(alone...), benchutil.MergeLatency(beside...)
 		b.ReportMetric(ms(all.Quantile(0.5)), "alone-p50-ms")
 		b.ReportMetric(ms(all.Quantile(0.99)), "alone-p99-ms")
@@ -905,4 +933,19 @@ func drainRounds(b *testing.B, bin string, tenants, perTenant int) {
 	b.ReportMetric(median(singleRates), "single-msg/s")
 	b.ReportMetric(median(ratios), "fleet/single")
 	b.ReportMetric(median(fleetRates)/median(singleRates), "median-fleet/median-single")
+}
+
+// envInt reads a positive count from the environment variable name, or
+// gives def when it is not set.
+func envInt(b *testing.B, name string, def int) int {
+	b.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		b.Fatalf("%s is %q: give a whole number, 1 or more", name, v)
+	}
+	return n
 }
