@@ -71,3 +71,15 @@ func Verdict(lo, hi, goal float64) string {
 		return "undecided"
 	}
 }
+
+// VerdictAtLeast is Verdict for a goal that the ratio reach at least goal.
+func VerdictAtLeast(lo, hi, goal float64) string {
+	switch {
+	case lo >= goal:
+		return "met"
+	case hi < goal:
+		return "missed"
+	default:
+		return "undecided"
+	}
+}

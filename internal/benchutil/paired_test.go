@@ -42,4 +42,7 @@ func TestVerdict(t *testing.T) {
 	require.Equal(t, "met", Verdict(0.9, 1.4, 1.5))
 	require.Equal(t, "missed", Verdict(1.6, 2.4, 1.5))
 	require.Equal(t, "undecided", Verdict(1.2, 1.8, 1.5))
+	require.Equal(t, "met", VerdictAtLeast(0.8, 1.1, 0.8))
+	require.Equal(t, "missed", VerdictAtLeast(0.5, 0.79, 0.8))
+	require.Equal(t, "undecided", VerdictAtLeast(0.7, 0.9, 0.8))
 }
