@@ -923,6 +923,50 @@ func TestABrokerThatStopsAnsweringMidSweepIsCheckedNotSplit(t *testing.T) {
 	}
 }
 
+// The same when the send's first try fails at once and its retry is what
+// times out: the retry kept the first try's cause, which did not say the
+// deadline passed, and the sweep's earlier success stood as evidence of a
+// broker up, the row charged an attempt.
+func TestABrokerThatStopsAnsweringOnARetryIsChecked(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	writeMessages(t, tbl, topicMessages("A", 1)...)
+	writeMessages(t, tbl, topicMessages("B", 1)...)
+	prod := memory.New(memory.Config{})
+	aSent := make(chan struct{})
+	var closeOnce sync.Once
+	var bSends atomic.Int32
+	prod.SetSendFunc(func(ctx context.Context, b producer.Batch) error {
+		if b.Topic == "A" {
+			closeOnce.Do(func() { close(aSent) })
+			return nil
+		}
+		<-aSent // the sweep has seen the broker take a batch
+		if bSends.Add(1) == 1 {
+			return producer.NewTransientError("server_busy", errors.New("server busy"))
+		}
+		<-ctx.Done() // the retry: no answer
+		return fmt.Errorf("waiting for confirms of %d messages: %w", len(b.Messages), ctx.Err())
+	})
+	var checks atomic.Int32
+	prod.SetCheck(func(context.Context) error {
+		checks.Add(1)
+		return producer.NewBrokerError("no_answer", errors.New("no answer to a passive declare"))
+	})
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, Concurrency: 2, SendTimeout: 300 * time.Millisecond,
+		Retry: breaker.Retry{Attempts: 2, Initial: time.Millisecond, Max: time.Millisecond}})
+	_, err := s.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, int32(2), bSends.Load(), "the send and its retry")
+	require.Equal(t, int32(1), checks.Load(), "the broker is checked")
+	for _, r := range readRows(t, tbl) {
+		if r.Topic == "B" {
+			require.False(t, r.Dispatched)
+			require.Zero(t, r.Attempts, "row %d", r.ID)
+		}
+	}
+}
+
 // A refused topic whose oldest row another sweeper's page holds has its next
 // row noted instead, and the sweep goes on: the note once waited for that
 // page's transaction, holding every topic of the sweep.

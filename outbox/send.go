@@ -396,6 +396,13 @@ func (s *Sweeper) send(ctx context.Context, b producer.Batch, retry bool) (deliv
 		err = try(sendCtx)
 	}
 	if err != nil && sendCtx.Err() == context.DeadlineExceeded && ctx.Err() == nil {
+		if !errors.Is(err, context.DeadlineExceeded) {
+			// A retry whose last try the deadline cut short says the try
+			// before it, which hid the timeout from the sweep's evidence
+			// (a broker that stopped answering on the retry read as up,
+			// its row charged): the deadline is said too.
+			err = fmt.Errorf("%w (%w)", err, context.DeadlineExceeded)
+		}
 		err = fmt.Errorf("send of %d messages timed out after %s (--send-timeout): %w", len(b.Messages), s.cfg.SendTimeout, err)
 	}
 	if err == nil {
