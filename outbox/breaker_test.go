@@ -877,6 +877,35 @@ func TestATopicNoMessageCanReachTripsWithoutClaimingARow(t *testing.T) {
 	require.Zero(t, prod.checks.Load()-asked, "tripped topics are left out of the listing: nothing to ask")
 }
 
+// stallingBroker is a broker that takes topic A's batches and then stops
+// answering topic B's: each B send waits for A's to have gone through, then
+// fails at once as busy where fast(n) says so for the n-th B send (from 1),
+// else waits for its context to end. Its check says the broker does not
+// answer. It counts B's sends and the checks.
+func stallingBroker(fast func(n int32) bool) (prod *memory.Producer, bSends, checks *atomic.Int32) {
+	prod, bSends, checks = memory.New(memory.Config{}), &atomic.Int32{}, &atomic.Int32{}
+	aSent := make(chan struct{})
+	var closeOnce sync.Once
+	prod.SetSendFunc(func(ctx context.Context, b producer.Batch) error {
+		if b.Topic == "A" {
+			closeOnce.Do(func() { close(aSent) })
+			return nil
+		}
+		n := bSends.Add(1)
+		<-aSent // the sweep has seen the broker take a batch
+		if fast(n) {
+			return producer.NewTransientError("server_busy", errors.New("server busy"))
+		}
+		<-ctx.Done() // and now it answers nothing
+		return fmt.Errorf("waiting for confirms of %d messages: %w", len(b.Messages), ctx.Err())
+	})
+	prod.SetCheck(func(context.Context) error {
+		checks.Add(1)
+		return producer.NewBrokerError("no_answer", errors.New("no answer to a passive declare"))
+	})
+	return prod, bSends, checks
+}
+
 // A broker that stops answering during a sweep, after sends of that sweep
 // went through, is asked again when a send times out: its check fails, and
 // the batch is released whole, no attempt charged, no split sent, and the
@@ -888,25 +917,7 @@ func TestABrokerThatStopsAnsweringMidSweepIsCheckedNotSplit(t *testing.T) {
 	tbl := dbtest.Table(t)
 	writeMessages(t, tbl, topicMessages("A", 1)...)
 	writeMessages(t, tbl, topicMessages("B", 8)...)
-	prod := memory.New(memory.Config{})
-	aSent := make(chan struct{})
-	var closeOnce sync.Once
-	var bSends atomic.Int32
-	prod.SetSendFunc(func(ctx context.Context, b producer.Batch) error {
-		if b.Topic == "A" {
-			closeOnce.Do(func() { close(aSent) })
-			return nil
-		}
-		bSends.Add(1)
-		<-aSent      // the sweep has seen the broker take a batch
-		<-ctx.Done() // and now it answers nothing
-		return fmt.Errorf("waiting for confirms of %d messages: %w", len(b.Messages), ctx.Err())
-	})
-	var checks atomic.Int32
-	prod.SetCheck(func(context.Context) error {
-		checks.Add(1)
-		return producer.NewBrokerError("no_answer", errors.New("no answer to a passive declare"))
-	})
+	prod, bSends, checks := stallingBroker(func(int32) bool { return false })
 	dep := brokerBreaker(t, breaker.DependencyConfig{Failures: 1, OpenDuration: time.Hour})
 	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, Retry: once, Concurrency: 2,
 		SendTimeout: 200 * time.Millisecond, BrokerBreaker: dep})
@@ -932,27 +943,7 @@ func TestABrokerThatStopsAnsweringOnARetryIsChecked(t *testing.T) {
 	tbl := dbtest.Table(t)
 	writeMessages(t, tbl, topicMessages("A", 1)...)
 	writeMessages(t, tbl, topicMessages("B", 1)...)
-	prod := memory.New(memory.Config{})
-	aSent := make(chan struct{})
-	var closeOnce sync.Once
-	var bSends atomic.Int32
-	prod.SetSendFunc(func(ctx context.Context, b producer.Batch) error {
-		if b.Topic == "A" {
-			closeOnce.Do(func() { close(aSent) })
-			return nil
-		}
-		<-aSent // the sweep has seen the broker take a batch
-		if bSends.Add(1) == 1 {
-			return producer.NewTransientError("server_busy", errors.New("server busy"))
-		}
-		<-ctx.Done() // the retry: no answer
-		return fmt.Errorf("waiting for confirms of %d messages: %w", len(b.Messages), ctx.Err())
-	})
-	var checks atomic.Int32
-	prod.SetCheck(func(context.Context) error {
-		checks.Add(1)
-		return producer.NewBrokerError("no_answer", errors.New("no answer to a passive declare"))
-	})
+	prod, bSends, checks := stallingBroker(func(n int32) bool { return n == 1 }) // the retry stalls
 	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, Concurrency: 2, SendTimeout: 300 * time.Millisecond,
 		Retry: breaker.Retry{Attempts: 2, Initial: time.Millisecond, Max: time.Millisecond}})
 	_, err := s.Sweep(context.Background())
