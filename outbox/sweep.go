@@ -166,7 +166,7 @@ func (s *Sweeper) sweep(stop, work context.Context, due time.Time, tick bool, yi
 			floors[t] = first - 1
 		}
 	}
-	live := slices.Sorted(maps.Keys(floors))
+	live := s.inLine(slices.Sorted(maps.Keys(floors)))
 	// Idle: no topic holds a row, and none is held back (a held topic has
 	// cooldown ticks to count, or rows to expire).
 	res.Idle = len(live) == 0 && len(leftOut) == 0 && len(excluded) == 0 && !l.cut
@@ -447,10 +447,42 @@ func (s *Sweeper) pageLane(st *sweepState, ticks *sweepTicks, marks *sweepMarks,
 		}
 		if ticks.tick(res) {
 			res.more = len(live) > 0 // the span ran out mid-drain
+			if res.more {
+				s.cutAt(live[0])
+			}
 			break
 		}
 	}
 	return nil
+}
+
+// cutAt notes topic as the one a lane cut short by the sweep's span was
+// about to page next; of several lanes', the least by name.
+func (s *Sweeper) cutAt(topic string) {
+	n := &s.nextInLine
+	n.Lock()
+	defer n.Unlock()
+	if !n.set || topic < n.topic {
+		n.topic, n.set = topic, true
+	}
+}
+
+// inLine returns live, sorted by name, turned to begin at the topic the last
+// sweep was about to page when its span ran out (cutAt), or as it is. Every
+// sweep paged from the first topic by name: while more topics held rows than
+// one sweep's span pages, those late in name order waited as long as the
+// earlier ones kept rows (an independent review).
+func (s *Sweeper) inLine(live []string) []string {
+	n := &s.nextInLine
+	n.Lock()
+	from, set := n.topic, n.set
+	n.topic, n.set = "", false
+	n.Unlock()
+	if !set {
+		return live
+	}
+	i, _ := slices.BinarySearch(live, from)
+	return append(live[i:len(live):len(live)], live[:i]...)
 }
 
 // yielding says other outboxes' sweepers wait for a turn (Config.Host).

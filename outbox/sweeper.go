@@ -210,6 +210,15 @@ type Sweeper struct {
 	// tableGone says a statement found the outbox table dropped and the
 	// host was told (dropped), until a sweep succeeds again.
 	tableGone atomic.Bool
+	// nextInLine is the topic a sweep cut short by its span was about to
+	// page next (the least of its lanes'): the next sweep pages from it
+	// (sweep.go's inLine), so that topics late in name order are not left
+	// waiting while earlier ones keep rows.
+	nextInLine struct {
+		sync.Mutex
+		topic string
+		set   bool
+	}
 	// historyFound says the history table was found since the sweeper began,
 	// or since Recheck (a table made again may lack it): until then each
 	// sweep looks for it before any page (store.findHistory).

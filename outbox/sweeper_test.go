@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -1060,4 +1061,40 @@ func TestATransactionHoldsAtMostMaxLockedTopicsLocks(t *testing.T) {
 	defer mu.Unlock()
 	require.Positive(t, most, "the sends saw the page's topic locks")
 	require.LessOrEqual(t, most, outbox.MaxLockedTopics, "topic locks one transaction held at once")
+}
+
+// More topics hold rows than one sweep's span pages (a slow broker, pages of
+// two rows): each sweep pages from where the last one's span ran out, so
+// every topic is sent within the first rows, a few sweeps. Each once paged
+// from the first topic by name, and those late in the order waited until
+// the earlier ones had no rows left: here a thousand rows.
+func TestSweepsPageFromWhereTheLastOneStopped(t *testing.T) {
+	t.Parallel()
+	tbl := dbtest.Table(t)
+	const topics = 30
+	var msgs []outbox.Message
+	for i := range topics {
+		msgs = append(msgs, topicMessages(fmt.Sprintf("t%02d", i), 50)...)
+	}
+	writeMessages(t, tbl, msgs...)
+	prod := memory.New(memory.Config{})
+	prod.SetSendFunc(func(context.Context, producer.Batch) error {
+		time.Sleep(200 * time.Millisecond) // the broker's pace: a sweep's span of a second sends a few pages
+		return nil
+	})
+	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, PageSize: 2, Tick: 10 * time.Millisecond, DisableNotify: true})
+	stop := dbtest.RunSweeper(t, s)
+	defer stop()
+	first := map[string]int{} // each topic's first row, by its place in what was sent
+	dbtest.Eventually(t, 3*time.Minute, "every topic sent", func() bool {
+		for i, m := range prod.Messages() {
+			if _, ok := first[m.Topic]; !ok {
+				first[m.Topic] = i
+			}
+		}
+		return len(first) == topics
+	})
+	last := slices.Max(slices.Collect(maps.Values(first)))
+	t.Logf("every topic's first row among the first %d rows sent", last+1)
+	require.Less(t, last, 300, "a topic waited behind others' rows for more than a few sweeps")
 }
