@@ -841,11 +841,7 @@ func TestACallTheDatabaseDoesNotAnswerEndsByTheRequestTimeout(t *testing.T) {
 	t.Parallel()
 	b := setup(t, "tok", func(c *admin.Config) { c.RequestTimeout = 300 * time.Millisecond; c.StatusCacheFor = -1 })
 	ctx := context.Background()
-	tx, err := dbtest.Pool(t).Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, "LOCK TABLE "+b.tbl.DeadLetterIdent()+" IN ACCESS EXCLUSIVE MODE")
-	require.NoError(t, err)
+	defer dbtest.LockTables(t, b.tbl.DeadLetterIdent())()
 
 	code, body := b.call(t, http.MethodGet, "/dlq", "tok", "")
 	require.Equal(t, http.StatusServiceUnavailable, code, "%v", body)
@@ -901,11 +897,7 @@ func TestAPurgeWaitingOnTheDatabaseEndsWithTheRelay(t *testing.T) {
 	var cfg admin.Config
 	b := setup(t, "tok", func(c *admin.Config) { cfg = *c })
 	ctx := context.Background()
-	tx, err := dbtest.Pool(t).Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, "LOCK TABLE "+b.tbl.DeadLetterIdent()+" IN ACCESS EXCLUSIVE MODE")
-	require.NoError(t, err)
+	defer dbtest.LockTables(t, b.tbl.DeadLetterIdent())()
 
 	cfg.Addr = "127.0.0.1:0"
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -1732,11 +1732,7 @@ func TestFleetALockedTenantDoesNotHoldTheTurn(t *testing.T) {
 	waitParked(t, f, tbls)
 
 	ctx := context.Background()
-	lock, err := dbtest.Pool(t).Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = lock.Rollback(ctx) }()
-	_, err = lock.Exec(ctx, "LOCK TABLE "+locked.Ident()+" IN ACCESS EXCLUSIVE MODE")
-	require.NoError(t, err)
+	defer dbtest.LockTables(t, locked.Ident())()
 	_, err = dbtest.Pool(t).Exec(ctx, "SELECT pg_notify('outbox_sweeper', $1)", locked.Schema+"."+locked.Name)
 	require.NoError(t, err)
 	dbtest.Eventually(t, time.Minute, "the locked tenant's sweep waiting on its lock", func() bool {
@@ -1790,11 +1786,7 @@ func TestFleetALockedTenantDoesNotHoldUpTheOthersMaintenance(t *testing.T) {
 	_, err := dbtest.Pool(t).Exec(ctx, "INSERT INTO "+other.DeadLetterIdent()+
 		" (id, message_id, topic, payload, created_at, reason, dead_lettered_at) VALUES (1, gen_random_uuid(), 'orders', 'x', now(), 'invalid_message', now() - interval '2 hours')")
 	require.NoError(t, err)
-	lock, err := dbtest.Pool(t).Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = lock.Rollback(ctx) }()
-	_, err = lock.Exec(ctx, "LOCK TABLE "+locked.Ident()+", "+locked.DeadLetterIdent()+" IN ACCESS EXCLUSIVE MODE")
-	require.NoError(t, err)
+	defer dbtest.LockTables(t, locked.Ident(), locked.DeadLetterIdent())()
 
 	_, logs := newFleet(t, base+"_t*", memory.New(memory.Config{}), "fleet-"+base, fleet.MaintainEach(fleet.Options{
 		Reconcile: time.Hour, Maintenance: 100 * time.Millisecond, IdleMaintenance: 100 * time.Millisecond,

@@ -1079,7 +1079,12 @@ func TestSweepsPageFromWhereTheLastOneStopped(t *testing.T) {
 	writeMessages(t, tbl, msgs...)
 	prod := memory.New(memory.Config{})
 	prod.SetSendFunc(func(context.Context, producer.Batch) error {
-		time.Sleep(200 * time.Millisecond) // the broker's pace: a sweep's span of a second sends a few pages
+		// The broker's pace, not a wait for an outcome: it keeps a sweep's
+		// span of a second to a few pages, fewer than the topics, whatever
+		// the machine. A slower machine sends fewer pages a sweep, which
+		// only spreads the topics over more sweeps: each starts where the
+		// last stopped, and the bound below counts rows, not sweeps or time.
+		time.Sleep(200 * time.Millisecond)
 		return nil
 	})
 	s := newSweeper(t, dbtest.Pool(t), prod, outbox.Config{Table: tbl, PageSize: 2, Tick: 10 * time.Millisecond, DisableNotify: true})

@@ -35,12 +35,11 @@ func beginWith(ctx context.Context, pool *pgxpool.Pool, scan func(pgx.Rows) erro
 	tx := &pageTx{conn: conn}
 	var b pgx.Batch
 	b.Queue("begin")
-	b.Queue(txSettings)
 	// The page's first claim gives up on a lock DDL holds, as the listing
 	// does (readLockTimeout): nothing is sent yet. The page's later
 	// statements (the claims ahead, the moves) wait as long as they must:
 	// one that gave up would roll back rows the broker took.
-	b.Queue(readLockSetting)
+	b.Queue(boundedTxSettings)
 	b.Queue(sql, args...).Query(scan)
 	b.Queue("SET LOCAL lock_timeout TO DEFAULT")
 	if err := conn.SendBatch(ctx, &b).Close(); err != nil {
@@ -90,7 +89,10 @@ const txSettings = "SELECT set_config('enable_seqscan', 'off', true), set_config
 // blocks them, so a wait is a wedge, not contention between sweeps.
 const readLockTimeout = "2s"
 
-const readLockSetting = "SELECT set_config('lock_timeout', '" + readLockTimeout + "', true)"
+// boundedTxSettings is txSettings with readLockTimeout, in the same
+// statement: one more in every page's batch and every listing's, each a
+// parse and an execution, only for a setting.
+const boundedTxSettings = txSettings + ", set_config('lock_timeout', '" + readLockTimeout + "', true)"
 
 // queryPlanned runs sql alone in a transaction under txSettings, in one round
 // trip (BEGIN, the settings, the statement, COMMIT); scan reads its rows. It
@@ -116,8 +118,7 @@ func queryPlanned(ctx context.Context, pool *pgxpool.Pool, scan func(pgx.Rows) e
 	tx := &pageTx{conn: conn}
 	var b pgx.Batch
 	b.Queue("begin")
-	b.Queue(txSettings)
-	b.Queue(readLockSetting)
+	b.Queue(boundedTxSettings)
 	b.Queue(sql, args...).Query(scan)
 	b.Queue("commit")
 	if err := conn.SendBatch(ctx, &b).Close(); err != nil {

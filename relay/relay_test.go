@@ -128,11 +128,8 @@ func TestAMetricsRefreshThatHangsEndsAndTheNextRuns(t *testing.T) {
 	b.opts.MetricsRefresh = 100 * time.Millisecond
 	b.opts.Admin.Addr = ""
 	ctx := context.Background()
-	tx, err := dbtest.Pool(t).Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, "LOCK TABLE "+b.opts.Sweeper.Table.DeadLetterIdent()+" IN ACCESS EXCLUSIVE MODE")
-	require.NoError(t, err)
+	release := dbtest.LockTables(t, b.opts.Sweeper.Table.DeadLetterIdent())
+	defer release()
 
 	r, err := relay.New(dbtest.Pool(t), b.producer, b.opts)
 	require.NoError(t, err)
@@ -142,7 +139,7 @@ func TestAMetricsRefreshThatHangsEndsAndTheNextRuns(t *testing.T) {
 	dbtest.Eventually(t, time.Minute, "two refreshes failed by their deadline", func() bool {
 		return strings.Count(logs.String(), "metrics refresh failed") >= 2
 	})
-	require.NoError(t, tx.Rollback(ctx))
+	release()
 	cancel()
 	require.NoError(t, <-done)
 }

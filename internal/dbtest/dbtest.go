@@ -20,6 +20,7 @@ import (
 	"os"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -419,4 +420,21 @@ func RunSweeper(t testing.TB, s *outbox.Sweeper) (stop func()) {
 	}
 	t.Cleanup(stop)
 	return stop
+}
+
+// LockTables takes ACCESS EXCLUSIVE locks on tables (quoted names) in a
+// transaction of its own, as DDL, VACUUM FULL or an operator's LOCK TABLE
+// would hold them, and returns the function that lets them go.
+func LockTables(t testing.TB, tables ...string) (release func()) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := Pool(t).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "LOCK TABLE "+strings.Join(tables, ", ")+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+		_ = tx.Rollback(ctx)
+		t.Fatal(err)
+	}
+	return func() { _ = tx.Rollback(ctx) }
 }
