@@ -1081,18 +1081,7 @@ func TestATimeoutWithoutACheckKeepsTheSweepsEvidence(t *testing.T) {
 	tbl := dbtest.Table(t)
 	writeMessages(t, tbl, topicMessages("A", 1)...)
 	writeMessages(t, tbl, topicMessages("B", 1)...)
-	mem := memory.New(memory.Config{})
-	aSent := make(chan struct{})
-	var first sync.Once
-	mem.SetSendFunc(func(ctx context.Context, b producer.Batch) error {
-		if b.Topic == "A" {
-			first.Do(func() { close(aSent) })
-			return nil
-		}
-		<-aSent
-		<-ctx.Done()
-		return fmt.Errorf("send: %w", ctx.Err())
-	})
+	mem, _, _ := stallingBroker(func(int32) bool { return false }) // its check hidden below
 	s := newSweeper(t, dbtest.Pool(t), uncheckable{mem}, outbox.Config{Table: tbl, Retry: once, Concurrency: 2,
 		SendTimeout: 200 * time.Millisecond, TopicBackoffMax: -1})
 	_, err := s.Sweep(context.Background())
